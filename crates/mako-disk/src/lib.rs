@@ -1,1 +1,23 @@
-//! mako-disk
+//! Disks and the NSD (network shared disk) interface.
+//!
+//! Invariants:
+//! - Every block read or write of the file system goes through [`Nsd`]; nothing above
+//!   this crate touches a disk file. Today the NSD is in-process ([`LocalNsd`]); an NSD
+//!   client over the network will implement the same trait.
+//! - A [`Disk`] is the world boundary: tests swap in [`MemDisk`], which can inject
+//!   faults (failed reads/writes, a read-only disk).
+//! - Every I/O is recorded in the I/O history (`mako diag iohist`) and per-disk counters.
+
+pub mod disk;
+pub mod error;
+pub mod file_disk;
+pub mod iohist;
+pub mod mem_disk;
+pub mod nsd;
+
+pub use disk::Disk;
+pub use error::DiskError;
+pub use file_disk::FileDisk;
+pub use iohist::{BufferType, IoHistory, IoRecord};
+pub use mem_disk::MemDisk;
+pub use nsd::{DiskStats, LocalNsd, Nsd};

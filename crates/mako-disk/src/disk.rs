@@ -1,0 +1,21 @@
+//! The disk trait: positioned reads and writes of whole sectors, and a durability barrier.
+
+use crate::DiskError;
+
+pub trait Disk: Send + Sync {
+    /// Human name (the NSD name, e.g. `d0`).
+    fn name(&self) -> &str;
+    fn size_bytes(&self) -> u64;
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError>;
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError>;
+    /// Make every completed write durable.
+    fn sync(&self) -> Result<(), DiskError>;
+}
+
+/// Bounds check shared by implementations.
+pub(crate) fn check_range(name: &str, op: &'static str, offset: u64, len: usize, size: u64) -> Result<(), DiskError> {
+    match offset.checked_add(len as u64) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(DiskError::OutOfRange { disk: name.to_string(), op, offset, len, size }),
+    }
+}
