@@ -1,7 +1,7 @@
 //! The inode: a fixed-size record (512 B, 1 KiB or 4 KiB) holding attributes,
 //! extended attributes, and either data-in-inode, directory entries, or block pointers.
 //!
-//! Layout: a 128-byte header, then the payload: the extended attributes first, then
+//! Layout: a 144-byte header, then the payload: the extended attributes first, then
 //! the content (inline bytes, or a fixed array of block pointers).
 
 use crate::codec::{check_header, Reader, Writer};
@@ -10,7 +10,7 @@ use crate::error::{FormatError, FormatErrorKind, Location};
 use crate::DiskAddress;
 
 pub const INODE_MAGIC: u64 = 0x4e49_4b4d; // "MKIN"
-pub const INODE_HEADER_BYTES: usize = 128;
+pub const INODE_HEADER_BYTES: usize = 144;
 const CRC_OFFSET: usize = 6;
 
 /// Inode flags.
@@ -75,6 +75,8 @@ pub struct Inode {
     pub metadata_replicas: u8,
     /// Directories: number of entries (without `.` and `..`).
     pub entries: u64,
+    /// Directories: the parent directory (`..`). Zero for other files.
+    pub parent: u64,
     pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
     pub content: InodeContent,
 }
@@ -105,6 +107,7 @@ impl Inode {
             data_replicas: 1,
             metadata_replicas: 1,
             entries: 0,
+            parent: 0,
             xattrs: Vec::new(),
             content: InodeContent::InlineData(Vec::new()),
         }
@@ -161,6 +164,7 @@ impl Inode {
         w.u16(xattrs_encoded_len(&self.xattrs) as u16);
         w.u16(self.content_len(inode_bytes) as u16);
         w.u64(self.entries);
+        w.u64(self.parent);
         debug_assert!(w.len() <= INODE_HEADER_BYTES);
         w.pad_to(INODE_HEADER_BYTES);
         for (n, v) in &self.xattrs {
@@ -234,6 +238,7 @@ impl Inode {
         let xattr_len = r.u16()? as usize;
         let content_len = r.u16()? as usize;
         let entries = r.u64()?;
+        let parent = r.u64()?;
         if xattr_len + content_len > payload_bytes(inode_bytes) {
             return Err(FormatError::invalid(S, location, format!("inode {ino}: payload {xattr_len}+{content_len} bytes overflows")));
         }
@@ -290,6 +295,7 @@ impl Inode {
             data_replicas,
             metadata_replicas,
             entries,
+            parent,
             xattrs,
             content,
         })
