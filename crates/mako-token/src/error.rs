@@ -1,0 +1,135 @@
+//! Errors of the token layer: each says what failed, on which resource or node, and
+//! what the caller should do next.
+
+use thiserror::Error;
+
+use crate::manager::Holder;
+use crate::mode::TokenMode;
+use crate::range::ByteRange;
+use crate::resource::{NodeId, ResourceId};
+
+/// Everything that can go wrong when acquiring, giving up or revoking a token.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum TokenError {
+    /// The request named an empty range (`start >= end`).
+    #[error(
+        "empty byte range {range} in a token request from {node} on {resource}: \
+         ranges are half-open [start, end) and need start < end; fix the caller"
+    )]
+    EmptyRange {
+        node: NodeId,
+        resource: ResourceId,
+        range: ByteRange,
+    },
+
+    /// The required range is not inside the desired range.
+    #[error(
+        "token request from {node} on {resource}: required range {required} is not inside \
+         desired range {desired}; widen desired so that it contains required"
+    )]
+    RequiredOutsideDesired {
+        node: NodeId,
+        resource: ResourceId,
+        required: ByteRange,
+        desired: ByteRange,
+    },
+
+    /// A partial range was named for a resource that is only ever held whole.
+    #[error(
+        "token request from {node} on {resource} names range {range}, but {resource} is not \
+         a ranged resource; use ByteRange::WHOLE for inodes, allocation regions and inode-map segments"
+    )]
+    WholeRangeRequired {
+        node: NodeId,
+        resource: ResourceId,
+        range: ByteRange,
+    },
+
+    /// Other nodes hold tokens over the required range in incompatible modes. The
+    /// requester must revoke them (ask each holder to give up the conflicting part) and
+    /// retry; `TokenClient` does this itself.
+    #[error(
+        "{mode} token on {resource} conflicts with {} holder(s) ({}); revoke them and retry",
+        copyset.len(),
+        holders_text(copyset)
+    )]
+    Conflict {
+        resource: ResourceId,
+        mode: TokenMode,
+        copyset: Vec<Holder>,
+    },
+
+    /// Granting would take the table past `TokenManagerLimits::tokens_max`.
+    #[error(
+        "token table full: {tokens_max} tokens held (TokenManagerLimits::tokens_max) while \
+         granting {resource} to {node}; raise tokens_max on the token manager or make nodes \
+         cache fewer files so they relinquish tokens"
+    )]
+    TableFull {
+        node: NodeId,
+        resource: ResourceId,
+        tokens_max: usize,
+    },
+
+    /// A downgrade asked for a mode the held token does not cover (for example `rw` to
+    /// `ro`, which would add a promise, not drop one).
+    #[error(
+        "{node} cannot downgrade its {held} token on {resource} {range} to {to}: {held} does \
+         not cover {to}; relinquish and acquire {to} instead"
+    )]
+    NotADowngrade {
+        node: NodeId,
+        resource: ResourceId,
+        range: ByteRange,
+        held: TokenMode,
+        to: TokenMode,
+    },
+
+    /// A conflicting holder has no revoke handler, so nobody can ask it to give up.
+    #[error(
+        "{node} holds a conflicting token on {resource} but has no revoke handler registered; \
+         if {node} has failed, run recovery for it (TokenManager::release_node), otherwise \
+         register its handler in the RevokeRegistry"
+    )]
+    NoRevokeHandler { node: NodeId, resource: ResourceId },
+
+    /// A holder's revoke handler failed (for example it could not flush dirty data).
+    #[error("revoke of {resource} {range} on {node} failed: {source}; the holder still has its token, retry later or recover {node}")]
+    RevokeFailed {
+        node: NodeId,
+        resource: ResourceId,
+        range: ByteRange,
+        #[source]
+        source: Box<TokenError>,
+    },
+
+    /// A holder's cache could not be flushed while giving up a token.
+    #[error("{node} could not flush cached data of {resource} {range}: {reason}; check the disks behind {resource}")]
+    FlushFailed {
+        node: NodeId,
+        resource: ResourceId,
+        range: ByteRange,
+        reason: String,
+    },
+
+    /// Revokes kept being overtaken by new holders.
+    #[error(
+        "{node} gave up acquiring {mode} on {resource} {required} after {attempts} attempts \
+         (TokenClientLimits::acquire_attempts_max); last conflicting holders: {}; \
+         the resource is heavily contended, retry later or raise acquire_attempts_max",
+        holders_text(last_copyset)
+    )]
+    AttemptsExhausted {
+        node: NodeId,
+        resource: ResourceId,
+        mode: TokenMode,
+        required: ByteRange,
+        attempts: u32,
+        last_copyset: Vec<Holder>,
+    },
+}
+
+fn holders_text(holders: &[Holder]) -> String {
+    let parts: Vec<String> = holders.iter().map(|h| h.to_string()).collect();
+    parts.join(", ")
+}

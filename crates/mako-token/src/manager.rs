@@ -1,0 +1,798 @@
+//! The token manager: the authority on who holds which token, sharded by resource.
+//!
+//! The manager only answers plain requests from node ids; it never calls back into a
+//! node. Revoking is the requester's job (see `client.rs`), which keeps the manager's
+//! work per acquire to at most two messages once this runs over the network.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::error::TokenError;
+use crate::held_ranges::HeldRanges;
+use crate::mode::{compatible, TokenMode};
+use crate::range::ByteRange;
+use crate::resource::{NodeId, ResourceId};
+
+/// Number of shards when none is given. A power of two well above the core count keeps
+/// two acquires on different resources from meeting on one lock.
+pub const SHARD_COUNT_DEFAULT: usize = 64;
+
+/// Limits of one token manager.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenManagerLimits {
+    /// Most tokens (one per held piece: node, resource, range, mode) the table may
+    /// hold. Acquires past it fail with `TokenError::TableFull`. Relinquish and
+    /// downgrade may split a token and go past it: giving up must never fail, or a
+    /// revoke could never complete.
+    pub tokens_max: usize,
+}
+
+impl Default for TokenManagerLimits {
+    fn default() -> Self {
+        // About 1M tokens; at the ~56 bytes per byte-range lock noted in the seeds this
+        // is tens of MiB on the manager node.
+        TokenManagerLimits {
+            tokens_max: 1 << 20,
+        }
+    }
+}
+
+/// A request for a token. Plain data so it can go over the network unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcquireRequest {
+    pub node: NodeId,
+    pub resource: ResourceId,
+    pub mode: TokenMode,
+    /// What the requester needs now; the grant always contains it.
+    pub required: ByteRange,
+    /// How much the requester would like (for example to end of file); the grant
+    /// never exceeds it. Must contain `required`.
+    pub desired: ByteRange,
+    /// Number of revoke answers the requester forwards from its previous attempt
+    /// (DESIGN §4: holders answer the requester, which forwards the answers with its
+    /// next request). Counted in `TokenStats::revokes`.
+    pub revoke_answers: u32,
+}
+
+impl AcquireRequest {
+    /// A request with no forwarded revoke answers.
+    pub fn new(
+        node: NodeId,
+        resource: ResourceId,
+        mode: TokenMode,
+        required: ByteRange,
+        desired: ByteRange,
+    ) -> Self {
+        AcquireRequest {
+            node,
+            resource,
+            mode,
+            required,
+            desired,
+            revoke_answers: 0,
+        }
+    }
+
+    /// A request for a whole resource (inode, allocation region, inode-map segment).
+    pub fn whole(node: NodeId, resource: ResourceId, mode: TokenMode) -> Self {
+        Self::new(node, resource, mode, ByteRange::WHOLE, ByteRange::WHOLE)
+    }
+}
+
+/// A token that was granted: `node` now holds at least `mode` over `range`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    pub node: NodeId,
+    pub resource: ResourceId,
+    pub mode: TokenMode,
+    pub range: ByteRange,
+}
+
+/// One node's token on one range of a resource, as reported in copysets and dumps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Holder {
+    pub node: NodeId,
+    pub mode: TokenMode,
+    pub range: ByteRange,
+}
+
+impl fmt::Display for Holder {
+    /// `node 2 xw [0, eof)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} {}", self.node, self.mode, self.range)
+    }
+}
+
+/// Counters for diagnostics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenStats {
+    /// Acquire requests received, granted or not.
+    pub acquires: u64,
+    /// Acquires refused with a copyset.
+    pub conflicts: u64,
+    /// Revoke answers forwarded by requesters.
+    pub revokes: u64,
+    /// Acquires refused because the table was full.
+    pub table_full: u64,
+    /// Tokens held right now.
+    pub tokens: usize,
+}
+
+/// Everything held on one resource, per node. A handful of nodes share a resource, so
+/// a vector scanned linearly beats a map.
+#[derive(Default)]
+struct ResourceTokens {
+    nodes: Vec<(NodeId, HeldRanges)>,
+}
+
+impl ResourceTokens {
+    fn node(&self, node: NodeId) -> Option<&HeldRanges> {
+        self.nodes.iter().find(|(n, _)| *n == node).map(|(_, h)| h)
+    }
+
+    /// Foreign pieces (of nodes other than `node`) whose mode is incompatible with `mode`.
+    fn conflicting(&self, node: NodeId, mode: TokenMode) -> impl Iterator<Item = Holder> + '_ {
+        self.nodes
+            .iter()
+            .filter(move |(n, _)| *n != node)
+            .flat_map(|(n, held)| {
+                held.pieces().iter().map(move |&(range, m)| Holder {
+                    node: *n,
+                    mode: m,
+                    range,
+                })
+            })
+            .filter(move |h| !compatible(h.mode, mode))
+    }
+
+    fn holders(&self) -> Vec<Holder> {
+        let mut out: Vec<Holder> = self
+            .nodes
+            .iter()
+            .flat_map(|(n, held)| {
+                held.pieces().iter().map(move |&(range, mode)| Holder {
+                    node: *n,
+                    mode,
+                    range,
+                })
+            })
+            .collect();
+        out.sort_by_key(|h| (h.range.start, h.node, h.range.end));
+        out
+    }
+
+    /// Replace `node`'s holding, dropping empty entries so the table stays bounded by
+    /// what is actually held.
+    fn set(&mut self, node: NodeId, held: HeldRanges) {
+        match self.nodes.iter().position(|(n, _)| *n == node) {
+            Some(i) if held.is_empty() => {
+                self.nodes.swap_remove(i);
+            }
+            Some(i) => self.nodes[i].1 = held,
+            None if held.is_empty() => {}
+            None => self.nodes.push((node, held)),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    resources: HashMap<ResourceId, ResourceTokens>,
+}
+
+/// The token manager. All methods take `&self`; state is split into shards by a hash
+/// of the resource, each behind its own mutex, and no call holds more than one shard
+/// lock at a time (so shards can never deadlock against each other).
+pub struct TokenManager {
+    shards: Box<[Mutex<Shard>]>,
+    limits: TokenManagerLimits,
+    tokens: AtomicUsize,
+    acquires: AtomicU64,
+    conflicts: AtomicU64,
+    revokes: AtomicU64,
+    table_full: AtomicU64,
+}
+
+impl TokenManager {
+    pub fn new(limits: TokenManagerLimits) -> Self {
+        Self::with_shards(limits, SHARD_COUNT_DEFAULT)
+    }
+
+    /// A manager with `shard_count` shards (at least one).
+    pub fn with_shards(limits: TokenManagerLimits, shard_count: usize) -> Self {
+        let shards = (0..shard_count.max(1))
+            .map(|_| Mutex::new(Shard::default()))
+            .collect();
+        TokenManager {
+            shards,
+            limits,
+            tokens: AtomicUsize::new(0),
+            acquires: AtomicU64::new(0),
+            conflicts: AtomicU64::new(0),
+            revokes: AtomicU64::new(0),
+            table_full: AtomicU64::new(0),
+        }
+    }
+
+    pub fn limits(&self) -> TokenManagerLimits {
+        self.limits
+    }
+
+    fn shard(&self, resource: &ResourceId) -> &Mutex<Shard> {
+        // A multiplicative mix of the fields; cheaper than SipHash and deterministic,
+        // so a printed seed reproduces the same shard placement.
+        let mut h = resource.id ^ (u64::from(resource.fs) << 40) ^ ((resource.kind as u64) << 56);
+        h = h.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^= h >> 29;
+        let index = (h % self.shards.len() as u64) as usize;
+        &self.shards[index]
+    }
+
+    /// Grant `req.mode` over the widest range that contains `req.required`, lies within
+    /// `req.desired` and conflicts with no other node's token. If `required` itself
+    /// conflicts, nothing changes and the error lists exactly the conflicting holders.
+    /// A node never conflicts with itself: re-acquiring merges with, or upgrades, what
+    /// it already holds.
+    pub fn acquire(&self, req: AcquireRequest) -> Result<Grant, TokenError> {
+        self.acquires.fetch_add(1, Ordering::Relaxed);
+        self.revokes
+            .fetch_add(u64::from(req.revoke_answers), Ordering::Relaxed);
+        validate_request(&req)?;
+        let AcquireRequest {
+            node,
+            resource,
+            mode,
+            required,
+            desired,
+            ..
+        } = req;
+
+        let mut shard = self.shard(&resource).lock();
+        let tokens = shard.resources.get(&resource);
+
+        // 1. Conflicts over the required range: refuse with the copyset.
+        let copyset: Vec<Holder> = tokens
+            .map(|t| {
+                t.conflicting(node, mode)
+                    .filter(|h| h.range.overlaps(&required))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !copyset.is_empty() {
+            self.conflicts.fetch_add(1, Ordering::Relaxed);
+            return Err(TokenError::Conflict {
+                resource,
+                mode,
+                copyset,
+            });
+        }
+
+        // 2. Widen: clip `desired` at the nearest conflicting piece on each side.
+        let mut granted = desired;
+        if let Some(t) = tokens {
+            for h in t.conflicting(node, mode) {
+                if h.range.end <= required.start {
+                    granted.start = granted.start.max(h.range.end);
+                } else if h.range.start >= required.end {
+                    granted.end = granted.end.min(h.range.start);
+                } else {
+                    unreachable!("{h} overlaps required {required} but was not in the copyset");
+                }
+            }
+        }
+        assert!(
+            granted.contains(&required),
+            "grant {granted} lost required {required}"
+        );
+        assert!(
+            desired.contains(&granted),
+            "grant {granted} outside desired {desired}"
+        );
+
+        // 3. Merge into what the node already holds (joining modes where it overlaps;
+        //    `join_preserves_compatibility` in mode.rs is why checking only `mode` in
+        //    steps 1 and 2 suffices).
+        let old = tokens.and_then(|t| t.node(node));
+        let old_len = old.map_or(0, HeldRanges::len);
+        let mut held = old.cloned().unwrap_or_default();
+        held.grant(granted, mode);
+
+        // 4. Reserve table space for new pieces before changing anything.
+        let new_len = held.len();
+        if new_len > old_len && !self.reserve(new_len - old_len) {
+            self.table_full.fetch_add(1, Ordering::Relaxed);
+            return Err(TokenError::TableFull {
+                node,
+                resource,
+                tokens_max: self.limits.tokens_max,
+            });
+        }
+        if new_len < old_len {
+            self.tokens.fetch_sub(old_len - new_len, Ordering::Relaxed);
+        }
+
+        // 5. Commit, then re-check the invariant this whole crate exists for.
+        let entry = shard.resources.entry(resource).or_default();
+        entry.set(node, held);
+        if let Some(bad) = entry
+            .conflicting(node, mode)
+            .find(|h| h.range.overlaps(&granted))
+        {
+            panic!("token table invariant broken: granted {mode} {granted} on {resource} to {node} over {bad}");
+        }
+        Ok(Grant {
+            node,
+            resource,
+            mode,
+            range: granted,
+        })
+    }
+
+    /// Take `count` tokens from the budget, or nothing if that would pass `tokens_max`.
+    fn reserve(&self, count: usize) -> bool {
+        self.tokens
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |current| {
+                current
+                    .checked_add(count)
+                    .filter(|&total| total <= self.limits.tokens_max)
+            })
+            .is_ok()
+    }
+
+    /// Apply `change` to `node`'s holding on `resource` and keep the token count right.
+    fn update_node<T>(
+        &self,
+        node: NodeId,
+        resource: ResourceId,
+        change: impl FnOnce(&mut HeldRanges) -> Result<T, TokenError>,
+    ) -> Result<Option<T>, TokenError> {
+        let mut shard = self.shard(&resource).lock();
+        let Some(tokens) = shard.resources.get_mut(&resource) else {
+            return Ok(None);
+        };
+        let Some(old) = tokens.node(node) else {
+            return Ok(None);
+        };
+        let old_len = old.len();
+        let mut held = old.clone();
+        let out = change(&mut held)?;
+        let new_len = held.len();
+        // Giving up may split a piece and pass tokens_max; see TokenManagerLimits.
+        if new_len > old_len {
+            self.tokens.fetch_add(new_len - old_len, Ordering::Relaxed);
+        } else {
+            self.tokens.fetch_sub(old_len - new_len, Ordering::Relaxed);
+        }
+        tokens.set(node, held);
+        if tokens.nodes.is_empty() {
+            shard.resources.remove(&resource);
+        }
+        Ok(Some(out))
+    }
+
+    /// Drop `node`'s tokens over `range`, splitting held pieces that straddle it.
+    /// Relinquishing what is not held is not an error, so a retried message is harmless.
+    pub fn relinquish(
+        &self,
+        node: NodeId,
+        resource: ResourceId,
+        range: ByteRange,
+    ) -> Result<(), TokenError> {
+        validate_range(node, resource, range)?;
+        self.update_node(node, resource, |held| {
+            held.remove(range);
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    /// Weaken `node`'s tokens over `range` to `to`. Every held piece there must cover
+    /// `to` (`xw` to `rw` or `ro`); otherwise nothing changes and the error says which
+    /// piece. Parts of `range` that are not held stay unheld.
+    pub fn downgrade(
+        &self,
+        node: NodeId,
+        resource: ResourceId,
+        range: ByteRange,
+        to: TokenMode,
+    ) -> Result<(), TokenError> {
+        validate_range(node, resource, range)?;
+        self.update_node(node, resource, |held| {
+            held.downgrade(range, to)
+                .map_err(|(range, held)| TokenError::NotADowngrade {
+                    node,
+                    resource,
+                    range,
+                    held,
+                    to,
+                })
+        })?;
+        Ok(())
+    }
+
+    /// Drop every token `node` holds, for example after it failed. Returns how many
+    /// tokens were dropped.
+    pub fn release_node(&self, node: NodeId) -> usize {
+        let mut dropped = 0;
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            shard.resources.retain(|_, tokens| {
+                if let Some(i) = tokens.nodes.iter().position(|(n, _)| *n == node) {
+                    dropped += tokens.nodes.swap_remove(i).1.len();
+                }
+                !tokens.nodes.is_empty()
+            });
+        }
+        self.tokens.fetch_sub(dropped, Ordering::Relaxed);
+        dropped
+    }
+
+    /// Everyone holding tokens on `resource`, ordered by range start then node.
+    pub fn holders(&self, resource: ResourceId) -> Vec<Holder> {
+        self.shard(&resource)
+            .lock()
+            .resources
+            .get(&resource)
+            .map(ResourceTokens::holders)
+            .unwrap_or_default()
+    }
+
+    /// The whole table, ordered by resource, for `mako diag tokens`. Each shard is
+    /// copied under its own lock, so the dump is consistent per resource, not globally.
+    pub fn dump(&self) -> Vec<(ResourceId, Vec<Holder>)> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.lock();
+            out.extend(shard.resources.iter().map(|(r, t)| (*r, t.holders())));
+        }
+        out.sort_by_key(|(r, _)| *r);
+        out
+    }
+
+    pub fn stats(&self) -> TokenStats {
+        TokenStats {
+            acquires: self.acquires.load(Ordering::Relaxed),
+            conflicts: self.conflicts.load(Ordering::Relaxed),
+            revokes: self.revokes.load(Ordering::Relaxed),
+            table_full: self.table_full.load(Ordering::Relaxed),
+            tokens: self.tokens.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Default for TokenManager {
+    fn default() -> Self {
+        Self::new(TokenManagerLimits::default())
+    }
+}
+
+/// A range named in a request must be non-empty, and whole for non-ranged resources.
+pub(crate) fn validate_range(
+    node: NodeId,
+    resource: ResourceId,
+    range: ByteRange,
+) -> Result<(), TokenError> {
+    if range.is_empty() {
+        return Err(TokenError::EmptyRange {
+            node,
+            resource,
+            range,
+        });
+    }
+    if !resource.kind.is_ranged() && range != ByteRange::WHOLE {
+        return Err(TokenError::WholeRangeRequired {
+            node,
+            resource,
+            range,
+        });
+    }
+    Ok(())
+}
+
+/// Checks shared by the manager and the client's hot path, so a request that the
+/// manager would refuse is never answered from a client cache.
+pub(crate) fn validate_request(req: &AcquireRequest) -> Result<(), TokenError> {
+    validate_range(req.node, req.resource, req.required)?;
+    validate_range(req.node, req.resource, req.desired)?;
+    if !req.desired.contains(&req.required) {
+        return Err(TokenError::RequiredOutsideDesired {
+            node: req.node,
+            resource: req.resource,
+            required: req.required,
+            desired: req.desired,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::ResourceKind;
+    use TokenMode::*;
+
+    const A: NodeId = NodeId(1);
+    const B: NodeId = NodeId(2);
+    const C: NodeId = NodeId(3);
+
+    fn file() -> ResourceId {
+        ResourceId::new(1, ResourceKind::ByteRange, 7)
+    }
+
+    fn inode() -> ResourceId {
+        ResourceId::new(1, ResourceKind::Inode, 7)
+    }
+
+    fn r(s: u64, e: u64) -> ByteRange {
+        ByteRange::new(s, e)
+    }
+
+    fn req(
+        node: NodeId,
+        mode: TokenMode,
+        required: ByteRange,
+        desired: ByteRange,
+    ) -> AcquireRequest {
+        AcquireRequest::new(node, file(), mode, required, desired)
+    }
+
+    fn copyset(e: TokenError) -> Vec<Holder> {
+        match e {
+            TokenError::Conflict { copyset, .. } => copyset,
+            other => panic!("expected a conflict, got {other}"),
+        }
+    }
+
+    #[test]
+    fn whole_resource_table() {
+        let m = TokenManager::default();
+        m.acquire(AcquireRequest::whole(A, inode(), Ro))
+            .expect("first ro");
+        m.acquire(AcquireRequest::whole(B, inode(), Ro))
+            .expect("ro shares with ro");
+        let cs = copyset(
+            m.acquire(AcquireRequest::whole(C, inode(), Rw))
+                .unwrap_err(),
+        );
+        assert_eq!(cs.len(), 2, "both readers block a writer: {cs:?}");
+        m.release_node(A);
+        m.release_node(B);
+        m.acquire(AcquireRequest::whole(A, inode(), Rw))
+            .expect("rw");
+        m.acquire(AcquireRequest::whole(B, inode(), Rw))
+            .expect("rw shares with rw");
+        let cs = copyset(
+            m.acquire(AcquireRequest::whole(C, inode(), Ro))
+                .unwrap_err(),
+        );
+        assert_eq!(cs.iter().map(|h| h.node).collect::<Vec<_>>(), vec![A, B]);
+        let cs = copyset(
+            m.acquire(AcquireRequest::whole(C, inode(), Xw))
+                .unwrap_err(),
+        );
+        assert_eq!(cs.len(), 2);
+        assert_eq!(m.stats().conflicts, 3);
+    }
+
+    #[test]
+    fn widest_grant_clips_at_nearest_conflicts() {
+        let m = TokenManager::default();
+        m.acquire(req(A, Xw, r(0, 100), r(0, 100))).expect("a");
+        m.acquire(req(B, Xw, r(1000, 1100), r(1000, 1100)))
+            .expect("b");
+        m.acquire(req(B, Xw, r(5000, 5100), r(5000, 5100)))
+            .expect("b far");
+        let g = m
+            .acquire(req(C, Ro, r(400, 500), ByteRange::WHOLE))
+            .expect("between them");
+        assert_eq!(g.range, r(100, 1000), "clipped at A's end and B's start");
+        // Within a narrower desired range, desired wins.
+        let g = m
+            .acquire(req(C, Xw, r(2000, 2100), r(1500, 3000)))
+            .expect("c");
+        assert_eq!(g.range, r(1500, 3000));
+        // Compatible holders do not clip.
+        let g = m
+            .acquire(req(A, Ro, r(200, 300), r(100, 1000)))
+            .expect("ro next to ro");
+        assert_eq!(g.range, r(100, 1000));
+    }
+
+    #[test]
+    fn conflict_lists_exactly_the_conflicting_holders() {
+        let m = TokenManager::default();
+        m.acquire(req(A, Ro, r(0, 100), r(0, 100))).expect("a");
+        m.acquire(req(B, Ro, r(50, 150), r(50, 150))).expect("b");
+        m.acquire(req(C, Ro, r(500, 600), r(500, 600)))
+            .expect("c, elsewhere");
+        let before = m.dump();
+        let cs = copyset(
+            m.acquire(AcquireRequest::new(
+                NodeId(4),
+                file(),
+                Xw,
+                r(90, 95),
+                ByteRange::WHOLE,
+            ))
+            .unwrap_err(),
+        );
+        assert_eq!(
+            cs,
+            vec![
+                Holder {
+                    node: A,
+                    mode: Ro,
+                    range: r(0, 100)
+                },
+                Holder {
+                    node: B,
+                    mode: Ro,
+                    range: r(50, 150)
+                },
+            ]
+        );
+        assert_eq!(m.dump(), before, "a refused acquire changes nothing");
+    }
+
+    #[test]
+    fn same_node_merges_and_upgrades() {
+        let m = TokenManager::default();
+        m.acquire(req(A, Ro, r(0, 100), r(0, 100))).expect("ro");
+        m.acquire(req(A, Ro, r(100, 200), r(100, 200)))
+            .expect("adjacent ro");
+        assert_eq!(
+            m.holders(file()),
+            vec![Holder {
+                node: A,
+                mode: Ro,
+                range: r(0, 200)
+            }]
+        );
+        m.acquire(req(A, Xw, r(50, 60), r(50, 60)))
+            .expect("upgrade part, no self conflict");
+        assert_eq!(
+            m.holders(file()),
+            vec![
+                Holder {
+                    node: A,
+                    mode: Ro,
+                    range: r(0, 50)
+                },
+                Holder {
+                    node: A,
+                    mode: Xw,
+                    range: r(50, 60)
+                },
+                Holder {
+                    node: A,
+                    mode: Ro,
+                    range: r(60, 200)
+                },
+            ]
+        );
+        // Asking for less than held keeps the stronger token (dirty data may be under it).
+        m.acquire(req(A, Ro, r(50, 60), r(50, 60)))
+            .expect("ro under xw");
+        assert_eq!(m.holders(file())[1].mode, Xw);
+        // ro joined with rw is xw: the node asked for both promises.
+        m.acquire(req(A, Rw, r(0, 10), r(0, 10)))
+            .expect("rw over ro");
+        assert_eq!(
+            m.holders(file())[0],
+            Holder {
+                node: A,
+                mode: Xw,
+                range: r(0, 10)
+            }
+        );
+        // A second reader now conflicts only with the xw parts.
+        let g = m
+            .acquire(req(B, Ro, r(100, 110), ByteRange::WHOLE))
+            .expect("b ro");
+        assert_eq!(g.range, r(60, u64::MAX));
+    }
+
+    #[test]
+    fn relinquish_splits_and_downgrade_weakens() {
+        let m = TokenManager::default();
+        m.acquire(req(A, Xw, r(0, 100), r(0, 100))).expect("xw");
+        m.relinquish(A, file(), r(40, 60))
+            .expect("relinquish middle");
+        assert_eq!(m.stats().tokens, 2);
+        m.relinquish(A, file(), r(1000, 2000))
+            .expect("relinquishing nothing is fine");
+        m.downgrade(A, file(), r(0, 40), Ro).expect("xw to ro");
+        let err = m.downgrade(A, file(), r(0, 10), Rw).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TokenError::NotADowngrade {
+                    held: Ro,
+                    to: Rw,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        m.acquire(req(B, Ro, r(10, 20), r(10, 20)))
+            .expect("ro shares the downgraded part");
+        let cs = copyset(m.acquire(req(B, Ro, r(10, 70), r(10, 70))).unwrap_err());
+        assert_eq!(
+            cs,
+            vec![Holder {
+                node: A,
+                mode: Xw,
+                range: r(60, 100)
+            }]
+        );
+        assert_eq!(m.release_node(A), 2);
+        assert_eq!(
+            m.holders(file()),
+            vec![Holder {
+                node: B,
+                mode: Ro,
+                range: r(10, 20)
+            }]
+        );
+        m.relinquish(B, file(), ByteRange::WHOLE).expect("all");
+        assert!(m.dump().is_empty(), "empty resources leave the table");
+        assert_eq!(m.stats().tokens, 0);
+    }
+
+    #[test]
+    fn bad_requests_are_refused() {
+        let m = TokenManager::default();
+        let e = m.acquire(req(A, Ro, r(10, 20), r(15, 30))).unwrap_err();
+        assert!(
+            matches!(e, TokenError::RequiredOutsideDesired { .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("widen desired"), "{e}");
+        let e = m.acquire(req(A, Ro, r(10, 10), r(0, 30))).unwrap_err();
+        assert!(matches!(e, TokenError::EmptyRange { .. }), "{e}");
+        let e = m
+            .acquire(AcquireRequest::new(A, inode(), Ro, r(0, 10), r(0, 10)))
+            .unwrap_err();
+        assert!(matches!(e, TokenError::WholeRangeRequired { .. }), "{e}");
+        let e = m.relinquish(A, file(), r(5, 1)).unwrap_err();
+        assert!(matches!(e, TokenError::EmptyRange { .. }), "{e}");
+    }
+
+    #[test]
+    fn table_full_is_reported_and_recoverable() {
+        let m = TokenManager::new(TokenManagerLimits { tokens_max: 2 });
+        m.acquire(req(A, Xw, r(0, 10), r(0, 10))).expect("1");
+        m.acquire(req(A, Xw, r(10, 20), r(10, 20)))
+            .expect("merges, still 1");
+        m.acquire(req(B, Xw, r(30, 40), r(30, 40))).expect("2");
+        let e = m.acquire(req(C, Xw, r(50, 60), r(50, 60))).unwrap_err();
+        assert!(
+            matches!(e, TokenError::TableFull { tokens_max: 2, .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("raise tokens_max"), "{e}");
+        assert_eq!(m.stats().table_full, 1);
+        m.relinquish(B, file(), ByteRange::WHOLE).expect("free one");
+        m.acquire(req(C, Xw, r(50, 60), r(50, 60)))
+            .expect("fits again");
+    }
+
+    #[test]
+    fn dump_and_stats() {
+        let m = TokenManager::with_shards(TokenManagerLimits::default(), 4);
+        for i in 0..20 {
+            let res = ResourceId::new(1, ResourceKind::Inode, i);
+            m.acquire(AcquireRequest::whole(A, res, Ro)).expect("ro");
+        }
+        let d = m.dump();
+        assert_eq!(d.len(), 20);
+        assert!(d.windows(2).all(|w| w[0].0 < w[1].0), "dump is sorted");
+        let s = m.stats();
+        assert_eq!((s.acquires, s.tokens), (20, 20));
+        assert_eq!(d[0].1[0].to_string(), "node 1 ro [0, eof)");
+    }
+}
