@@ -1,0 +1,625 @@
+//! The cluster configuration file `DIR/cluster.toml`: which node this is, which disks
+//! exist, which file systems are made of which disks and where they are mounted.
+//!
+//! The file is small and rewritten whole: `save` writes a temporary file, fsyncs it,
+//! renames it over the old one and fsyncs the directory, so a crash leaves either the
+//! old or the new file. `load` validates everything and names the file and the
+//! offending entry in its error.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// File name of the cluster configuration inside a data directory.
+pub const CLUSTER_FILE_NAME: &str = "cluster.toml";
+
+/// Usage names a disk may have (the seeds' `mmcrnsd` usage values).
+pub const DISK_USAGES: [&str; 4] = ["dataAndMetadata", "dataOnly", "metadataOnly", "descOnly"];
+
+/// Longest disk, file system, cluster or node name.
+pub const NAME_BYTES_MAX: usize = 63;
+
+/// Errors reading, validating or writing `cluster.toml`.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The file does not exist: no cluster was created in this data directory.
+    #[error(
+        "no cluster in {}: {} does not exist; create one with `mako up` \
+         (or pass the right --data-dir)",
+        dir.display(), path.display()
+    )]
+    Missing {
+        /// The data directory.
+        dir: PathBuf,
+        /// The file that was looked for.
+        path: PathBuf,
+    },
+    /// Reading, writing, syncing or renaming failed.
+    #[error("cannot {action} {}: {cause}; check the path and its permissions", path.display())]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The file concerned.
+        path: PathBuf,
+        /// The operating system's error.
+        cause: std::io::Error,
+    },
+    /// The file is not valid TOML or has fields of the wrong type.
+    #[error("{} is not a valid cluster file: {detail}; fix it or restore it from a backup", path.display())]
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message (with line and column).
+        detail: String,
+    },
+    /// The contents contradict themselves (duplicate names, unknown disks, …).
+    #[error("{}: {problem}", path.display())]
+    Invalid {
+        /// The file (or `cluster.toml` for a configuration not yet saved).
+        path: PathBuf,
+        /// What is wrong and what to do about it.
+        problem: String,
+    },
+}
+
+/// One disk known to the cluster (a block device or a file used as one).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskDef {
+    /// Disk (NSD) name, unique in the cluster.
+    pub name: String,
+    /// Device or file path.
+    pub path: PathBuf,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Storage pool (`system` holds metadata).
+    #[serde(default = "default_pool")]
+    pub pool: String,
+    /// Failure group: disks that can fail together share one.
+    #[serde(default = "default_failure_group")]
+    pub failure_group: i32,
+    /// One of `DISK_USAGES`.
+    #[serde(default = "default_usage")]
+    pub usage: String,
+    /// The file system this disk belongs to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs: Option<String>,
+}
+
+fn default_pool() -> String {
+    "system".to_string()
+}
+fn default_failure_group() -> i32 {
+    1
+}
+fn default_usage() -> String {
+    "dataAndMetadata".to_string()
+}
+
+/// One file system of the cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsDef {
+    /// File system name (the device name, like `fs1`).
+    pub name: String,
+    /// Names of its disks (each a `DiskDef` whose `fs` is this file system).
+    pub disks: Vec<String>,
+    /// Where the daemon mounts it.
+    pub mountpoint: PathBuf,
+    /// Mounted by the daemon when it starts.
+    #[serde(default)]
+    pub automount: bool,
+}
+
+/// The whole cluster configuration file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterConfig {
+    /// Cluster name.
+    pub cluster_name: String,
+    /// This node's name.
+    pub node_name: String,
+    /// This node's number (selects its recovery log).
+    pub node_id: u32,
+    /// Every disk known to the cluster.
+    #[serde(default)]
+    pub disks: Vec<DiskDef>,
+    /// Every file system.
+    #[serde(default)]
+    pub filesystems: Vec<FsDef>,
+}
+
+impl ClusterConfig {
+    /// A cluster with no disks or file systems.
+    pub fn new(cluster_name: &str, node_name: &str, node_id: u32) -> Self {
+        ClusterConfig {
+            cluster_name: cluster_name.to_string(),
+            node_name: node_name.to_string(),
+            node_id,
+            disks: Vec::new(),
+            filesystems: Vec::new(),
+        }
+    }
+
+    /// Reads and validates `DIR/cluster.toml`.
+    pub fn load(dir: &Path) -> Result<Self, ClusterError> {
+        let path = dir.join(CLUSTER_FILE_NAME);
+        let text = match fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(cause) if cause.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ClusterError::Missing {
+                    dir: dir.to_path_buf(),
+                    path,
+                })
+            }
+            Err(cause) => {
+                return Err(ClusterError::Io {
+                    action: "read",
+                    path,
+                    cause,
+                })
+            }
+        };
+        Self::from_toml(&path, &text)
+    }
+
+    /// True if `DIR/cluster.toml` exists.
+    pub fn exists(dir: &Path) -> bool {
+        dir.join(CLUSTER_FILE_NAME).exists()
+    }
+
+    /// Parses and validates the text of a cluster file; `path` is used in errors.
+    pub fn from_toml(path: &Path, text: &str) -> Result<Self, ClusterError> {
+        let config: ClusterConfig = toml::from_str(text).map_err(|e| ClusterError::Syntax {
+            path: path.to_path_buf(),
+            detail: e.to_string().trim_end().replace('\n', " "),
+        })?;
+        config.validate_at(path)?;
+        Ok(config)
+    }
+
+    /// The file's text.
+    pub fn to_toml(&self) -> String {
+        let body = toml::to_string_pretty(self)
+            .unwrap_or_else(|e| unreachable!("a ClusterConfig always serializes: {e}"));
+        format!(
+            "# Mako cluster configuration, written by `mako`. Edit with care: \
+             `mako status` checks it.\n{body}"
+        )
+    }
+
+    /// Validates, then atomically replaces `DIR/cluster.toml`.
+    ///
+    /// 1. Write the whole file to a temporary name in the same directory.
+    /// 2. fsync it, so its contents are durable before it has the real name.
+    /// 3. Rename it over the old file (atomic within a directory).
+    /// 4. fsync the directory, so the rename is durable.
+    pub fn save(&self, dir: &Path) -> Result<(), ClusterError> {
+        let path = dir.join(CLUSTER_FILE_NAME);
+        self.validate_at(&path)?;
+        let temporary = dir.join(format!(".{CLUSTER_FILE_NAME}.tmp.{}", std::process::id()));
+        let io = |action: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |cause| ClusterError::Io {
+                action,
+                path,
+                cause,
+            }
+        };
+        let written = (|| {
+            // 1.
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&temporary)
+                .map_err(io("create", &temporary))?;
+            file.write_all(self.to_toml().as_bytes())
+                .map_err(io("write", &temporary))?;
+            // 2.
+            file.sync_all().map_err(io("fsync", &temporary))?;
+            // 3.
+            fs::rename(&temporary, &path).map_err(io("rename into place", &path))
+        })();
+        if written.is_err() {
+            let _ = fs::remove_file(&temporary);
+            return written;
+        }
+        // 4.
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io("fsync the directory", dir))
+    }
+
+    /// Checks the configuration as if it were the file `DIR/cluster.toml`.
+    pub fn validate(&self) -> Result<(), ClusterError> {
+        self.validate_at(Path::new(CLUSTER_FILE_NAME))
+    }
+
+    fn validate_at(&self, path: &Path) -> Result<(), ClusterError> {
+        self.problem().map_or(Ok(()), |problem| {
+            Err(ClusterError::Invalid {
+                path: path.to_path_buf(),
+                problem,
+            })
+        })
+    }
+
+    /// The first inconsistency found, as a sentence that says what to fix.
+    fn problem(&self) -> Option<String> {
+        if let Err(p) = check_name("cluster_name", &self.cluster_name) {
+            return Some(p);
+        }
+        if let Err(p) = check_name("node_name", &self.node_name) {
+            return Some(p);
+        }
+        let mut disks: BTreeMap<&str, &DiskDef> = BTreeMap::new();
+        let mut paths: BTreeMap<&Path, &str> = BTreeMap::new();
+        for disk in &self.disks {
+            if let Err(p) = check_name("disk name", &disk.name) {
+                return Some(p);
+            }
+            if disks.insert(&disk.name, disk).is_some() {
+                return Some(format!(
+                    "disk `{}` is defined twice; disk names must be unique",
+                    disk.name
+                ));
+            }
+            if let Some(other) = paths.insert(&disk.path, &disk.name) {
+                return Some(format!(
+                    "disks `{other}` and `{}` both use {}; each disk needs its own device or file",
+                    disk.name,
+                    disk.path.display()
+                ));
+            }
+            if !DISK_USAGES.contains(&disk.usage.as_str()) {
+                return Some(format!(
+                    "disk `{}` has usage `{}`; use one of {}",
+                    disk.name,
+                    disk.usage,
+                    DISK_USAGES.join(", ")
+                ));
+            }
+            if let Err(p) = check_name("pool name", &disk.pool) {
+                return Some(format!("disk `{}`: {p}", disk.name));
+            }
+            if disk.size_bytes == 0 {
+                return Some(format!("disk `{}` has size 0", disk.name));
+            }
+        }
+        let mut filesystems = BTreeSet::new();
+        let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
+        for fs in &self.filesystems {
+            if let Err(p) = check_name("file system name", &fs.name) {
+                return Some(p);
+            }
+            if !filesystems.insert(fs.name.as_str()) {
+                return Some(format!(
+                    "file system `{}` is defined twice; file system names must be unique",
+                    fs.name
+                ));
+            }
+            if fs.disks.is_empty() {
+                return Some(format!("file system `{}` has no disks", fs.name));
+            }
+            if !fs.mountpoint.is_absolute() {
+                return Some(format!(
+                    "file system `{}` has mount point `{}`; it must be an absolute path",
+                    fs.name,
+                    fs.mountpoint.display()
+                ));
+            }
+            for name in &fs.disks {
+                let Some(disk) = disks.get(name.as_str()) else {
+                    return Some(format!(
+                        "file system `{}` uses disk `{name}`, which is not defined; \
+                         add a [[disks]] entry or remove it from the file system",
+                        fs.name
+                    ));
+                };
+                if let Some(other) = owner.insert(name, &fs.name) {
+                    return Some(if other == fs.name {
+                        format!("file system `{}` lists disk `{name}` twice", fs.name)
+                    } else {
+                        format!(
+                            "disk `{name}` is in two file systems, `{other}` and `{}`; \
+                             a disk belongs to at most one file system",
+                            fs.name
+                        )
+                    });
+                }
+                if disk.fs.as_deref() != Some(fs.name.as_str()) {
+                    return Some(format!(
+                        "disk `{name}` is listed by file system `{}` but its `fs` field says {}; \
+                         set `fs = \"{}\"` on the disk",
+                        fs.name,
+                        disk.fs
+                            .as_deref()
+                            .map_or("none".to_string(), |f| format!("`{f}`")),
+                        fs.name
+                    ));
+                }
+            }
+        }
+        for disk in &self.disks {
+            if let Some(fs) = &disk.fs {
+                if owner.get(disk.name.as_str()) != Some(&fs.as_str()) {
+                    return Some(format!(
+                        "disk `{}` says it belongs to file system `{fs}`, which does not list it; \
+                         fix the disk's `fs` field or the file system's `disks`",
+                        disk.name
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    /// The disk called `name`.
+    pub fn disk(&self, name: &str) -> Option<&DiskDef> {
+        self.disks.iter().find(|d| d.name == name)
+    }
+
+    /// The file system called `name`.
+    pub fn filesystem(&self, name: &str) -> Option<&FsDef> {
+        self.filesystems.iter().find(|f| f.name == name)
+    }
+
+    /// The file system called `name`, for changing it.
+    pub fn filesystem_mut(&mut self, name: &str) -> Option<&mut FsDef> {
+        self.filesystems.iter_mut().find(|f| f.name == name)
+    }
+
+    /// The disks of file system `fs`, in the order the file system lists them.
+    pub fn disks_of(&self, fs: &FsDef) -> Vec<&DiskDef> {
+        fs.disks.iter().filter_map(|n| self.disk(n)).collect()
+    }
+
+    /// The file system whose mount point contains `path`, if any (the deepest one).
+    pub fn filesystem_containing(&self, path: &Path) -> Option<&FsDef> {
+        self.filesystems
+            .iter()
+            .filter(|fs| path.starts_with(&fs.mountpoint))
+            .max_by_key(|fs| fs.mountpoint.components().count())
+    }
+}
+
+/// A name is 1..=63 bytes of letters, digits, `_`, `-` and `.`, not starting with `-`
+/// or `.` (it becomes part of file names and command lines).
+fn check_name(what: &str, name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= NAME_BYTES_MAX
+        && !name.starts_with(['-', '.'])
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} `{name}` is not valid; use 1 to {NAME_BYTES_MAX} letters, digits, `_`, `-` \
+             or `.`, not starting with `-` or `.`"
+        ))
+    }
+}
+
+/// Public form of the name check, for commands that create names.
+pub fn validate_name(what: &str, name: &str) -> Result<(), String> {
+    check_name(what, name)
+}
+
+/// The names of the files in a data directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataDir {
+    /// The data directory itself.
+    pub root: PathBuf,
+}
+
+impl DataDir {
+    /// The data directory `root`.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        DataDir { root: root.into() }
+    }
+    /// `cluster.toml`.
+    pub fn cluster_file(&self) -> PathBuf {
+        self.root.join(CLUSTER_FILE_NAME)
+    }
+    /// `config.toml`, the mako-config `ConfigStore` file.
+    pub fn config_file(&self) -> PathBuf {
+        self.root.join("config.toml")
+    }
+    /// `makod.sock`, the control socket.
+    pub fn socket_file(&self) -> PathBuf {
+        self.root.join("makod.sock")
+    }
+    /// `makod.pid`, written by `mako up`.
+    pub fn pid_file(&self) -> PathBuf {
+        self.root.join("makod.pid")
+    }
+    /// `makod.log`, the daemon's stderr.
+    pub fn log_file(&self) -> PathBuf {
+        self.root.join("makod.log")
+    }
+    /// `disks/`, where file-backed disks are created.
+    pub fn disks_dir(&self) -> PathBuf {
+        self.root.join("disks")
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn home_dir() -> PathBuf {
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+}
+
+/// `/var/lib/mako` for root; otherwise `$XDG_DATA_HOME/mako` or `~/.local/share/mako`.
+pub fn default_data_dir() -> PathBuf {
+    if is_root() {
+        return PathBuf::from("/var/lib/mako");
+    }
+    match std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
+        Some(xdg) => PathBuf::from(xdg).join("mako"),
+        None => home_dir().join(".local/share/mako"),
+    }
+}
+
+/// `/mako/fs1` for root; otherwise `~/mako/fs1`.
+pub fn default_mountpoint() -> PathBuf {
+    if is_root() {
+        PathBuf::from("/mako/fs1")
+    } else {
+        home_dir().join("mako/fs1")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> ClusterConfig {
+        let mut c = ClusterConfig::new("mako", "node1", 1);
+        for i in 0..3 {
+            c.disks.push(DiskDef {
+                name: format!("d{i}"),
+                path: PathBuf::from(format!("/var/lib/mako/disks/d{i}.img")),
+                size_bytes: 8 << 30,
+                pool: "system".into(),
+                failure_group: i + 1,
+                usage: "dataAndMetadata".into(),
+                fs: (i < 2).then(|| "fs1".to_string()),
+            });
+        }
+        c.filesystems.push(FsDef {
+            name: "fs1".into(),
+            disks: vec!["d0".into(), "d1".into()],
+            mountpoint: PathBuf::from("/mako/fs1"),
+            automount: true,
+        });
+        c
+    }
+
+    fn problem(c: &ClusterConfig) -> String {
+        c.validate().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn round_trip_through_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = sample();
+        c.save(dir.path()).unwrap();
+        let loaded = ClusterConfig::load(dir.path()).unwrap();
+        assert_eq!(loaded, c);
+        let text = fs::read_to_string(dir.path().join(CLUSTER_FILE_NAME)).unwrap();
+        assert!(text.contains("[[disks]]"), "{text}");
+        assert!(text.contains("[[filesystems]]"), "{text}");
+        let names: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1, "no temporary left behind");
+    }
+
+    #[test]
+    fn missing_file_says_how_to_create_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let message = ClusterConfig::load(dir.path()).unwrap_err().to_string();
+        assert!(message.contains("mako up"), "{message}");
+        assert!(message.contains("cluster.toml"), "{message}");
+    }
+
+    #[test]
+    fn defaults_for_optional_fields() {
+        let text = "cluster_name = \"c\"\nnode_name = \"n\"\nnode_id = 0\n\
+                    [[disks]]\nname = \"d0\"\npath = \"/dev/sdb\"\nsize_bytes = 1000\n";
+        let c = ClusterConfig::from_toml(Path::new("x.toml"), text).unwrap();
+        assert_eq!(c.disks[0].pool, "system");
+        assert_eq!(c.disks[0].usage, "dataAndMetadata");
+        assert_eq!(c.disks[0].failure_group, 1);
+        assert_eq!(c.disks[0].fs, None);
+    }
+
+    #[test]
+    fn syntax_errors_name_the_file() {
+        for text in ["cluster_name = ", "cluster_name = \"c\"\n", "node_id = \"x\"", "\0"] {
+            let message = ClusterConfig::from_toml(Path::new("/d/cluster.toml"), text)
+                .unwrap_err()
+                .to_string();
+            assert!(message.starts_with("/d/cluster.toml"), "{message}");
+        }
+    }
+
+    #[test]
+    fn validation_errors() {
+        let mut c = sample();
+        c.disks[1].name = "d0".into();
+        assert!(problem(&c).contains("disk `d0` is defined twice"));
+
+        let mut c = sample();
+        c.filesystems.push(FsDef {
+            name: "fs2".into(),
+            disks: vec!["d1".into()],
+            mountpoint: "/mako/fs2".into(),
+            automount: false,
+        });
+        let p = problem(&c);
+        assert!(p.contains("disk `d1` is in two file systems"), "{p}");
+
+        let mut c = sample();
+        c.filesystems[0].disks.push("nope".into());
+        assert!(problem(&c).contains("uses disk `nope`, which is not defined"));
+
+        let mut c = sample();
+        c.filesystems.push(c.filesystems[0].clone());
+        assert!(problem(&c).contains("file system `fs1` is defined twice"));
+
+        let mut c = sample();
+        c.disks[2].usage = "both".into();
+        assert!(problem(&c).contains("use one of dataAndMetadata"));
+
+        let mut c = sample();
+        c.disks[2].fs = Some("fs9".into());
+        assert!(problem(&c).contains("says it belongs to file system `fs9`"));
+
+        let mut c = sample();
+        c.disks[0].fs = None;
+        assert!(problem(&c).contains("its `fs` field says none"));
+
+        let mut c = sample();
+        c.disks[2].path = c.disks[0].path.clone();
+        assert!(problem(&c).contains("both use"));
+
+        let mut c = sample();
+        c.filesystems[0].name = "bad name".into();
+        assert!(problem(&c).contains("file system name `bad name` is not valid"));
+
+        let mut c = sample();
+        c.filesystems[0].mountpoint = "relative/dir".into();
+        assert!(problem(&c).contains("absolute path"));
+
+        let mut c = sample();
+        c.filesystems[0].disks.clear();
+        c.disks[0].fs = None;
+        c.disks[1].fs = None;
+        assert!(problem(&c).contains("has no disks"));
+
+        // An invalid configuration is never written.
+        let dir = tempfile::tempdir().unwrap();
+        assert!(c.save(dir.path()).is_err());
+        assert!(!dir.path().join(CLUSTER_FILE_NAME).exists());
+    }
+
+    #[test]
+    fn filesystem_containing_a_path() {
+        let c = sample();
+        assert_eq!(
+            c.filesystem_containing(Path::new("/mako/fs1/dir/file"))
+                .map(|f| f.name.as_str()),
+            Some("fs1")
+        );
+        assert!(c.filesystem_containing(Path::new("/mako/fs10")).is_none());
+        assert!(c.filesystem_containing(Path::new("/tmp")).is_none());
+    }
+}
