@@ -121,13 +121,22 @@ fn posix_filter_and_names() {
 
 #[test]
 fn posix_failures_are_reported_not_panicking() {
-    // A directory that does not exist: every check fails cleanly with a message.
-    let report = run_posix_suite("/nonexistent/mako-tests-dir", Some("getattr_file"));
+    // A "directory" below a regular file: the check fails cleanly with the errno in the message.
+    let dir = tempdir("mako-posix-bad-");
+    std::fs::write(dir.path().join("file"), b"").unwrap();
+    let report = run_posix_suite(dir.path().join("file/sub"), Some("getattr_file"));
     assert_eq!(report.failed(), 1);
     match report.get("getattr_file") {
-        Some(Outcome::Fail(m)) => assert!(m.contains("ENOENT"), "message: {m}"),
+        Some(Outcome::Fail(m)) => assert!(m.contains("ENOTDIR"), "message: {m}"),
         other => panic!("unexpected outcome {other:?}"),
     }
+}
+
+#[test]
+fn posix_creates_missing_dir() {
+    let dir = tempdir("mako-posix-new-");
+    let report = run_posix_suite(dir.path().join("posix"), Some("link"));
+    assert!(report.all_passed() && report.passed() > 0, "{report}");
 }
 
 fn fsx_local(seed: u64) {

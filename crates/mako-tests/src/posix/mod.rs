@@ -289,8 +289,8 @@ pub fn run_check(dir: &Path, check: &Check) -> CheckReport {
     }
 }
 
-/// Runs every check whose name contains `filter` (all if `None`) against `dir`, which must exist
-/// and be writable. Each check runs in its own subdirectory that is removed afterwards.
+/// Runs every check whose name contains `filter` (all if `None`) against `dir` (created if
+/// missing; must be writable). Each check runs in its own subdirectory that is removed afterwards.
 pub fn run_posix_suite(dir: impl AsRef<Path>, filter: Option<&str>) -> Report {
     run_posix_suite_with(dir.as_ref(), filter, |_| {})
 }
@@ -301,6 +301,8 @@ pub fn run_posix_suite_with(
     filter: Option<&str>,
     mut progress: impl FnMut(&CheckReport),
 ) -> Report {
+    // Convenience for callers passing e.g. `mount.join("posix")`: create it if missing.
+    let _ = std::fs::create_dir_all(dir);
     let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     let mut report = Report::default();
     for c in checks()
