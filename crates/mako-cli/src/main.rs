@@ -1,1 +1,43 @@
-fn main() {}
+//! `mako`: the administration command of a Mako cluster (the `mm*` commands of
+//! IBM Storage Scale folded into one tool): start and stop the node, create and show
+//! file systems and disks, change configuration, read diagnostics, run benchmarks.
+//!
+//! Every command works on one data directory (`--data-dir`, default from
+//! `mako_control::default_data_dir`) holding `cluster.toml`, `config.toml`, the disks
+//! of `mako up`, `makod.log`, `makod.pid` and the control socket `makod.sock`.
+
+mod cli;
+mod config_cmd;
+mod daemon;
+mod diag;
+mod diskspec;
+mod fs_cmd;
+mod status;
+mod table;
+mod units;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    // Benchmarks re-execute this binary as their worker processes.
+    if let Some(code) = mako_bench::maybe_run_worker() {
+        return ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1));
+    }
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // gpfsperf's single-dash options (`-th 16`) only mean something to `mako perf`.
+    let args = if args.iter().any(|a| a == "perf") {
+        mako_bench::normalize_args(args)
+    } else {
+        args
+    };
+    let cli = cli::Cli::parse_from(args);
+    match cli::run(cli) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("mako: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

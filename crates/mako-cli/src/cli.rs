@@ -1,0 +1,429 @@
+//! The command line (clap derive) and the dispatch to the command modules.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context as _, Result};
+use clap::{Args, Parser, Subcommand};
+use mako_control::{ClusterConfig, DataDir, Request};
+
+use crate::{config_cmd, daemon, diag, fs_cmd, status};
+
+/// Mako cluster file system administration.
+#[derive(Parser, Debug)]
+#[command(
+    name = "mako",
+    version,
+    about = "Mako cluster file system administration",
+    after_help = "Start here: `mako up` creates a one-node cluster with a file system and mounts it; \
+                  `mako status` shows what runs; `mako down` stops it."
+)]
+pub struct Cli {
+    /// Data directory holding cluster.toml, config.toml, disks/, makod.log and the
+    /// control socket [default: $MAKO_DATA_DIR, else /var/lib/mako for root, else
+    /// ~/.local/share/mako]
+    #[arg(long, global = true, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create (first time) and start this node: disks, file system fs1, makod, mount.
+    Up(UpArgs),
+    /// Stop makod: flush, unmount everything, exit.
+    Down,
+    /// Node, daemon, file systems, mounts, space, inodes, pagepool.
+    Status,
+    /// Create, show, mount and unmount file systems.
+    #[command(subcommand)]
+    Fs(FsCommand),
+    /// Create and show disks.
+    #[command(subcommand)]
+    Disk(DiskCommand),
+    /// Show, explain and change configuration parameters.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Diagnostics from the running daemon (like mmdiag).
+    #[command(subcommand)]
+    Diag(DiagCommand),
+    /// Streaming I/O benchmark (gpfsperf-style) on any directory.
+    Perf {
+        #[command(flatten)]
+        args: mako_bench::PerfArgs,
+    },
+    /// io500-style benchmark phases and score on any directory.
+    Bench {
+        #[command(flatten)]
+        args: mako_bench::BenchArgs,
+    },
+    /// Write every dirty cached block and the recovery logs to disk.
+    Sync,
+}
+
+#[derive(Args, Debug, Default)]
+pub struct UpArgs {
+    /// Number of file-backed disks to create (first time only) [default: 4]
+    #[arg(long, value_name = "N")]
+    pub disks: Option<u32>,
+    /// Size of each disk file, created sparse (first time only) [default: 8G]
+    #[arg(long, value_name = "SIZE")]
+    pub disk_size: Option<String>,
+    /// File system block size, 64K to 16M (first time only) [default: 4M]
+    #[arg(long, value_name = "SIZE")]
+    pub block_size: Option<String>,
+    /// Where fs1 is mounted (first time only) [default: /mako/fs1 for root, else ~/mako/fs1]
+    #[arg(long, value_name = "PATH")]
+    pub mountpoint: Option<PathBuf>,
+    /// Cache size of the daemon (stored in config.toml as `pagepool`)
+    #[arg(long, value_name = "SIZE")]
+    pub pagepool: Option<String>,
+}
+
+// The command line is parsed once; the size difference between variants is irrelevant.
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand, Debug)]
+pub enum FsCommand {
+    /// Create a file system on disks defined with `mako disk create` (like mmcrfs).
+    Create(FsCreateArgs),
+    /// Every descriptor parameter of a file system (like mmlsfs); works with makod down.
+    Show {
+        /// File system [default: all]
+        name: Option<String>,
+    },
+    /// Mount a file system now and at every start (like mmmount).
+    Mount {
+        /// File system
+        name: String,
+    },
+    /// Unmount a file system now and stop mounting it at start (like mmumount).
+    Unmount {
+        /// File system
+        name: String,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct FsCreateArgs {
+    /// File system name
+    pub name: String,
+    /// Disks: NAME[:POOL[:FAILUREGROUP[:USAGE]]], comma-separated or repeated
+    #[arg(short = 'd', long = "disks", value_name = "DISKSPEC", required = true, value_delimiter = ',')]
+    pub disks: Vec<String>,
+    /// Block size, a power of two from 64K to 16M
+    #[arg(short = 'B', long = "block-size", value_name = "SIZE", default_value = "4M")]
+    pub block_size: String,
+    /// Indirect block size, a power of two from 4K to min(block size, 256K)
+    #[arg(short = 'I', long = "indirect-size", value_name = "SIZE", default_value = "32K")]
+    pub indirect_size: String,
+    /// Inode size: 512, 1K or 4K
+    #[arg(short = 'i', long = "inode-size", value_name = "SIZE", default_value = "4K")]
+    pub inode_size: String,
+    /// Default metadata replicas (1..3)
+    #[arg(short = 'm', value_name = "N", default_value_t = 1)]
+    pub metadata_replicas: u8,
+    /// Maximum metadata replicas (1..3)
+    #[arg(short = 'M', value_name = "N", default_value_t = 2)]
+    pub max_metadata_replicas: u8,
+    /// Default data replicas (1..3)
+    #[arg(short = 'r', value_name = "N", default_value_t = 1)]
+    pub data_replicas: u8,
+    /// Maximum data replicas (1..3)
+    #[arg(short = 'R', value_name = "N", default_value_t = 2)]
+    pub max_data_replicas: u8,
+    /// Block placement: scatter or cluster
+    #[arg(short = 'j', value_name = "LAYOUT", default_value = "scatter")]
+    pub layout: String,
+    /// Maximum number of inodes [default: derived from the disk space]
+    #[arg(long = "inodes", value_name = "N")]
+    pub inodes: Option<String>,
+    /// Recovery log size per node
+    #[arg(long = "log-size", value_name = "SIZE", default_value = "32M")]
+    pub log_size: String,
+    /// Give directories a full block when they leave the inode
+    #[arg(long)]
+    pub avoid_dir_fragments: bool,
+    /// Pre-split new directories to this hash tree level (0..10)
+    #[arg(long = "pre-split-levels", value_name = "N", default_value_t = 0)]
+    pub pre_split_levels: u8,
+    /// Mount point [default: /mako/NAME for root, else ~/mako/NAME]
+    #[arg(short = 'T', long = "mountpoint", value_name = "PATH")]
+    pub mountpoint: Option<PathBuf>,
+    /// Mount automatically when makod starts: yes or no
+    #[arg(short = 'A', value_name = "yes|no", default_value = "yes", value_parser = ["yes", "no"])]
+    pub automount: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DiskCommand {
+    /// Define a file-backed disk and create its sparse file (like mmcrnsd).
+    Create(DiskCreateArgs),
+    /// Every disk with its space, pool, failure group and state (like mmlsdisk).
+    Show {
+        /// Only the disks of this file system
+        fs: Option<String>,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DiskCreateArgs {
+    /// Disk name
+    pub name: String,
+    /// Size of the disk file (created sparse)
+    #[arg(long, value_name = "SIZE")]
+    pub size: String,
+    /// File to create [default: DATA_DIR/disks/NAME.img]
+    #[arg(long, value_name = "PATH")]
+    pub path: Option<PathBuf>,
+    /// Storage pool
+    #[arg(long, default_value = "system")]
+    pub pool: String,
+    /// Failure group [default: one more than the highest in use]
+    #[arg(long = "failure-group", value_name = "N")]
+    pub failure_group: Option<i32>,
+    /// dataAndMetadata, dataOnly, metadataOnly or descOnly
+    #[arg(long, default_value = "dataAndMetadata")]
+    pub usage: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ConfigCommand {
+    /// Set a parameter in config.toml; -i also changes the running daemon.
+    Set {
+        /// NAME=VALUE, e.g. pagepool=4G
+        assignment: String,
+        /// Apply to the running daemon now as well (parameters that allow it)
+        #[arg(short = 'i', long = "immediate")]
+        immediate: bool,
+    },
+    /// Every parameter (or one) with its value, source, default and range.
+    Show {
+        /// Parameter name
+        name: Option<String>,
+    },
+    /// What a parameter does, its range, default and when changes apply.
+    Explain {
+        /// Parameter name
+        name: String,
+    },
+    /// Return a parameter to its default.
+    Unset {
+        /// Parameter name
+        name: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DiagCommand {
+    /// Recent I/O: start time, R/W, buffer type, disk:sector, sectors, times, thread.
+    Iohist {
+        /// Number of most recent I/Os
+        #[arg(short = 'n', value_name = "N", default_value_t = 50)]
+        last: usize,
+        #[command(flatten)]
+        output: JsonFlag,
+    },
+    /// Threads blocked longer than a threshold and what they wait for.
+    Waiters {
+        /// Only waiters blocked at least this long
+        #[arg(long = "threshold-ms", value_name = "N", default_value_t = 0)]
+        threshold_ms: u64,
+        #[command(flatten)]
+        output: JsonFlag,
+    },
+    /// Lock acquisition and contention counters.
+    Counters {
+        #[command(flatten)]
+        output: JsonFlag,
+    },
+    /// Per file system and per disk I/O counters.
+    Stats {
+        #[command(flatten)]
+        output: JsonFlag,
+    },
+    /// Tokens held and by whom.
+    Tokens {
+        #[command(flatten)]
+        output: JsonFlag,
+    },
+    /// The configuration the daemon is running with.
+    Config {
+        #[command(flatten)]
+        output: JsonFlag,
+    },
+}
+
+#[derive(Args, Debug, Clone, Copy)]
+pub struct JsonFlag {
+    /// Print JSON for machine reading
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What every command needs: where the data directory is.
+pub struct Context {
+    pub data: DataDir,
+}
+
+impl Context {
+    /// The cluster configuration of this data directory.
+    pub fn cluster(&self) -> Result<ClusterConfig> {
+        Ok(ClusterConfig::load(&self.data.root)?)
+    }
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> Result<ExitCode> {
+    let root = cli
+        .data_dir
+        .clone()
+        .or_else(|| std::env::var_os("MAKO_DATA_DIR").filter(|v| !v.is_empty()).map(PathBuf::from))
+        .unwrap_or_else(mako_control::default_data_dir);
+    let context = Context {
+        data: DataDir::new(root),
+    };
+    match cli.command {
+        Command::Up(args) => daemon::up(&context, &args),
+        Command::Down => daemon::down(&context),
+        Command::Status => status::status(&context),
+        Command::Fs(FsCommand::Create(args)) => fs_cmd::create(&context, &args),
+        Command::Fs(FsCommand::Show { name }) => fs_cmd::show(&context, name.as_deref()),
+        Command::Fs(FsCommand::Mount { name }) => fs_cmd::mount(&context, &name, true),
+        Command::Fs(FsCommand::Unmount { name }) => fs_cmd::mount(&context, &name, false),
+        Command::Disk(DiskCommand::Create(args)) => fs_cmd::disk_create(&context, &args),
+        Command::Disk(DiskCommand::Show { fs }) => fs_cmd::disk_show(&context, fs.as_deref()),
+        Command::Config(command) => config_cmd::run(&context, command),
+        Command::Diag(command) => diag::run(&context, command),
+        Command::Perf { args } => {
+            mako_bench::run_perf(&args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { args } => {
+            let hooks = bench_hooks(&context, &args.dir);
+            mako_bench::run_bench(&args, &hooks)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Sync => {
+            let message = daemon::call_ok(&context, &Request::Sync)?;
+            println!("{message}");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// When the benchmark directory is inside a Mako mount, read phases must start with a
+/// cold pagepool as well as a cold kernel cache: ask the daemon to drop its cache.
+fn bench_hooks(context: &Context, dir: &std::path::Path) -> mako_bench::BenchHooks {
+    let Ok(cluster) = ClusterConfig::load(&context.data.root) else {
+        return mako_bench::BenchHooks::default();
+    };
+    let absolute = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let Some(fs) = cluster.filesystem_containing(&absolute) else {
+        return mako_bench::BenchHooks::default();
+    };
+    let fs_name = fs.name.clone();
+    let socket = context.data.socket_file();
+    mako_bench::BenchHooks {
+        drop_caches: Some(Box::new(move |_dir| {
+            let mut client = mako_control::ControlClient::connect(&socket)?;
+            match client.call(&Request::ClearCache {
+                fs: Some(fs_name.clone()),
+            })? {
+                mako_control::Response::Ok { .. } => Ok(()),
+                mako_control::Response::Error { message } => {
+                    Err(anyhow::anyhow!("makod could not clear the cache of {fs_name}: {message}"))
+                }
+                other => Err(anyhow::anyhow!(
+                    "makod answered clear_cache with `{}`",
+                    other.name()
+                )),
+            }
+            .context("dropping the pagepool before a read phase")
+        })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(line: &str) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(line.split_whitespace())
+    }
+
+    #[test]
+    fn command_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_command_parses() {
+        let lines = [
+            "mako up",
+            "mako up --disks 2 --disk-size 1G --block-size 1M --mountpoint /tmp/m --pagepool 1G",
+            "mako --data-dir /tmp/x down",
+            "mako status --data-dir /tmp/x",
+            "mako fs create fs2 -d d4,d5:system:2:dataOnly -B 1M -I 16K -i 512 -m 1 -M 2 -r 1 -R 2 \
+             -j cluster --inodes 1M --log-size 16M --avoid-dir-fragments --pre-split-levels 2 -T /mnt/fs2 -A no",
+            "mako fs create fs2 -d d4 -d d5",
+            "mako fs show",
+            "mako fs show fs1",
+            "mako fs mount fs1",
+            "mako fs unmount fs1",
+            "mako disk create d9 --size 10G --path /tmp/d9.img --pool data --failure-group 3 --usage dataOnly",
+            "mako disk show",
+            "mako disk show fs1",
+            "mako config set pagepool=4G",
+            "mako config set maxMBpS=4096 -i",
+            "mako config show",
+            "mako config show pagepool",
+            "mako config explain pagepool",
+            "mako config unset pagepool",
+            "mako diag iohist -n 10 --json",
+            "mako diag waiters --threshold-ms 100",
+            "mako diag counters",
+            "mako diag stats --json",
+            "mako diag tokens",
+            "mako diag config",
+            "mako sync",
+            "mako bench /tmp",
+        ];
+        for line in lines {
+            if let Err(e) = parse(line) {
+                panic!("{line}: {e}");
+            }
+        }
+        let cli = parse("mako fs create fs2 -d d4,d5:system:2 -d d6").unwrap();
+        match cli.command {
+            Command::Fs(FsCommand::Create(args)) => {
+                assert_eq!(args.disks, ["d4", "d5:system:2", "d6"]);
+                assert_eq!(args.block_size, "4M");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn perf_accepts_gpfsperf_options() {
+        let args = mako_bench::normalize_args(
+            "mako perf write seq /tmp/x -th 4".split_whitespace(),
+        );
+        assert!(Cli::try_parse_from(args).is_ok());
+    }
+
+    #[test]
+    fn bad_command_lines_are_refused() {
+        for line in [
+            "mako fs create fs2",
+            "mako fs create fs2 -d d1 -A maybe",
+            "mako disk create d9",
+            "mako config set",
+            "mako diag iohist -n lots",
+            "mako frobnicate",
+        ] {
+            assert!(parse(line).is_err(), "{line}");
+        }
+    }
+}

@@ -1,0 +1,738 @@
+//! `mako up` and `mako down`, and the helpers every command uses to reach makod:
+//! connecting, calling, finding and starting the binary, waiting with a spinner,
+//! checking processes and mounts.
+
+use std::fs::{self, OpenOptions};
+use std::io::{IsTerminal, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use mako_control::{
+    ClientError, ClusterConfig, ControlClient, DaemonStatus, DataDir, DiskDef, FsDef, Request,
+    Response,
+};
+
+use crate::cli::{Context, UpArgs};
+use crate::units::{human_bytes, parse_size_flag};
+
+/// How long `mako up` waits for makod to answer and mount.
+const UP_WAIT: Duration = Duration::from_secs(30);
+/// How long `mako down` waits for makod to exit and the mounts to go.
+const DOWN_WAIT: Duration = Duration::from_secs(60);
+/// How long a mount or unmount request may take.
+pub const MOUNT_TIMEOUT: Duration = Duration::from_secs(120);
+/// Lines of makod.log shown when makod fails to start.
+const LOG_TAIL_LINES: usize = 25;
+
+/// Name of the default file system of `mako up`.
+const DEFAULT_FS: &str = "fs1";
+
+/// Connects to makod; `Ok(None)` if it is not running.
+pub fn try_connect(data: &DataDir) -> Result<Option<ControlClient>> {
+    match ControlClient::connect(&data.socket_file()) {
+        Ok(client) => Ok(Some(client)),
+        Err(ClientError::NotRunning { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Connects to makod; an error that says how to start it if it is not running.
+pub fn connect(data: &DataDir) -> Result<ControlClient> {
+    Ok(ControlClient::connect(&data.socket_file())?)
+}
+
+/// Sends `request`; `Ok(message)` for `Response::Ok`, an error for `Response::Error`
+/// or any other answer.
+pub fn call_ok(context: &Context, request: &Request) -> Result<String> {
+    let mut client = connect(&context.data)?;
+    client.set_timeout(MOUNT_TIMEOUT);
+    expect_ok(client.call(request)?, request)
+}
+
+/// The message of an `Ok` response, or an error.
+pub fn expect_ok(response: Response, request: &Request) -> Result<String> {
+    match response {
+        Response::Ok { message } => Ok(message),
+        Response::Error { message } => Err(anyhow!("makod: {message}")),
+        other => Err(unexpected(request, &other)),
+    }
+}
+
+/// The error for an answer of the wrong kind.
+pub fn unexpected(request: &Request, response: &Response) -> anyhow::Error {
+    anyhow!(
+        "makod answered `{}` with `{}`; the CLI and makod may come from different builds",
+        request.name(),
+        response.name()
+    )
+}
+
+/// The daemon's status, `None` if it is not running.
+pub fn query_status(data: &DataDir) -> Result<Option<DaemonStatus>> {
+    let Some(mut client) = try_connect(data)? else {
+        return Ok(None);
+    };
+    match client.call(&Request::Status)? {
+        Response::Status(status) => Ok(Some(status)),
+        Response::Error { message } => Err(anyhow!("makod: {message}")),
+        other => Err(unexpected(&Request::Status, &other)),
+    }
+}
+
+/// True if a process with this id exists.
+pub fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 only checks for existence and permission.
+    let result = unsafe { libc::kill(pid, 0) };
+    let exists = result == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    // A zombie (exited, not yet reaped by its new parent) has stopped for our purposes.
+    exists && !is_zombie(pid)
+}
+
+/// True if `/proc/PID/stat` shows state `Z` (or `X`).
+fn is_zombie(pid: libc::pid_t) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The command name is in parentheses and may contain spaces: the state follows
+    // the last `)`.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next())
+        .is_some_and(|state| state == 'Z' || state == 'X')
+}
+
+/// The pid in `makod.pid`, if the file exists and holds one.
+pub fn read_pid(data: &DataDir) -> Option<u32> {
+    fs::read_to_string(data.pid_file())
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+}
+
+/// Mount points currently in the kernel's mount table (`/proc/self/mounts`).
+pub fn kernel_mounts() -> Vec<PathBuf> {
+    let Ok(text) = fs::read_to_string("/proc/self/mounts") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|line| line.split(' ').nth(1))
+        .map(|field| PathBuf::from(unescape_mount_field(field)))
+        .collect()
+}
+
+/// True if `path` is a mount point now.
+pub fn is_mounted(path: &Path) -> bool {
+    kernel_mounts().iter().any(|m| m == path)
+}
+
+/// `/proc/self/mounts` writes space, tab, newline and backslash as `\ooo` octal.
+fn unescape_mount_field(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
+            let digits = &bytes[i + 1..i + 4];
+            if digits.iter().all(|d| (b'0'..=b'7').contains(d)) {
+                let value = digits.iter().fold(0u32, |v, d| v * 8 + u32::from(d - b'0'));
+                if let Ok(value) = u8::try_from(value) {
+                    out.push(value);
+                    i += 4;
+                    continue;
+                }
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A one-line progress indicator on stderr (only when stderr is a terminal).
+pub struct Spinner {
+    start: Instant,
+    tick: usize,
+    active: bool,
+}
+
+impl Spinner {
+    pub fn new() -> Self {
+        Spinner {
+            start: Instant::now(),
+            tick: 0,
+            active: std::io::stderr().is_terminal(),
+        }
+    }
+
+    /// Redraws the line with `what` and the elapsed time.
+    pub fn update(&mut self, what: &str) {
+        if !self.active {
+            return;
+        }
+        const FRAMES: [char; 4] = ['|', '/', '-', '\\'];
+        self.tick += 1;
+        eprint!(
+            "\r\x1b[2K{} {what} ({:.0} s)",
+            FRAMES[self.tick % FRAMES.len()],
+            self.start.elapsed().as_secs_f64()
+        );
+        let _ = std::io::stderr().flush();
+    }
+
+    /// Clears the line.
+    pub fn finish(&mut self) {
+        if self.active {
+            eprint!("\r\x1b[2K");
+            let _ = std::io::stderr().flush();
+            self.active = false;
+        }
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.start.elapsed()
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// The last `lines` lines of a file, for showing why makod failed.
+pub fn tail(path: &Path, lines: usize) -> String {
+    let Ok(text) = fs::read(path) else {
+        return format!("(cannot read {})", path.display());
+    };
+    let text = String::from_utf8_lossy(&text);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// `makod` beside the current executable, else on `PATH`.
+pub fn find_makod() -> Result<PathBuf> {
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            let candidate = dir.join("makod");
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let candidate = dir.join("makod");
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+        }
+    }
+    bail!(
+        "cannot find the `makod` binary next to {} or on PATH; build it with \
+         `cargo build -p makod` (it lands next to `mako`) or put it on PATH",
+        std::env::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "mako".to_string())
+    )
+}
+
+/// This machine's host name (the node name of a new cluster).
+fn host_name() -> String {
+    let name = fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let name: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
+        .take(mako_control::cluster::NAME_BYTES_MAX)
+        .collect();
+    let name = name.trim_start_matches(['-', '.']).to_string();
+    if name.is_empty() {
+        "node1".to_string()
+    } else {
+        name
+    }
+}
+
+/// `mako up`.
+pub fn up(context: &Context, args: &UpArgs) -> Result<ExitCode> {
+    let data = &context.data;
+    let created = if ClusterConfig::exists(&data.root) {
+        let cluster = context.cluster()?;
+        let ignored: Vec<&str> = [
+            ("--disks", args.disks.is_some()),
+            ("--disk-size", args.disk_size.is_some()),
+            ("--block-size", args.block_size.is_some()),
+            ("--mountpoint", args.mountpoint.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect();
+        if !ignored.is_empty() {
+            eprintln!(
+                "note: {} only apply when the cluster is created; the cluster in {} exists already \
+                 (change a file system with `mako fs create`, or start afresh in another --data-dir)",
+                ignored.join(", "),
+                data.root.display()
+            );
+        }
+        if let Some(pagepool) = &args.pagepool {
+            store_pagepool(data, pagepool)?;
+        }
+        if let Some(status) = query_status(data)? {
+            if all_automounts_mounted(&cluster, &status) {
+                println!("Mako is already up.\n");
+                if args.pagepool.is_some() {
+                    println!(
+                        "pagepool was saved in {}; it takes effect after `mako down && mako up`.\n",
+                        data.config_file().display()
+                    );
+                }
+                print!("{}", crate::status::render_status(&cluster, &status, data));
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+        cluster
+    } else {
+        create_cluster(data, args)?
+    };
+    start_and_wait(data, &created)?;
+    let status = query_status(data)?
+        .ok_or_else(|| anyhow!("makod stopped right after starting; see {}", data.log_file().display()))?;
+    print_up_summary(data, &created, &status);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn store_pagepool(data: &DataDir, pagepool: &str) -> Result<()> {
+    let mut store = mako_config::ConfigStore::load_or_default(data.config_file())?;
+    store
+        .set("pagepool", pagepool)
+        .map_err(|e| anyhow!("--pagepool {pagepool}: {e}"))?;
+    store.save()?;
+    Ok(())
+}
+
+fn all_automounts_mounted(cluster: &ClusterConfig, status: &DaemonStatus) -> bool {
+    cluster.filesystems.iter().filter(|f| f.automount).all(|f| {
+        status
+            .filesystems
+            .iter()
+            .any(|s| s.name == f.name && s.mounted)
+    })
+}
+
+/// Creates data dir, disk files, file system `fs1`, cluster.toml and config.toml.
+/// On failure removes the disk files it created, so a retry starts clean.
+fn create_cluster(data: &DataDir, args: &UpArgs) -> Result<ClusterConfig> {
+    let disk_count = args.disks.unwrap_or(4);
+    if !(1..=64).contains(&disk_count) {
+        bail!("--disks {disk_count}: must be from 1 to 64");
+    }
+    let disk_bytes = parse_size_flag("--disk-size", args.disk_size.as_deref().unwrap_or("8G"))?;
+    let block_text = args.block_size.as_deref().unwrap_or("4M");
+    let block_bytes = crate::fs_cmd::parse_block_size("--block-size", block_text)?;
+    // A disk must hold its header and descriptor area and a useful number of blocks.
+    let disk_bytes_min = 64 * u64::from(block_bytes);
+    if disk_bytes < disk_bytes_min {
+        bail!(
+            "--disk-size {}: too small for {} blocks; each disk needs at least 64 blocks ({})",
+            args.disk_size.as_deref().unwrap_or("8G"),
+            block_text,
+            human_bytes(disk_bytes_min)
+        );
+    }
+    if let Some(pagepool) = &args.pagepool {
+        // Validate before anything is created.
+        mako_config::value::parse("pagepool", pagepool)
+            .map_err(|e| anyhow!("--pagepool {pagepool}: {e}"))?;
+    }
+    let mountpoint = args
+        .mountpoint
+        .clone()
+        .unwrap_or_else(mako_control::default_mountpoint);
+    let mountpoint = absolute(&mountpoint)?;
+    let disks_dir = data.disks_dir();
+    fs::create_dir_all(&disks_dir)
+        .with_context(|| format!("cannot create the data directory {}", disks_dir.display()))?;
+
+    let mut cluster = ClusterConfig::new("mako", &host_name(), 0);
+    for i in 0..disk_count {
+        let path = disks_dir.join(format!("d{i}.img"));
+        if path.exists() {
+            bail!(
+                "{} exists but {} does not: it may hold an old file system. Move the files in {} \
+                 away (or delete them if they are not needed), then run `mako up` again",
+                path.display(),
+                data.cluster_file().display(),
+                disks_dir.display()
+            );
+        }
+        cluster.disks.push(DiskDef {
+            name: format!("d{i}"),
+            path,
+            size_bytes: disk_bytes,
+            pool: "system".into(),
+            failure_group: i32::try_from(i + 1).unwrap_or(i32::MAX),
+            usage: "dataAndMetadata".into(),
+            fs: Some(DEFAULT_FS.into()),
+        });
+    }
+    cluster.filesystems.push(FsDef {
+        name: DEFAULT_FS.into(),
+        disks: cluster.disks.iter().map(|d| d.name.clone()).collect(),
+        mountpoint: mountpoint.clone(),
+        automount: true,
+    });
+    cluster.validate()?;
+
+    let mut created_files: Vec<PathBuf> = Vec::new();
+    let result = (|| -> Result<()> {
+        for disk in &cluster.disks {
+            crate::fs_cmd::create_sparse_file(&disk.path, disk.size_bytes)?;
+            created_files.push(disk.path.clone());
+        }
+        let params = mako_fs::mkfs::MkfsParams {
+            name: DEFAULT_FS.into(),
+            block_bytes,
+            ..Default::default()
+        };
+        let specs = crate::fs_cmd::disk_specs(&cluster.disks)?;
+        eprintln!(
+            "Formatting {DEFAULT_FS} on {disk_count} disks of {} ({} blocks) …",
+            human_bytes(disk_bytes),
+            block_text
+        );
+        mako_fs::mkfs::format(&specs, &params)
+            .map_err(|e| anyhow!("cannot create file system {DEFAULT_FS}: {e}"))?;
+        let mut store = mako_config::ConfigStore::load_or_default(data.config_file())?;
+        if let Some(pagepool) = &args.pagepool {
+            store
+                .set("pagepool", pagepool)
+                .map_err(|e| anyhow!("--pagepool {pagepool}: {e}"))?;
+        }
+        store.save()?;
+        cluster.save(&data.root)?;
+        Ok(())
+    })();
+    if let Err(error) = result {
+        for path in created_files {
+            let _ = fs::remove_file(path);
+        }
+        return Err(error);
+    }
+    Ok(cluster)
+}
+
+/// `path` made absolute against the current directory.
+pub fn absolute(path: &Path) -> Result<PathBuf> {
+    if path.is_absolute() {
+        Ok(path.to_path_buf())
+    } else {
+        Ok(std::env::current_dir()
+            .context("cannot read the current directory")?
+            .join(path))
+    }
+}
+
+/// Starts makod unless it runs, and waits until it answers and has mounted every
+/// automount file system.
+///
+/// 1. Create missing mount point directories.
+/// 2. If a live makod (pid file) exists, do not start another; else spawn one,
+///    detached in its own session, stdout and stderr appended to makod.log.
+/// 3. Poll: has the child exited (show the log)? Does the socket answer Status? Are
+///    the automount file systems mounted? Mount requests are sent once for any that
+///    a running daemon has not mounted.
+fn start_and_wait(data: &DataDir, cluster: &ClusterConfig) -> Result<()> {
+    // 1.
+    for fs in cluster.filesystems.iter().filter(|f| f.automount) {
+        fs::create_dir_all(&fs.mountpoint).with_context(|| {
+            format!(
+                "cannot create mount point {} of {}",
+                fs.mountpoint.display(),
+                fs.name
+            )
+        })?;
+    }
+    // 2.
+    let running = query_status(data).ok().flatten();
+    let existing_pid = running.as_ref().map(|s| s.pid).or_else(|| {
+        read_pid(data).filter(|&pid| process_alive(pid) && pid_is_makod(pid))
+    });
+    let mut child = None;
+    let pid = match existing_pid {
+        Some(pid) => pid,
+        None => {
+            let makod = find_makod()?;
+            let log_path = data.log_file();
+            let log = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log_path)
+                .with_context(|| format!("cannot open {}", log_path.display()))?;
+            let log_err = log.try_clone()?;
+            let mut command = Command::new(&makod);
+            command
+                .arg("--data-dir")
+                .arg(&data.root)
+                .stdin(Stdio::null())
+                .stdout(log)
+                .stderr(log_err);
+            // SAFETY: setsid is async-signal-safe; it detaches makod from our terminal
+            // and process group so it survives this command and the login session.
+            unsafe {
+                command.pre_exec(|| {
+                    if libc::setsid() == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            let spawned = command
+                .spawn()
+                .with_context(|| format!("cannot start {}", makod.display()))?;
+            let pid = spawned.id();
+            fs::write(data.pid_file(), format!("{pid}\n"))
+                .with_context(|| format!("cannot write {}", data.pid_file().display()))?;
+            child = Some(spawned);
+            pid
+        }
+    };
+    // 3.
+    let mut spinner = Spinner::new();
+    let mut mount_requested = false;
+    loop {
+        if let Some(child) = child.as_mut() {
+            if let Some(exit) = child.try_wait()? {
+                spinner.finish();
+                let _ = fs::remove_file(data.pid_file());
+                bail!(
+                    "makod (pid {pid}) exited during start-up ({exit}). Last lines of {}:\n{}\n\n\
+                     Fix the problem above, then run `mako up` again.",
+                    data.log_file().display(),
+                    tail(&data.log_file(), LOG_TAIL_LINES)
+                );
+            }
+        } else if !process_alive(pid) {
+            spinner.finish();
+            bail!(
+                "makod (pid {pid}) is gone. Last lines of {}:\n{}",
+                data.log_file().display(),
+                tail(&data.log_file(), LOG_TAIL_LINES)
+            );
+        }
+        let waiting_for = match query_status(data) {
+            Ok(Some(status)) => {
+                let missing: Vec<&FsDef> = cluster
+                    .filesystems
+                    .iter()
+                    .filter(|f| f.automount)
+                    .filter(|f| !status.filesystems.iter().any(|s| s.name == f.name && s.mounted))
+                    .collect();
+                if missing.is_empty() {
+                    spinner.finish();
+                    return Ok(());
+                }
+                if child.is_none() && !mount_requested {
+                    // A daemon that was already running: ask it to mount what is missing.
+                    mount_requested = true;
+                    for fs in &missing {
+                        let request = Request::Mount { fs: fs.name.clone() };
+                        let mut client = connect(data)?;
+                        client.set_timeout(MOUNT_TIMEOUT);
+                        spinner.finish();
+                        expect_ok(client.call(&request)?, &request).with_context(|| {
+                            format!("makod (pid {pid}) runs but cannot mount {}", fs.name)
+                        })?;
+                    }
+                    spinner = Spinner::new();
+                }
+                let names: Vec<&str> = missing.iter().map(|f| f.name.as_str()).collect();
+                format!("waiting for makod (pid {pid}) to mount {}", names.join(", "))
+            }
+            Ok(None) => format!("waiting for makod (pid {pid}) to start"),
+            Err(e) => format!("waiting for makod (pid {pid}): {e}"),
+        };
+        if spinner.elapsed() > UP_WAIT {
+            spinner.finish();
+            bail!(
+                "makod (pid {pid}) did not get ready within {} s ({waiting_for}). Last lines of {}:\n{}\n\n\
+                 It may still be starting: check `mako status` in a moment, or stop it with `mako down`.",
+                UP_WAIT.as_secs(),
+                data.log_file().display(),
+                tail(&data.log_file(), LOG_TAIL_LINES)
+            );
+        }
+        spinner.update(&waiting_for);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// True if process `pid` runs a program called makod (guards against a reused pid).
+fn pid_is_makod(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim() == "makod")
+        .unwrap_or(true)
+}
+
+fn print_up_summary(data: &DataDir, cluster: &ClusterConfig, status: &DaemonStatus) {
+    println!("Mako is up.\n");
+    println!("  cluster      {}", cluster.cluster_name);
+    println!(
+        "  node         {} (id {}), makod pid {}",
+        status.node_name, status.node_id, status.pid
+    );
+    println!("  data dir     {}", data.root.display());
+    for fs in &cluster.filesystems {
+        let state = status
+            .filesystems
+            .iter()
+            .find(|s| s.name == fs.name)
+            .map(|s| {
+                if s.mounted {
+                    format!(
+                        "mounted, {} free of {}",
+                        human_bytes(s.free_bytes),
+                        human_bytes(s.total_bytes)
+                    )
+                } else {
+                    "not mounted".to_string()
+                }
+            })
+            .unwrap_or_else(|| "unknown to makod".to_string());
+        println!(
+            "  file system  {} on {} ({state})",
+            fs.name,
+            fs.mountpoint.display()
+        );
+        for disk in cluster.disks_of(fs) {
+            println!(
+                "    disk {:<8} {} ({})",
+                disk.name,
+                disk.path.display(),
+                human_bytes(disk.size_bytes)
+            );
+        }
+    }
+    println!("  log          {}", data.log_file().display());
+    println!("  config       {}", data.config_file().display());
+    println!();
+    if let Some(fs) = cluster.filesystems.iter().find(|f| f.automount) {
+        println!("Use it:       ls {}", fs.mountpoint.display());
+    }
+    println!("Next:         `mako status` to see it, `mako down` to stop it");
+}
+
+/// `mako down`.
+pub fn down(context: &Context) -> Result<ExitCode> {
+    let data = &context.data;
+    let cluster = ClusterConfig::load(&data.root).ok();
+    let mountpoints: Vec<PathBuf> = cluster
+        .as_ref()
+        .map(|c| c.filesystems.iter().map(|f| f.mountpoint.clone()).collect())
+        .unwrap_or_default();
+    let status = query_status(data)?;
+    let Some(status) = status else {
+        let stale_pid = read_pid(data).filter(|&pid| process_alive(pid) && pid_is_makod(pid));
+        if let Some(pid) = stale_pid {
+            bail!(
+                "makod (pid {pid}) runs but does not answer on {}; stop it with `kill {pid}` \
+                 (then `kill -9 {pid}` if it stays), then unmount any leftovers with `umount -l MOUNTPOINT`",
+                data.socket_file().display()
+            );
+        }
+        let _ = fs::remove_file(data.pid_file());
+        println!("makod is not running (data dir {}); nothing to stop.", data.root.display());
+        let stale: Vec<&PathBuf> = mountpoints.iter().filter(|m| is_mounted(m)).collect();
+        for m in stale {
+            println!(
+                "warning: {} is still in the mount table without a daemon; remove it with \
+                 `umount -l {}` (or `fusermount -u {}`)",
+                m.display(),
+                m.display(),
+                m.display()
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let pid = status.pid;
+    let mut client = connect(data)?;
+    client.set_timeout(DOWN_WAIT);
+    match client.call(&Request::Shutdown) {
+        Ok(Response::Ok { message }) => {
+            if !message.is_empty() {
+                println!("{message}");
+            }
+        }
+        Ok(Response::Error { message }) => bail!("makod refused to shut down: {message}"),
+        Ok(other) => return Err(unexpected(&Request::Shutdown, &other)),
+        // The daemon may exit before its answer arrives.
+        Err(ClientError::Closed { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let mut spinner = Spinner::new();
+    loop {
+        let alive = process_alive(pid) && pid_is_makod(pid);
+        let mounted: Vec<&PathBuf> = mountpoints.iter().filter(|m| is_mounted(m)).collect();
+        if !alive && mounted.is_empty() {
+            spinner.finish();
+            let _ = fs::remove_file(data.pid_file());
+            println!(
+                "makod (pid {pid}) stopped after {:.1} s; file systems unmounted.",
+                spinner.elapsed().as_secs_f64()
+            );
+            println!("Start it again with `mako up`.");
+            return Ok(ExitCode::SUCCESS);
+        }
+        if spinner.elapsed() > DOWN_WAIT {
+            spinner.finish();
+            let mut advice = String::new();
+            if alive {
+                advice.push_str(&format!(
+                    "\n  makod (pid {pid}) still runs: `kill {pid}`, and if it stays, `kill -9 {pid}`"
+                ));
+            }
+            for m in mounted {
+                advice.push_str(&format!(
+                    "\n  {} is still mounted: `umount -l {}` (or `fusermount -u {}` as a user)",
+                    m.display(),
+                    m.display(),
+                    m.display()
+                ));
+            }
+            bail!(
+                "makod did not stop within {} s. Its log: {}{advice}",
+                DOWN_WAIT.as_secs(),
+                data.log_file().display()
+            );
+        }
+        spinner.update(&format!("waiting for makod (pid {pid}) to stop"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_table_escapes() {
+        assert_eq!(unescape_mount_field("/mnt/a\\040b"), "/mnt/a b");
+        assert_eq!(unescape_mount_field("/plain"), "/plain");
+        assert_eq!(unescape_mount_field("/end\\"), "/end\\");
+        assert_eq!(unescape_mount_field("/x\\01"), "/x\\01");
+    }
+
+    #[test]
+    fn no_daemon_is_not_an_error_for_queries() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = DataDir::new(dir.path());
+        assert!(query_status(&data).unwrap().is_none());
+        let message = connect(&data).unwrap_err().to_string();
+        assert!(message.contains("start it with `mako up`"), "{message}");
+    }
+}
