@@ -280,21 +280,28 @@ pub fn up(context: &Context, args: &UpArgs) -> Result<ExitCode> {
                 data.root.display()
             );
         }
-        if let Some(pagepool) = &args.pagepool {
-            store_pagepool(data, pagepool)?;
-        }
-        if let Some(status) = query_status(data)? {
-            if all_automounts_mounted(&cluster, &status) {
-                println!("Mako is already up.\n");
-                if args.pagepool.is_some() {
+        let status = query_status(data)?;
+        if let Some(status) = &status {
+            if all_automounts_mounted(&cluster, status) {
+                println!("Mako is already up; nothing changed.\n");
+                if let Some(pagepool) = &args.pagepool {
                     println!(
-                        "pagepool was saved in {}; it takes effect after `mako down && mako up`.\n",
-                        data.config_file().display()
+                        "--pagepool ignored: makod is running. To change it: \
+                         `mako config set pagepool={pagepool}`, then `mako down && mako up`.\n"
                     );
                 }
-                print!("{}", crate::status::render_status(&cluster, &status, data));
+                print!("{}", crate::status::render_status(&cluster, status, data));
                 return Ok(ExitCode::SUCCESS);
             }
+        }
+        if let Some(pagepool) = &args.pagepool {
+            if status.is_some() {
+                eprintln!(
+                    "note: --pagepool is saved but makod is already running; it takes effect \
+                     after `mako down && mako up`"
+                );
+            }
+            store_pagepool(data, pagepool)?;
         }
         cluster
     } else {
