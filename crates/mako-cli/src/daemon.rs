@@ -456,7 +456,17 @@ pub fn absolute(path: &Path) -> Result<PathBuf> {
 ///    a running daemon has not mounted.
 fn start_and_wait(data: &DataDir, cluster: &ClusterConfig) -> Result<()> {
     // 1.
+    let daemon_answers = query_status(data).ok().flatten().is_some();
     for fs in cluster.filesystems.iter().filter(|f| f.automount) {
+        if !daemon_answers && is_mounted(&fs.mountpoint) {
+            bail!(
+                "{} is still mounted, but no makod runs (left over from a crash?). Remove the \
+                 stale mount with `umount -l {}` (or `fusermount -u {}`), then run `mako up` again",
+                fs.mountpoint.display(),
+                fs.mountpoint.display(),
+                fs.mountpoint.display()
+            );
+        }
         fs::create_dir_all(&fs.mountpoint).with_context(|| {
             format!(
                 "cannot create mount point {} of {}",
