@@ -1,0 +1,463 @@
+//! The block allocation map (DESIGN.md 3.4): a subblock bitmap over every disk, cut
+//! into regions; each region covers a slice of every disk, so an allocator working in
+//! one region still stripes a file over all disks, and allocators in different regions
+//! (other nodes, later) never contend.
+//!
+//! Invariants: a subblock is either free or owned by exactly one file; a full block is
+//! block-aligned; a fragment never crosses a block boundary; the free counters always
+//! equal the number of clear bits.
+
+use crate::error::{FsError, FsResult};
+use mako_format::alloc_segment::{AllocSegment, DiskSlice};
+use mako_format::descriptor::{Descriptor, DiskStatus, LayoutMap, RESERVED_BYTES};
+use mako_format::geometry::Geometry;
+use mako_format::DiskAddress;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// What an allocation will hold: data goes to data disks, the rest to metadata disks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocKind {
+    Data,
+    Metadata,
+}
+
+pub struct Region {
+    pub seg: AllocSegment,
+    pub dirty: bool,
+    /// Per slice: free subblocks, and where the next search starts (in blocks).
+    free: Vec<u64>,
+    cursor: Vec<u64>,
+}
+
+pub struct AllocMap {
+    geo: Geometry,
+    layout: LayoutMap,
+    regions: Vec<Mutex<Region>>,
+    /// Per disk: region boundaries in blocks (regions+1 entries).
+    boundaries: Vec<Vec<u64>>,
+    data_disks: Vec<u32>,
+    meta_disks: Vec<u32>,
+    free_subblocks: AtomicU64,
+    total_subblocks: u64,
+    next_region: AtomicUsize,
+    rotor: AtomicUsize,
+}
+
+/// Bytes of the allocation map file slot for one region.
+pub fn segment_slot_bytes(desc: &Descriptor) -> usize {
+    let slices = region_slices(desc, 0);
+    AllocSegment::encoded_len(&slices).div_ceil(4096) * 4096
+}
+
+/// First allocatable block on every disk (after the header and descriptor area).
+pub fn first_block(geo: &Geometry) -> u64 {
+    RESERVED_BYTES.div_ceil(geo.block_bytes as u64)
+}
+
+fn disk_blocks(desc: &Descriptor, disk: usize) -> u64 {
+    desc.disks[disk].size_bytes / desc.geometry.block_bytes as u64
+}
+
+fn boundaries_for(desc: &Descriptor, disk: usize) -> Vec<u64> {
+    let first = first_block(&desc.geometry);
+    let n = disk_blocks(desc, disk).saturating_sub(first);
+    let r = desc.regions as u64;
+    (0..=r).map(|i| first + n * i / r).collect()
+}
+
+/// The slices of every disk that region `region` covers.
+pub fn region_slices(desc: &Descriptor, region: u32) -> Vec<DiskSlice> {
+    let spb = desc.geometry.subblocks_per_block as u64;
+    (0..desc.disks.len())
+        .map(|d| {
+            let b = boundaries_for(desc, d);
+            let lo = b[region as usize];
+            let hi = b[region as usize + 1];
+            DiskSlice { disk: d as u32, first_subblock: lo * spb, subblocks: (hi - lo) * spb }
+        })
+        .collect()
+}
+
+fn bit(bm: &[u64], i: u64) -> bool {
+    bm[(i / 64) as usize] >> (i % 64) & 1 == 1
+}
+
+fn range_free(bm: &[u64], start: u64, len: u64) -> bool {
+    let mut i = start;
+    let end = start + len;
+    while i < end {
+        if i % 64 == 0 && end - i >= 64 {
+            if bm[(i / 64) as usize] != 0 {
+                return false;
+            }
+            i += 64;
+        } else {
+            if bit(bm, i) {
+                return false;
+            }
+            i += 1;
+        }
+    }
+    true
+}
+
+fn set_range(bm: &mut [u64], start: u64, len: u64, on: bool) {
+    let mut i = start;
+    let end = start + len;
+    while i < end {
+        if i % 64 == 0 && end - i >= 64 {
+            bm[(i / 64) as usize] = if on { u64::MAX } else { 0 };
+            i += 64;
+        } else {
+            let w = &mut bm[(i / 64) as usize];
+            if on {
+                *w |= 1 << (i % 64);
+            } else {
+                *w &= !(1 << (i % 64));
+            }
+            i += 1;
+        }
+    }
+}
+
+fn count_used(bm: &[u64], len: u64) -> u64 {
+    let full = (len / 64) as usize;
+    let mut n: u64 = bm[..full].iter().map(|w| w.count_ones() as u64).sum();
+    if len % 64 != 0 {
+        n += (bm[full] & ((1u64 << (len % 64)) - 1)).count_ones() as u64;
+    }
+    n
+}
+
+impl Region {
+    fn from_segment(seg: AllocSegment) -> Region {
+        let free = seg.slices.iter().zip(&seg.bitmaps).map(|(s, b)| s.subblocks - count_used(b, s.subblocks)).collect();
+        let cursor = vec![0; seg.slices.len()];
+        Region { seg, dirty: false, free, cursor }
+    }
+}
+
+impl AllocMap {
+    /// Build from segments read from disk (or fresh ones at creation).
+    pub fn new(desc: &Descriptor, segments: Vec<AllocSegment>) -> FsResult<AllocMap> {
+        let geo = desc.geometry;
+        if segments.len() != desc.regions as usize {
+            return Err(FsError::Invalid(format!("{} allocation segments for {} regions", segments.len(), desc.regions)));
+        }
+        let mut total = 0;
+        let mut free_total = 0;
+        let mut regions = Vec::new();
+        for (r, seg) in segments.into_iter().enumerate() {
+            let expect = region_slices(desc, r as u32);
+            if seg.slices != expect {
+                return Err(FsError::Invalid(format!(
+                    "allocation region {r} covers {:?}, the descriptor says {:?}; run `mako fsck`",
+                    seg.slices, expect
+                )));
+            }
+            let region = Region::from_segment(seg);
+            total += region.seg.slices.iter().map(|s| s.subblocks).sum::<u64>();
+            free_total += region.free.iter().sum::<u64>();
+            regions.push(Mutex::new(region));
+        }
+        let usable = |d: &&mako_format::descriptor::DiskEntry| d.status == DiskStatus::Ready;
+        let data_disks = desc.disks.iter().filter(usable).filter(|d| d.usage.holds_data()).map(|d| d.index).collect();
+        let meta_disks = desc.disks.iter().filter(usable).filter(|d| d.usage.holds_metadata()).map(|d| d.index).collect();
+        Ok(AllocMap {
+            geo,
+            layout: desc.layout,
+            regions,
+            boundaries: (0..desc.disks.len()).map(|d| boundaries_for(desc, d)).collect(),
+            data_disks,
+            meta_disks,
+            free_subblocks: AtomicU64::new(free_total),
+            total_subblocks: total,
+            next_region: AtomicUsize::new(0),
+            rotor: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn fresh_segments(desc: &Descriptor) -> Vec<AllocSegment> {
+        (0..desc.regions).map(|r| AllocSegment::new(r, region_slices(desc, r))).collect()
+    }
+
+    pub fn total_subblocks(&self) -> u64 {
+        self.total_subblocks
+    }
+    pub fn free_subblocks(&self) -> u64 {
+        self.free_subblocks.load(Ordering::Relaxed)
+    }
+    pub fn region_count(&self) -> usize {
+        self.regions.len()
+    }
+    /// Free and total subblocks per disk (`mako disk show`).
+    pub fn per_disk_usage(&self, disks: usize) -> Vec<(u64, u64)> {
+        let mut out = vec![(0u64, 0u64); disks];
+        for r in &self.regions {
+            let r = r.lock();
+            for (i, s) in r.seg.slices.iter().enumerate() {
+                out[s.disk as usize].0 += r.free[i];
+                out[s.disk as usize].1 += s.subblocks;
+            }
+        }
+        out
+    }
+
+    fn pick_disk(&self, kind: AllocKind, ino: u64, unit: u64, attempt: usize) -> FsResult<u32> {
+        let disks = match kind {
+            AllocKind::Data => &self.data_disks,
+            AllocKind::Metadata => &self.meta_disks,
+        };
+        if disks.is_empty() {
+            return Err(FsError::NoSpace(format!("no ready disk may hold {kind:?}")));
+        }
+        let n = disks.len() as u64;
+        let slot = match self.layout {
+            // Cluster: consecutive blocks of a file go round-robin over the disks.
+            LayoutMap::Cluster => ino.wrapping_add(unit),
+            // Scatter: a pseudo-random disk per block, but a round of `n` consecutive
+            // blocks still visits every disk once (a permutation per round), so a
+            // large file streams from all disks at once.
+            LayoutMap::Scatter => {
+                let round = unit / n;
+                let mix = splitmix(ino ^ round.wrapping_mul(0x9e37_79b9));
+                (unit % n).wrapping_add(mix)
+            }
+        };
+        Ok(disks[((slot + attempt as u64) % n) as usize])
+    }
+
+    /// Allocate `subblocks` contiguous subblocks (a full block when equal to the
+    /// subblocks per block) for unit `unit` of inode `ino`.
+    pub fn allocate(&self, kind: AllocKind, subblocks: u32, ino: u64, unit: u64) -> FsResult<DiskAddress> {
+        let spb = self.geo.subblocks_per_block;
+        assert!(subblocks >= 1 && subblocks <= spb, "allocation of {subblocks} subblocks");
+        let ndisks = match kind {
+            AllocKind::Data => self.data_disks.len(),
+            AllocKind::Metadata => self.meta_disks.len(),
+        }
+        .max(1);
+        let nregions = self.regions.len();
+        // Start in this thread's region so concurrent allocators rarely meet.
+        let start_region = self.next_region.fetch_add(1, Ordering::Relaxed) % nregions;
+        for attempt in 0..ndisks {
+            let disk = self.pick_disk(kind, ino, unit, attempt)?;
+            for k in 0..nregions {
+                let r = (start_region + k) % nregions;
+                if let Some(da) = self.allocate_in(r, disk, subblocks) {
+                    return Ok(da);
+                }
+            }
+        }
+        Err(FsError::NoSpace(format!(
+            "no {subblocks} free subblocks on any {} disk ({} of {} subblocks free)",
+            if kind == AllocKind::Data { "data" } else { "metadata" },
+            self.free_subblocks(),
+            self.total_subblocks
+        )))
+    }
+
+    fn allocate_in(&self, region: usize, disk: u32, subblocks: u32) -> Option<DiskAddress> {
+        let spb = self.geo.subblocks_per_block as u64;
+        let mut r = self.regions[region].lock();
+        let si = r.seg.slices.iter().position(|s| s.disk == disk)?;
+        if r.free[si] < subblocks as u64 {
+            return None;
+        }
+        let slice = r.seg.slices[si];
+        let nblocks = slice.subblocks / spb;
+        let start = r.cursor[si] % nblocks.max(1);
+        let want = subblocks as u64;
+        let mut found = None;
+        for k in 0..nblocks {
+            let b = (start + k) % nblocks;
+            let base = b * spb;
+            let bm = &r.seg.bitmaps[si];
+            if want == spb {
+                if range_free(bm, base, spb) {
+                    found = Some(base);
+                    break;
+                }
+            } else {
+                // A fragment: first run of `want` free subblocks inside this block,
+                // preferring blocks already partly used (keeps full blocks whole).
+                let mut run = 0;
+                for i in 0..spb {
+                    if bit(bm, base + i) {
+                        run = 0;
+                    } else {
+                        run += 1;
+                        if run == want {
+                            found = Some(base + i + 1 - want);
+                            break;
+                        }
+                    }
+                }
+                if found.is_some() {
+                    break;
+                }
+            }
+        }
+        let at = found?;
+        set_range(&mut r.seg.bitmaps[si], at, want, true);
+        r.free[si] -= want;
+        r.cursor[si] = at / spb;
+        r.dirty = true;
+        self.free_subblocks.fetch_sub(want, Ordering::Relaxed);
+        let subblock = slice.first_subblock + at;
+        Some(DiskAddress::new(disk, subblock * self.geo.sectors_per_subblock()))
+    }
+
+    fn locate(&self, da: DiskAddress) -> FsResult<(usize, u64)> {
+        let spb = self.geo.subblocks_per_block as u64;
+        let sps = self.geo.sectors_per_subblock();
+        let b = self
+            .boundaries
+            .get(da.disk() as usize)
+            .ok_or_else(|| FsError::Invalid(format!("disk address {da} names no disk")))?;
+        if da.sector() % sps != 0 {
+            return Err(FsError::Invalid(format!("disk address {da} is not subblock aligned")));
+        }
+        let block = da.sector() / sps / spb;
+        let region = b.partition_point(|&x| x <= block);
+        if region == 0 || region > self.regions.len() {
+            return Err(FsError::Invalid(format!("disk address {da} is outside the allocatable area")));
+        }
+        Ok((region - 1, da.sector() / sps))
+    }
+
+    /// Return subblocks to the free pool. Freeing a free subblock is a bug that would
+    /// lead to double allocation: it is refused loudly.
+    pub fn free(&self, da: DiskAddress, subblocks: u32) -> FsResult<()> {
+        let (region, subblock) = self.locate(da)?;
+        let mut r = self.regions[region].lock();
+        let si = r.seg.slices.iter().position(|s| s.disk == da.disk()).expect("slice for disk");
+        let off = subblock - r.seg.slices[si].first_subblock;
+        let n = subblocks as u64;
+        let bm = &r.seg.bitmaps[si];
+        for i in off..off + n {
+            if !bit(bm, i) {
+                return Err(FsError::Invalid(format!(
+                    "freeing {subblocks} subblocks at {da}: subblock {} is already free (double free); run `mako fsck`",
+                    i - off
+                )));
+            }
+        }
+        set_range(&mut r.seg.bitmaps[si], off, n, false);
+        r.free[si] += n;
+        r.dirty = true;
+        self.free_subblocks.fetch_add(n, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Mark subblocks in use (file system creation; fsck repair).
+    pub fn mark_used(&self, da: DiskAddress, subblocks: u32) -> FsResult<()> {
+        let (region, subblock) = self.locate(da)?;
+        let mut r = self.regions[region].lock();
+        let si = r.seg.slices.iter().position(|s| s.disk == da.disk()).expect("slice for disk");
+        let off = subblock - r.seg.slices[si].first_subblock;
+        let n = subblocks as u64;
+        if !range_free(&r.seg.bitmaps[si], off, n) {
+            return Err(FsError::Invalid(format!("subblocks at {da} already in use")));
+        }
+        set_range(&mut r.seg.bitmaps[si], off, n, true);
+        r.free[si] -= n;
+        r.dirty = true;
+        self.free_subblocks.fetch_sub(n, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub fn is_used(&self, da: DiskAddress, subblocks: u32) -> FsResult<bool> {
+        let (region, subblock) = self.locate(da)?;
+        let r = self.regions[region].lock();
+        let si = r.seg.slices.iter().position(|s| s.disk == da.disk()).expect("slice for disk");
+        let off = subblock - r.seg.slices[si].first_subblock;
+        Ok((off..off + subblocks as u64).all(|i| bit(&r.seg.bitmaps[si], i)))
+    }
+
+    /// Dirty segments to write back: (region, encoded bytes). Clears the dirty flags.
+    pub fn take_dirty(&self, slot_bytes: usize) -> Vec<(u32, Vec<u8>)> {
+        let mut out = Vec::new();
+        for (i, r) in self.regions.iter().enumerate() {
+            let mut r = r.lock();
+            if r.dirty {
+                r.dirty = false;
+                out.push((i as u32, r.seg.encode(slot_bytes)));
+            }
+        }
+        out
+    }
+
+    /// Mark a region's segment for write-back (file system creation writes them all).
+    pub fn mark_region_dirty(&self, region: u32) {
+        self.regions[region as usize].lock().dirty = true;
+    }
+
+    /// Spread allocation start points (used by threads that allocate a lot).
+    pub fn rotate(&self) -> usize {
+        self.rotor.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_util::test_descriptor;
+    use std::collections::HashSet;
+
+    #[test]
+    fn never_double_allocates_and_frees_balance() {
+        let desc = test_descriptor(4, 64 << 20, 1 << 20);
+        let map = AllocMap::new(&desc, AllocMap::fresh_segments(&desc)).unwrap();
+        let spb = desc.geometry.subblocks_per_block;
+        let total = map.free_subblocks();
+        let mut seen = HashSet::new();
+        let mut allocs = Vec::new();
+        let mut disks = HashSet::new();
+        for i in 0..40u64 {
+            let n = if i % 3 == 0 { spb } else { (i % 7 + 1) as u32 };
+            let da = map.allocate(AllocKind::Data, n, 99, i).unwrap();
+            disks.insert(da.disk());
+            let sps = desc.geometry.sectors_per_subblock();
+            for k in 0..n as u64 {
+                assert!(seen.insert((da.disk(), da.sector() + k * sps)), "subblock handed out twice");
+            }
+            if n == spb {
+                assert_eq!(da.sector() % desc.geometry.sectors_per_block(), 0, "full block not aligned");
+            } else {
+                let first = da.sector() / desc.geometry.sectors_per_block();
+                let last = (da.sector() + (n as u64 - 1) * sps) / desc.geometry.sectors_per_block();
+                assert_eq!(first, last, "fragment crosses a block boundary");
+            }
+            allocs.push((da, n));
+        }
+        assert_eq!(disks.len(), 4, "a file's blocks stripe over every disk");
+        for (da, n) in &allocs {
+            map.free(*da, *n).unwrap();
+        }
+        assert_eq!(map.free_subblocks(), total);
+        assert!(map.free(allocs[0].0, allocs[0].1).is_err(), "double free refused");
+    }
+
+    #[test]
+    fn full_disk_reports_enospc() {
+        let desc = test_descriptor(1, 8 << 20, 1 << 20);
+        let map = AllocMap::new(&desc, AllocMap::fresh_segments(&desc)).unwrap();
+        let spb = desc.geometry.subblocks_per_block;
+        let mut n = 0;
+        while map.allocate(AllocKind::Data, spb, 1, n).is_ok() {
+            n += 1;
+        }
+        let e = map.allocate(AllocKind::Data, spb, 1, n).unwrap_err();
+        assert_eq!(e.errno(), libc::ENOSPC);
+        assert!(n > 0);
+    }
+}

@@ -1,0 +1,357 @@
+//! The block map of a file: unit index -> disk address, through block pointers in the
+//! inode and a tree of indirect blocks whose depth grows with the file (DESIGN.md 3.3).
+//!
+//! A unit is a data block for files and metadata files, and a directory block for
+//! directories. Null pointers are holes. Growing the tree keeps every existing
+//! indirect block's identity: the old top level becomes child 0.. of the new root,
+//! whose child indices equal the old inode slots.
+
+use crate::alloc_map::AllocKind;
+use crate::core::{Core, IndNode, InodeState};
+use crate::error::{FsError, FsResult};
+use mako_disk::nsd::IoTag;
+use mako_disk::BufferType;
+use mako_format::error::Location;
+use mako_format::indirect::{IndirectBlock, IndirectId};
+use mako_format::inode::{pointers_in_inode, Inode, InodeContent};
+use mako_format::DiskAddress;
+use std::sync::atomic::Ordering;
+
+/// Deepest tree we build; with 32 KiB indirect blocks depth 3 already maps exabytes.
+pub const DEPTH_MAX: u8 = 5;
+
+pub fn is_dir(inode: &Inode) -> bool {
+    inode.mode & 0o170000 == 0o040000
+}
+
+/// Bytes of one unit of this inode.
+pub fn unit_bytes(core: &Core, inode: &Inode) -> u64 {
+    if is_dir(inode) {
+        core.geo.dir_block_bytes() as u64
+    } else {
+        core.block_bytes()
+    }
+}
+
+/// Subblocks a full unit takes.
+pub fn unit_subblocks(core: &Core, inode: &Inode) -> u32 {
+    (unit_bytes(core, inode) / core.geo.subblock_bytes() as u64) as u32
+}
+
+pub fn last_unit(core: &Core, inode: &Inode) -> Option<u64> {
+    if inode.size == 0 {
+        None
+    } else {
+        Some((inode.size - 1) / unit_bytes(core, inode))
+    }
+}
+
+/// Subblocks currently allocated to `unit` (assuming it is allocated).
+pub fn allocated_subblocks(core: &Core, st: &InodeState, unit: u64) -> u32 {
+    if let Some(&n) = st.realloc.get(&unit) {
+        return n;
+    }
+    if Some(unit) == last_unit(core, &st.inode) && st.inode.last_block_subblocks != 0 {
+        st.inode.last_block_subblocks as u32
+    } else {
+        unit_subblocks(core, &st.inode)
+    }
+}
+
+fn ppi(core: &Core) -> u64 {
+    core.geo.pointers_per_indirect()
+}
+
+fn capacity(core: &Core, depth: u8) -> u64 {
+    let n = pointers_in_inode(core.inode_bytes()) as u64;
+    let p = ppi(core);
+    let mut c = n;
+    for _ in 0..depth {
+        c = c.saturating_mul(p);
+    }
+    c
+}
+
+/// Units one pointer at `level` covers (level 0 = a data unit).
+fn span(core: &Core, level: u8) -> u64 {
+    let p = ppi(core);
+    let mut s: u64 = 1;
+    for _ in 0..level {
+        s = s.saturating_mul(p);
+    }
+    s
+}
+
+fn inode_pointers(inode: &Inode) -> &[DiskAddress] {
+    match &inode.content {
+        InodeContent::Pointers(p) => p,
+        _ => &[],
+    }
+}
+
+fn load_indirect(core: &Core, st: &InodeState, id: IndirectId, da: DiskAddress) -> FsResult<()> {
+    let mut cache = st.indirect.lock();
+    if cache.contains_key(&(id.level, id.index)) {
+        return Ok(());
+    }
+    let mut buf = vec![0u8; core.geo.indirect_bytes as usize];
+    core.nsd.read(da, &mut buf, IoTag { buffer_type: BufferType::Indirect, ino: id.ino })?;
+    let block = IndirectBlock::decode(&buf, core.geo.indirect_bytes, id, Location::Disk(da)).map_err(|e| {
+        core.stats.corruptions.fetch_add(1, Ordering::Relaxed);
+        tracing::error!("{e} (inode {})", id.ino);
+        FsError::Corrupt(e)
+    })?;
+    cache.insert((id.level, id.index), IndNode { block, da, dirty: false });
+    Ok(())
+}
+
+/// Disk address of `unit`, or NULL for a hole.
+pub fn lookup(core: &Core, st: &InodeState, unit: u64) -> FsResult<DiskAddress> {
+    let inode = &st.inode;
+    let depth = inode.depth;
+    if unit >= capacity(core, depth) {
+        return Ok(DiskAddress::NULL);
+    }
+    let ptrs = inode_pointers(inode);
+    let top = (unit / span(core, depth)) as usize;
+    let mut ptr = ptrs.get(top).copied().unwrap_or(DiskAddress::NULL);
+    for level in (1..=depth).rev() {
+        if ptr.is_null() {
+            return Ok(DiskAddress::NULL);
+        }
+        let index = unit / span(core, level);
+        let id = IndirectId { ino: inode.ino, level, index };
+        load_indirect(core, st, id, ptr)?;
+        let slot = ((unit / span(core, level - 1)) % ppi(core)) as usize;
+        ptr = st.indirect.lock()[&(level, index)].block.pointers[slot];
+    }
+    Ok(ptr)
+}
+
+/// Grow the tree until `unit` fits.
+fn grow_to(core: &Core, st: &mut InodeState, unit: u64) -> FsResult<()> {
+    if !matches!(st.inode.content, InodeContent::Pointers(_)) {
+        st.inode.content = InodeContent::Pointers(vec![DiskAddress::NULL; pointers_in_inode(core.inode_bytes())]);
+    }
+    while unit >= capacity(core, st.inode.depth) {
+        if st.inode.depth >= DEPTH_MAX {
+            return Err(FsError::TooBig(format!("inode {}: unit {unit} beyond the largest file", st.inode.ino)));
+        }
+        let new_level = st.inode.depth + 1;
+        let ino = st.inode.ino;
+        let old: Vec<DiskAddress> = inode_pointers(&st.inode).to_vec();
+        let any = old.iter().any(|d| !d.is_null());
+        let n = old.len();
+        if any {
+            let id = IndirectId { ino, level: new_level, index: 0 };
+            let mut block = IndirectBlock::new(id, ppi(core) as usize);
+            block.pointers[..n].copy_from_slice(&old);
+            let da = core.alloc.allocate(AllocKind::Metadata, core.geo.indirect_subblocks(), ino, u64::MAX - new_level as u64)?;
+            st.inode.subblocks += core.geo.indirect_subblocks() as u64;
+            st.indirect.lock().insert((new_level, 0), IndNode { block, da, dirty: true });
+            let mut p = vec![DiskAddress::NULL; n];
+            p[0] = da;
+            st.inode.content = InodeContent::Pointers(p);
+        }
+        st.inode.depth = new_level;
+        st.dirty = true;
+    }
+    Ok(())
+}
+
+/// Point `unit` at `da` (NULL punches a hole). Allocates indirect blocks on the way.
+pub fn set(core: &Core, st: &mut InodeState, unit: u64, da: DiskAddress) -> FsResult<()> {
+    if da.is_null() && unit >= capacity(core, st.inode.depth) {
+        return Ok(());
+    }
+    grow_to(core, st, unit)?;
+    let depth = st.inode.depth;
+    let ino = st.inode.ino;
+    let top = (unit / span(core, depth)) as usize;
+    if depth == 0 {
+        if let InodeContent::Pointers(p) = &mut st.inode.content {
+            p[top] = da;
+        }
+        st.dirty = true;
+        return Ok(());
+    }
+    // Walk down, creating missing indirect blocks (unless we are clearing).
+    let mut parent_ptr = inode_pointers(&st.inode)[top];
+    for level in (1..=depth).rev() {
+        let index = unit / span(core, level);
+        let id = IndirectId { ino, level, index };
+        if parent_ptr.is_null() {
+            if da.is_null() {
+                return Ok(());
+            }
+            let nda = core.alloc.allocate(AllocKind::Metadata, core.geo.indirect_subblocks(), ino, index)?;
+            st.inode.subblocks += core.geo.indirect_subblocks() as u64;
+            st.indirect.lock().insert((level, index), IndNode { block: IndirectBlock::new(id, ppi(core) as usize), da: nda, dirty: true });
+            // Link it into its parent.
+            if level == depth {
+                if let InodeContent::Pointers(p) = &mut st.inode.content {
+                    p[top] = nda;
+                }
+                st.dirty = true;
+            } else {
+                let pindex = unit / span(core, level + 1);
+                let pslot = ((unit / span(core, level)) % ppi(core)) as usize;
+                let mut cache = st.indirect.lock();
+                let parent = cache.get_mut(&(level + 1, pindex)).expect("parent indirect block cached");
+                parent.block.pointers[pslot] = nda;
+                parent.dirty = true;
+            }
+            parent_ptr = nda;
+        } else {
+            load_indirect(core, st, id, parent_ptr)?;
+        }
+        let slot = ((unit / span(core, level - 1)) % ppi(core)) as usize;
+        let mut cache = st.indirect.lock();
+        let node = cache.get_mut(&(level, index)).expect("indirect block cached");
+        if level == 1 {
+            node.block.pointers[slot] = da;
+            node.dirty = true;
+        } else {
+            parent_ptr = node.block.pointers[slot];
+        }
+    }
+    Ok(())
+}
+
+/// Every allocated unit at or after `from`, in order, with its address.
+pub fn allocated_from(core: &Core, st: &InodeState, from: u64, limit: usize) -> FsResult<Vec<(u64, DiskAddress)>> {
+    let mut out = Vec::new();
+    let depth = st.inode.depth;
+    let ptrs: Vec<DiskAddress> = inode_pointers(&st.inode).to_vec();
+    let s = span(core, depth);
+    for (i, p) in ptrs.iter().enumerate() {
+        let base = i as u64 * s;
+        if p.is_null() || base.saturating_add(s) <= from {
+            continue;
+        }
+        walk(core, st, depth, i as u64, *p, base, from, limit, &mut out)?;
+        if out.len() >= limit {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn walk(
+    core: &Core,
+    st: &InodeState,
+    level: u8,
+    index: u64,
+    ptr: DiskAddress,
+    base: u64,
+    from: u64,
+    limit: usize,
+    out: &mut Vec<(u64, DiskAddress)>,
+) -> FsResult<()> {
+    if level == 0 {
+        if base >= from {
+            out.push((base, ptr));
+        }
+        return Ok(());
+    }
+    let id = IndirectId { ino: st.inode.ino, level, index };
+    load_indirect(core, st, id, ptr)?;
+    let children: Vec<DiskAddress> = st.indirect.lock()[&(level, index)].block.pointers.clone();
+    let s = span(core, level - 1);
+    for (j, c) in children.iter().enumerate() {
+        let cbase = base + j as u64 * s;
+        if c.is_null() || cbase.saturating_add(s) <= from {
+            continue;
+        }
+        walk(core, st, level - 1, index * ppi(core) + j as u64, *c, cbase, from, limit, out)?;
+        if out.len() >= limit {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Remove every unit at or after `from` from the map, returning them (with their
+/// allocated subblocks) for the caller to free after dropping cached buffers; also
+/// frees indirect blocks that no longer map anything.
+pub fn cut_from(core: &Core, st: &mut InodeState, from: u64) -> FsResult<Vec<(u64, DiskAddress, u32)>> {
+    let mut units = Vec::new();
+    loop {
+        let batch = allocated_from(core, st, from, 4096)?;
+        if batch.is_empty() {
+            break;
+        }
+        for (u, da) in batch {
+            let n = allocated_subblocks(core, st, u);
+            set(core, st, u, DiskAddress::NULL)?;
+            st.realloc.remove(&u);
+            units.push((u, da, n));
+        }
+    }
+    prune_indirect(core, st)?;
+    Ok(units)
+}
+
+/// Free indirect blocks whose pointers are all null, bottom-up, and shrink the depth
+/// to zero when the file has no blocks left.
+pub fn prune_indirect(core: &Core, st: &mut InodeState) -> FsResult<()> {
+    let depth = st.inode.depth;
+    if depth == 0 {
+        return Ok(());
+    }
+    // Load the whole tree's nodes that are reachable, then drop the empty ones.
+    let ptrs: Vec<DiskAddress> = inode_pointers(&st.inode).to_vec();
+    for (i, p) in ptrs.iter().enumerate() {
+        if !p.is_null() {
+            let mut sink = Vec::new();
+            walk(core, st, depth, i as u64, *p, i as u64 * span(core, depth), u64::MAX, 0, &mut sink)?;
+        }
+    }
+    let ino = st.inode.ino;
+    for level in 1..=depth {
+        let empty: Vec<(u64, DiskAddress)> = st
+            .indirect
+            .lock()
+            .iter()
+            .filter(|((l, _), n)| *l == level && n.block.pointers.iter().all(|p| p.is_null()))
+            .map(|((_, idx), n)| (*idx, n.da))
+            .collect();
+        for (index, da) in empty {
+            st.indirect.lock().remove(&(level, index));
+            core.alloc.free(da, core.geo.indirect_subblocks())?;
+            st.inode.subblocks = st.inode.subblocks.saturating_sub(core.geo.indirect_subblocks() as u64);
+            if level == depth {
+                if let InodeContent::Pointers(p) = &mut st.inode.content {
+                    p[index as usize] = DiskAddress::NULL;
+                }
+            } else {
+                let pindex = index / ppi(core);
+                let pslot = (index % ppi(core)) as usize;
+                if let Some(parent) = st.indirect.lock().get_mut(&(level + 1, pindex)) {
+                    parent.block.pointers[pslot] = DiskAddress::NULL;
+                    parent.dirty = true;
+                }
+            }
+            st.dirty = true;
+        }
+    }
+    if inode_pointers(&st.inode).iter().all(|p| p.is_null()) {
+        st.inode.depth = 0;
+        debug_assert!(st.indirect.lock().is_empty(), "inode {ino}: indirect blocks left with an empty root");
+    }
+    Ok(())
+}
+
+/// Write every dirty indirect block of the inode.
+pub fn flush_indirect(core: &Core, st: &InodeState) -> FsResult<()> {
+    let mut cache = st.indirect.lock();
+    for node in cache.values_mut() {
+        if node.dirty {
+            let bytes = node.block.encode(core.geo.indirect_bytes);
+            core.nsd.write(node.da, &bytes, IoTag { buffer_type: BufferType::Indirect, ino: st.inode.ino })?;
+            node.dirty = false;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,397 @@
+//! The mounted file system's shared state (`Core`), the inode cache, and reading and
+//! writing inodes and metadata-file ranges through the NSD.
+
+use crate::alloc_map::AllocMap;
+use crate::coherence::Coherence;
+use crate::error::{FsError, FsResult};
+use crate::inode_map::InodeMap;
+use crate::pagepool::PagePool;
+use crate::stats::FsStats;
+use mako_disk::nsd::IoTag;
+use mako_disk::{BufferType, Nsd};
+use mako_format::descriptor::Descriptor;
+use mako_format::dir_block::DirBlock;
+use mako_format::error::Location;
+use mako_format::geometry::Geometry;
+use mako_format::indirect::IndirectBlock;
+use mako_format::inode::{Inode, Timestamp};
+use mako_format::DiskAddress;
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Runtime parameters of a mounted file system (from the configuration).
+#[derive(Debug, Clone)]
+pub struct FsConfig {
+    pub pagepool_bytes: u64,
+    pub max_files_to_cache: usize,
+    pub max_stat_cache: usize,
+    /// 0 disables prefetch; 1..3 scale the read-ahead window.
+    pub prefetch_aggressiveness_read: i32,
+    pub prefetch_threads: usize,
+    pub writebehind_threads: usize,
+    /// Seconds between background syncs of dirty data and metadata.
+    pub sync_interval_secs: u64,
+    pub iohist_size: usize,
+    pub avoid_dir_fragments: Option<bool>,
+    pub dir_pre_split_levels: Option<u8>,
+}
+
+impl Default for FsConfig {
+    fn default() -> Self {
+        FsConfig {
+            pagepool_bytes: 256 << 20,
+            max_files_to_cache: 4000,
+            max_stat_cache: 20000,
+            prefetch_aggressiveness_read: -1,
+            prefetch_threads: 4,
+            writebehind_threads: 2,
+            sync_interval_secs: 5,
+            iohist_size: 512,
+            avoid_dir_fragments: None,
+            dir_pre_split_levels: None,
+        }
+    }
+}
+
+pub fn now() -> Timestamp {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Timestamp { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+}
+
+/// A cached indirect block.
+pub struct IndNode {
+    pub block: IndirectBlock,
+    pub da: DiskAddress,
+    pub dirty: bool,
+}
+
+/// A cached directory block.
+pub struct DirNode {
+    pub block: DirBlock,
+    pub da: DiskAddress,
+    pub dirty: bool,
+}
+
+/// Mutable state of a cached inode, behind the handle's RwLock.
+pub struct InodeState {
+    pub inode: Inode,
+    pub dirty: bool,
+    /// Indirect blocks by (level, index). Behind a mutex so lookups work under a read lock.
+    pub indirect: Mutex<HashMap<(u8, u64), IndNode>>,
+    /// Directory blocks by logical index.
+    pub dir_blocks: Mutex<HashMap<u64, DirNode>>,
+    /// Blocks whose current allocation is not what the block map's size rules say
+    /// (a fragment that stopped being the last block): unit -> allocated subblocks.
+    pub realloc: HashMap<u64, u32>,
+    /// The inode was freed; the handle is stale.
+    pub deleted: bool,
+}
+
+/// Sequential-read detector and prefetch window of one inode.
+#[derive(Default)]
+pub struct ReadPattern {
+    pub next_offset: u64,
+    pub run: u32,
+    pub prefetched_upto: u64,
+}
+
+pub struct InodeHandle {
+    pub ino: u64,
+    pub state: RwLock<InodeState>,
+    pub pattern: Mutex<ReadPattern>,
+    pub opens: AtomicU32,
+    pub last_use: AtomicU64,
+}
+
+impl InodeHandle {
+    pub fn new(inode: Inode) -> Arc<InodeHandle> {
+        Arc::new(InodeHandle {
+            ino: inode.ino,
+            state: RwLock::new(InodeState {
+                inode,
+                dirty: false,
+                indirect: Mutex::new(HashMap::new()),
+                dir_blocks: Mutex::new(HashMap::new()),
+                realloc: HashMap::new(),
+                deleted: false,
+            }),
+            pattern: Mutex::new(ReadPattern::default()),
+            opens: AtomicU32::new(0),
+            last_use: AtomicU64::new(0),
+        })
+    }
+}
+
+/// Called when cached kernel state must be dropped (token loss, truncate by another
+/// node). The FUSE adapter implements it with invalidation notifications.
+pub trait KernelInvalidator: Send + Sync {
+    fn invalidate_inode(&self, ino: u64, offset: i64, len: i64);
+    fn invalidate_entry(&self, parent: u64, name: &[u8]);
+}
+
+pub struct Core {
+    pub nsd: Arc<dyn Nsd>,
+    pub desc: Mutex<Descriptor>,
+    pub geo: Geometry,
+    pub cfg: RwLock<FsConfig>,
+    pub alloc: AllocMap,
+    pub alloc_slot_bytes: usize,
+    pub imap: InodeMap,
+    pub inodes: Mutex<HashMap<u64, Arc<InodeHandle>>>,
+    /// Kernel lookup references (FUSE nlookup) per inode.
+    pub lookups: Mutex<HashMap<u64, u64>>,
+    /// Disk addresses of the blocks of each metadata file, by block index.
+    pub metafile_blocks: RwLock<HashMap<u64, Vec<DiskAddress>>>,
+    pub pool: PagePool,
+    /// Serialises renames that move directories (loop checks need a stable tree).
+    pub rename_lock: Mutex<()>,
+    pub coherence: Arc<dyn Coherence>,
+    pub invalidator: RwLock<Option<Arc<dyn KernelInvalidator>>>,
+    pub stats: FsStats,
+    pub read_only: AtomicBool,
+    pub read_only_reason: Mutex<String>,
+    pub shutting_down: AtomicBool,
+    pub use_tick: AtomicU64,
+    pub generation: AtomicU32,
+    pub node: u32,
+    /// Attribute-only cache of inodes evicted past `maxFilesToCache` (`maxStatCache`).
+    pub stat_cache: Mutex<(HashMap<u64, Inode>, std::collections::VecDeque<u64>)>,
+    /// Write-behind and prefetch work.
+    pub flushq: Mutex<std::collections::VecDeque<(u64, u64)>>,
+    pub prefetchq: Mutex<std::collections::VecDeque<(u64, u64)>>,
+    pub prefetch_cv: parking_lot::Condvar,
+    /// Serialises growth of the inode file.
+    pub inode_file_grow: Mutex<()>,
+}
+
+/// Prefetch requests queued at most (older requests are dropped beyond this).
+pub const PREFETCH_QUEUE_MAX: usize = 1024;
+
+impl Core {
+    pub fn new(
+        nsd: Arc<dyn Nsd>,
+        desc: Descriptor,
+        alloc: AllocMap,
+        imap: InodeMap,
+        cfg: FsConfig,
+        coherence: Arc<dyn Coherence>,
+        node: u32,
+    ) -> Core {
+        let geo = desc.geometry;
+        let alloc_slot_bytes = crate::alloc_map::segment_slot_bytes(&desc);
+        let pool = PagePool::new(cfg.pagepool_bytes);
+        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(1);
+        Core {
+            nsd,
+            desc: Mutex::new(desc),
+            geo,
+            cfg: RwLock::new(cfg),
+            alloc,
+            alloc_slot_bytes,
+            imap,
+            inodes: Mutex::new(HashMap::new()),
+            lookups: Mutex::new(HashMap::new()),
+            metafile_blocks: RwLock::new(HashMap::new()),
+            pool,
+            rename_lock: Mutex::new(()),
+            coherence,
+            invalidator: RwLock::new(None),
+            stats: FsStats::default(),
+            read_only: AtomicBool::new(false),
+            read_only_reason: Mutex::new(String::new()),
+            shutting_down: AtomicBool::new(false),
+            use_tick: AtomicU64::new(0),
+            generation: AtomicU32::new(seed),
+            node,
+            stat_cache: Mutex::new((HashMap::new(), std::collections::VecDeque::new())),
+            flushq: Mutex::new(std::collections::VecDeque::new()),
+            prefetchq: Mutex::new(std::collections::VecDeque::new()),
+            prefetch_cv: parking_lot::Condvar::new(),
+            inode_file_grow: Mutex::new(()),
+        }
+    }
+
+    pub fn queue_flush(&self, ino: u64, block: u64) {
+        self.flushq.lock().push_back((ino, block));
+        self.pool.wake_flushers();
+    }
+
+    pub fn queue_prefetch(&self, ino: u64, block: u64) {
+        let mut q = self.prefetchq.lock();
+        if q.len() >= PREFETCH_QUEUE_MAX {
+            q.pop_front();
+        }
+        q.push_back((ino, block));
+        self.prefetch_cv.notify_one();
+    }
+
+    /// Allocate an inode number, growing the inode file when the number lies past its end.
+    pub fn allocate_inode(&self) -> FsResult<u64> {
+        let ino = self.imap.allocate()?;
+        if let Err(e) = self.ensure_inode_slot(ino) {
+            let _ = self.imap.free(ino);
+            return Err(e);
+        }
+        Ok(ino)
+    }
+
+    fn ensure_inode_slot(&self, ino: u64) -> FsResult<()> {
+        let inode_file = self.metadata_inodes().inode_file;
+        let block = ino * self.inode_bytes() as u64 / self.block_bytes();
+        let have = |s: &Self| s.metafile_blocks.read().get(&inode_file).map(|v| v.len() as u64).unwrap_or(0);
+        if block < have(self) {
+            return Ok(());
+        }
+        let _g = self.inode_file_grow.lock();
+        let h = self.cached_handle(inode_file).ok_or_else(|| FsError::Invalid("inode file not loaded".into()))?;
+        while have(self) <= block {
+            let b = have(self);
+            let spb = self.geo.subblocks_per_block;
+            let da = self.alloc.allocate(crate::alloc_map::AllocKind::Metadata, spb, inode_file, b)?;
+            // Fresh inode-file blocks are zeroed so an unused slot reads as blank.
+            let zeros = vec![0u8; self.block_bytes() as usize];
+            self.nsd.write(da, &zeros, IoTag { buffer_type: BufferType::Inode, ino: inode_file })?;
+            let mut st = h.state.write();
+            crate::block_map::set(self, &mut st, b, da)?;
+            st.inode.size = (b + 1) * self.block_bytes();
+            st.inode.subblocks += spb as u64;
+            st.dirty = true;
+            self.metafile_blocks.write().entry(inode_file).or_default().push(da);
+        }
+        Ok(())
+    }
+
+    pub fn block_bytes(&self) -> u64 {
+        self.geo.block_bytes as u64
+    }
+    pub fn inode_bytes(&self) -> u32 {
+        self.geo.inode_bytes
+    }
+    pub fn metadata_inodes(&self) -> mako_format::descriptor::MetadataInodes {
+        self.desc.lock().metadata_inodes
+    }
+
+    /// Refuse changes once the file system turned read-only after damage.
+    pub fn check_writable(&self) -> FsResult<()> {
+        if self.read_only.load(Ordering::Relaxed) {
+            return Err(FsError::ReadOnly(self.read_only_reason.lock().clone()));
+        }
+        Ok(())
+    }
+
+    /// Turn this mount read-only: continuing could persist damage.
+    pub fn go_read_only(&self, why: &str) {
+        if !self.read_only.swap(true, Ordering::SeqCst) {
+            *self.read_only_reason.lock() = why.to_string();
+            tracing::error!("file system turned read-only: {why}; unmount and run `mako fsck`");
+        }
+    }
+
+    // ---- metadata files -------------------------------------------------------
+
+    /// Disk address of byte `offset` of metadata file `ino`.
+    pub fn metafile_da(&self, ino: u64, offset: u64) -> FsResult<DiskAddress> {
+        let b = offset / self.block_bytes();
+        let within = offset % self.block_bytes();
+        let map = self.metafile_blocks.read();
+        let da = map
+            .get(&ino)
+            .and_then(|v| v.get(b as usize))
+            .copied()
+            .filter(|d| !d.is_null())
+            .ok_or_else(|| FsError::Invalid(format!("metadata file {ino} has no block {b}")))?;
+        Ok(da.offset_by(within))
+    }
+
+    pub fn metafile_read(&self, ino: u64, offset: u64, buf: &mut [u8], bt: BufferType) -> FsResult<DiskAddress> {
+        let da = self.metafile_da(ino, offset)?;
+        self.nsd.read(da, buf, IoTag { buffer_type: bt, ino })?;
+        Ok(da)
+    }
+
+    pub fn metafile_write(&self, ino: u64, offset: u64, buf: &[u8], bt: BufferType) -> FsResult<()> {
+        let da = self.metafile_da(ino, offset)?;
+        self.nsd.write(da, buf, IoTag { buffer_type: bt, ino })?;
+        Ok(())
+    }
+
+    // ---- inodes ------------------------------------------------------------------
+
+    fn inode_offset(&self, ino: u64) -> u64 {
+        ino * self.inode_bytes() as u64
+    }
+
+    /// Read inode `ino` from the inode file.
+    pub fn read_inode(&self, ino: u64) -> FsResult<Inode> {
+        let mut buf = vec![0u8; self.inode_bytes() as usize];
+        let inode_file = self.metadata_inodes().inode_file;
+        let da = self.metafile_read(inode_file, self.inode_offset(ino), &mut buf, BufferType::Inode)?;
+        Inode::decode(&buf, self.inode_bytes(), ino, Location::Disk(da)).map_err(|e| {
+            self.stats.corruptions.fetch_add(1, Ordering::Relaxed);
+            tracing::error!("{e}");
+            FsError::Corrupt(e)
+        })
+    }
+
+    pub fn write_inode(&self, inode: &Inode) -> FsResult<()> {
+        let bytes = inode.encode(self.inode_bytes())?;
+        let inode_file = self.metadata_inodes().inode_file;
+        self.metafile_write(inode_file, self.inode_offset(inode.ino), &bytes, BufferType::Inode)
+    }
+
+    /// The cached handle of `ino`, loading it from disk on a miss.
+    pub fn get(&self, ino: u64) -> FsResult<Arc<InodeHandle>> {
+        let tick = self.use_tick.fetch_add(1, Ordering::Relaxed);
+        if let Some(h) = self.inodes.lock().get(&ino) {
+            h.last_use.store(tick, Ordering::Relaxed);
+            self.stats.inode_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(h.clone());
+        }
+        if ino >= self.imap.inodes_max() || !self.imap.is_used(ino) {
+            return Err(FsError::Stale(ino));
+        }
+        self.stats.inode_misses.fetch_add(1, Ordering::Relaxed);
+        let cached = self.stat_cache.lock().0.remove(&ino);
+        let inode = match cached {
+            Some(i) => {
+                self.stats.stat_cache_hits.fetch_add(1, Ordering::Relaxed);
+                i
+            }
+            None => self.read_inode(ino)?,
+        };
+        if inode.nlink == 0 && inode.flags & mako_format::inode::FLAG_SYSTEM == 0 {
+            // An inode with no links that is still marked in use: an orphan left by a
+            // crash. It is fsck's to reclaim; to users it does not exist.
+            return Err(FsError::Stale(ino));
+        }
+        let mut map = self.inodes.lock();
+        let h = map.entry(ino).or_insert_with(|| InodeHandle::new(inode)).clone();
+        h.last_use.store(tick, Ordering::Relaxed);
+        Ok(h)
+    }
+
+    /// Insert a handle for a freshly created inode.
+    pub fn insert_new(&self, inode: Inode) -> Arc<InodeHandle> {
+        let h = InodeHandle::new(inode);
+        h.state.write().dirty = true;
+        h.last_use.store(self.use_tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        self.inodes.lock().insert(h.ino, h.clone());
+        h
+    }
+
+    pub fn cached_handle(&self, ino: u64) -> Option<Arc<InodeHandle>> {
+        self.inodes.lock().get(&ino).cloned()
+    }
+
+    pub fn next_generation(&self) -> u32 {
+        self.generation.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn invalidate_kernel_inode(&self, ino: u64) {
+        if let Some(inv) = self.invalidator.read().as_ref() {
+            inv.invalidate_inode(ino, 0, 0);
+        }
+    }
+}

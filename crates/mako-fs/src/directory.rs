@@ -1,0 +1,391 @@
+//! Directories (DESIGN.md 3.5): entries live in the inode while they fit, then in one
+//! fragment-sized directory block that grows to a full directory block
+//! (`avoidDirFragments` skips the fragment), then in directory blocks organised by
+//! extendible hashing on the name's cookie, so lookup, insert and delete touch one
+//! block whatever the directory's size. `DirPreSplitLevels` pre-splits a directory
+//! when it first leaves the inode.
+//!
+//! Every entry keeps the cookie it was given at insertion for its whole life; readdir
+//! offsets are cookies, so they stay valid while the directory changes and splits.
+
+use crate::alloc_map::AllocKind;
+use crate::block_map;
+use crate::core::{Core, DirNode, InodeState};
+use crate::error::{FsError, FsResult};
+use mako_disk::nsd::IoTag;
+use mako_disk::BufferType;
+use mako_format::dir_block::*;
+use mako_format::error::Location;
+use mako_format::inode::{payload_bytes, xattrs_encoded_len, InodeContent};
+use mako_format::name_hash::{home_cookie, COOKIE_MAX, COOKIE_MIN};
+use mako_format::DiskAddress;
+use std::sync::atomic::Ordering;
+
+/// Deepest hash tree: the cookie has 63 bits.
+const DIR_DEPTH_MAX: u8 = 62;
+
+fn dir_unit(core: &Core) -> u64 {
+    core.geo.dir_block_bytes() as u64
+}
+
+fn global_depth(core: &Core, st: &InodeState) -> u8 {
+    let d = dir_unit(core);
+    if st.inode.size <= d {
+        0
+    } else {
+        (st.inode.size / d).trailing_zeros() as u8
+    }
+}
+
+fn is_inline(st: &InodeState) -> bool {
+    matches!(st.inode.content, InodeContent::InlineDir(_))
+}
+
+/// Bytes the inode has left for inline entries.
+fn inline_room(core: &Core, st: &InodeState) -> usize {
+    payload_bytes(core.inode_bytes()).saturating_sub(xattrs_encoded_len(&st.inode.xattrs))
+}
+
+/// Load directory block `idx` into the cache; false if it is a hole.
+fn load_block(core: &Core, st: &InodeState, idx: u64) -> FsResult<bool> {
+    if st.dir_blocks.lock().contains_key(&idx) {
+        return Ok(true);
+    }
+    let da = block_map::lookup(core, st, idx)?;
+    if da.is_null() {
+        return Ok(false);
+    }
+    let bytes = block_map::allocated_subblocks(core, st, idx) as usize * core.geo.subblock_bytes() as usize;
+    let mut buf = vec![0u8; bytes];
+    core.nsd.read(da, &mut buf, IoTag { buffer_type: BufferType::Directory, ino: st.inode.ino })?;
+    let id = DirBlockId { ino: st.inode.ino, index: idx };
+    let block = DirBlock::decode(&buf, id, Location::Disk(da)).map_err(|e| {
+        core.stats.corruptions.fetch_add(1, Ordering::Relaxed);
+        tracing::error!("{e} (directory inode {})", st.inode.ino);
+        FsError::Corrupt(e)
+    })?;
+    st.dir_blocks.lock().insert(idx, DirNode { block, da, dirty: false });
+    Ok(true)
+}
+
+/// Logical index of the block holding `cookie`.
+fn locate(core: &Core, st: &InodeState, cookie: u64) -> FsResult<u64> {
+    let g = global_depth(core, st);
+    let idx_g = index_for(cookie, g);
+    for d in (0..=g).rev() {
+        let idx = if d == 0 { 0 } else { idx_g & ((1u64 << d) - 1) };
+        if load_block(core, st, idx)? {
+            let cache = st.dir_blocks.lock();
+            let node = &cache[&idx];
+            let (lo, hi) = cookie_range(idx, node.block.depth);
+            if node.block.depth > d || cookie < lo || cookie > hi {
+                return Err(FsError::Corrupt(mako_format::FormatError::invalid(
+                    "directory block",
+                    Location::Disk(node.da),
+                    format!("block {idx} at depth {} does not cover cookie {cookie}", node.block.depth),
+                )));
+            }
+            return Ok(idx);
+        }
+    }
+    Err(FsError::Corrupt(mako_format::FormatError::invalid(
+        "directory",
+        Location::Memory,
+        format!("directory inode {} has no block 0", st.inode.ino),
+    )))
+}
+
+fn entry_at(core: &Core, st: &InodeState, cookie: u64) -> FsResult<Option<DirEntry>> {
+    if let InodeContent::InlineDir(e) = &st.inode.content {
+        return Ok(e.binary_search_by_key(&cookie, |x| x.cookie).ok().map(|i| e[i].clone()));
+    }
+    let idx = locate(core, st, cookie)?;
+    let cache = st.dir_blocks.lock();
+    let e = &cache[&idx].block.entries;
+    Ok(e.binary_search_by_key(&cookie, |x| x.cookie).ok().map(|i| e[i].clone()))
+}
+
+/// Find `name`: returns the entry if present, else the cookie it would get.
+fn probe(core: &Core, st: &InodeState, name: &[u8]) -> FsResult<Result<DirEntry, u64>> {
+    let mut c = home_cookie(name);
+    loop {
+        match entry_at(core, st, c)? {
+            None => return Ok(Err(c)),
+            Some(e) if e.name == name => return Ok(Ok(e)),
+            Some(_) => {
+                if c >= COOKIE_MAX {
+                    return Err(FsError::NoSpace("directory hash space exhausted around this name".into()));
+                }
+                c += 1;
+            }
+        }
+    }
+}
+
+pub fn check_name(name: &[u8]) -> FsResult<()> {
+    if name.len() > NAME_BYTES_MAX {
+        return Err(FsError::NameTooLong(name.len()));
+    }
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return Err(FsError::Invalid(format!("bad name {:?}", String::from_utf8_lossy(name))));
+    }
+    Ok(())
+}
+
+pub fn lookup(core: &Core, st: &InodeState, name: &[u8]) -> FsResult<Option<DirEntry>> {
+    if name.len() > NAME_BYTES_MAX {
+        return Err(FsError::NameTooLong(name.len()));
+    }
+    Ok(probe(core, st, name)?.ok())
+}
+
+/// Add an entry; `Exists` if the name is taken. Returns the entry's cookie.
+pub fn insert(core: &Core, st: &mut InodeState, name: &[u8], ino: u64, kind: u8) -> FsResult<u64> {
+    check_name(name)?;
+    let cookie = match probe(core, st, name)? {
+        Ok(_) => return Err(FsError::Exists(String::from_utf8_lossy(name).into_owned())),
+        Err(c) => c,
+    };
+    let entry = DirEntry { cookie, ino, kind, name: name.to_vec() };
+    let len = entry.encoded_len();
+    if is_inline(st) {
+        let used = match &st.inode.content {
+            InodeContent::InlineDir(e) => entries_encoded_len(e),
+            _ => 0,
+        };
+        if used + len <= inline_room(core, st) {
+            if let InodeContent::InlineDir(e) = &mut st.inode.content {
+                let pos = e.partition_point(|x| x.cookie < cookie);
+                e.insert(pos, entry);
+            }
+            st.inode.entries += 1;
+            st.dirty = true;
+            return Ok(cookie);
+        }
+        leave_inode(core, st, used + len)?;
+    }
+    loop {
+        let idx = locate(core, st, cookie)?;
+        let room = st.dir_blocks.lock()[&idx].block.has_room(len);
+        if room {
+            let mut cache = st.dir_blocks.lock();
+            let node = cache.get_mut(&idx).expect("located block cached");
+            let pos = node.block.entries.partition_point(|x| x.cookie < cookie);
+            node.block.entries.insert(pos, entry);
+            node.dirty = true;
+            drop(cache);
+            st.inode.entries += 1;
+            st.dirty = true;
+            return Ok(cookie);
+        }
+        split_or_grow(core, st, idx)?;
+    }
+}
+
+/// Move the inline entries out of the inode into directory blocks.
+fn leave_inode(core: &Core, st: &mut InodeState, needed: usize) -> FsResult<()> {
+    let entries = match std::mem::replace(&mut st.inode.content, InodeContent::Pointers(vec![])) {
+        InodeContent::InlineDir(e) => e,
+        other => {
+            st.inode.content = other;
+            return Ok(());
+        }
+    };
+    st.inode.content =
+        InodeContent::Pointers(vec![DiskAddress::NULL; mako_format::inode::pointers_in_inode(core.inode_bytes())]);
+    let cfg = core.cfg.read().clone();
+    let desc = core.desc.lock().clone();
+    let avoid = cfg.avoid_dir_fragments.unwrap_or(desc.avoid_dir_fragments);
+    let levels = cfg.dir_pre_split_levels.unwrap_or(desc.dir_pre_split_levels).min(10);
+    let sb = core.geo.subblock_bytes() as usize;
+    let full_sb = core.geo.dir_block_subblocks();
+    let (depth, cap_sb) = if levels > 0 {
+        (levels, full_sb)
+    } else if avoid {
+        (0, full_sb)
+    } else {
+        let want = (DIR_BLOCK_HEADER_BYTES + needed) * 2;
+        (0, (want.div_ceil(sb) as u32).clamp(1, full_sb))
+    };
+    let ino = st.inode.ino;
+    let nblocks = 1u64 << depth;
+    for idx in 0..nblocks {
+        let (lo, hi) = cookie_range(idx, depth);
+        let mine: Vec<DirEntry> = entries.iter().filter(|e| e.cookie >= lo && e.cookie <= hi).cloned().collect();
+        let da = core.alloc.allocate(AllocKind::Metadata, cap_sb, ino, idx)?;
+        st.inode.subblocks += cap_sb as u64;
+        block_map::set(core, st, idx, da)?;
+        let block = DirBlock { id: DirBlockId { ino, index: idx }, depth, capacity_bytes: cap_sb * sb as u32, entries: mine };
+        st.dir_blocks.lock().insert(idx, DirNode { block, da, dirty: true });
+    }
+    if cap_sb < full_sb {
+        st.inode.size = cap_sb as u64 * sb as u64;
+        st.inode.last_block_subblocks = cap_sb as u16;
+    } else {
+        st.inode.size = dir_unit(core) << depth;
+        st.inode.last_block_subblocks = 0;
+    }
+    st.dirty = true;
+    Ok(())
+}
+
+/// Move an inline directory into a directory block (to make room in the inode).
+pub fn force_out_of_inode(core: &Core, st: &mut InodeState) -> FsResult<()> {
+    let used = match &st.inode.content {
+        InodeContent::InlineDir(e) => entries_encoded_len(e),
+        _ => return Ok(()),
+    };
+    leave_inode(core, st, used.max(64))
+}
+
+fn split_or_grow(core: &Core, st: &mut InodeState, idx: u64) -> FsResult<()> {
+    let sb = core.geo.subblock_bytes();
+    let full_sb = core.geo.dir_block_subblocks();
+    let ino = st.inode.ino;
+    let (cap, depth, old_da) = {
+        let cache = st.dir_blocks.lock();
+        let n = &cache[&idx];
+        (n.block.capacity_bytes, n.block.depth, n.da)
+    };
+    let cap_sb = cap / sb;
+    if cap_sb < full_sb {
+        // A fragment directory grows (doubling) until it is a full directory block.
+        let new_sb = (cap_sb * 2).min(full_sb);
+        let da = core.alloc.allocate(AllocKind::Metadata, new_sb, ino, 0)?;
+        core.alloc.free(old_da, cap_sb)?;
+        st.inode.subblocks = st.inode.subblocks + new_sb as u64 - cap_sb as u64;
+        block_map::set(core, st, 0, da)?;
+        {
+            let mut cache = st.dir_blocks.lock();
+            let n = cache.get_mut(&0).expect("fragment block cached");
+            n.block.capacity_bytes = new_sb * sb;
+            n.da = da;
+            n.dirty = true;
+        }
+        st.inode.size = new_sb as u64 * sb as u64;
+        st.inode.last_block_subblocks = if new_sb == full_sb { 0 } else { new_sb as u16 };
+        st.dirty = true;
+        return Ok(());
+    }
+    if depth >= DIR_DEPTH_MAX {
+        return Err(FsError::NoSpace(format!("directory inode {ino}: hash tree at its deepest")));
+    }
+    // Split: entries whose next cookie bit is set move to block idx + 2^depth.
+    let new_depth = depth + 1;
+    let right_idx = idx + (1u64 << depth);
+    let bit = 62 - depth as u32;
+    let g = global_depth(core, st);
+    if new_depth > g {
+        st.inode.size = dir_unit(core) << new_depth;
+    }
+    let da = core.alloc.allocate(AllocKind::Metadata, full_sb, ino, right_idx)?;
+    st.inode.subblocks += full_sb as u64;
+    block_map::set(core, st, right_idx, da)?;
+    let mut cache = st.dir_blocks.lock();
+    let left = cache.get_mut(&idx).expect("split block cached");
+    let (moved, kept): (Vec<DirEntry>, Vec<DirEntry>) =
+        std::mem::take(&mut left.block.entries).into_iter().partition(|e| (e.cookie >> bit) & 1 == 1);
+    left.block.entries = kept;
+    left.block.depth = new_depth;
+    left.dirty = true;
+    let right = DirBlock { id: DirBlockId { ino, index: right_idx }, depth: new_depth, capacity_bytes: full_sb * sb, entries: moved };
+    cache.insert(right_idx, DirNode { block: right, da, dirty: true });
+    st.dirty = true;
+    core.stats.dir_splits.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Remove `name`, returning its entry.
+pub fn remove(core: &Core, st: &mut InodeState, name: &[u8]) -> FsResult<DirEntry> {
+    let entry = match probe(core, st, name)? {
+        Ok(e) => e,
+        Err(_) => return Err(FsError::NotFound(String::from_utf8_lossy(name).into_owned())),
+    };
+    if let InodeContent::InlineDir(e) = &mut st.inode.content {
+        e.retain(|x| x.cookie != entry.cookie);
+    } else {
+        let idx = locate(core, st, entry.cookie)?;
+        let mut cache = st.dir_blocks.lock();
+        let node = cache.get_mut(&idx).expect("located block cached");
+        node.block.entries.retain(|x| x.cookie != entry.cookie);
+        node.dirty = true;
+    }
+    st.inode.entries = st.inode.entries.saturating_sub(1);
+    st.dirty = true;
+    Ok(entry)
+}
+
+/// Point an existing entry at another inode (rename over an existing name).
+pub fn replace(core: &Core, st: &mut InodeState, name: &[u8], ino: u64, kind: u8) -> FsResult<DirEntry> {
+    let entry = match probe(core, st, name)? {
+        Ok(e) => e,
+        Err(_) => return Err(FsError::NotFound(String::from_utf8_lossy(name).into_owned())),
+    };
+    let upd = |e: &mut DirEntry| {
+        if e.cookie == entry.cookie {
+            e.ino = ino;
+            e.kind = kind;
+        }
+    };
+    if let InodeContent::InlineDir(e) = &mut st.inode.content {
+        e.iter_mut().for_each(upd);
+    } else {
+        let idx = locate(core, st, entry.cookie)?;
+        let mut cache = st.dir_blocks.lock();
+        let node = cache.get_mut(&idx).expect("located block cached");
+        node.block.entries.iter_mut().for_each(upd);
+        node.dirty = true;
+    }
+    st.dirty = true;
+    Ok(entry)
+}
+
+/// Up to `max` entries with cookies greater than `after`, in cookie order.
+pub fn list(core: &Core, st: &InodeState, after: u64, max: usize) -> FsResult<Vec<DirEntry>> {
+    if let InodeContent::InlineDir(e) = &st.inode.content {
+        let start = e.partition_point(|x| x.cookie <= after);
+        return Ok(e[start..].iter().take(max).cloned().collect());
+    }
+    let mut out = Vec::new();
+    let mut c = after.saturating_add(1).max(COOKIE_MIN);
+    while c <= COOKIE_MAX && out.len() < max {
+        let idx = locate(core, st, c)?;
+        let cache = st.dir_blocks.lock();
+        let node = &cache[&idx];
+        let start = node.block.entries.partition_point(|x| x.cookie < c);
+        for e in &node.block.entries[start..] {
+            if out.len() >= max {
+                break;
+            }
+            out.push(e.clone());
+        }
+        let (_, hi) = cookie_range(idx, node.block.depth);
+        if hi >= COOKIE_MAX {
+            break;
+        }
+        c = hi + 1;
+    }
+    Ok(out)
+}
+
+/// Write every dirty directory block.
+pub fn flush_blocks(core: &Core, st: &InodeState) -> FsResult<()> {
+    let mut cache = st.dir_blocks.lock();
+    for node in cache.values_mut() {
+        if node.dirty {
+            let bytes = node.block.encode();
+            core.nsd.write(node.da, &bytes, IoTag { buffer_type: BufferType::Directory, ino: st.inode.ino })?;
+            node.dirty = false;
+        }
+    }
+    Ok(())
+}
+
+/// Number of blocks and the hash depth, for diagnostics and tests.
+pub fn shape(core: &Core, st: &InodeState) -> (usize, u8) {
+    if is_inline(st) {
+        (0, 0)
+    } else {
+        (st.dir_blocks.lock().len(), global_depth(core, st))
+    }
+}

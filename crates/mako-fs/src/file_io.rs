@@ -1,0 +1,712 @@
+//! File data: reads and writes through the pagepool, data-in-inode, fragments and
+//! their promotion, holes, truncation, fallocate, SEEK_DATA/SEEK_HOLE, and writing one
+//! dirty block back (write-behind and fsync use the same `flush_block`).
+//!
+//! Durable-write order for data (ordered mode): a block's data is written before the
+//! inode or indirect block that points at it (`flush_inode` writes data first).
+//! Bytes past the end of a file always read as zero: when a file grows, the tail of its
+//! old last block is zeroed in the pagepool and written back.
+
+use crate::alloc_map::AllocKind;
+use crate::block_map;
+use crate::core::{now, Core, InodeHandle, InodeState};
+use crate::error::{FsError, FsResult};
+use crate::pagepool::DataBuffer;
+use mako_disk::nsd::IoTag;
+use mako_disk::BufferType;
+use mako_format::inode::{payload_bytes, pointers_in_inode, xattrs_encoded_len, InodeContent};
+use mako_format::DiskAddress;
+use std::sync::atomic::Ordering;
+
+/// Largest file size (bytes): far beyond any disk, bounded so offsets never overflow.
+pub const FILE_BYTES_MAX: u64 = 1 << 62;
+
+fn tag(ino: u64) -> IoTag {
+    IoTag { buffer_type: BufferType::Data, ino }
+}
+
+pub fn inline_capacity(core: &Core, st: &InodeState) -> usize {
+    payload_bytes(core.inode_bytes()).saturating_sub(xattrs_encoded_len(&st.inode.xattrs))
+}
+
+fn valid_len(core: &Core, size: u64, b: u64) -> usize {
+    let bs = b * core.block_bytes();
+    size.saturating_sub(bs).min(core.block_bytes()) as usize
+}
+
+/// Read block `b`'s disk content (up to `valid` bytes) into a fresh vector.
+fn read_disk_block(core: &Core, st: &InodeState, b: u64, valid: usize) -> FsResult<Vec<u8>> {
+    let mut out = Vec::with_capacity(valid);
+    let da = block_map::lookup(core, st, b)?;
+    if da.is_null() || valid == 0 {
+        out.resize(valid, 0);
+        return Ok(out);
+    }
+    let alloc = block_map::allocated_subblocks(core, st, b) as usize * core.geo.subblock_bytes() as usize;
+    let len = valid.next_multiple_of(512).min(alloc);
+    out.resize(len, 0);
+    core.nsd.read(da, &mut out, tag(st.inode.ino))?;
+    out.resize(valid, 0);
+    Ok(out)
+}
+
+/// Make `buf` hold the whole block: disk content merged under its dirty bytes.
+pub fn load_buffer(core: &Core, st: &InodeState, b: u64, buf: &mut DataBuffer) -> FsResult<()> {
+    if buf.loaded {
+        return Ok(());
+    }
+    let valid = valid_len(core, st.inode.size, b);
+    let mut disk = read_disk_block(core, st, b, valid)?;
+    if let Some((lo, hi)) = buf.dirty {
+        let (lo, hi) = (lo as usize, hi as usize);
+        if disk.len() < hi {
+            disk.resize(hi, 0);
+        }
+        disk[lo..hi].copy_from_slice(&buf.bytes[lo..hi]);
+    }
+    buf.bytes = disk;
+    buf.loaded = true;
+    Ok(())
+}
+
+/// Move data-in-inode out to block 0 in the pagepool.
+pub fn convert_inline(core: &Core, st: &mut InodeState) -> FsResult<()> {
+    let data = match std::mem::replace(&mut st.inode.content, InodeContent::Pointers(vec![DiskAddress::NULL; pointers_in_inode(core.inode_bytes())])) {
+        InodeContent::InlineData(d) => d,
+        other => {
+            st.inode.content = other;
+            return Ok(());
+        }
+    };
+    st.inode.depth = 0;
+    st.inode.last_block_subblocks = 0;
+    st.dirty = true;
+    if !data.is_empty() {
+        let slot = core.pool.get_or_create((st.inode.ino, 0));
+        let mut buf = slot.buf.lock();
+        let was = buf.is_dirty();
+        let n = data.len() as u32;
+        buf.bytes = data;
+        buf.loaded = true;
+        buf.add_dirty(0, n);
+        core.pool.account(&mut buf, was);
+    }
+    Ok(())
+}
+
+/// Before the size grows to `new_size`: zero the old last block's tail (through the
+/// pagepool) and schedule a fragment last block for promotion to a full block.
+fn grow_prepare(core: &Core, st: &mut InodeState, new_size: u64) -> FsResult<()> {
+    let old = st.inode.size;
+    if old == 0 {
+        return Ok(());
+    }
+    let bb = core.block_bytes();
+    let b0 = (old - 1) / bb;
+    let new_last = (new_size - 1) / bb;
+    let frag = st.inode.last_block_subblocks;
+    if old % bb != 0 || frag != 0 {
+        let cached = core.pool.get((st.inode.ino, b0)).is_some();
+        if cached || !block_map::lookup(core, st, b0)?.is_null() {
+            let slot = core.pool.get_or_create((st.inode.ino, b0));
+            let mut buf = slot.buf.lock();
+            let was = buf.is_dirty();
+            load_buffer(core, st, b0, &mut buf)?;
+            let n = buf.bytes.len() as u32;
+            buf.add_dirty(0, n.max(1).min(bb as u32));
+            if buf.bytes.is_empty() {
+                buf.bytes.resize(1, 0);
+            }
+            core.pool.account(&mut buf, was);
+        }
+    }
+    if new_last > b0 && frag != 0 {
+        st.realloc.insert(b0, frag as u32);
+        st.inode.last_block_subblocks = 0;
+        st.dirty = true;
+    }
+    Ok(())
+}
+
+pub fn write(core: &Core, h: &InodeHandle, offset: u64, data: &[u8]) -> FsResult<usize> {
+    core.check_writable()?;
+    let st = h.state.write();
+    write_locked(core, h, st, offset, data)
+}
+
+/// O_APPEND: the offset is the size, read under the same lock as the write.
+pub fn write_append(core: &Core, h: &InodeHandle, data: &[u8]) -> FsResult<usize> {
+    core.check_writable()?;
+    let st = h.state.write();
+    let offset = st.inode.size;
+    write_locked(core, h, st, offset, data)
+}
+
+fn write_locked(core: &Core, h: &InodeHandle, mut st: parking_lot::RwLockWriteGuard<'_, InodeState>, offset: u64, data: &[u8]) -> FsResult<usize> {
+    if st.deleted {
+        return Err(FsError::Stale(h.ino));
+    }
+    let len = data.len() as u64;
+    let end = offset.checked_add(len).filter(|e| *e <= FILE_BYTES_MAX).ok_or_else(|| FsError::TooBig(format!("write at {offset}+{len}")))?;
+    let t = now();
+    if len == 0 {
+        return Ok(0);
+    }
+    if let InodeContent::InlineData(_) = &st.inode.content {
+        let cap = inline_capacity(core, &st);
+        if end as usize <= cap {
+            if let InodeContent::InlineData(d) = &mut st.inode.content {
+                if d.len() < end as usize {
+                    d.resize(end as usize, 0);
+                }
+                d[offset as usize..end as usize].copy_from_slice(data);
+            }
+            st.inode.size = st.inode.size.max(end);
+            st.inode.mtime = t;
+            st.inode.ctime = t;
+            st.dirty = true;
+            return Ok(data.len());
+        }
+        convert_inline(core, &mut st)?;
+    }
+    let size_before = st.inode.size;
+    if end > size_before {
+        grow_prepare(core, &mut st, end)?;
+    }
+    let bb = core.block_bytes();
+    let ino = h.ino;
+    let mut full_blocks = Vec::new();
+    let mut b = offset / bb;
+    while b * bb < end {
+        let bs = b * bb;
+        let lo = (offset.max(bs) - bs) as usize;
+        let hi = (end.min(bs + bb) - bs) as usize;
+        let src = &data[(bs + lo as u64 - offset) as usize..(bs + hi as u64 - offset) as usize];
+        let slot = core.pool.get_or_create((ino, b));
+        let mut buf = slot.buf.lock();
+        let was = buf.is_dirty();
+        if !buf.loaded {
+            let old_valid = valid_len(core, size_before, b);
+            if old_valid == 0 || (lo == 0 && hi >= old_valid) {
+                // Nothing on disk survives this write: no read needed.
+                if old_valid == 0 || buf.dirty.is_none() {
+                    buf.bytes.clear();
+                    buf.loaded = true;
+                } else {
+                    load_buffer(core, &st, b, &mut buf)?;
+                }
+            } else if block_map::lookup(core, &st, b)?.is_null() {
+                // A hole: its content is zeros plus whatever is dirty.
+                let mut z = Vec::with_capacity(old_valid.max(hi));
+                z.resize(old_valid.max(hi), 0);
+                if let Some((dl, dh)) = buf.dirty {
+                    z[dl as usize..dh as usize].copy_from_slice(&buf.bytes[dl as usize..dh as usize]);
+                }
+                buf.bytes = z;
+                buf.loaded = true;
+            } else {
+                match buf.dirty {
+                    // Partial write to a block on disk: keep only the dirty range, read
+                    // nothing (a small random write must not cost a block read).
+                    None => buf.bytes.clear(),
+                    Some((dl, dh)) if (lo as u32) <= dh && (hi as u32) >= dl => {}
+                    Some(_) => load_buffer(core, &st, b, &mut buf)?,
+                }
+            }
+        }
+        if buf.bytes.len() < hi {
+            if buf.bytes.capacity() < hi && hi as u64 <= bb && (lo == 0 || buf.bytes.len() >= lo) && offset / bb != end.saturating_sub(1) / bb {
+                // Streaming into this block: reserve it whole once.
+                let have = buf.bytes.len();
+                buf.bytes.reserve_exact(bb as usize - have);
+            }
+            buf.bytes.resize(hi, 0);
+        }
+        buf.bytes[lo..hi].copy_from_slice(src);
+        buf.add_dirty(lo as u32, hi as u32);
+        if buf.loaded && buf.bytes.len() as u64 == bb {
+            full_blocks.push(b);
+        }
+        core.pool.account(&mut buf, was);
+        b += 1;
+    }
+    st.inode.size = st.inode.size.max(end);
+    st.inode.mtime = t;
+    st.inode.ctime = t;
+    st.dirty = true;
+    drop(st);
+    for b in full_blocks {
+        core.queue_flush(ino, b);
+    }
+    core.stats.bytes_written.fetch_add(len, Ordering::Relaxed);
+    Ok(data.len())
+}
+
+/// Read up to `size` bytes at `offset`. `sequential` says the caller saw a sequential
+/// pattern, so whole blocks are worth caching.
+pub fn read(core: &Core, st: &InodeState, offset: u64, size: usize, sequential: bool) -> FsResult<Vec<u8>> {
+    let fsize = st.inode.size;
+    if offset >= fsize || size == 0 {
+        return Ok(Vec::new());
+    }
+    let end = fsize.min(offset + size as u64);
+    if let InodeContent::InlineData(d) = &st.inode.content {
+        let mut out = vec![0u8; (end - offset) as usize];
+        let have = (d.len() as u64).min(end);
+        if have > offset {
+            out[..(have - offset) as usize].copy_from_slice(&d[offset as usize..have as usize]);
+        }
+        return Ok(out);
+    }
+    let bb = core.block_bytes();
+    let ino = st.inode.ino;
+    let mut out = Vec::with_capacity((end - offset) as usize);
+    let mut b = offset / bb;
+    while b * bb < end {
+        let bs = b * bb;
+        let lo = (offset.max(bs) - bs) as usize;
+        let hi = (end.min(bs + bb) - bs) as usize;
+        let slot = core.pool.get((ino, b));
+        let whole = sequential || hi - lo >= (bb as usize) / 2;
+        match slot {
+            Some(slot) => {
+                let mut buf = slot.buf.lock();
+                let covered = buf.dirty.is_some_and(|(dl, dh)| dl as usize <= lo && dh as usize >= hi);
+                if !buf.loaded && !covered {
+                    let was = buf.is_dirty();
+                    load_buffer(core, st, b, &mut buf)?;
+                    core.pool.account(&mut buf, was);
+                }
+                if buf.prefetched {
+                    buf.prefetched = false;
+                    core.pool.stats.prefetch_used.fetch_add(1, Ordering::Relaxed);
+                }
+                copy_out(&buf.bytes, lo, hi, &mut out);
+            }
+            None if whole => {
+                let slot = core.pool.get_or_create((ino, b));
+                let mut buf = slot.buf.lock();
+                if !buf.loaded {
+                    let was = buf.is_dirty();
+                    load_buffer(core, st, b, &mut buf)?;
+                    core.pool.account(&mut buf, was);
+                }
+                copy_out(&buf.bytes, lo, hi, &mut out);
+            }
+            // Small random read of an uncached block: read just its sectors.
+            None => read_uncached(core, st, b, lo, hi, &mut out)?,
+        }
+        b += 1;
+    }
+    core.stats.bytes_read.fetch_add(out.len() as u64, Ordering::Relaxed);
+    Ok(out)
+}
+
+/// Append bytes `lo..hi` of block `b` to `out`, read from disk without caching.
+fn read_uncached(core: &Core, st: &InodeState, b: u64, lo: usize, hi: usize, out: &mut Vec<u8>) -> FsResult<()> {
+    let da = block_map::lookup(core, st, b)?;
+    let start = out.len();
+    out.resize(start + (hi - lo), 0);
+    if !da.is_null() {
+        let alloc = block_map::allocated_subblocks(core, st, b) as usize * core.geo.subblock_bytes() as usize;
+        let alo = lo / 512 * 512;
+        let ahi = hi.next_multiple_of(512).min(alloc);
+        if ahi > alo && alloc > lo {
+            let mut tmp = vec![0u8; ahi - alo];
+            core.nsd.read(da.offset_by(alo as u64), &mut tmp, tag(st.inode.ino))?;
+            let n = hi.min(ahi) - lo;
+            out[start..start + n].copy_from_slice(&tmp[lo - alo..lo - alo + n]);
+        }
+    }
+    Ok(())
+}
+
+/// O_DIRECT read: straight from disk (the caller flushed dirty buffers in the range).
+pub fn read_direct(core: &Core, st: &InodeState, offset: u64, size: usize) -> FsResult<Vec<u8>> {
+    let fsize = st.inode.size;
+    if offset >= fsize || size == 0 {
+        return Ok(Vec::new());
+    }
+    if matches!(st.inode.content, InodeContent::InlineData(_)) {
+        return read(core, st, offset, size, false);
+    }
+    let end = fsize.min(offset + size as u64);
+    let bb = core.block_bytes();
+    let mut out = Vec::with_capacity((end - offset) as usize);
+    let mut b = offset / bb;
+    while b * bb < end {
+        let bs = b * bb;
+        let lo = (offset.max(bs) - bs) as usize;
+        let hi = (end.min(bs + bb) - bs) as usize;
+        read_uncached(core, st, b, lo, hi, &mut out)?;
+        b += 1;
+    }
+    Ok(out)
+}
+
+/// Can this aligned O_DIRECT write go straight to disk? Only overwrites of allocated
+/// full blocks inside the file with no dirty cached data under them.
+pub fn direct_eligible(core: &Core, st: &InodeState, offset: u64, len: usize) -> FsResult<bool> {
+    if !matches!(st.inode.content, InodeContent::Pointers(_)) || len == 0 || offset + len as u64 > st.inode.size {
+        return Ok(false);
+    }
+    let bb = core.block_bytes();
+    let spb = core.geo.subblocks_per_block;
+    for b in offset / bb..(offset + len as u64).div_ceil(bb) {
+        if block_map::lookup(core, st, b)?.is_null() || block_map::allocated_subblocks(core, st, b) != spb {
+            return Ok(false);
+        }
+        if core.pool.get((st.inode.ino, b)).is_some_and(|s| s.buf.lock().is_dirty()) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+pub fn write_direct(core: &Core, st: &mut InodeState, offset: u64, data: &[u8]) -> FsResult<usize> {
+    let bb = core.block_bytes();
+    let ino = st.inode.ino;
+    let end = offset + data.len() as u64;
+    let mut b = offset / bb;
+    while b * bb < end {
+        let bs = b * bb;
+        let lo = offset.max(bs) - bs;
+        let hi = end.min(bs + bb) - bs;
+        let da = block_map::lookup(core, st, b)?;
+        let src = &data[(bs + lo - offset) as usize..(bs + hi - offset) as usize];
+        core.nsd.write(da.offset_by(lo), src, tag(ino))?;
+        b += 1;
+    }
+    // Clean cached copies of these blocks are now stale.
+    core.pool.remove_from_range(ino, offset / bb, end.div_ceil(bb));
+    let t = now();
+    st.inode.mtime = t;
+    st.inode.ctime = t;
+    st.dirty = true;
+    core.stats.bytes_written.fetch_add(data.len() as u64, Ordering::Relaxed);
+    Ok(data.len())
+}
+
+fn copy_out(bytes: &[u8], lo: usize, hi: usize, out: &mut Vec<u8>) {
+    let have = bytes.len().min(hi);
+    if have > lo {
+        out.extend_from_slice(&bytes[lo..have]);
+    }
+    let pad = hi - lo.max(have);
+    out.resize(out.len() + pad, 0);
+}
+
+/// Bring one block into the pagepool ahead of a sequential reader.
+pub fn prefetch_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
+    let st = h.state.read();
+    if st.deleted || b * core.block_bytes() >= st.inode.size || !matches!(st.inode.content, InodeContent::Pointers(_)) {
+        return Ok(());
+    }
+    if core.pool.get((h.ino, b)).is_some() {
+        return Ok(());
+    }
+    let slot = core.pool.get_or_create((h.ino, b));
+    let mut buf = slot.buf.lock();
+    if buf.loaded {
+        return Ok(());
+    }
+    let was = buf.is_dirty();
+    load_buffer(core, &st, b, &mut buf)?;
+    buf.prefetched = true;
+    core.pool.account(&mut buf, was);
+    core.pool.stats.prefetch_issued.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Write one dirty block back to disk, allocating (or re-sizing: fragment <-> full
+/// block) its space first. Called by write-behind, fsync and sync.
+pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
+    let mut st = h.state.write();
+    if st.deleted {
+        return Ok(());
+    }
+    let Some(slot) = core.pool.get((h.ino, b)) else { return Ok(()) };
+    let mut buf = slot.buf.lock();
+    if !buf.is_dirty() {
+        return Ok(());
+    }
+    let bb = core.block_bytes();
+    let size = st.inode.size;
+    if b * bb >= size || !matches!(st.inode.content, InodeContent::Pointers(_)) {
+        // Beyond the end of file (truncated meanwhile): nothing to write.
+        buf.dirty = None;
+        core.pool.account(&mut buf, true);
+        return Ok(());
+    }
+    let sb = core.geo.subblock_bytes() as usize;
+    let spb = core.geo.subblocks_per_block;
+    let valid = valid_len(core, size, b);
+    let is_last = block_map::last_unit(core, &st.inode) == Some(b);
+    let desired = if is_last && (valid as u64) < bb { valid.div_ceil(sb) as u32 } else { spb };
+    let cur = block_map::lookup(core, &st, b)?;
+    let cur_sb = if cur.is_null() { 0 } else { block_map::allocated_subblocks(core, &st, b) };
+    let target = if cur.is_null() || cur_sb != desired {
+        if !buf.loaded {
+            load_buffer(core, &st, b, &mut buf)?;
+        }
+        let new = core.alloc.allocate(AllocKind::Data, desired, h.ino, b)?;
+        if !cur.is_null() {
+            core.alloc.free(cur, cur_sb)?;
+            st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64);
+        }
+        st.realloc.remove(&b);
+        block_map::set(core, &mut st, b, new)?;
+        st.inode.subblocks += desired as u64;
+        if is_last {
+            st.inode.last_block_subblocks = if desired < spb { desired as u16 } else { 0 };
+        }
+        st.dirty = true;
+        new
+    } else {
+        cur
+    };
+    let ino = h.ino;
+    drop(st);
+    let write_len = desired as usize * sb;
+    if buf.loaded {
+        if buf.bytes.len() >= write_len {
+            core.nsd.write(target, &buf.bytes[..write_len], tag(ino))?;
+        } else {
+            let mut padded = Vec::with_capacity(write_len);
+            padded.extend_from_slice(&buf.bytes);
+            padded.resize(write_len, 0);
+            core.nsd.write(target, &padded, tag(ino))?;
+        }
+    } else {
+        // Only a dirty range is valid: write its sectors, reading the edge sectors.
+        let (lo, hi) = buf.dirty.map(|(a, b)| (a as usize, b as usize)).expect("dirty");
+        let alo = lo / 512 * 512;
+        let ahi = hi.next_multiple_of(512).min(write_len);
+        let mut tmp = vec![0u8; ahi - alo];
+        if alo < lo || hi < ahi {
+            core.nsd.read(target.offset_by(alo as u64), &mut tmp, tag(ino))?;
+        }
+        tmp[lo - alo..hi - alo].copy_from_slice(&buf.bytes[lo..hi]);
+        core.nsd.write(target.offset_by(alo as u64), &tmp, tag(ino))?;
+    }
+    buf.dirty = None;
+    core.pool.account(&mut buf, true);
+    core.stats.blocks_flushed.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Write back every dirty data block of the inode.
+pub fn flush_data(core: &Core, h: &InodeHandle) -> FsResult<()> {
+    for (_, b) in core.pool.keys_of(h.ino, true) {
+        flush_block(core, h, b)?;
+    }
+    Ok(())
+}
+
+/// Change the file size (truncate up or down).
+pub fn set_size(core: &Core, st: &mut InodeState, new: u64) -> FsResult<()> {
+    if new > FILE_BYTES_MAX {
+        return Err(FsError::TooBig(format!("size {new}")));
+    }
+    let old = st.inode.size;
+    if new == old {
+        return Ok(());
+    }
+    if let InodeContent::InlineData(_) = &st.inode.content {
+        if new as usize <= inline_capacity(core, st) {
+            if let InodeContent::InlineData(d) = &mut st.inode.content {
+                d.resize(new as usize, 0);
+            }
+            st.inode.size = new;
+            st.dirty = true;
+            return Ok(());
+        }
+        convert_inline(core, st)?;
+    }
+    if new > old {
+        grow_prepare(core, st, new)?;
+        st.inode.size = new;
+        st.dirty = true;
+        return Ok(());
+    }
+    let bb = core.block_bytes();
+    let ino = st.inode.ino;
+    let first_gone = new.div_ceil(bb);
+    let old_last = block_map::last_unit(core, &st.inode);
+    // Drop cached buffers first: a write-behind in flight holds its buffer's lock, so
+    // this waits for it before the blocks below are freed.
+    core.pool.remove_from(ino, first_gone);
+    let units = block_map::cut_from(core, st, first_gone)?;
+    for (_, da, n) in units {
+        core.alloc.free(da, n)?;
+        st.inode.subblocks = st.inode.subblocks.saturating_sub(n as u64);
+    }
+    if new % bb != 0 {
+        let b = new / bb;
+        let cached = core.pool.get((ino, b)).is_some();
+        if cached || !block_map::lookup(core, st, b)?.is_null() {
+            let slot = core.pool.get_or_create((ino, b));
+            let mut buf = slot.buf.lock();
+            let was = buf.is_dirty();
+            load_buffer(core, st, b, &mut buf)?;
+            let keep = (new % bb) as usize;
+            buf.bytes.truncate(keep);
+            buf.dirty = Some((0, keep as u32));
+            core.pool.account(&mut buf, was);
+        }
+    }
+    let new_last = if new == 0 { None } else { Some((new - 1) / bb) };
+    if new_last != old_last {
+        st.inode.last_block_subblocks = 0;
+    }
+    st.inode.size = new;
+    if new == 0 && st.inode.depth == 0 && block_map::allocated_from(core, st, 0, 1)?.is_empty() {
+        st.inode.content = InodeContent::InlineData(Vec::new());
+        st.realloc.clear();
+    }
+    st.dirty = true;
+    Ok(())
+}
+
+/// Deallocate whole blocks in [offset, offset+len) and zero the partial edges.
+pub fn punch_hole(core: &Core, st: &mut InodeState, offset: u64, len: u64) -> FsResult<()> {
+    let size = st.inode.size;
+    let end = offset.saturating_add(len).min(size);
+    if offset >= end {
+        return Ok(());
+    }
+    if let InodeContent::InlineData(d) = &mut st.inode.content {
+        let e = (end as usize).min(d.len());
+        if (offset as usize) < e {
+            d[offset as usize..e].fill(0);
+        }
+        st.dirty = true;
+        return Ok(());
+    }
+    let bb = core.block_bytes();
+    let ino = st.inode.ino;
+    let mut b = offset / bb;
+    while b * bb < end {
+        let bs = b * bb;
+        let lo = (offset.max(bs) - bs) as usize;
+        let hi = (end.min(bs + bb) - bs) as usize;
+        let valid = valid_len(core, size, b);
+        if lo == 0 && hi >= valid {
+            // The whole (valid part of the) block goes.
+            let n = block_map::allocated_subblocks(core, st, b);
+            core.pool.remove_from_range(ino, b, b + 1);
+            let da = block_map::lookup(core, st, b)?;
+            if !da.is_null() {
+                block_map::set(core, st, b, DiskAddress::NULL)?;
+                core.alloc.free(da, n)?;
+                st.inode.subblocks = st.inode.subblocks.saturating_sub(n as u64);
+                st.realloc.remove(&b);
+                if block_map::last_unit(core, &st.inode) == Some(b) {
+                    st.inode.last_block_subblocks = 0;
+                }
+            }
+        } else {
+            let cached = core.pool.get((ino, b)).is_some();
+            if cached || !block_map::lookup(core, st, b)?.is_null() {
+                let slot = core.pool.get_or_create((ino, b));
+                let mut buf = slot.buf.lock();
+                let was = buf.is_dirty();
+                load_buffer(core, st, b, &mut buf)?;
+                if buf.bytes.len() < hi {
+                    buf.bytes.resize(hi, 0);
+                }
+                buf.bytes[lo..hi].fill(0);
+                buf.add_dirty(lo as u32, hi as u32);
+                core.pool.account(&mut buf, was);
+            }
+        }
+        b += 1;
+    }
+    block_map::prune_indirect(core, st)?;
+    st.dirty = true;
+    Ok(())
+}
+
+/// Allocate (zeroed) blocks under [offset, offset+len); grows the size unless `keep_size`.
+pub fn allocate_range(core: &Core, st: &mut InodeState, offset: u64, len: u64, keep_size: bool) -> FsResult<()> {
+    let end = offset.checked_add(len).filter(|e| *e <= FILE_BYTES_MAX).ok_or_else(|| FsError::TooBig("fallocate range".into()))?;
+    if !keep_size && end > st.inode.size {
+        set_size(core, st, end)?;
+    }
+    if matches!(st.inode.content, InodeContent::InlineData(_)) {
+        if end as usize <= inline_capacity(core, st) {
+            return Ok(());
+        }
+        convert_inline(core, st)?;
+    }
+    let bb = core.block_bytes();
+    let spb = core.geo.subblocks_per_block;
+    let zeros = vec![0u8; bb as usize];
+    let ino = st.inode.ino;
+    let mut b = offset / bb;
+    while b * bb < end {
+        let dirty_cached = core.pool.get((ino, b)).is_some_and(|s| s.buf.lock().is_dirty());
+        if !dirty_cached && block_map::lookup(core, st, b)?.is_null() {
+            let da = core.alloc.allocate(AllocKind::Data, spb, ino, b)?;
+            core.nsd.write(da, &zeros, tag(ino))?;
+            block_map::set(core, st, b, da)?;
+            st.inode.subblocks += spb as u64;
+            if block_map::last_unit(core, &st.inode) == Some(b) {
+                st.inode.last_block_subblocks = 0;
+            }
+        }
+        b += 1;
+    }
+    st.dirty = true;
+    Ok(())
+}
+
+fn block_has_data(core: &Core, st: &InodeState, b: u64) -> FsResult<bool> {
+    Ok(core.pool.get((st.inode.ino, b)).is_some() || !block_map::lookup(core, st, b)?.is_null())
+}
+
+/// lseek SEEK_DATA.
+pub fn seek_data(core: &Core, st: &InodeState, offset: u64) -> FsResult<u64> {
+    let size = st.inode.size;
+    if offset >= size {
+        return Err(FsError::NoSuchOffset);
+    }
+    if matches!(st.inode.content, InodeContent::InlineData(_)) {
+        return Ok(offset);
+    }
+    let bb = core.block_bytes();
+    let b = offset / bb;
+    let mapped = block_map::allocated_from(core, st, b, 1)?.first().map(|(u, _)| *u);
+    let cached = core.pool.first_cached_from(st.inode.ino, b);
+    let next = match (mapped, cached) {
+        (Some(a), Some(c)) => a.min(c),
+        (Some(a), None) => a,
+        (None, Some(c)) => c,
+        (None, None) => return Err(FsError::NoSuchOffset),
+    };
+    let pos = offset.max(next * bb);
+    if pos >= size {
+        return Err(FsError::NoSuchOffset);
+    }
+    Ok(pos)
+}
+
+/// lseek SEEK_HOLE (the end of file counts as a hole).
+pub fn seek_hole(core: &Core, st: &InodeState, offset: u64) -> FsResult<u64> {
+    let size = st.inode.size;
+    if offset >= size {
+        return Err(FsError::NoSuchOffset);
+    }
+    if matches!(st.inode.content, InodeContent::InlineData(_)) {
+        return Ok(size);
+    }
+    let bb = core.block_bytes();
+    let mut b = offset / bb;
+    while b * bb < size {
+        if !block_has_data(core, st, b)? {
+            return Ok(offset.max(b * bb));
+        }
+        b += 1;
+    }
+    Ok(size)
+}

@@ -1,0 +1,134 @@
+//! The inode allocation map: which inode numbers are in use, in segments.
+
+use crate::error::{FsError, FsResult};
+use mako_format::inode_map_segment::InodeMapSegment;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+pub struct InodeMap {
+    segments: Vec<Mutex<(InodeMapSegment, bool)>>,
+    inodes_per_segment: u32,
+    inodes_max: u64,
+    used: AtomicU64,
+    cursor: AtomicUsize,
+}
+
+impl InodeMap {
+    pub fn segment_count(inodes_max: u64, per_segment: u32) -> u32 {
+        inodes_max.div_ceil(per_segment as u64) as u32
+    }
+
+    pub fn fresh(inodes_max: u64, per_segment: u32) -> Vec<InodeMapSegment> {
+        (0..Self::segment_count(inodes_max, per_segment))
+            .map(|s| InodeMapSegment::new(s, s as u64 * per_segment as u64, per_segment))
+            .collect()
+    }
+
+    pub fn new(segments: Vec<InodeMapSegment>, inodes_max: u64, per_segment: u32) -> InodeMap {
+        let used = segments.iter().map(|s| s.bitmap.iter().map(|w| w.count_ones() as u64).sum::<u64>()).sum();
+        InodeMap {
+            segments: segments.into_iter().map(|s| Mutex::new((s, false))).collect(),
+            inodes_per_segment: per_segment,
+            inodes_max,
+            used: AtomicU64::new(used),
+            cursor: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+    pub fn inodes_max(&self) -> u64 {
+        self.inodes_max
+    }
+
+    pub fn allocate(&self) -> FsResult<u64> {
+        let n = self.segments.len();
+        let start = self.cursor.load(Ordering::Relaxed);
+        for k in 0..n {
+            let s = (start + k) % n;
+            let mut g = self.segments[s].lock();
+            let (seg, dirty) = &mut *g;
+            for (wi, w) in seg.bitmap.iter_mut().enumerate() {
+                if *w != u64::MAX {
+                    let bit = (!*w).trailing_zeros() as u64;
+                    let ino = seg.first_ino + wi as u64 * 64 + bit;
+                    if ino >= self.inodes_max {
+                        break;
+                    }
+                    *w |= 1 << bit;
+                    *dirty = true;
+                    self.used.fetch_add(1, Ordering::Relaxed);
+                    self.cursor.store(s, Ordering::Relaxed);
+                    return Ok(ino);
+                }
+            }
+        }
+        Err(FsError::NoSpace(format!(
+            "all {} inodes are in use; raise the inode limit (`mako fs create --inodes`)",
+            self.inodes_max
+        )))
+    }
+
+    fn slot(&self, ino: u64) -> FsResult<(usize, usize, u64)> {
+        if ino >= self.inodes_max {
+            return Err(FsError::Invalid(format!("inode {ino} beyond the inode limit {}", self.inodes_max)));
+        }
+        let s = (ino / self.inodes_per_segment as u64) as usize;
+        let i = ino % self.inodes_per_segment as u64;
+        Ok((s, (i / 64) as usize, i % 64))
+    }
+
+    pub fn mark_used(&self, ino: u64) -> FsResult<()> {
+        let (s, w, b) = self.slot(ino)?;
+        let mut g = self.segments[s].lock();
+        if g.0.bitmap[w] >> b & 1 == 0 {
+            g.0.bitmap[w] |= 1 << b;
+            g.1 = true;
+            self.used.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    pub fn is_used(&self, ino: u64) -> bool {
+        match self.slot(ino) {
+            Ok((s, w, b)) => self.segments[s].lock().0.bitmap[w] >> b & 1 == 1,
+            Err(_) => false,
+        }
+    }
+
+    pub fn free(&self, ino: u64) -> FsResult<()> {
+        let (s, w, b) = self.slot(ino)?;
+        let mut g = self.segments[s].lock();
+        if g.0.bitmap[w] >> b & 1 == 0 {
+            return Err(FsError::Invalid(format!("inode {ino} freed twice; run `mako fsck`")));
+        }
+        g.0.bitmap[w] &= !(1 << b);
+        g.1 = true;
+        self.used.fetch_sub(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub fn mark_all_dirty(&self) {
+        for s in &self.segments {
+            s.lock().1 = true;
+        }
+    }
+
+    /// Dirty segments: (segment index, encoded bytes); clears dirty flags.
+    pub fn take_dirty(&self) -> Vec<(u32, Vec<u8>)> {
+        let mut out = Vec::new();
+        for (i, s) in self.segments.iter().enumerate() {
+            let mut g = s.lock();
+            if g.1 {
+                g.1 = false;
+                out.push((i as u32, g.0.encode()));
+            }
+        }
+        out
+    }
+
+    pub fn slot_bytes(&self) -> usize {
+        InodeMapSegment::slot_bytes(self.inodes_per_segment)
+    }
+}

@@ -1,0 +1,308 @@
+//! File system creation (`mako fs create`, like mmcrfs): disk headers, the descriptor
+//! on up to three (five) disks, the metadata files (inode file, block allocation map,
+//! inode allocation map, recovery log) and the root directory.
+
+use crate::alloc_map::{AllocKind, AllocMap};
+use crate::block_map;
+use crate::coherence::TokenCoherence;
+use crate::core::{now, Core, FsConfig};
+use crate::error::{FsError, FsResult};
+use crate::inode_map::InodeMap;
+use crate::mount::{open_disk_files, write_descriptor};
+use crate::workers;
+use mako_disk::nsd::IoTag;
+use mako_disk::{BufferType, Disk, LocalNsd, Nsd};
+use mako_format::descriptor::*;
+use mako_format::disk_header::{DiskHeader, DiskUsage};
+use mako_format::geometry::{default_subblocks, Geometry};
+use mako_format::inode::{pointers_in_inode, Inode, InodeContent, FLAG_SYSTEM};
+use mako_format::log_header::LogHeader;
+use mako_format::DiskAddress;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Debug, Clone)]
+pub struct MkfsParams {
+    pub name: String,
+    pub block_bytes: u32,
+    pub subblocks_per_block: Option<u32>,
+    pub inode_bytes: u32,
+    pub indirect_bytes: u32,
+    pub default_metadata_replicas: u8,
+    pub max_metadata_replicas: u8,
+    pub default_data_replicas: u8,
+    pub max_data_replicas: u8,
+    pub layout: LayoutMap,
+    pub inodes_max: Option<u64>,
+    pub log_bytes: u64,
+    pub avoid_dir_fragments: bool,
+    pub dir_pre_split_levels: u8,
+    pub regions: Option<u32>,
+}
+
+impl Default for MkfsParams {
+    fn default() -> Self {
+        MkfsParams {
+            name: "fs1".into(),
+            block_bytes: 4 << 20,
+            subblocks_per_block: None,
+            inode_bytes: 4096,
+            indirect_bytes: 32 << 10,
+            default_metadata_replicas: 1,
+            max_metadata_replicas: 2,
+            default_data_replicas: 1,
+            max_data_replicas: 2,
+            layout: LayoutMap::Scatter,
+            inodes_max: None,
+            log_bytes: 32 << 20,
+            avoid_dir_fragments: false,
+            dir_pre_split_levels: 0,
+            regions: None,
+        }
+    }
+}
+
+/// A disk as the administrator names it.
+#[derive(Debug, Clone)]
+pub struct DiskSpec {
+    pub name: String,
+    pub path: PathBuf,
+    pub pool: String,
+    pub failure_group: i32,
+    pub usage: DiskUsage,
+}
+
+/// Per-disk attributes for `format_disks` (no path: the disk is already open).
+#[derive(Debug, Clone)]
+pub struct DiskMeta {
+    pub name: String,
+    pub pool: String,
+    pub failure_group: i32,
+    pub usage: DiskUsage,
+}
+
+/// Well-known inode numbers.
+pub const INODE_FILE_INO: u64 = 0;
+pub const ROOT_INO: u64 = 1;
+pub const BLOCK_ALLOC_MAP_INO: u64 = 2;
+pub const INODE_ALLOC_MAP_INO: u64 = 3;
+pub const LOG_FIRST_INO: u64 = 4;
+pub const FIRST_USER_INO: u64 = 16;
+/// Inodes per inode-map segment.
+pub const INODES_PER_SEGMENT: u32 = 32768;
+/// Default number of allocation regions.
+pub const REGIONS_DEFAULT: u32 = 32;
+
+fn range_err(what: &str, v: impl std::fmt::Display, range: &str) -> FsError {
+    FsError::Invalid(format!("{what} {v} is out of range ({range})"))
+}
+
+pub fn validate(params: &MkfsParams) -> FsResult<Geometry> {
+    let spb = match params.subblocks_per_block {
+        Some(s) => s,
+        None => default_subblocks(params.block_bytes)
+            .ok_or_else(|| range_err("block size (-B)", params.block_bytes, "a power of two from 64K to 16M"))?,
+    };
+    let geo = Geometry { block_bytes: params.block_bytes, subblocks_per_block: spb, inode_bytes: params.inode_bytes, indirect_bytes: params.indirect_bytes };
+    geo.validate().map_err(FsError::Invalid)?;
+    for (flag, v) in [("-m", params.default_metadata_replicas), ("-M", params.max_metadata_replicas), ("-r", params.default_data_replicas), ("-R", params.max_data_replicas)] {
+        if !(1..=3).contains(&v) {
+            return Err(range_err(&format!("replicas ({flag})"), v, "1..3"));
+        }
+    }
+    if params.default_metadata_replicas > params.max_metadata_replicas {
+        return Err(FsError::Invalid("-m must not exceed -M".into()));
+    }
+    if params.default_data_replicas > params.max_data_replicas {
+        return Err(FsError::Invalid("-r must not exceed -R".into()));
+    }
+    if params.name.is_empty() || params.name.len() > 63 || !params.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        return Err(FsError::Invalid(format!("file system name {:?}: 1..63 letters, digits, '-' or '_'", params.name)));
+    }
+    if params.log_bytes < (1 << 20) || params.log_bytes > (1 << 30) {
+        return Err(range_err("log size (-L)", params.log_bytes, "1M..1G"));
+    }
+    if params.dir_pre_split_levels > 10 {
+        return Err(range_err("DirPreSplitLevels", params.dir_pre_split_levels, "0..10"));
+    }
+    Ok(geo)
+}
+
+/// Format disk files that already exist at their full size.
+pub fn format(disks: &[DiskSpec], params: &MkfsParams) -> FsResult<Descriptor> {
+    let opened = open_disk_files(disks)?;
+    let meta = disks
+        .iter()
+        .map(|d| DiskMeta { name: d.name.clone(), pool: d.pool.clone(), failure_group: d.failure_group, usage: d.usage })
+        .collect::<Vec<_>>();
+    format_disks(opened, &meta, params)
+}
+
+/// Format already-open disks (file-backed or in memory).
+pub fn format_disks(disks: Vec<Arc<dyn Disk>>, meta: &[DiskMeta], params: &MkfsParams) -> FsResult<Descriptor> {
+    let geo = validate(params)?;
+    if disks.is_empty() {
+        return Err(FsError::Invalid("no disks given".into()));
+    }
+    let bb = geo.block_bytes as u64;
+    let first = crate::alloc_map::first_block(&geo);
+    let mut entries = Vec::new();
+    for (i, (d, m)) in disks.iter().zip(meta).enumerate() {
+        let blocks = d.size_bytes() / bb;
+        if blocks < first + 4 {
+            return Err(FsError::Invalid(format!(
+                "disk {} is too small: {} bytes hold {blocks} blocks of {bb} bytes; it needs at least {} bytes",
+                m.name,
+                d.size_bytes(),
+                (first + 4) * bb
+            )));
+        }
+        entries.push(DiskEntry {
+            index: i as u32,
+            uuid: *uuid::Uuid::new_v4().as_bytes(),
+            name: m.name.clone(),
+            size_bytes: blocks * bb,
+            pool: m.pool.clone(),
+            failure_group: m.failure_group,
+            usage: m.usage,
+            status: DiskStatus::Ready,
+        });
+    }
+    if !entries.iter().any(|e| e.usage.holds_metadata()) {
+        return Err(FsError::Invalid("no disk may hold metadata (use dataAndMetadata or metadataOnly)".into()));
+    }
+    if !entries.iter().any(|e| e.usage.holds_data()) {
+        return Err(FsError::Invalid("no disk may hold data (use dataAndMetadata or dataOnly)".into()));
+    }
+    let min_blocks = entries.iter().map(|e| e.size_bytes / bb - first).min().unwrap_or(1);
+    let regions = params.regions.unwrap_or(REGIONS_DEFAULT).clamp(1, min_blocks.min(u32::MAX as u64) as u32);
+    let total: u64 = entries.iter().map(|e| e.size_bytes).sum();
+    let inodes_max = params.inodes_max.unwrap_or((total / (16 << 10)).clamp(65536, 1 << 32)).max(FIRST_USER_INO + 64);
+    let desc = Descriptor {
+        version: mako_format::FORMAT_VERSION,
+        generation: 1,
+        fs_name: params.name.clone(),
+        fs_uuid: *uuid::Uuid::new_v4().as_bytes(),
+        geometry: geo,
+        default_metadata_replicas: params.default_metadata_replicas,
+        max_metadata_replicas: params.max_metadata_replicas,
+        default_data_replicas: params.default_data_replicas,
+        max_data_replicas: params.max_data_replicas,
+        layout: params.layout,
+        avoid_dir_fragments: params.avoid_dir_fragments,
+        dir_pre_split_levels: params.dir_pre_split_levels,
+        log_bytes: params.log_bytes,
+        inodes_max,
+        regions,
+        inodes_per_segment: INODES_PER_SEGMENT,
+        created_unix: now().sec,
+        mounted: false,
+        metadata_inodes: MetadataInodes {
+            inode_file: INODE_FILE_INO,
+            root_dir: ROOT_INO,
+            block_alloc_map: BLOCK_ALLOC_MAP_INO,
+            inode_alloc_map: INODE_ALLOC_MAP_INO,
+            log_first: LOG_FIRST_INO,
+            log_count: 1,
+            first_user_inode: FIRST_USER_INO,
+        },
+        inode_file_start: DiskAddress::new(0, 1),
+        descriptor_disks: Descriptor::choose_descriptor_disks(&entries),
+        disks: entries,
+    };
+    let nsd: Arc<dyn Nsd> = Arc::new(LocalNsd::new(disks, 0));
+    let alloc = AllocMap::new(&desc, AllocMap::fresh_segments(&desc))?;
+    let imap = InodeMap::new(InodeMap::fresh(inodes_max, INODES_PER_SEGMENT), inodes_max, INODES_PER_SEGMENT);
+    let cfg = FsConfig { pagepool_bytes: 64 << 20, ..FsConfig::default() };
+    let coherence = Arc::new(TokenCoherence::single_node(0, 0, Arc::new(mako_token::NoCache)));
+    let core = Core::new(nsd.clone(), desc, alloc, imap, cfg, coherence, 0);
+    for ino in 0..FIRST_USER_INO {
+        core.imap.mark_used(ino)?;
+    }
+    let t = now();
+    let slot_alloc = core.alloc_slot_bytes as u64;
+    let slot_imap = core.imap.slot_bytes() as u64;
+    let nseg = InodeMap::segment_count(inodes_max, INODES_PER_SEGMENT) as u64;
+    let metafiles = [
+        (INODE_FILE_INO, bb),
+        (BLOCK_ALLOC_MAP_INO, regions as u64 * slot_alloc),
+        (INODE_ALLOC_MAP_INO, nseg * slot_imap),
+        (LOG_FIRST_INO, params.log_bytes),
+    ];
+    let mut handles = Vec::new();
+    for (ino, bytes) in metafiles {
+        let mut inode = Inode::new(ino, 0o100000);
+        inode.flags = FLAG_SYSTEM;
+        inode.nlink = 1;
+        inode.atime = t;
+        inode.mtime = t;
+        inode.ctime = t;
+        inode.crtime = t;
+        inode.content = InodeContent::Pointers(vec![DiskAddress::NULL; pointers_in_inode(geo.inode_bytes)]);
+        let h = core.insert_new(inode);
+        let nblocks = bytes.div_ceil(bb);
+        let mut das = Vec::new();
+        {
+            let mut st = h.state.write();
+            for b in 0..nblocks {
+                let da = core.alloc.allocate(AllocKind::Metadata, geo.subblocks_per_block, ino, b)?;
+                block_map::set(&core, &mut st, b, da)?;
+                das.push(da);
+            }
+            st.inode.size = nblocks * bb;
+            st.inode.subblocks += nblocks * geo.subblocks_per_block as u64;
+        }
+        core.metafile_blocks.write().insert(ino, das);
+        handles.push(h);
+    }
+    let inode_file_start = core.metafile_blocks.read()[&INODE_FILE_INO][0];
+    core.desc.lock().inode_file_start = inode_file_start;
+    // The inode file's first block starts blank; the log starts empty and clean.
+    core.nsd.write(inode_file_start, &vec![0u8; bb as usize], IoTag { buffer_type: BufferType::Inode, ino: 0 })?;
+    let log = LogHeader { node: 0, log_bytes: params.log_bytes, tail_lsn: 0, head_lsn: 0, clean: true };
+    core.metafile_write(LOG_FIRST_INO, 0, &log.encode(), BufferType::Log)?;
+    // The root directory.
+    let mut root = Inode::new(ROOT_INO, 0o040755);
+    root.nlink = 2;
+    root.parent = ROOT_INO;
+    root.atime = t;
+    root.mtime = t;
+    root.ctime = t;
+    root.crtime = t;
+    root.content = InodeContent::InlineDir(Vec::new());
+    handles.push(core.insert_new(root));
+    for h in &handles {
+        workers::flush_inode(&core, h)?;
+    }
+    // Every map segment is written (not only dirty ones): a mount reads them all.
+    write_all_segments(&core)?;
+    let desc = core.desc.lock().clone();
+    for d in &desc.disks {
+        let header = DiskHeader {
+            version: mako_format::FORMAT_VERSION,
+            disk_uuid: d.uuid,
+            fs_uuid: desc.fs_uuid,
+            name: d.name.clone(),
+            size_bytes: d.size_bytes,
+            sector_bytes: 512,
+            pool: d.pool.clone(),
+            failure_group: d.failure_group,
+            usage: d.usage,
+            disk_index: d.index,
+        };
+        core.nsd.write(DiskAddress::new(d.index, 0), &header.encode(), IoTag { buffer_type: BufferType::DiskHeader, ino: 0 })?;
+    }
+    write_descriptor(core.nsd.as_ref(), &desc)?;
+    core.nsd.sync_all()?;
+    Ok(desc)
+}
+
+/// Write every allocation and inode map segment (creation writes them all).
+fn write_all_segments(core: &Core) -> FsResult<()> {
+    let desc = core.desc.lock().clone();
+    for r in 0..desc.regions {
+        core.alloc.mark_region_dirty(r);
+    }
+    core.imap.mark_all_dirty();
+    workers::flush_maps(core)
+}

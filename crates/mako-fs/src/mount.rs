@@ -1,0 +1,303 @@
+//! Mounting: open the disks, check their headers, find the descriptor (majority of
+//! copies, highest generation), load the metadata files and the allocation maps,
+//! start the workers. Unmounting writes everything back and marks the descriptor clean.
+
+use crate::alloc_map::AllocMap;
+use crate::coherence::TokenCoherence;
+use crate::core::{Core, FsConfig, InodeHandle};
+use crate::error::{FsError, FsResult};
+use crate::fs::FileSystem;
+use crate::inode_map::InodeMap;
+use crate::mkfs::DiskSpec;
+use crate::workers::{self, Workers};
+use mako_disk::nsd::IoTag;
+use mako_disk::{BufferType, Disk, FileDisk, LocalNsd, Nsd};
+use mako_format::alloc_segment::AllocSegment;
+use mako_format::descriptor::{Descriptor, DESCRIPTOR_BYTES_MAX, DESCRIPTOR_OFFSET, RESERVED_BYTES};
+use mako_format::disk_header::{DiskHeader, DISK_HEADER_BYTES};
+use mako_format::error::Location;
+use mako_format::geometry::Geometry;
+use mako_format::indirect::{IndirectBlock, IndirectId};
+use mako_format::inode::{pointers_in_inode, Inode, InodeContent, FLAG_SYSTEM};
+use mako_format::inode_map_segment::InodeMapSegment;
+use mako_format::log_header::LogHeader;
+use mako_format::DiskAddress;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Open disk files; a missing, unreadable, read-only or truncated file is refused
+/// with a message naming the disk.
+pub fn open_disk_files(specs: &[DiskSpec]) -> FsResult<Vec<Arc<dyn Disk>>> {
+    let mut out: Vec<Arc<dyn Disk>> = Vec::new();
+    for s in specs {
+        let d = FileDisk::open(&s.name, &s.path)?;
+        if d.size_bytes() < RESERVED_BYTES {
+            return Err(FsError::Invalid(format!(
+                "disk {} ({}) is truncated: {} bytes, smaller than a disk header",
+                s.name,
+                s.path.display(),
+                d.size_bytes()
+            )));
+        }
+        out.push(Arc::new(d));
+    }
+    Ok(out)
+}
+
+pub fn write_descriptor(nsd: &dyn Nsd, desc: &Descriptor) -> FsResult<()> {
+    let bytes = desc.encode()?;
+    for &d in &desc.descriptor_disks {
+        nsd.write(DiskAddress::new(d, DESCRIPTOR_OFFSET / 512), &bytes, IoTag { buffer_type: BufferType::Descriptor, ino: 0 })?;
+    }
+    Ok(())
+}
+
+/// Read headers and descriptor copies from open disks (given in any order).
+/// Returns the descriptor and the disks ordered by their index in the file system.
+pub fn find_descriptor(disks: Vec<Arc<dyn Disk>>) -> FsResult<(Descriptor, Vec<Arc<dyn Disk>>)> {
+    let mut headers = Vec::new();
+    let mut copies = Vec::new();
+    for d in &disks {
+        let mut buf = vec![0u8; DISK_HEADER_BYTES];
+        d.read_at(&mut buf, 0)?;
+        let h = DiskHeader::decode(&buf, Location::Memory)
+            .map_err(|e| FsError::Invalid(format!("disk {}: {e}; is it a Mako disk of this file system?", d.name())))?;
+        let mut dbuf = vec![0u8; DESCRIPTOR_BYTES_MAX];
+        d.read_at(&mut dbuf, DESCRIPTOR_OFFSET)?;
+        match Descriptor::decode(&dbuf, Location::Disk(DiskAddress::new(h.disk_index, DESCRIPTOR_OFFSET / 512))) {
+            Ok(desc) => copies.push((h.disk_index, desc)),
+            Err(e) if e.kind == mako_format::FormatErrorKind::BadMagic { found: 0 } => {}
+            Err(e) => tracing::warn!("disk {}: descriptor copy unusable: {e}", d.name()),
+        }
+        headers.push(h);
+    }
+    let best = copies
+        .iter()
+        .filter(|(_, c)| headers.iter().any(|h| h.fs_uuid == c.fs_uuid))
+        .max_by_key(|(_, c)| c.generation)
+        .map(|(_, c)| c.clone())
+        .ok_or_else(|| FsError::Invalid("no valid file system descriptor on any disk".into()))?;
+    let expected = best.descriptor_disks.len();
+    let readable = copies.iter().filter(|(i, c)| best.descriptor_disks.contains(i) && c.fs_uuid == best.fs_uuid).count();
+    if readable * 2 <= expected {
+        return Err(FsError::Invalid(format!(
+            "only {readable} of {expected} descriptor copies are readable; a majority is needed (disks {:?})",
+            best.descriptor_disks
+        )));
+    }
+    let mut ordered: Vec<Option<Arc<dyn Disk>>> = vec![None; best.disks.len()];
+    for (h, d) in headers.iter().zip(disks) {
+        if h.fs_uuid != best.fs_uuid {
+            return Err(FsError::Invalid(format!("disk {} belongs to another file system", h.name)));
+        }
+        let idx = h.disk_index as usize;
+        if idx >= ordered.len() || ordered[idx].is_some() {
+            return Err(FsError::Invalid(format!("disk {} claims index {idx}, which is taken or unknown", h.name)));
+        }
+        let entry = &best.disks[idx];
+        if d.size_bytes() < entry.size_bytes {
+            return Err(FsError::Invalid(format!(
+                "disk {} is truncated: {} bytes, the file system uses {}",
+                entry.name,
+                d.size_bytes(),
+                entry.size_bytes
+            )));
+        }
+        ordered[idx] = Some(d);
+    }
+    let mut out = Vec::new();
+    for (i, d) in ordered.into_iter().enumerate() {
+        out.push(d.ok_or_else(|| FsError::Invalid(format!("disk {} (index {i}) of file system {} is missing", best.disks[i].name, best.fs_name)))?);
+    }
+    Ok((best, out))
+}
+
+pub fn read_descriptor(specs: &[DiskSpec]) -> FsResult<Descriptor> {
+    Ok(find_descriptor(open_disk_files(specs)?)?.0)
+}
+
+/// Every block address of a metadata file, by walking its inode's block map directly.
+fn collect_blocks(nsd: &dyn Nsd, geo: &Geometry, inode: &Inode) -> FsResult<Vec<DiskAddress>> {
+    let nblocks = inode.size.div_ceil(geo.block_bytes as u64) as usize;
+    let ptrs = match &inode.content {
+        InodeContent::Pointers(p) => p.clone(),
+        _ => return Err(FsError::Invalid(format!("metadata file {} has no block pointers", inode.ino))),
+    };
+    let ppi = geo.pointers_per_indirect();
+    let mut out = Vec::new();
+    fn walk(nsd: &dyn Nsd, geo: &Geometry, ino: u64, level: u8, index: u64, ptr: DiskAddress, ppi: u64, out: &mut Vec<DiskAddress>, want: usize) -> FsResult<()> {
+        if out.len() >= want {
+            return Ok(());
+        }
+        if level == 0 {
+            out.push(ptr);
+            return Ok(());
+        }
+        let mut buf = vec![0u8; geo.indirect_bytes as usize];
+        nsd.read(ptr, &mut buf, IoTag { buffer_type: BufferType::Indirect, ino })?;
+        let id = IndirectId { ino, level, index };
+        let blk = IndirectBlock::decode(&buf, geo.indirect_bytes, id, Location::Disk(ptr))?;
+        for (j, p) in blk.pointers.iter().enumerate() {
+            walk(nsd, geo, ino, level - 1, index * ppi + j as u64, *p, ppi, out, want)?;
+        }
+        Ok(())
+    }
+    for (i, p) in ptrs.iter().enumerate().take(pointers_in_inode(geo.inode_bytes)) {
+        if out.len() >= nblocks {
+            break;
+        }
+        walk(nsd, geo, inode.ino, inode.depth, i as u64, *p, ppi, &mut out, nblocks)?;
+    }
+    out.truncate(nblocks);
+    if out.len() < nblocks || out.iter().any(|d| d.is_null()) {
+        return Err(FsError::Invalid(format!("metadata file {} has holes in its block map; run `mako fsck`", inode.ino)));
+    }
+    Ok(out)
+}
+
+/// A mounted file system and its workers.
+pub struct Mounted {
+    pub fs: FileSystem,
+    workers: Option<Workers>,
+    unmounted: bool,
+}
+
+impl Mounted {
+    pub fn core(&self) -> &Arc<Core> {
+        &self.fs.core
+    }
+
+    /// Write everything back, mark the descriptor clean and stop the workers.
+    pub fn unmount(mut self) -> FsResult<()> {
+        self.unmount_inner()
+    }
+
+    fn unmount_inner(&mut self) -> FsResult<()> {
+        if self.unmounted {
+            return Ok(());
+        }
+        self.unmounted = true;
+        let core = self.fs.core.clone();
+        workers::sync_all(&core)?;
+        if let Some(mut w) = self.workers.take() {
+            w.stop();
+        }
+        workers::sync_all(&core)?;
+        if !core.read_only.load(Ordering::Relaxed) {
+            let log = LogHeader { node: core.node, log_bytes: core.desc.lock().log_bytes, tail_lsn: 0, head_lsn: 0, clean: true };
+            let log_ino = core.metadata_inodes().log_first + core.node as u64;
+            core.metafile_write(log_ino, 0, &log.encode(), BufferType::Log)?;
+            let mut desc = core.desc.lock();
+            desc.mounted = false;
+            desc.generation += 1;
+            write_descriptor(core.nsd.as_ref(), &desc)?;
+        }
+        core.nsd.sync_all()?;
+        Ok(())
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if !self.unmounted {
+            // Dropped without unmount (a test that failed): stop the threads, write
+            // nothing further — like a crash.
+            if let Some(mut w) = self.workers.take() {
+                w.stop();
+            }
+        }
+    }
+}
+
+pub fn mount(specs: &[DiskSpec], cfg: FsConfig, node: u32) -> FsResult<Mounted> {
+    mount_disks(open_disk_files(specs)?, cfg, node)
+}
+
+pub fn mount_disks(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, node: u32) -> FsResult<Mounted> {
+    let (mut desc, disks) = find_descriptor(disks)?;
+    let geo = desc.geometry;
+    let nsd: Arc<dyn Nsd> = Arc::new(LocalNsd::new(disks, cfg.iohist_size));
+    let tag = |bt, ino| IoTag { buffer_type: bt, ino };
+    // 1. The inode file's own inode, at its fixed place.
+    let mut buf = vec![0u8; geo.inode_bytes as usize];
+    nsd.read(desc.inode_file_start, &mut buf, tag(BufferType::Inode, 0))?;
+    let m = desc.metadata_inodes;
+    let inode0 = Inode::decode(&buf, geo.inode_bytes, m.inode_file, Location::Disk(desc.inode_file_start))?;
+    let inode_file_blocks = collect_blocks(nsd.as_ref(), &geo, &inode0)?;
+    // 2. The other metadata files' inodes, through the inode file.
+    let read_meta_inode = |ino: u64| -> FsResult<Inode> {
+        let off = ino * geo.inode_bytes as u64;
+        let da = inode_file_blocks
+            .get((off / geo.block_bytes as u64) as usize)
+            .ok_or_else(|| FsError::Invalid(format!("inode {ino} lies past the inode file")))?
+            .offset_by(off % geo.block_bytes as u64);
+        let mut b = vec![0u8; geo.inode_bytes as usize];
+        nsd.read(da, &mut b, tag(BufferType::Inode, ino))?;
+        Ok(Inode::decode(&b, geo.inode_bytes, ino, Location::Disk(da))?)
+    };
+    let log_ino = m.log_first + node as u64;
+    let mut others = Vec::new();
+    for ino in [m.block_alloc_map, m.inode_alloc_map, log_ino] {
+        let inode = read_meta_inode(ino)?;
+        let blocks = collect_blocks(nsd.as_ref(), &geo, &inode)?;
+        others.push((ino, inode, blocks));
+    }
+    let mut metafiles = vec![(m.inode_file, inode0.clone(), inode_file_blocks.clone())];
+    metafiles.extend(others);
+    let blocks_of = |ino: u64| metafiles.iter().find(|(i, _, _)| *i == ino).map(|(_, _, b)| b.clone()).unwrap_or_default();
+    let read_meta = |ino: u64, off: u64, len: usize, bt| -> FsResult<(Vec<u8>, DiskAddress)> {
+        let blocks = blocks_of(ino);
+        let da = blocks
+            .get((off / geo.block_bytes as u64) as usize)
+            .ok_or_else(|| FsError::Invalid(format!("metadata file {ino} too short for offset {off}")))?
+            .offset_by(off % geo.block_bytes as u64);
+        let mut b = vec![0u8; len];
+        nsd.read(da, &mut b, tag(bt, ino))?;
+        Ok((b, da))
+    };
+    // 3. Allocation map and inode map segments.
+    let slot = crate::alloc_map::segment_slot_bytes(&desc);
+    let mut segs = Vec::new();
+    for r in 0..desc.regions {
+        let (b, da) = read_meta(m.block_alloc_map, r as u64 * slot as u64, slot, BufferType::AllocMap)?;
+        segs.push(AllocSegment::decode(&b, r, Location::Disk(da))?);
+    }
+    let alloc = AllocMap::new(&desc, segs)?;
+    let per = desc.inodes_per_segment;
+    let islot = InodeMapSegment::slot_bytes(per);
+    let mut isegs = Vec::new();
+    for s in 0..InodeMap::segment_count(desc.inodes_max, per) {
+        let (b, da) = read_meta(m.inode_alloc_map, s as u64 * islot as u64, islot, BufferType::InodeMap)?;
+        isegs.push(InodeMapSegment::decode(&b, s, per, Location::Disk(da))?);
+    }
+    let imap = InodeMap::new(isegs, desc.inodes_max, per);
+    // 4. The log header says whether the last stop was clean.
+    let (lb, lda) = read_meta(log_ino, 0, mako_format::log_header::LOG_HEADER_BYTES, BufferType::Log)?;
+    let log = LogHeader::decode(&lb, node, Location::Disk(lda))?;
+    if desc.mounted || !log.clean {
+        tracing::warn!(
+            "file system {} was not unmounted cleanly; recovery log replay is not implemented yet — run `mako fsck {}`",
+            desc.fs_name,
+            desc.fs_name
+        );
+    }
+    desc.mounted = true;
+    desc.generation += 1;
+    write_descriptor(nsd.as_ref(), &desc)?;
+    nsd.sync_all()?;
+    // 5. The in-memory file system.
+    let flush = Arc::new(crate::cache_flush::FsCacheFlush::default());
+    let coherence = Arc::new(TokenCoherence::single_node(0, node, flush.clone()));
+    let core = Arc::new(Core::new(nsd, desc, alloc, imap, cfg, coherence, node));
+    flush.attach(&core);
+    for (ino, inode, blocks) in metafiles {
+        core.metafile_blocks.write().insert(ino, blocks);
+        let h = InodeHandle::new(inode);
+        debug_assert!(h.state.read().inode.flags & FLAG_SYSTEM != 0);
+        core.inodes.lock().insert(ino, h);
+    }
+    let fs = FileSystem { core: core.clone() };
+    fs.getattr(m.root_dir)?;
+    let workers = Workers::start(core);
+    Ok(Mounted { fs, workers: Some(workers), unmounted: false })
+}

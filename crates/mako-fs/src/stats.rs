@@ -1,0 +1,50 @@
+//! Per-file-system counters (`mako diag stats`, Prometheus).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Default)]
+pub struct FsStats {
+    pub creates: AtomicU64,
+    pub removes: AtomicU64,
+    pub lookups: AtomicU64,
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub blocks_flushed: AtomicU64,
+    pub fsyncs: AtomicU64,
+    pub inode_hits: AtomicU64,
+    pub inode_misses: AtomicU64,
+    pub stat_cache_hits: AtomicU64,
+    pub dir_splits: AtomicU64,
+    pub corruptions: AtomicU64,
+    pub background_errors: AtomicU64,
+    pub direct_reads: AtomicU64,
+    pub direct_writes: AtomicU64,
+}
+
+impl FsStats {
+    /// Every counter by name, for diagnostics.
+    pub fn snapshot(&self) -> Vec<(String, u64)> {
+        let f = |n: &str, v: &AtomicU64| (n.to_string(), v.load(Ordering::Relaxed));
+        vec![
+            f("creates", &self.creates),
+            f("removes", &self.removes),
+            f("lookups", &self.lookups),
+            f("reads", &self.reads),
+            f("writes", &self.writes),
+            f("bytes_read", &self.bytes_read),
+            f("bytes_written", &self.bytes_written),
+            f("blocks_flushed", &self.blocks_flushed),
+            f("fsyncs", &self.fsyncs),
+            f("inode_cache_hits", &self.inode_hits),
+            f("inode_cache_misses", &self.inode_misses),
+            f("stat_cache_hits", &self.stat_cache_hits),
+            f("dir_splits", &self.dir_splits),
+            f("corruptions_detected", &self.corruptions),
+            f("background_errors", &self.background_errors),
+            f("direct_reads", &self.direct_reads),
+            f("direct_writes", &self.direct_writes),
+        ]
+    }
+}
