@@ -46,8 +46,9 @@ pub struct AllocMap {
 
 /// Bytes of the allocation map file slot for one region.
 pub fn segment_slot_bytes(desc: &Descriptor) -> usize {
-    let slices = region_slices(desc, 0);
-    AllocSegment::encoded_len(&slices).div_ceil(4096) * 4096
+    // Regions differ by up to a block per disk (integer division): size by the largest.
+    let largest = (0..desc.regions).map(|r| AllocSegment::encoded_len(&region_slices(desc, r))).max().unwrap_or(0);
+    largest.div_ceil(4096) * 4096
 }
 
 /// First allocatable block on every disk (after the header and descriptor area).

@@ -1,1 +1,529 @@
-//! mako-fuse
+//! The FUSE adapter: kernel requests in, `mako_fs::FileSystem` calls, replies out.
+//!
+//! Invariants:
+//! - This is the one place where `FsError` becomes an errno (`FsError::errno`).
+//! - Kernel references (FUSE lookup counts) are reported to the file system for every
+//!   entry handed out (lookup, create, mknod, mkdir, symlink, link, readdirplus), so an
+//!   unlinked inode lives exactly as long as the kernel can still reach it.
+//! - The kernel may cache attributes, entries and pages (one node owns every token);
+//!   `Invalidator` is how the token layer takes those caches back.
+//! - fuser is kept behind this crate: nothing else in Mako names a fuser type.
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use mako_fs::fs::{Attr, Ctx, FileSystem, SetAttr, TimeSet, S_IFMT};
+use mako_fs::{FsError, KernelInvalidator};
+use mako_format::inode::Timestamp;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How long the kernel may trust attributes and entries without asking again.
+const TTL: Duration = Duration::from_secs(2);
+/// File handle bits: how the file was opened.
+const FH_DIRECT: u64 = 1;
+const FH_APPEND: u64 = 2;
+
+#[derive(Debug, Clone)]
+pub struct FuseOptions {
+    /// Threads serving FUSE requests (`workerThreads`).
+    pub threads: usize,
+    /// Largest read/write request (`fuseMaxWrite`).
+    pub max_write: u32,
+    /// Let every user reach the mount (needs root or user_allow_other).
+    pub allow_other: bool,
+    pub fs_name: String,
+}
+
+pub struct MakoFuse {
+    fs: FileSystem,
+    max_write: u32,
+}
+
+fn ts(t: Timestamp) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        UNIX_EPOCH - Duration::new((-t.sec) as u64, 0) + Duration::new(0, t.nsec)
+    }
+}
+
+fn from_systime(t: SystemTime) -> Timestamp {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timestamp { sec: d.as_secs() as i64, nsec: d.subsec_nanos() },
+        Err(e) => {
+            let d = e.duration();
+            let mut sec = -(d.as_secs() as i64);
+            let mut nsec = d.subsec_nanos();
+            if nsec > 0 {
+                sec -= 1;
+                nsec = 1_000_000_000 - nsec;
+            }
+            Timestamp { sec, nsec }
+        }
+    }
+}
+
+fn kind(mode: u32) -> FileType {
+    match mode & S_IFMT {
+        0o040000 => FileType::Directory,
+        0o120000 => FileType::Symlink,
+        0o010000 => FileType::NamedPipe,
+        0o020000 => FileType::CharDevice,
+        0o060000 => FileType::BlockDevice,
+        0o140000 => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn dkind(d_type: u8) -> FileType {
+    kind((d_type as u32) << 12)
+}
+
+pub fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: ts(a.atime),
+        mtime: ts(a.mtime),
+        ctime: ts(a.ctime),
+        crtime: ts(a.crtime),
+        kind: kind(a.mode),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+fn errno(e: &FsError) -> Errno {
+    if e.is_serious() {
+        tracing::error!("{e}");
+    }
+    Errno::from_i32(e.errno())
+}
+
+fn ctx(req: &Request) -> Ctx {
+    Ctx { uid: req.uid(), gid: req.gid(), pid: req.pid() }
+}
+
+impl MakoFuse {
+    pub fn new(fs: FileSystem, max_write: u32) -> MakoFuse {
+        MakoFuse { fs, max_write }
+    }
+
+    fn entry(&self, r: Result<Attr, FsError>, reply: ReplyEntry) {
+        match r {
+            Ok(a) => {
+                self.fs.add_lookup(a.ino);
+                reply.entry(&TTL, &file_attr(&a), Generation(a.generation as u64));
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn empty(r: Result<(), FsError>, reply: ReplyEmpty) {
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn xattr_reply(data: Result<Vec<u8>, FsError>, size: u32, reply: ReplyXattr) {
+        match data {
+            Ok(v) if size == 0 => reply.size(v.len() as u32),
+            Ok(v) if v.len() > size as usize => reply.error(Errno::from_i32(libc::ERANGE)),
+            Ok(v) => reply.data(&v),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn open_flags(&self, ino: u64, flags: i32) -> (u64, FopenFlags) {
+        let mut fh = 0;
+        let mut out = FopenFlags::empty();
+        if flags & libc::O_DIRECT != 0 {
+            fh |= FH_DIRECT;
+            out |= FopenFlags::FOPEN_DIRECT_IO;
+        } else {
+            // One node owns every token, so the page cache stays valid across opens;
+            // a token revoke invalidates it through the notifier.
+            out |= FopenFlags::FOPEN_KEEP_CACHE;
+        }
+        if flags & libc::O_APPEND != 0 {
+            fh |= FH_APPEND;
+        }
+        let _ = ino;
+        (fh, out)
+    }
+}
+
+impl Filesystem for MakoFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let want = InitFlags::FUSE_POSIX_ACL
+            | InitFlags::FUSE_DONT_MASK
+            | InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
+            | InitFlags::FUSE_ASYNC_DIO
+            | InitFlags::FUSE_MAX_PAGES;
+        let supported = config.capabilities() & want;
+        if let Err(missing) = config.add_capabilities(supported) {
+            tracing::warn!("kernel refused FUSE capabilities {missing:?}");
+        }
+        let max_write = match config.set_max_write(self.max_write) {
+            Ok(_) => self.max_write,
+            Err(nearest) => {
+                tracing::warn!("kernel limits FUSE requests to {nearest} bytes (asked {})", self.max_write);
+                let _ = config.set_max_write(nearest);
+                nearest
+            }
+        };
+        let _ = config.set_max_readahead(max_write);
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        tracing::info!("FUSE session: max_write {max_write} bytes, capabilities {:?}", supported);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.entry(self.fs.lookup(parent.0, name.as_bytes()), reply);
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(ino.0) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let t = |x: TimeOrNow| match x {
+            TimeOrNow::Now => TimeSet::Now,
+            TimeOrNow::SpecificTime(s) => TimeSet::At(from_systime(s)),
+        };
+        let set = SetAttr { mode, uid, gid, size, atime: atime.map(t), mtime: mtime.map(t), ctime: ctime.map(from_systime) };
+        match self.fs.setattr(ino.0, set) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        self.entry(self.fs.mknod(ctx(req), parent.0, name.as_bytes(), mode, umask, rdev), reply);
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        self.entry(self.fs.mkdir(ctx(req), parent.0, name.as_bytes(), mode, umask), reply);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        Self::empty(self.fs.unlink(parent.0, name.as_bytes()), reply);
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        Self::empty(self.fs.rmdir(parent.0, name.as_bytes()), reply);
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        self.entry(self.fs.symlink(ctx(req), parent.0, link_name.as_bytes(), target.as_os_str().as_bytes()), reply);
+    }
+
+    fn rename(&self, _req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr, flags: RenameFlags, reply: ReplyEmpty) {
+        Self::empty(self.fs.rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), flags.bits()), reply);
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        self.entry(self.fs.link(ino.0, newparent.0, newname.as_bytes()), reply);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open(ino.0) {
+            Ok(_) => {
+                if flags.0 & libc::O_TRUNC != 0 {
+                    // Only with FUSE_ATOMIC_O_TRUNC, which Mako does not ask for; kept
+                    // for kernels that send it anyway.
+                    if let Err(e) = self.fs.setattr(ino.0, SetAttr { size: Some(0), ..Default::default() }) {
+                        let _ = self.fs.release(ino.0);
+                        return reply.error(errno(&e));
+                    }
+                }
+                let (fh, out) = self.open_flags(ino.0, flags.0);
+                reply.opened(FileHandle(fh), out);
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn read(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock: Option<LockOwner>, reply: ReplyData) {
+        let r = if fh.0 & FH_DIRECT != 0 { self.fs.read_direct(ino.0, offset, size) } else { self.fs.read(ino.0, offset, size) };
+        match r {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let r = if fh.0 & FH_DIRECT != 0 {
+            self.fs.write_direct(ino.0, offset, data)
+        } else {
+            self.fs.write(ino.0, offset, data, fh.0 & FH_APPEND != 0)
+        };
+        match r {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock: LockOwner, reply: ReplyEmpty) {
+        // close() does not promise durability; write-behind and fsync do.
+        reply.ok();
+    }
+
+    fn release(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, _lock: Option<LockOwner>, _flush: bool, reply: ReplyEmpty) {
+        Self::empty(self.fs.release(ino.0), reply);
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        Self::empty(self.fs.fsync(ino.0, datasync), reply);
+    }
+
+    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        Self::empty(self.fs.fsync(ino.0, datasync), reply);
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let mut after = offset;
+        loop {
+            let batch = match self.fs.readdir(ino.0, after, 128) {
+                Ok(b) => b,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            if batch.is_empty() {
+                break;
+            }
+            for e in batch {
+                if reply.add(INodeNo(e.ino), e.cookie, dkind(e.kind), OsStr::from_bytes(&e.name)) {
+                    return reply.ok();
+                }
+                after = e.cookie;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let mut after = offset;
+        loop {
+            let batch = match self.fs.readdir(ino.0, after, 64) {
+                Ok(b) => b,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            if batch.is_empty() {
+                break;
+            }
+            for e in batch {
+                let dot = e.name == b"." || e.name == b"..";
+                let attr = match self.fs.getattr(e.ino) {
+                    Ok(a) => a,
+                    // Removed between listing and stat: skip it.
+                    Err(_) => {
+                        after = e.cookie;
+                        continue;
+                    }
+                };
+                if reply.add(INodeNo(e.ino), e.cookie, OsStr::from_bytes(&e.name), &TTL, &file_attr(&attr), Generation(attr.generation as u64)) {
+                    return reply.ok();
+                }
+                if !dot {
+                    self.fs.add_lookup(e.ino);
+                }
+                after = e.cookie;
+            }
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = self.fs.statfs();
+        reply.statfs(s.blocks, s.blocks_free, s.blocks_free, s.files, s.files_free, s.block_bytes, s.name_max, s.fragment_bytes);
+    }
+
+    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+        Self::empty(self.fs.setxattr(ino.0, name.as_bytes(), value, flags), reply);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        Self::xattr_reply(self.fs.getxattr(ino.0, name.as_bytes()), size, reply);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        Self::xattr_reply(self.fs.listxattr(ino.0), size, reply);
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        Self::empty(self.fs.removexattr(ino.0, name.as_bytes()), reply);
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        // The kernel checks permissions itself (default_permissions).
+        reply.ok();
+    }
+
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        let r = self.fs.create(ctx(req), parent.0, name.as_bytes(), mode, umask, flags & libc::O_EXCL != 0);
+        match r {
+            Ok(a) => {
+                if let Err(e) = self.fs.open(a.ino) {
+                    return reply.error(errno(&e));
+                }
+                let a = if flags & libc::O_TRUNC != 0 && a.size > 0 {
+                    match self.fs.setattr(a.ino, SetAttr { size: Some(0), ..Default::default() }) {
+                        Ok(a) => a,
+                        Err(e) => {
+                            let _ = self.fs.release(a.ino);
+                            return reply.error(errno(&e));
+                        }
+                    }
+                } else {
+                    a
+                };
+                self.fs.add_lookup(a.ino);
+                let (fh, out) = self.open_flags(a.ino, flags);
+                reply.created(&TTL, &file_attr(&a), Generation(a.generation as u64), FileHandle(fh), out);
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fallocate(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+        Self::empty(self.fs.fallocate(ino.0, offset, length, mode), reply);
+    }
+
+    fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        if offset < 0 {
+            return reply.error(Errno::from_i32(libc::ENXIO));
+        }
+        match self.fs.lseek(ino.0, offset as u64, whence) {
+            Ok(o) => reply.offset(o as i64),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}
+
+/// Kernel cache invalidation through FUSE notifications.
+pub struct Invalidator {
+    notifier: Arc<OnceLock<Notifier>>,
+}
+
+impl KernelInvalidator for Invalidator {
+    fn invalidate_inode(&self, ino: u64, offset: i64, len: i64) {
+        if let Some(n) = self.notifier.get() {
+            if let Err(e) = n.inval_inode(INodeNo(ino), offset, len) {
+                tracing::debug!("inval_inode {ino}: {e}");
+            }
+        }
+    }
+    fn invalidate_entry(&self, parent: u64, name: &[u8]) {
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_entry(INodeNo(parent), OsStr::from_bytes(name));
+        }
+    }
+}
+
+/// A mounted FUSE session.
+pub struct FuseMount {
+    session: Option<fuser::BackgroundSession>,
+    pub mountpoint: PathBuf,
+}
+
+impl FuseMount {
+    /// Unmount from the kernel and wait for the request threads to finish.
+    pub fn unmount(mut self) -> std::io::Result<()> {
+        match self.session.take() {
+            Some(s) => s.umount_and_join(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        if let Some(s) = self.session.take() {
+            let _ = s.umount_and_join();
+        }
+    }
+}
+
+/// Mount `fs` at `mountpoint` and serve it from a pool of threads.
+pub fn mount(fs: FileSystem, mountpoint: &Path, opts: &FuseOptions) -> std::io::Result<FuseMount> {
+    use fuser::MountOption;
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(opts.fs_name.clone()),
+        MountOption::Subtype("mako".into()),
+        MountOption::DefaultPermissions,
+        MountOption::RW,
+        MountOption::Dev,
+        MountOption::Suid,
+        MountOption::Atime,
+    ];
+    if opts.allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(opts.threads.max(1));
+    config.clone_fd = true;
+    let notifier = Arc::new(OnceLock::new());
+    fs.core.invalidator.write().replace(Arc::new(Invalidator { notifier: notifier.clone() }));
+    let session = fuser::spawn_mount(MakoFuse::new(fs, opts.max_write), mountpoint, &config)?;
+    let _ = notifier.set(session.notifier());
+    Ok(FuseMount { session: Some(session), mountpoint: mountpoint.to_path_buf() })
+}

@@ -1,0 +1,407 @@
+//! The daemon's state and its answers to control requests.
+
+use anyhow::{bail, Context, Result};
+use mako_config::{ConfigStore, EffectiveConfig};
+use mako_control::{ClusterConfig, ControlHandler, DataDir, Request, Response};
+use mako_control::{ConfigRowView, DaemonStatus, DiskCountersView, DiskStatusView, FsCountersView, FsStatus, IoRecordView, StatsView, TokenView};
+use mako_format::disk_header::DiskUsage;
+use mako_fs::{DiskSpec, FsConfig, Mounted};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+struct MountedFs {
+    mounted: Mounted,
+    fuse: mako_fuse::FuseMount,
+    mountpoint: PathBuf,
+    disk_paths: Vec<(String, PathBuf)>,
+}
+
+pub struct Daemon {
+    dir: DataDir,
+    cluster: Mutex<ClusterConfig>,
+    config: RwLock<EffectiveConfig>,
+    mounts: Mutex<HashMap<String, MountedFs>>,
+    started: Instant,
+    stop: Arc<AtomicBool>,
+}
+
+fn fs_config(c: &EffectiveConfig) -> FsConfig {
+    FsConfig {
+        pagepool_bytes: c.pagepool_bytes(),
+        max_files_to_cache: c.max_files_to_cache(),
+        max_stat_cache: c.max_stat_cache(),
+        prefetch_aggressiveness_read: c.prefetch_aggressiveness_read().map(|v| v as i32).unwrap_or(-1),
+        prefetch_threads: c.prefetch_threads().clamp(1, 64),
+        writebehind_threads: 4,
+        sync_interval_secs: 5,
+        iohist_size: c.iohist_size(),
+        avoid_dir_fragments: Some(c.avoid_dir_fragments()),
+        dir_pre_split_levels: Some(c.dir_pre_split_levels()),
+    }
+}
+
+/// Let one FUSE request carry a whole block: raise the kernel's max_pages limit
+/// (Linux 6.13+, root only). Returns the limit in force.
+fn raise_fuse_max_pages(want_bytes: u32) -> Option<u32> {
+    let path = "/proc/sys/fs/fuse/max_pages_limit";
+    let cur: u32 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
+    let want = want_bytes.div_ceil(4096);
+    if cur < want && std::fs::write(path, want.to_string()).is_ok() {
+        tracing::info!("raised {path} from {cur} to {want} pages");
+        return Some(want);
+    }
+    Some(cur)
+}
+
+impl Daemon {
+    fn load_config(dir: &DataDir) -> Result<EffectiveConfig> {
+        let store = ConfigStore::load_or_default(dir.config_file()).with_context(|| format!("reading {}", dir.config_file().display()))?;
+        Ok(EffectiveConfig::resolve(Some(&store), &[])?)
+    }
+
+    fn mount_fs(&self, name: &str) -> Result<String> {
+        if self.mounts.lock().contains_key(name) {
+            return Ok(format!("{name} is already mounted"));
+        }
+        let cluster = ClusterConfig::load(self.dir.root.as_path())?;
+        *self.cluster.lock() = cluster.clone();
+        let fsdef = cluster.filesystem(name).with_context(|| format!("no file system {name} in {}", self.dir.cluster_file().display()))?.clone();
+        let mut specs = Vec::new();
+        for d in cluster.disks_of(&fsdef) {
+            let usage = DiskUsage::parse(&d.usage).with_context(|| format!("disk {}: usage {:?}", d.name, d.usage))?;
+            specs.push(DiskSpec { name: d.name.clone(), path: d.path.clone(), pool: d.pool.clone(), failure_group: d.failure_group, usage });
+        }
+        let cfg = self.config.read().clone();
+        let mounted = mako_fs::mount(&specs, fs_config(&cfg), cluster.node_id).with_context(|| format!("mounting file system {name}"))?;
+        std::fs::create_dir_all(&fsdef.mountpoint).with_context(|| format!("creating mount point {}", fsdef.mountpoint.display()))?;
+        let max_write = cfg.fuse_max_write_bytes();
+        let opts = mako_fuse::FuseOptions {
+            threads: cfg.worker_threads(),
+            max_write,
+            allow_other: unsafe { libc::geteuid() } == 0,
+            fs_name: format!("mako:{name}"),
+        };
+        let fuse = match mako_fuse::mount(mounted.fs.clone(), &fsdef.mountpoint, &opts) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = mounted.unmount();
+                bail!("FUSE mount of {name} on {} failed: {e}; is /dev/fuse there and is fuse3 installed?", fsdef.mountpoint.display());
+            }
+        };
+        tracing::info!("mounted {name} on {}", fsdef.mountpoint.display());
+        let disk_paths = specs.iter().map(|s| (s.name.clone(), s.path.clone())).collect();
+        self.mounts.lock().insert(name.to_string(), MountedFs { mounted, fuse, mountpoint: fsdef.mountpoint.clone(), disk_paths });
+        Ok(format!("{name} mounted on {}", fsdef.mountpoint.display()))
+    }
+
+    fn unmount_fs(&self, name: &str) -> Result<String> {
+        let m = self.mounts.lock().remove(name).with_context(|| format!("{name} is not mounted"))?;
+        let mp = m.mountpoint.clone();
+        // 1. Detach from the kernel (no new requests), 2. write everything back.
+        if let Err(e) = m.fuse.unmount() {
+            tracing::warn!("FUSE unmount of {}: {e}; trying a lazy unmount", mp.display());
+            let c = std::ffi::CString::new(mp.as_os_str().to_string_lossy().as_bytes()).unwrap_or_default();
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+        m.mounted.unmount().with_context(|| format!("writing back {name}"))?;
+        tracing::info!("unmounted {name} from {}", mp.display());
+        Ok(format!("{name} unmounted from {}", mp.display()))
+    }
+
+    fn fs_status(&self, def: &mako_control::FsDef) -> FsStatus {
+        let mounts = self.mounts.lock();
+        let cluster = self.cluster.lock();
+        let mut st = FsStatus {
+            name: def.name.clone(),
+            mountpoint: def.mountpoint.display().to_string(),
+            mounted: false,
+            block_bytes: 0,
+            subblock_bytes: 0,
+            inode_bytes: 0,
+            total_bytes: 0,
+            free_bytes: 0,
+            inodes_used: 0,
+            inodes_max: 0,
+            pagepool_bytes: 0,
+            pagepool_used_bytes: 0,
+            pagepool_dirty_bytes: 0,
+            read_only: false,
+            disks: Vec::new(),
+        };
+        match mounts.get(&def.name) {
+            Some(m) => {
+                let core = m.mounted.core();
+                let sb = core.geo.subblock_bytes() as u64;
+                st.mounted = true;
+                st.block_bytes = core.geo.block_bytes as u64;
+                st.subblock_bytes = sb;
+                st.inode_bytes = core.geo.inode_bytes as u64;
+                st.total_bytes = core.alloc.total_subblocks() * sb;
+                st.free_bytes = core.alloc.free_subblocks() * sb;
+                st.inodes_used = core.imap.used();
+                st.inodes_max = core.imap.inodes_max();
+                st.pagepool_bytes = core.pool.limit();
+                st.pagepool_used_bytes = core.pool.used_bytes();
+                st.pagepool_dirty_bytes = core.pool.dirty_bytes();
+                st.read_only = core.read_only.load(Ordering::Relaxed);
+                let desc = core.desc.lock().clone();
+                let usage = core.alloc.per_disk_usage(desc.disks.len());
+                for (d, (free, total)) in desc.disks.iter().zip(usage) {
+                    let path = m.disk_paths.iter().find(|(n, _)| *n == d.name).map(|(_, p)| p.display().to_string()).unwrap_or_default();
+                    let _ = total;
+                    st.disks.push(DiskStatusView {
+                        name: d.name.clone(),
+                        path,
+                        size_bytes: d.size_bytes,
+                        free_bytes: free * sb,
+                        pool: d.pool.clone(),
+                        failure_group: d.failure_group,
+                        usage: d.usage.name().to_string(),
+                        status: d.status.name().to_string(),
+                    });
+                }
+            }
+            None => {
+                for d in cluster.disks_of(def) {
+                    st.disks.push(DiskStatusView {
+                        name: d.name.clone(),
+                        path: d.path.display().to_string(),
+                        size_bytes: d.size_bytes,
+                        free_bytes: 0,
+                        pool: d.pool.clone(),
+                        failure_group: d.failure_group,
+                        usage: d.usage.clone(),
+                        status: "unmounted".into(),
+                    });
+                }
+            }
+        }
+        st
+    }
+
+    fn status(&self) -> DaemonStatus {
+        let cluster = self.cluster.lock().clone();
+        DaemonStatus {
+            node_name: cluster.node_name.clone(),
+            node_id: cluster.node_id,
+            pid: std::process::id(),
+            data_dir: self.dir.root.as_path().display().to_string(),
+            uptime_secs: self.started.elapsed().as_secs(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            filesystems: cluster.filesystems.iter().map(|f| self.fs_status(f)).collect(),
+        }
+    }
+
+    fn each_fs<T>(&self, name: Option<&str>, f: impl Fn(&str, &Mounted) -> T) -> Vec<T> {
+        self.mounts.lock().iter().filter(|(n, _)| name.is_none_or(|x| x == n.as_str())).map(|(n, m)| f(n, &m.mounted)).collect()
+    }
+
+    fn config_set(&self, name: &str, value: &str, immediate: bool) -> Result<String> {
+        if !immediate {
+            // Re-read the saved file so the next mount uses it.
+            *self.config.write() = Self::load_config(&self.dir)?;
+            return Ok(format!("{name} saved; it applies at the next mount"));
+        }
+        let old = self.config.write().apply_immediate(name, value)?;
+        let c = self.config.read().clone();
+        for (_, m) in self.mounts.lock().iter() {
+            let core = m.mounted.core();
+            let mut fc = core.cfg.write();
+            let new = fs_config(&c);
+            fc.prefetch_aggressiveness_read = new.prefetch_aggressiveness_read;
+            fc.avoid_dir_fragments = new.avoid_dir_fragments;
+            fc.dir_pre_split_levels = new.dir_pre_split_levels;
+            fc.iohist_size = new.iohist_size;
+            core.nsd.history().set_capacity(new.iohist_size);
+        }
+        Ok(format!("{name} changed from {old} to {value} in the running daemon"))
+    }
+}
+
+impl ControlHandler for Daemon {
+    fn handle(&self, request: Request) -> Response {
+        let r: Result<Response> = (|| {
+            Ok(match request {
+                Request::Status => Response::Status(self.status()),
+                Request::Mount { fs } => Response::ok(self.mount_fs(&fs)?),
+                Request::Unmount { fs } => Response::ok(self.unmount_fs(&fs)?),
+                Request::Shutdown => {
+                    self.stop.store(true, Ordering::SeqCst);
+                    Response::ok("makod is stopping: writing back and unmounting")
+                }
+                Request::Sync => {
+                    for r in self.each_fs(None, |n, m| m.fs.sync().with_context(|| format!("sync of {n}"))) {
+                        r?;
+                    }
+                    Response::ok("all file systems written back")
+                }
+                Request::ClearCache { fs } => {
+                    for r in self.each_fs(fs.as_deref(), |n, m| m.fs.clear_cache().with_context(|| format!("clearing the cache of {n}"))) {
+                        r?;
+                    }
+                    Response::ok("pagepool written back and clean buffers dropped")
+                }
+                Request::ConfigSet { name, value, immediate } => Response::ok(self.config_set(&name, &value, immediate)?),
+                Request::DiagIohist { last } => {
+                    let mut out: Vec<IoRecordView> = Vec::new();
+                    for recs in self.each_fs(None, |_, m| m.core().nsd.history().last(last)) {
+                        for r in recs {
+                            out.push(IoRecordView {
+                                start_unix_micros: r.start.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0),
+                                write: r.write,
+                                buffer_type: r.buffer_type.name().to_string(),
+                                disk: r.disk,
+                                sector: r.sector,
+                                sectors: r.sectors,
+                                service_ms: r.service.as_secs_f64() * 1000.0,
+                                queue_ms: r.queue.as_secs_f64() * 1000.0,
+                                thread: r.thread,
+                                ino: Some(r.ino),
+                                ok: r.ok,
+                            });
+                        }
+                    }
+                    out.sort_by_key(|r| r.start_unix_micros);
+                    let skip = out.len().saturating_sub(last);
+                    Response::Iohist(out.into_iter().skip(skip).collect())
+                }
+                Request::DiagWaiters { .. } => {
+                    Response::error("mako diag waiters is not supported yet: makod does not track blocked threads (planned with the diagnostics work)")
+                }
+                Request::DiagCounters => {
+                    Response::error("mako diag counters is not supported yet: lock contention is not instrumented (planned with the diagnostics work)")
+                }
+                Request::DiagStats => {
+                    let mut fss = Vec::new();
+                    let mut disks = Vec::new();
+                    for (name, counters, dstats) in self.each_fs(None, |n, m| {
+                        let core = m.core();
+                        let mut c = core.stats.snapshot();
+                        let p = &core.pool.stats;
+                        for (k, v) in [
+                            ("pagepool_hits", &p.hits),
+                            ("pagepool_misses", &p.misses),
+                            ("pagepool_evictions", &p.evictions),
+                            ("prefetch_issued", &p.prefetch_issued),
+                            ("prefetch_used", &p.prefetch_used),
+                            ("prefetch_wasted", &p.prefetch_wasted),
+                            ("writer_waits_for_writebehind", &p.writer_waits),
+                        ] {
+                            c.push((k.to_string(), v.load(Ordering::Relaxed)));
+                        }
+                        (n.to_string(), c, core.nsd.stats())
+                    }) {
+                        fss.push(FsCountersView { name, counters });
+                        for d in dstats {
+                            disks.push(DiskCountersView {
+                                name: d.name,
+                                reads: d.reads,
+                                writes: d.writes,
+                                read_bytes: d.read_bytes,
+                                write_bytes: d.write_bytes,
+                                read_ms_avg: if d.reads > 0 { d.read_micros as f64 / d.reads as f64 / 1000.0 } else { 0.0 },
+                                write_ms_avg: if d.writes > 0 { d.write_micros as f64 / d.writes as f64 / 1000.0 } else { 0.0 },
+                                errors: d.errors,
+                            });
+                        }
+                    }
+                    Response::Stats(StatsView { filesystems: fss, disks })
+                }
+                Request::DiagTokens => {
+                    let mut out = Vec::new();
+                    for list in self.each_fs(None, |_, m| m.core().coherence.dump()) {
+                        out.extend(list.into_iter().map(|(resource, holders)| TokenView { resource, holders }));
+                    }
+                    Response::Tokens(out)
+                }
+                Request::DiagConfig => Response::Config(
+                    self.config
+                        .read()
+                        .show_table()
+                        .into_iter()
+                        .map(|r| ConfigRowView {
+                            name: r.name.to_string(),
+                            value: r.value,
+                            source: format!("{:?}", r.source),
+                            default: r.default,
+                            range: r.range,
+                            apply: format!("{:?}", r.apply).to_lowercase(),
+                        })
+                        .collect(),
+                ),
+            })
+        })();
+        r.unwrap_or_else(|e| Response::error(format!("{e:#}")))
+    }
+}
+
+/// Block SIGTERM/SIGINT/SIGHUP in every thread and turn them into a stop request.
+fn watch_signals(stop: Arc<AtomicBool>) {
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                let mut sig = 0;
+                if libc::sigwait(&set, &mut sig) == 0 {
+                    tracing::info!("signal {sig}: stopping");
+                    stop.store(true, Ordering::SeqCst);
+                }
+            })
+            .expect("spawn signal thread");
+    }
+}
+
+pub fn run(root: &Path) -> Result<()> {
+    let dir = DataDir::new(root);
+    let stop = Arc::new(AtomicBool::new(false));
+    watch_signals(stop.clone());
+    let cluster = ClusterConfig::load(root).with_context(|| format!("no cluster in {}; create one with `mako up`", root.display()))?;
+    let config = Daemon::load_config(&dir)?;
+    if unsafe { libc::geteuid() } == 0 {
+        let block = 16 << 20;
+        if let Some(pages) = raise_fuse_max_pages(config.fuse_max_write_bytes().max(block)) {
+            tracing::info!("FUSE max_pages_limit {pages} ({} KiB per request at most)", pages * 4);
+        }
+    }
+    let daemon = Arc::new(Daemon { dir: dir.clone(), cluster: Mutex::new(cluster.clone()), config: RwLock::new(config), mounts: Mutex::new(HashMap::new()), started: Instant::now(), stop: stop.clone() });
+    tracing::info!("makod {} starting: node {} (id {}), data dir {}", env!("CARGO_PKG_VERSION"), cluster.node_name, cluster.node_id, root.display());
+    let server = mako_control::serve(&dir.socket_file(), daemon.clone(), stop.clone()).with_context(|| format!("control socket {}", dir.socket_file().display()))?;
+    let mut failed = Vec::new();
+    for f in cluster.filesystems.iter().filter(|f| f.automount) {
+        if let Err(e) = daemon.mount_fs(&f.name) {
+            tracing::error!("{e:#}");
+            failed.push(format!("{e:#}"));
+        }
+    }
+    if !failed.is_empty() && daemon.mounts.lock().is_empty() && cluster.filesystems.iter().any(|f| f.automount) {
+        stop.store(true, Ordering::SeqCst);
+        let _ = server.join();
+        bail!("no file system could be mounted: {}", failed.join("; "));
+    }
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let names: Vec<String> = daemon.mounts.lock().keys().cloned().collect();
+    let mut errors = Vec::new();
+    for n in names {
+        if let Err(e) = daemon.unmount_fs(&n) {
+            tracing::error!("{e:#}");
+            errors.push(format!("{e:#}"));
+        }
+    }
+    let _ = server.join();
+    if !errors.is_empty() {
+        bail!("stopped with errors: {}", errors.join("; "));
+    }
+    Ok(())
+}
