@@ -445,6 +445,9 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
     let desired = if is_last && (valid as u64) < bb { valid.div_ceil(sb) as u32 } else { spb };
     let cur = block_map::lookup(core, &st, b)?;
     let cur_sb = if cur.is_null() { 0 } else { block_map::allocated_subblocks(core, &st, b) };
+    // An allocation only grows here (a fragment promoted to a full block); it never
+    // shrinks, so space preallocated by fallocate past the end of file stays.
+    let desired = desired.max(cur_sb);
     let target = if cur.is_null() || cur_sb != desired {
         if !buf.loaded {
             load_buffer(core, &st, b, &mut buf)?;
@@ -645,10 +648,30 @@ pub fn allocate_range(core: &Core, st: &mut InodeState, offset: u64, len: u64, k
     let ino = st.inode.ino;
     let mut b = offset / bb;
     while b * bb < end {
-        let dirty_cached = core.pool.get((ino, b)).is_some_and(|s| s.buf.lock().is_dirty());
-        if !dirty_cached && block_map::lookup(core, st, b)?.is_null() {
+        let cur = block_map::lookup(core, st, b)?;
+        let cur_sb = if cur.is_null() { 0 } else { block_map::allocated_subblocks(core, st, b) };
+        if cur_sb < spb {
+            // A hole or a fragment becomes a full, zeroed block. A fragment's data (and
+            // any dirty data of a hole) is kept in the pagepool, dirty, and written
+            // over the zeros by write-behind.
+            if !cur.is_null() || core.pool.get((ino, b)).is_some() {
+                let slot = core.pool.get_or_create((ino, b));
+                let mut buf = slot.buf.lock();
+                let was = buf.is_dirty();
+                load_buffer(core, st, b, &mut buf)?;
+                let n = buf.bytes.len() as u32;
+                if n > 0 {
+                    buf.add_dirty(0, n);
+                }
+                core.pool.account(&mut buf, was);
+            }
             let da = core.alloc.allocate(AllocKind::Data, spb, ino, b)?;
             core.nsd.write(da, &zeros, tag(ino))?;
+            if !cur.is_null() {
+                core.alloc.free(cur, cur_sb)?;
+                st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64);
+            }
+            st.realloc.remove(&b);
             block_map::set(core, st, b, da)?;
             st.inode.subblocks += spb as u64;
             if block_map::last_unit(core, &st.inode) == Some(b) {
@@ -661,8 +684,11 @@ pub fn allocate_range(core: &Core, st: &mut InodeState, offset: u64, len: u64, k
     Ok(())
 }
 
+/// Data, for SEEK_DATA/SEEK_HOLE: an allocated block, or dirty data not yet
+/// allocated. A clean cached copy of a hole is still a hole.
 fn block_has_data(core: &Core, st: &InodeState, b: u64) -> FsResult<bool> {
-    Ok(core.pool.get((st.inode.ino, b)).is_some() || !block_map::lookup(core, st, b)?.is_null())
+    let dirty = core.pool.get((st.inode.ino, b)).is_some_and(|s| s.buf.lock().is_dirty());
+    Ok(dirty || !block_map::lookup(core, st, b)?.is_null())
 }
 
 /// lseek SEEK_DATA.
@@ -677,7 +703,7 @@ pub fn seek_data(core: &Core, st: &InodeState, offset: u64) -> FsResult<u64> {
     let bb = core.block_bytes();
     let b = offset / bb;
     let mapped = block_map::allocated_from(core, st, b, 1)?.first().map(|(u, _)| *u);
-    let cached = core.pool.first_cached_from(st.inode.ino, b);
+    let cached = core.pool.keys_of(st.inode.ino, true).into_iter().map(|(_, k)| k).find(|&k| k >= b);
     let next = match (mapped, cached) {
         (Some(a), Some(c)) => a.min(c),
         (Some(a), None) => a,

@@ -153,11 +153,10 @@ impl MakoFuse {
         if flags & libc::O_DIRECT != 0 {
             fh |= FH_DIRECT;
             out |= FopenFlags::FOPEN_DIRECT_IO;
-        } else {
-            // One node owns every token, so the page cache stays valid across opens;
-            // a token revoke invalidates it through the notifier.
-            out |= FopenFlags::FOPEN_KEEP_CACHE;
         }
+        // No FOPEN_KEEP_CACHE: as in GPFS, the pagepool is the data cache. The kernel's
+        // page cache lasts for one open, so every open's first read reaches Mako
+        // (which keeps atime right under relatime) and costs only a pagepool hit.
         if flags & libc::O_APPEND != 0 {
             fh |= FH_APPEND;
         }
@@ -232,9 +231,21 @@ impl Filesystem for MakoFuse {
             TimeOrNow::Now => TimeSet::Now,
             TimeOrNow::SpecificTime(s) => TimeSet::At(from_systime(s)),
         };
+        let times = atime.is_some() || mtime.is_some();
         let set = SetAttr { mode, uid, gid, size, atime: atime.map(t), mtime: mtime.map(t), ctime: ctime.map(from_systime) };
         match self.fs.setattr(ino.0, set) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Ok(a) => {
+                if times {
+                    // Pages the kernel cached would hide later reads from Mako, and with
+                    // them the atime updates that relatime owes after utimens. The
+                    // kernel's reverse invalidation takes page locks, not the inode lock
+                    // this setattr holds, so it is safe before the reply.
+                    if let Some(inv) = self.fs.core.invalidator.read().clone() {
+                        inv.invalidate_inode(ino.0, 0, 0);
+                    }
+                }
+                reply.attr(&TTL, &file_attr(&a));
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -405,8 +416,17 @@ impl Filesystem for MakoFuse {
         Self::xattr_reply(self.fs.getxattr(ino.0, name.as_bytes()), size, reply);
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        Self::xattr_reply(self.fs.listxattr(ino.0), size, reply);
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        // trusted.* names are listed only to privileged callers (CAP_SYS_ADMIN; uid 0
+        // stands for it here), as local file systems do.
+        let privileged = req.uid() == 0;
+        let list = self.fs.listxattr(ino.0).map(|l| {
+            l.split(|&b| b == 0)
+                .filter(|n| !n.is_empty() && (privileged || !n.starts_with(b"trusted.")))
+                .flat_map(|n| n.iter().copied().chain(std::iter::once(0)))
+                .collect()
+        });
+        Self::xattr_reply(list, size, reply);
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {

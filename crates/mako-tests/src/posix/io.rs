@@ -12,6 +12,7 @@ pub(super) const CHECKS: CheckTable = &[
     ("fallocate_allocate", fallocate_allocate),
     ("fallocate_keep_size", fallocate_keep_size),
     ("fallocate_punch_hole", fallocate_punch_hole),
+    ("fallocate_punch_whole_unit", fallocate_punch_whole_unit),
     ("fallocate_zero_range", fallocate_zero_range),
     ("lseek_data_hole", lseek_data_hole),
     ("open_unlinked_file", open_unlinked_file),
@@ -300,13 +301,23 @@ fn fallocate_punch_hole(c: &Ctx) -> CheckResult {
     falloc_or_skip(&fd, mode, 700_001, 3333, "unaligned PUNCH_HOLE")?;
     let st = fstat(&fd).ctx("fstat")?;
     check_eq(st.st_size, 1 << 20, "size unchanged by punch hole")?;
-    ensure(
-        st.st_blocks < b0,
-        format!(
-            "st_blocks must shrink after punching 512 KiB: before {b0}, after {}",
-            st.st_blocks
-        ),
-    )?;
+    // A punch frees space only for whole allocation units: with units of 256 KiB or
+    // less the 512 KiB punch covers one; with bigger blocks (Mako, GPFS: 4 MiB) the
+    // range is zeroed in place and must at least not grow the allocation.
+    if (st.st_blksize as u64) <= 256 << 10 {
+        ensure(
+            st.st_blocks < b0,
+            format!(
+                "st_blocks must shrink after punching 512 KiB: before {b0}, after {}",
+                st.st_blocks
+            ),
+        )?;
+    } else {
+        ensure(
+            st.st_blocks <= b0,
+            format!("st_blocks grew after a punch: before {b0}, after {}", st.st_blocks),
+        )?;
+    }
     let mut exp = data.clone();
     exp[65536..65536 + (512 << 10)].fill(0);
     exp[700_001..700_001 + 3333].fill(0);
@@ -389,13 +400,44 @@ fn fallocate_zero_range(c: &Ctx) -> CheckResult {
     )
 }
 
+/// Punching one whole, aligned allocation unit (st_blksize) frees its space, whatever
+/// the unit size.
+fn fallocate_punch_whole_unit(c: &Ctx) -> CheckResult {
+    let f = c.p("f");
+    let fd = open(&f, CREAT | RW, 0o644).ctx("create")?;
+    let unit = (fstat(&fd).ctx("fstat")?.st_blksize as usize).clamp(4096, 16 << 20);
+    let data = pattern(3 * unit, 9);
+    pwrite_all(&fd, &data, 0).ctx("write 3 units")?;
+    fsync(&fd).ctx("fsync")?;
+    let b0 = fstat(&fd).ctx("fstat")?.st_blocks;
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    falloc_or_skip(&fd, mode, unit as u64, unit as u64, "PUNCH_HOLE of one whole unit")?;
+    let st = fstat(&fd).ctx("fstat")?;
+    ensure(
+        (st.st_blocks as i64) <= b0 as i64 - (unit / 512) as i64,
+        format!("punching one {unit}-byte unit must free it: st_blocks before {b0}, after {}", st.st_blocks),
+    )?;
+    let d = read_file(&f).ctx("read")?;
+    let mut exp = data;
+    exp[unit..2 * unit].fill(0);
+    if let Some(i) = (0..d.len()).find(|&i| d[i] != exp[i]) {
+        return fail(format!("after punching a unit, byte {i}: expected {:#x}, got {:#x}", exp[i], d[i]));
+    }
+    Ok(())
+}
+
 fn lseek_data_hole(c: &Ctx) -> CheckResult {
     let f = c.p("f");
     let fd = open(&f, CREAT | RW, 0o644).ctx("create")?;
+    // Holes exist at allocation-unit granularity: 4 KiB on ext4, a whole block
+    // (st_blksize, e.g. 4 MiB) on Mako and GPFS. U spaces the layout so that every
+    // unit is either data or a hole: data at [0, 4K) and [2U, 2U+4K), size 4U.
+    let blksize = fstat(&fd).ctx("fstat")?.st_blksize as u64;
     const MB: u64 = 1 << 20;
+    let u: u64 = if blksize > 4096 { blksize.max(2 * MB) } else { 2 * MB };
     pwrite_all(&fd, &[1u8; 4096], 0).ctx("write at 0")?;
-    pwrite_all(&fd, &[2u8; 4096], 4 * MB).ctx("write at 4 MiB")?;
-    ftruncate(&fd, 8 * MB as i64).ctx("extend to 8 MiB")?;
+    pwrite_all(&fd, &[2u8; 4096], 2 * u).ctx("write at 2U")?;
+    ftruncate(&fd, 4 * u as i64).ctx("extend to 4U")?;
     fsync(&fd).ctx("fsync")?;
     let sd = |off: u64| lseek(&fd, off as i64, libc::SEEK_DATA);
     let sh = |off: u64| lseek(&fd, off as i64, libc::SEEK_HOLE);
@@ -410,40 +452,40 @@ fn lseek_data_hole(c: &Ctx) -> CheckResult {
     )?;
     let h = sh(0).ctx("SEEK_HOLE 0")?;
     ensure(
-        (4096..4 * MB).contains(&h),
-        format!("SEEK_HOLE from 0 must find the hole after the first 4 KiB: expected in [4096, 4 MiB), got {h}"),
+        (4096..2 * u).contains(&h),
+        format!("SEEK_HOLE from 0 must find the hole after the first 4 KiB: expected in [4096, 2U), got {h}"),
     )?;
     let d = sd(8192).ctx("SEEK_DATA 8192")?;
     ensure(
-        (8192..=4 * MB).contains(&d),
-        format!("SEEK_DATA from 8192 must land at or before the data at 4 MiB: got {d}"),
+        (8192..=2 * u).contains(&d),
+        format!("SEEK_DATA from 8192 must land at or before the data at 2U: got {d}"),
     )?;
     check_eq(
-        sd(4 * MB).ctx("SEEK_DATA 4 MiB")?,
-        4 * MB,
-        "SEEK_DATA at written offset 4 MiB",
+        sd(2 * u).ctx("SEEK_DATA 2U")?,
+        2 * u,
+        "SEEK_DATA at written offset 2U",
     )?;
-    let h2 = sh(4 * MB).ctx("SEEK_HOLE 4 MiB")?;
+    let h2 = sh(2 * u).ctx("SEEK_HOLE 2U")?;
     ensure(
-        (4 * MB + 4096..=8 * MB).contains(&h2),
-        format!("SEEK_HOLE after data at 4 MiB: got {h2}"),
+        (2 * u + 4096..=4 * u).contains(&h2),
+        format!("SEEK_HOLE after data at 2U: got {h2}"),
     )?;
     // The tail after the last data is a hole (or the virtual hole at EOF).
-    let r = sd(6 * MB);
+    let r = sd(3 * u + u / 2);
     expect_errno(
         r,
         &[libc::ENXIO],
         "SEEK_DATA in the trailing hole (no more data)",
     )?;
     check_eq(
-        sh(8 * MB - 1).ctx("SEEK_HOLE near EOF")?,
-        8 * MB - 1,
+        sh(4 * u - 1).ctx("SEEK_HOLE near EOF")?,
+        4 * u - 1,
         "SEEK_HOLE inside trailing hole",
     )?;
-    expect_errno(sd(8 * MB), &[libc::ENXIO], "SEEK_DATA at EOF")?;
-    expect_errno(sh(8 * MB), &[libc::ENXIO], "SEEK_HOLE at EOF")?;
-    expect_errno(sd(9 * MB), &[libc::ENXIO], "SEEK_DATA past EOF")?;
-    expect_errno(sh(9 * MB), &[libc::ENXIO], "SEEK_HOLE past EOF")
+    expect_errno(sd(4 * u), &[libc::ENXIO], "SEEK_DATA at EOF")?;
+    expect_errno(sh(4 * u), &[libc::ENXIO], "SEEK_HOLE at EOF")?;
+    expect_errno(sd(5 * u), &[libc::ENXIO], "SEEK_DATA past EOF")?;
+    expect_errno(sh(5 * u), &[libc::ENXIO], "SEEK_HOLE past EOF")
 }
 
 fn open_unlinked_file(c: &Ctx) -> CheckResult {
