@@ -58,8 +58,12 @@ pub enum Command {
         #[command(flatten)]
         args: mako_bench::BenchArgs,
     },
-    /// Write every dirty cached block and the recovery logs to disk.
-    Sync,
+    /// Write every dirty cached block to disk; with --drop-caches also empty the
+    /// pagepool of clean data (benchmarks use it before read phases).
+    Sync {
+        #[arg(long)]
+        drop_caches: bool,
+    },
 }
 
 #[derive(Args, Debug, Default)]
@@ -304,8 +308,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             mako_bench::run_bench(&args, &hooks)?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Sync => {
-            let message = daemon::call_ok(&context, &Request::Sync)?;
+        Command::Sync { drop_caches } => {
+            let request = if drop_caches { Request::ClearCache { fs: None } } else { Request::Sync };
+            let message = daemon::call_ok(&context, &request)?;
             println!("{message}");
             Ok(ExitCode::SUCCESS)
         }
