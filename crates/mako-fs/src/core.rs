@@ -67,11 +67,49 @@ pub struct IndNode {
     pub dirty: bool,
 }
 
-/// A cached directory block.
+/// A cached directory block, kept as an ordered map with a running byte count so that
+/// an insert or delete costs O(log entries) whatever the block's fill.
 pub struct DirNode {
-    pub block: DirBlock,
+    pub id: mako_format::dir_block::DirBlockId,
+    pub depth: u8,
+    pub capacity_bytes: u32,
+    pub entries: std::collections::BTreeMap<u64, mako_format::dir_block::DirEntry>,
+    /// Encoded size: header plus entries.
+    pub used: usize,
     pub da: DiskAddress,
     pub dirty: bool,
+}
+
+impl DirNode {
+    pub fn from_block(block: DirBlock, da: DiskAddress, dirty: bool) -> DirNode {
+        let used = block.used_bytes();
+        DirNode {
+            id: block.id,
+            depth: block.depth,
+            capacity_bytes: block.capacity_bytes,
+            entries: block.entries.into_iter().map(|e| (e.cookie, e)).collect(),
+            used,
+            da,
+            dirty,
+        }
+    }
+    pub fn to_block(&self) -> DirBlock {
+        DirBlock { id: self.id, depth: self.depth, capacity_bytes: self.capacity_bytes, entries: self.entries.values().cloned().collect() }
+    }
+    pub fn has_room(&self, extra: usize) -> bool {
+        self.used + extra <= self.capacity_bytes as usize
+    }
+    pub fn insert(&mut self, e: mako_format::dir_block::DirEntry) {
+        self.used += e.encoded_len();
+        self.entries.insert(e.cookie, e);
+        self.dirty = true;
+    }
+    pub fn remove(&mut self, cookie: u64) -> Option<mako_format::dir_block::DirEntry> {
+        let e = self.entries.remove(&cookie)?;
+        self.used -= e.encoded_len();
+        self.dirty = true;
+        Some(e)
+    }
 }
 
 /// Mutable state of a cached inode, behind the handle's RwLock.

@@ -64,7 +64,7 @@ fn load_block(core: &Core, st: &InodeState, idx: u64) -> FsResult<bool> {
         tracing::error!("{e} (directory inode {})", st.inode.ino);
         FsError::Corrupt(e)
     })?;
-    st.dir_blocks.lock().insert(idx, DirNode { block, da, dirty: false });
+    st.dir_blocks.lock().insert(idx, DirNode::from_block(block, da, false));
     Ok(true)
 }
 
@@ -77,12 +77,12 @@ fn locate(core: &Core, st: &InodeState, cookie: u64) -> FsResult<u64> {
         if load_block(core, st, idx)? {
             let cache = st.dir_blocks.lock();
             let node = &cache[&idx];
-            let (lo, hi) = cookie_range(idx, node.block.depth);
-            if node.block.depth > d || cookie < lo || cookie > hi {
+            let (lo, hi) = cookie_range(idx, node.depth);
+            if node.depth > d || cookie < lo || cookie > hi {
                 return Err(FsError::Corrupt(mako_format::FormatError::invalid(
                     "directory block",
                     Location::Disk(node.da),
-                    format!("block {idx} at depth {} does not cover cookie {cookie}", node.block.depth),
+                    format!("block {idx} at depth {} does not cover cookie {cookie}", node.depth),
                 )));
             }
             return Ok(idx);
@@ -101,8 +101,7 @@ fn entry_at(core: &Core, st: &InodeState, cookie: u64) -> FsResult<Option<DirEnt
     }
     let idx = locate(core, st, cookie)?;
     let cache = st.dir_blocks.lock();
-    let e = &cache[&idx].block.entries;
-    Ok(e.binary_search_by_key(&cookie, |x| x.cookie).ok().map(|i| e[i].clone()))
+    Ok(cache[&idx].entries.get(&cookie).cloned())
 }
 
 /// Find `name`: returns the entry if present, else the cookie it would get.
@@ -166,13 +165,11 @@ pub fn insert(core: &Core, st: &mut InodeState, name: &[u8], ino: u64, kind: u8)
     }
     loop {
         let idx = locate(core, st, cookie)?;
-        let room = st.dir_blocks.lock()[&idx].block.has_room(len);
+        let room = st.dir_blocks.lock()[&idx].has_room(len);
         if room {
             let mut cache = st.dir_blocks.lock();
             let node = cache.get_mut(&idx).expect("located block cached");
-            let pos = node.block.entries.partition_point(|x| x.cookie < cookie);
-            node.block.entries.insert(pos, entry);
-            node.dirty = true;
+            node.insert(entry);
             drop(cache);
             st.inode.entries += 1;
             st.dirty = true;
@@ -216,7 +213,7 @@ fn leave_inode(core: &Core, st: &mut InodeState, needed: usize) -> FsResult<()> 
         st.inode.subblocks += cap_sb as u64;
         block_map::set(core, st, idx, da)?;
         let block = DirBlock { id: DirBlockId { ino, index: idx }, depth, capacity_bytes: cap_sb * sb as u32, entries: mine };
-        st.dir_blocks.lock().insert(idx, DirNode { block, da, dirty: true });
+        st.dir_blocks.lock().insert(idx, DirNode::from_block(block, da, true));
     }
     if cap_sb < full_sb {
         st.inode.size = cap_sb as u64 * sb as u64;
@@ -245,7 +242,7 @@ fn split_or_grow(core: &Core, st: &mut InodeState, idx: u64) -> FsResult<()> {
     let (cap, depth, old_da) = {
         let cache = st.dir_blocks.lock();
         let n = &cache[&idx];
-        (n.block.capacity_bytes, n.block.depth, n.da)
+        (n.capacity_bytes, n.depth, n.da)
     };
     let cap_sb = cap / sb;
     if cap_sb < full_sb {
@@ -258,7 +255,7 @@ fn split_or_grow(core: &Core, st: &mut InodeState, idx: u64) -> FsResult<()> {
         {
             let mut cache = st.dir_blocks.lock();
             let n = cache.get_mut(&0).expect("fragment block cached");
-            n.block.capacity_bytes = new_sb * sb;
+            n.capacity_bytes = new_sb * sb;
             n.da = da;
             n.dirty = true;
         }
@@ -283,13 +280,16 @@ fn split_or_grow(core: &Core, st: &mut InodeState, idx: u64) -> FsResult<()> {
     block_map::set(core, st, right_idx, da)?;
     let mut cache = st.dir_blocks.lock();
     let left = cache.get_mut(&idx).expect("split block cached");
-    let (moved, kept): (Vec<DirEntry>, Vec<DirEntry>) =
-        std::mem::take(&mut left.block.entries).into_iter().partition(|e| (e.cookie >> bit) & 1 == 1);
-    left.block.entries = kept;
-    left.block.depth = new_depth;
+    // Cookies with the bit set are the upper half of the block's range: split there.
+    let (lo, _) = cookie_range(idx, depth);
+    let boundary = lo | (1u64 << bit);
+    let moved: Vec<DirEntry> = left.entries.split_off(&boundary).into_values().collect();
+    debug_assert!(moved.iter().all(|e| (e.cookie >> bit) & 1 == 1));
+    left.used -= entries_encoded_len(&moved);
+    left.depth = new_depth;
     left.dirty = true;
     let right = DirBlock { id: DirBlockId { ino, index: right_idx }, depth: new_depth, capacity_bytes: full_sb * sb, entries: moved };
-    cache.insert(right_idx, DirNode { block: right, da, dirty: true });
+    cache.insert(right_idx, DirNode::from_block(right, da, true));
     st.dirty = true;
     core.stats.dir_splits.fetch_add(1, Ordering::Relaxed);
     Ok(())
@@ -307,8 +307,7 @@ pub fn remove(core: &Core, st: &mut InodeState, name: &[u8]) -> FsResult<DirEntr
         let idx = locate(core, st, entry.cookie)?;
         let mut cache = st.dir_blocks.lock();
         let node = cache.get_mut(&idx).expect("located block cached");
-        node.block.entries.retain(|x| x.cookie != entry.cookie);
-        node.dirty = true;
+        node.remove(entry.cookie);
     }
     st.inode.entries = st.inode.entries.saturating_sub(1);
     st.dirty = true;
@@ -333,7 +332,7 @@ pub fn replace(core: &Core, st: &mut InodeState, name: &[u8], ino: u64, kind: u8
         let idx = locate(core, st, entry.cookie)?;
         let mut cache = st.dir_blocks.lock();
         let node = cache.get_mut(&idx).expect("located block cached");
-        node.block.entries.iter_mut().for_each(upd);
+        node.entries.values_mut().for_each(upd);
         node.dirty = true;
     }
     st.dirty = true;
@@ -352,14 +351,13 @@ pub fn list(core: &Core, st: &InodeState, after: u64, max: usize) -> FsResult<Ve
         let idx = locate(core, st, c)?;
         let cache = st.dir_blocks.lock();
         let node = &cache[&idx];
-        let start = node.block.entries.partition_point(|x| x.cookie < c);
-        for e in &node.block.entries[start..] {
+        for e in node.entries.range(c..).map(|(_, e)| e) {
             if out.len() >= max {
                 break;
             }
             out.push(e.clone());
         }
-        let (_, hi) = cookie_range(idx, node.block.depth);
+        let (_, hi) = cookie_range(idx, node.depth);
         if hi >= COOKIE_MAX {
             break;
         }
@@ -373,7 +371,7 @@ pub fn flush_blocks(core: &Core, st: &InodeState) -> FsResult<()> {
     let mut cache = st.dir_blocks.lock();
     for node in cache.values_mut() {
         if node.dirty {
-            let bytes = node.block.encode();
+            let bytes = node.to_block().encode();
             core.nsd.write(node.da, &bytes, IoTag { buffer_type: BufferType::Directory, ino: st.inode.ino })?;
             node.dirty = false;
         }

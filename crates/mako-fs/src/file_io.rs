@@ -224,7 +224,9 @@ fn write_locked(core: &Core, h: &InodeHandle, mut st: parking_lot::RwLockWriteGu
         }
         buf.bytes[lo..hi].copy_from_slice(src);
         buf.add_dirty(lo as u32, hi as u32);
-        if buf.loaded && buf.bytes.len() as u64 == bb {
+        let before = buf.written_since_clean;
+        buf.written_since_clean += (hi - lo) as u64;
+        if before < bb && buf.written_since_clean >= bb {
             full_blocks.push(b);
         }
         core.pool.account(&mut buf, was);
@@ -435,6 +437,7 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
     if b * bb >= size || !matches!(st.inode.content, InodeContent::Pointers(_)) {
         // Beyond the end of file (truncated meanwhile): nothing to write.
         buf.dirty = None;
+        buf.written_since_clean = 0;
         core.pool.account(&mut buf, true);
         return Ok(());
     }
@@ -493,6 +496,7 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
         core.nsd.write(target.offset_by(alo as u64), &tmp, tag(ino))?;
     }
     buf.dirty = None;
+    buf.written_since_clean = 0;
     core.pool.account(&mut buf, true);
     core.stats.blocks_flushed.fetch_add(1, Ordering::Relaxed);
     Ok(())

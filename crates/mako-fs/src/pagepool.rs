@@ -26,6 +26,11 @@ pub struct DataBuffer {
     pub loaded: bool,
     /// Dirty byte range within the block. When not `loaded`, only these bytes are valid.
     pub dirty: Option<(u32, u32)>,
+    /// Bytes written since the buffer was last clean (overwrites count again). When it
+    /// reaches the block size the block is complete and goes to write-behind: a test
+    /// on the dirty envelope instead re-queues the block for every record that lands
+    /// after the last byte was written (interleaved writers), amplifying writes.
+    pub written_since_clean: u64,
     /// Brought in by prefetch and not read yet (prefetch efficiency).
     pub prefetched: bool,
     /// Bytes charged to the pool for this buffer.

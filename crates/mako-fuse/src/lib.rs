@@ -31,6 +31,9 @@ const FH_APPEND: u64 = 2;
 
 #[derive(Debug, Clone)]
 pub struct FuseOptions {
+    /// Let the kernel gather small writes in its page cache and send them as large
+    /// writes (FUSE writeback cache, `fuseWritebackCache`).
+    pub writeback_cache: bool,
     /// Threads serving FUSE requests (`workerThreads`).
     pub threads: usize,
     /// Largest read/write request (`fuseMaxWrite`).
@@ -43,6 +46,7 @@ pub struct FuseOptions {
 pub struct MakoFuse {
     fs: FileSystem,
     max_write: u32,
+    writeback_cache: bool,
 }
 
 fn ts(t: Timestamp) -> SystemTime {
@@ -117,8 +121,8 @@ fn ctx(req: &Request) -> Ctx {
 }
 
 impl MakoFuse {
-    pub fn new(fs: FileSystem, max_write: u32) -> MakoFuse {
-        MakoFuse { fs, max_write }
+    pub fn new(fs: FileSystem, max_write: u32, writeback_cache: bool) -> MakoFuse {
+        MakoFuse { fs, max_write, writeback_cache }
     }
 
     fn entry(&self, r: Result<Attr, FsError>, reply: ReplyEntry) {
@@ -157,7 +161,9 @@ impl MakoFuse {
         // No FOPEN_KEEP_CACHE: as in GPFS, the pagepool is the data cache. The kernel's
         // page cache lasts for one open, so every open's first read reaches Mako
         // (which keeps atime right under relatime) and costs only a pagepool hit.
-        if flags & libc::O_APPEND != 0 {
+        // With the writeback cache the kernel owns the file size and places appends
+        // itself; Mako must write where the kernel says.
+        if flags & libc::O_APPEND != 0 && !self.writeback_cache {
             fh |= FH_APPEND;
         }
         let _ = ino;
@@ -175,6 +181,7 @@ impl Filesystem for MakoFuse {
             | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
             | InitFlags::FUSE_ASYNC_DIO
             | InitFlags::FUSE_MAX_PAGES;
+        let want = if self.writeback_cache { want | InitFlags::FUSE_WRITEBACK_CACHE } else { want };
         let supported = config.capabilities() & want;
         if let Err(missing) = config.add_capabilities(supported) {
             tracing::warn!("kernel refused FUSE capabilities {missing:?}");
@@ -543,7 +550,7 @@ pub fn mount(fs: FileSystem, mountpoint: &Path, opts: &FuseOptions) -> std::io::
     config.clone_fd = true;
     let notifier = Arc::new(OnceLock::new());
     fs.core.invalidator.write().replace(Arc::new(Invalidator { notifier: notifier.clone() }));
-    let session = fuser::spawn_mount(MakoFuse::new(fs, opts.max_write), mountpoint, &config)?;
+    let session = fuser::spawn_mount(MakoFuse::new(fs, opts.max_write, opts.writeback_cache), mountpoint, &config)?;
     let _ = notifier.set(session.notifier());
     Ok(FuseMount { session: Some(session), mountpoint: mountpoint.to_path_buf() })
 }

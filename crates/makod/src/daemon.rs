@@ -93,6 +93,7 @@ impl Daemon {
         std::fs::create_dir_all(&fsdef.mountpoint).with_context(|| format!("creating mount point {}", fsdef.mountpoint.display()))?;
         let max_write = cfg.fuse_max_write_bytes();
         let opts = mako_fuse::FuseOptions {
+            writeback_cache: std::env::var("MAKO_WBC").is_ok(),
             threads: cfg.worker_threads(),
             max_write,
             allow_other: unsafe { libc::geteuid() } == 0,
