@@ -404,6 +404,9 @@ impl Core {
             // crash. It is fsck's to reclaim; to users it does not exist.
             return Err(FsError::Stale(ino));
         }
+        // Caching the inode requires its token (a local hit after the first acquire on
+        // a single node; a round trip to the token manager shard in a cluster).
+        self.coherence.inode(ino, mako_token::TokenMode::Ro)?;
         let mut map = self.inodes.lock();
         let h = map.entry(ino).or_insert_with(|| InodeHandle::new(inode)).clone();
         h.last_use.store(tick, Ordering::Relaxed);

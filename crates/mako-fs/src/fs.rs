@@ -91,6 +91,14 @@ pub struct StatFs {
     pub name_max: u32,
 }
 
+/// The byte range a data token must cover for `len` bytes at `offset`: rounded out to
+/// whole blocks (only one node ever allocates a block), never empty.
+fn block_range(offset: u64, len: u64, block: u64) -> ByteRange {
+    let start = offset / block * block;
+    let end = offset.saturating_add(len).div_ceil(block).saturating_mul(block).max(start.saturating_add(block));
+    ByteRange { start, end }
+}
+
 pub fn dtype(mode: u32) -> u8 {
     ((mode & S_IFMT) >> 12) as u8
 }
@@ -694,6 +702,8 @@ impl FileSystem {
             p.next_offset = offset + size as u64;
             p.run >= 2
         };
+        let bb = self.core.block_bytes();
+        self.core.coherence.data(ino, TokenMode::Ro, block_range(offset, size as u64, bb))?;
         let (data, atime_due, fsize) = {
             let st = h.state.read();
             if st.deleted {
@@ -766,7 +776,7 @@ impl FileSystem {
             }
         }
         let bb = self.core.block_bytes();
-        self.core.coherence.data(ino, TokenMode::Xw, ByteRange { start: offset / bb * bb, end: (offset + data.len() as u64).div_ceil(bb) * bb })?;
+        self.core.coherence.data(ino, TokenMode::Xw, block_range(offset, data.len() as u64, bb))?;
         if append {
             let off = h.state.read().inode.size;
             // The write lock taken in file_io::write makes this racy only against other
