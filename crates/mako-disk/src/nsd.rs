@@ -3,6 +3,7 @@
 
 use crate::iohist::{BufferType, IoHistory, IoRecord};
 use crate::{Disk, DiskError};
+use mako_diag::{Wait, WaitGuard};
 use mako_format::DiskAddress;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -98,6 +99,28 @@ impl LocalNsd {
     }
 }
 
+/// The waiter entry of one block I/O (`mako diag waiters`), in iohist's terms.
+fn wait_for_io(da: DiskAddress, len: usize, write: bool, tag: IoTag) -> Wait {
+    Wait::DiskIo {
+        write,
+        buffer_type: tag.buffer_type.name(),
+        disk: da.disk(),
+        sector: da.sector(),
+        sectors: (len as u64).div_ceil(mako_format::SECTOR_BYTES),
+        ino: tag.ino,
+    }
+}
+
+/// A slow data disk for tests (`MAKO_TEST_DATA_IO_DELAY_MS`); metadata I/O is never
+/// delayed so mounting stays quick. Counted in the I/O's service time, like a slow disk.
+fn test_delay(tag: IoTag) {
+    if tag.buffer_type == BufferType::Data {
+        if let Some(d) = mako_diag::test_hooks::data_io_delay() {
+            std::thread::sleep(d);
+        }
+    }
+}
+
 impl Nsd for LocalNsd {
     fn disk_count(&self) -> usize {
         self.disks.len()
@@ -110,17 +133,24 @@ impl Nsd for LocalNsd {
     }
     fn read(&self, da: DiskAddress, buf: &mut [u8], tag: IoTag) -> Result<(), DiskError> {
         let start = (SystemTime::now(), Instant::now());
+        let wait = WaitGuard::new(wait_for_io(da, buf.len(), false, tag));
+        test_delay(tag);
         let r = self.disk(da.disk())?.read_at(buf, da.byte_offset());
+        drop(wait);
         self.account(da, buf.len(), false, tag, start, r.is_ok());
         r
     }
     fn write(&self, da: DiskAddress, buf: &[u8], tag: IoTag) -> Result<(), DiskError> {
         let start = (SystemTime::now(), Instant::now());
+        let wait = WaitGuard::new(wait_for_io(da, buf.len(), true, tag));
+        test_delay(tag);
         let r = self.disk(da.disk())?.write_at(buf, da.byte_offset());
+        drop(wait);
         self.account(da, buf.len(), true, tag, start, r.is_ok());
         r
     }
     fn sync_all(&self) -> Result<(), DiskError> {
+        let _wait = WaitGuard::new(Wait::DiskSync);
         for d in &self.disks {
             d.sync()?;
         }

@@ -12,8 +12,11 @@ use mako_format::alloc_segment::{AllocSegment, DiskSlice};
 use mako_format::descriptor::{Descriptor, DiskStatus, LayoutMap, RESERVED_BYTES};
 use mako_format::geometry::Geometry;
 use mako_format::DiskAddress;
-use parking_lot::Mutex;
+use mako_diag::{CountedMutex, LockClass};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// Lock class of `mako diag counters`.
+pub static ALLOC_REGION_LOCK: LockClass = LockClass::new("alloc.region");
 
 /// What an allocation will hold: data goes to data disks, the rest to metadata disks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +36,7 @@ pub struct Region {
 pub struct AllocMap {
     geo: Geometry,
     layout: LayoutMap,
-    regions: Vec<Mutex<Region>>,
+    regions: Vec<CountedMutex<Region>>,
     /// Per disk: region boundaries in blocks (regions+1 entries).
     boundaries: Vec<Vec<u64>>,
     data_disks: Vec<u32>,
@@ -160,7 +163,7 @@ impl AllocMap {
             let region = Region::from_segment(seg);
             total += region.seg.slices.iter().map(|s| s.subblocks).sum::<u64>();
             free_total += region.free.iter().sum::<u64>();
-            regions.push(Mutex::new(region));
+            regions.push(CountedMutex::new(&ALLOC_REGION_LOCK, region));
         }
         let usable = |d: &&mako_format::descriptor::DiskEntry| d.status == DiskStatus::Ready;
         let data_disks = desc.disks.iter().filter(usable).filter(|d| d.usage.holds_data()).map(|d| d.index).collect();

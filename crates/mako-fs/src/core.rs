@@ -16,10 +16,27 @@ use mako_format::geometry::Geometry;
 use mako_format::indirect::IndirectBlock;
 use mako_format::inode::{Inode, Timestamp};
 use mako_format::DiskAddress;
+use mako_diag::{CountedMutex, CountedRwLock, LockClass};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// Lock classes of `mako diag counters`: every lock of a kind counts under one name.
+pub static INODE_LOCK: LockClass = LockClass::new("inode");
+pub static INODE_READ_PATTERN_LOCK: LockClass = LockClass::new("inode.readPattern");
+pub static INODE_INDIRECT_LOCK: LockClass = LockClass::new("inode.indirect");
+pub static INODE_DIR_BLOCKS_LOCK: LockClass = LockClass::new("inode.dirBlocks");
+pub static INODE_CACHE_LOCK: LockClass = LockClass::new("inode.cache");
+pub static INODE_LOOKUPS_LOCK: LockClass = LockClass::new("inode.lookups");
+pub static STAT_CACHE_LOCK: LockClass = LockClass::new("statCache");
+pub static DESCRIPTOR_LOCK: LockClass = LockClass::new("descriptor");
+pub static CONFIG_LOCK: LockClass = LockClass::new("config");
+pub static METAFILE_BLOCKS_LOCK: LockClass = LockClass::new("metafile.blocks");
+pub static RENAME_LOCK: LockClass = LockClass::new("rename");
+pub static WRITEBEHIND_QUEUE_LOCK: LockClass = LockClass::new("writebehind.queue");
+pub static PREFETCH_QUEUE_LOCK: LockClass = LockClass::new("prefetch.queue");
+pub static INODE_FILE_GROW_LOCK: LockClass = LockClass::new("inodeFile.grow");
 
 /// Runtime parameters of a mounted file system (from the configuration).
 #[derive(Debug, Clone)]
@@ -117,9 +134,9 @@ pub struct InodeState {
     pub inode: Inode,
     pub dirty: bool,
     /// Indirect blocks by (level, index). Behind a mutex so lookups work under a read lock.
-    pub indirect: Mutex<HashMap<(u8, u64), IndNode>>,
+    pub indirect: CountedMutex<HashMap<(u8, u64), IndNode>>,
     /// Directory blocks by logical index.
-    pub dir_blocks: Mutex<HashMap<u64, DirNode>>,
+    pub dir_blocks: CountedMutex<HashMap<u64, DirNode>>,
     /// Blocks whose current allocation is not what the block map's size rules say
     /// (a fragment that stopped being the last block): unit -> allocated subblocks.
     pub realloc: HashMap<u64, u32>,
@@ -137,8 +154,8 @@ pub struct ReadPattern {
 
 pub struct InodeHandle {
     pub ino: u64,
-    pub state: RwLock<InodeState>,
-    pub pattern: Mutex<ReadPattern>,
+    pub state: CountedRwLock<InodeState>,
+    pub pattern: CountedMutex<ReadPattern>,
     pub opens: AtomicU32,
     pub last_use: AtomicU64,
 }
@@ -147,15 +164,15 @@ impl InodeHandle {
     pub fn new(inode: Inode) -> Arc<InodeHandle> {
         Arc::new(InodeHandle {
             ino: inode.ino,
-            state: RwLock::new(InodeState {
+            state: CountedRwLock::new(&INODE_LOCK, InodeState {
                 inode,
                 dirty: false,
-                indirect: Mutex::new(HashMap::new()),
-                dir_blocks: Mutex::new(HashMap::new()),
+                indirect: CountedMutex::new(&INODE_INDIRECT_LOCK, HashMap::new()),
+                dir_blocks: CountedMutex::new(&INODE_DIR_BLOCKS_LOCK, HashMap::new()),
                 realloc: HashMap::new(),
                 deleted: false,
             }),
-            pattern: Mutex::new(ReadPattern::default()),
+            pattern: CountedMutex::new(&INODE_READ_PATTERN_LOCK, ReadPattern::default()),
             opens: AtomicU32::new(0),
             last_use: AtomicU64::new(0),
         })
@@ -171,20 +188,20 @@ pub trait KernelInvalidator: Send + Sync {
 
 pub struct Core {
     pub nsd: Arc<dyn Nsd>,
-    pub desc: Mutex<Descriptor>,
+    pub desc: CountedMutex<Descriptor>,
     pub geo: Geometry,
-    pub cfg: RwLock<FsConfig>,
+    pub cfg: CountedRwLock<FsConfig>,
     pub alloc: AllocMap,
     pub alloc_slot_bytes: usize,
     pub imap: InodeMap,
-    pub inodes: Mutex<HashMap<u64, Arc<InodeHandle>>>,
+    pub inodes: CountedMutex<HashMap<u64, Arc<InodeHandle>>>,
     /// Kernel lookup references (FUSE nlookup) per inode.
-    pub lookups: Mutex<HashMap<u64, u64>>,
+    pub lookups: CountedMutex<HashMap<u64, u64>>,
     /// Disk addresses of the blocks of each metadata file, by block index.
-    pub metafile_blocks: RwLock<HashMap<u64, Vec<DiskAddress>>>,
+    pub metafile_blocks: CountedRwLock<HashMap<u64, Vec<DiskAddress>>>,
     pub pool: PagePool,
     /// Serialises renames that move directories (loop checks need a stable tree).
-    pub rename_lock: Mutex<()>,
+    pub rename_lock: CountedMutex<()>,
     pub coherence: Arc<dyn Coherence>,
     pub invalidator: RwLock<Option<Arc<dyn KernelInvalidator>>>,
     pub stats: FsStats,
@@ -195,13 +212,13 @@ pub struct Core {
     pub generation: AtomicU32,
     pub node: u32,
     /// Attribute-only cache of inodes evicted past `maxFilesToCache` (`maxStatCache`).
-    pub stat_cache: Mutex<(HashMap<u64, Inode>, std::collections::VecDeque<u64>)>,
+    pub stat_cache: CountedMutex<(HashMap<u64, Inode>, std::collections::VecDeque<u64>)>,
     /// Write-behind and prefetch work.
-    pub flushq: Mutex<std::collections::VecDeque<(u64, u64)>>,
-    pub prefetchq: Mutex<std::collections::VecDeque<(u64, u64)>>,
+    pub flushq: CountedMutex<std::collections::VecDeque<(u64, u64)>>,
+    pub prefetchq: CountedMutex<std::collections::VecDeque<(u64, u64)>>,
     pub prefetch_cv: parking_lot::Condvar,
     /// Serialises growth of the inode file.
-    pub inode_file_grow: Mutex<()>,
+    pub inode_file_grow: CountedMutex<()>,
 }
 
 /// Prefetch requests queued at most (older requests are dropped beyond this).
@@ -223,17 +240,17 @@ impl Core {
         let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(1);
         Core {
             nsd,
-            desc: Mutex::new(desc),
+            desc: CountedMutex::new(&DESCRIPTOR_LOCK, desc),
             geo,
-            cfg: RwLock::new(cfg),
+            cfg: CountedRwLock::new(&CONFIG_LOCK, cfg),
             alloc,
             alloc_slot_bytes,
             imap,
-            inodes: Mutex::new(HashMap::new()),
-            lookups: Mutex::new(HashMap::new()),
-            metafile_blocks: RwLock::new(HashMap::new()),
+            inodes: CountedMutex::new(&INODE_CACHE_LOCK, HashMap::new()),
+            lookups: CountedMutex::new(&INODE_LOOKUPS_LOCK, HashMap::new()),
+            metafile_blocks: CountedRwLock::new(&METAFILE_BLOCKS_LOCK, HashMap::new()),
             pool,
-            rename_lock: Mutex::new(()),
+            rename_lock: CountedMutex::new(&RENAME_LOCK, ()),
             coherence,
             invalidator: RwLock::new(None),
             stats: FsStats::default(),
@@ -243,11 +260,11 @@ impl Core {
             use_tick: AtomicU64::new(0),
             generation: AtomicU32::new(seed),
             node,
-            stat_cache: Mutex::new((HashMap::new(), std::collections::VecDeque::new())),
-            flushq: Mutex::new(std::collections::VecDeque::new()),
-            prefetchq: Mutex::new(std::collections::VecDeque::new()),
+            stat_cache: CountedMutex::new(&STAT_CACHE_LOCK, (HashMap::new(), std::collections::VecDeque::new())),
+            flushq: CountedMutex::new(&WRITEBEHIND_QUEUE_LOCK, std::collections::VecDeque::new()),
+            prefetchq: CountedMutex::new(&PREFETCH_QUEUE_LOCK, std::collections::VecDeque::new()),
             prefetch_cv: parking_lot::Condvar::new(),
-            inode_file_grow: Mutex::new(()),
+            inode_file_grow: CountedMutex::new(&INODE_FILE_GROW_LOCK, ()),
         }
     }
 

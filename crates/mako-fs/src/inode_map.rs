@@ -2,11 +2,14 @@
 
 use crate::error::{FsError, FsResult};
 use mako_format::inode_map_segment::InodeMapSegment;
-use parking_lot::Mutex;
+use mako_diag::{CountedMutex, LockClass};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+/// Lock class of `mako diag counters`.
+pub static INODE_MAP_SEGMENT_LOCK: LockClass = LockClass::new("inodeMap.segment");
+
 pub struct InodeMap {
-    segments: Vec<Mutex<(InodeMapSegment, bool)>>,
+    segments: Vec<CountedMutex<(InodeMapSegment, bool)>>,
     inodes_per_segment: u32,
     inodes_max: u64,
     used: AtomicU64,
@@ -27,7 +30,7 @@ impl InodeMap {
     pub fn new(segments: Vec<InodeMapSegment>, inodes_max: u64, per_segment: u32) -> InodeMap {
         let used = segments.iter().map(|s| s.bitmap.iter().map(|w| w.count_ones() as u64).sum::<u64>()).sum();
         InodeMap {
-            segments: segments.into_iter().map(|s| Mutex::new((s, false))).collect(),
+            segments: segments.into_iter().map(|s| CountedMutex::new(&INODE_MAP_SEGMENT_LOCK, (s, false))).collect(),
             inodes_per_segment: per_segment,
             inodes_max,
             used: AtomicU64::new(used),

@@ -9,6 +9,7 @@
 //! - Lock order: inode state lock, then a buffer's lock; the pool's map lock is never
 //!   held while taking a buffer lock.
 
+use mako_diag::{CountedMutex, LockClass, Wait, WaitGuard};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -50,8 +51,13 @@ impl DataBuffer {
     }
 }
 
+/// Lock classes of `mako diag counters`.
+pub static BUFFER_LOCK: LockClass = LockClass::new("buffer");
+pub static PAGEPOOL_MAP_LOCK: LockClass = LockClass::new("pagepool.map");
+pub static PAGEPOOL_CLOCK_LOCK: LockClass = LockClass::new("pagepool.clock");
+
 pub struct BufferSlot {
-    pub buf: Mutex<DataBuffer>,
+    pub buf: CountedMutex<DataBuffer>,
     referenced: AtomicBool,
 }
 
@@ -67,8 +73,8 @@ pub struct PoolStats {
 }
 
 pub struct PagePool {
-    map: Mutex<BTreeMap<BufferKey, Arc<BufferSlot>>>,
-    clock: Mutex<VecDeque<BufferKey>>,
+    map: CountedMutex<BTreeMap<BufferKey, Arc<BufferSlot>>>,
+    clock: CountedMutex<VecDeque<BufferKey>>,
     bytes: AtomicU64,
     dirty_bytes: AtomicU64,
     limit: AtomicU64,
@@ -81,8 +87,8 @@ pub struct PagePool {
 impl PagePool {
     pub fn new(limit_bytes: u64) -> PagePool {
         PagePool {
-            map: Mutex::new(BTreeMap::new()),
-            clock: Mutex::new(VecDeque::new()),
+            map: CountedMutex::new(&PAGEPOOL_MAP_LOCK, BTreeMap::new()),
+            clock: CountedMutex::new(&PAGEPOOL_CLOCK_LOCK, VecDeque::new()),
             bytes: AtomicU64::new(0),
             dirty_bytes: AtomicU64::new(0),
             limit: AtomicU64::new(limit_bytes),
@@ -126,7 +132,7 @@ impl PagePool {
             return s.clone();
         }
         self.stats.misses.fetch_add(1, Ordering::Relaxed);
-        let s = Arc::new(BufferSlot { buf: Mutex::new(DataBuffer::default()), referenced: AtomicBool::new(true) });
+        let s = Arc::new(BufferSlot { buf: CountedMutex::new(&BUFFER_LOCK, DataBuffer::default()), referenced: AtomicBool::new(true) });
         map.insert(key, s.clone());
         drop(map);
         self.clock.lock().push_back(key);
@@ -269,11 +275,11 @@ impl PagePool {
     /// Writers call this before taking any inode lock: wait while dirty data is over
     /// its limit, waking write-behind. Bounded wait per round so shutdown is never stuck.
     pub fn wait_for_room(&self, incoming: u64) {
-        let mut waited = false;
+        let mut waited = None;
         while self.dirty_bytes() + incoming > self.dirty_limit() && self.dirty_bytes() > 0 {
-            if !waited {
+            if waited.is_none() {
                 self.stats.writer_waits.fetch_add(1, Ordering::Relaxed);
-                waited = true;
+                waited = Some(WaitGuard::new(Wait::Static("waiting for write-behind to free pagepool")));
             }
             self.wake_flushers();
             let mut g = self.room.0.lock();

@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use mako_config::{ConfigStore, EffectiveConfig};
 use mako_control::{ClusterConfig, ControlHandler, DataDir, Request, Response};
-use mako_control::{ConfigRowView, DaemonStatus, DiskCountersView, DiskStatusView, FsCountersView, FsStatus, IoRecordView, StatsView, TokenView};
+use mako_control::{ConfigRowView, DaemonStatus, DiskCountersView, DiskStatusView, FsCountersView, FsStatus, IoRecordView, LockCounterView, StatsView, TokenView, WaiterView};
 use mako_format::disk_header::DiskUsage;
 use mako_fs::{DiskSpec, FsConfig, Mounted};
 use parking_lot::{Mutex, RwLock};
@@ -19,6 +19,9 @@ struct MountedFs {
     mountpoint: PathBuf,
     disk_paths: Vec<(String, PathBuf)>,
 }
+
+/// One file system's counters: name, named counters, per-disk counters.
+pub(crate) type FsCounters = (String, Vec<(String, u64)>, Vec<mako_disk::nsd::DiskStats>);
 
 pub struct Daemon {
     dir: DataDir,
@@ -200,7 +203,7 @@ impl Daemon {
         st
     }
 
-    fn status(&self) -> DaemonStatus {
+    pub(crate) fn status(&self) -> DaemonStatus {
         let cluster = self.cluster.lock().clone();
         DaemonStatus {
             node_name: cluster.node_name.clone(),
@@ -213,8 +216,53 @@ impl Daemon {
         }
     }
 
-    fn each_fs<T>(&self, name: Option<&str>, f: impl Fn(&str, &Mounted) -> T) -> Vec<T> {
+    pub(crate) fn each_fs<T>(&self, name: Option<&str>, f: impl Fn(&str, &Mounted) -> T) -> Vec<T> {
         self.mounts.lock().iter().filter(|(n, _)| name.is_none_or(|x| x == n.as_str())).map(|(n, m)| f(n, &m.mounted)).collect()
+    }
+
+    /// Per mounted file system: its name, its counters (file system, then pagepool) and
+    /// its disks' counters. The one source of `mako diag stats` and the metrics endpoint.
+    pub(crate) fn fs_counters(&self) -> Vec<FsCounters> {
+        let mut all = self.each_fs(None, |n, m| {
+            let core = m.core();
+            let mut c = core.stats.snapshot();
+            let p = &core.pool.stats;
+            for (k, v) in [
+                ("pagepool_hits", &p.hits),
+                ("pagepool_misses", &p.misses),
+                ("pagepool_evictions", &p.evictions),
+                ("prefetch_issued", &p.prefetch_issued),
+                ("prefetch_used", &p.prefetch_used),
+                ("prefetch_wasted", &p.prefetch_wasted),
+                ("writer_waits_for_writebehind", &p.writer_waits),
+            ] {
+                c.push((k.to_string(), v.load(Ordering::Relaxed)));
+            }
+            (n.to_string(), c, core.nsd.stats())
+        });
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    fn stats_view(&self) -> StatsView {
+        let mut fss = Vec::new();
+        let mut disks = Vec::new();
+        for (name, counters, dstats) in self.fs_counters() {
+            fss.push(FsCountersView { name, counters });
+            for d in dstats {
+                disks.push(DiskCountersView {
+                    name: d.name,
+                    reads: d.reads,
+                    writes: d.writes,
+                    read_bytes: d.read_bytes,
+                    write_bytes: d.write_bytes,
+                    read_ms_avg: if d.reads > 0 { d.read_micros as f64 / d.reads as f64 / 1000.0 } else { 0.0 },
+                    write_ms_avg: if d.writes > 0 { d.write_micros as f64 / d.writes as f64 / 1000.0 } else { 0.0 },
+                    errors: d.errors,
+                });
+            }
+        }
+        StatsView { filesystems: fss, disks }
     }
 
     fn config_set(&self, name: &str, value: &str, immediate: bool) -> Result<String> {
@@ -286,48 +334,25 @@ impl ControlHandler for Daemon {
                     let skip = out.len().saturating_sub(last);
                     Response::Iohist(out.into_iter().skip(skip).collect())
                 }
-                Request::DiagWaiters { .. } => {
-                    Response::error("mako diag waiters is not supported yet: makod does not track blocked threads (planned with the diagnostics work)")
-                }
-                Request::DiagCounters => {
-                    Response::error("mako diag counters is not supported yet: lock contention is not instrumented (planned with the diagnostics work)")
-                }
-                Request::DiagStats => {
-                    let mut fss = Vec::new();
-                    let mut disks = Vec::new();
-                    for (name, counters, dstats) in self.each_fs(None, |n, m| {
-                        let core = m.core();
-                        let mut c = core.stats.snapshot();
-                        let p = &core.pool.stats;
-                        for (k, v) in [
-                            ("pagepool_hits", &p.hits),
-                            ("pagepool_misses", &p.misses),
-                            ("pagepool_evictions", &p.evictions),
-                            ("prefetch_issued", &p.prefetch_issued),
-                            ("prefetch_used", &p.prefetch_used),
-                            ("prefetch_wasted", &p.prefetch_wasted),
-                            ("writer_waits_for_writebehind", &p.writer_waits),
-                        ] {
-                            c.push((k.to_string(), v.load(Ordering::Relaxed)));
-                        }
-                        (n.to_string(), c, core.nsd.stats())
-                    }) {
-                        fss.push(FsCountersView { name, counters });
-                        for d in dstats {
-                            disks.push(DiskCountersView {
-                                name: d.name,
-                                reads: d.reads,
-                                writes: d.writes,
-                                read_bytes: d.read_bytes,
-                                write_bytes: d.write_bytes,
-                                read_ms_avg: if d.reads > 0 { d.read_micros as f64 / d.reads as f64 / 1000.0 } else { 0.0 },
-                                write_ms_avg: if d.writes > 0 { d.write_micros as f64 / d.writes as f64 / 1000.0 } else { 0.0 },
-                                errors: d.errors,
-                            });
-                        }
-                    }
-                    Response::Stats(StatsView { filesystems: fss, disks })
-                }
+                Request::DiagWaiters { threshold_ms } => Response::Waiters(
+                    mako_diag::waiters::snapshot(Duration::from_millis(threshold_ms))
+                        .into_iter()
+                        .map(|w| WaiterView { thread: w.thread, waiting_ms: w.waiting.as_secs_f64() * 1000.0, what: w.what })
+                        .collect(),
+                ),
+                Request::DiagCounters => Response::Counters(
+                    mako_diag::lock_stats::snapshot()
+                        .into_iter()
+                        .map(|c| LockCounterView {
+                            name: c.name.to_string(),
+                            acquisitions: c.acquisitions,
+                            contended: c.contended,
+                            wait_total_ms: c.wait_total_ns as f64 / 1e6,
+                            wait_max_ms: c.wait_max_ns as f64 / 1e6,
+                        })
+                        .collect(),
+                ),
+                Request::DiagStats => Response::Stats(self.stats_view()),
                 Request::DiagTokens => {
                     let mut out = Vec::new();
                     for list in self.each_fs(None, |_, m| m.core().coherence.dump()) {
@@ -393,6 +418,9 @@ pub fn run(root: &Path) -> Result<()> {
     let daemon = Arc::new(Daemon { dir: dir.clone(), cluster: Mutex::new(cluster.clone()), config: RwLock::new(config), mounts: Mutex::new(HashMap::new()), started: Instant::now(), stop: stop.clone() });
     tracing::info!("makod {} starting: node {} (id {}), data dir {}", env!("CARGO_PKG_VERSION"), cluster.node_name, cluster.node_id, root.display());
     let server = mako_control::serve(&dir.socket_file(), daemon.clone(), stop.clone()).with_context(|| format!("control socket {}", dir.socket_file().display()))?;
+    // The metrics endpoint starts before the mounts so a scrape during a slow mount
+    // still answers (with the daemon's figures); a bind failure is logged, never fatal.
+    let metrics = daemon.config.read().prometheus_socket_addr().and_then(|addr| crate::metrics::start(addr, daemon.clone(), stop.clone()));
     let mut failed = Vec::new();
     for f in cluster.filesystems.iter().filter(|f| f.automount) {
         if let Err(e) = daemon.mount_fs(&f.name) {
@@ -417,6 +445,9 @@ pub fn run(root: &Path) -> Result<()> {
         }
     }
     let _ = server.join();
+    if let Some(m) = metrics {
+        let _ = m.join();
+    }
     if !errors.is_empty() {
         bail!("stopped with errors: {}", errors.join("; "));
     }

@@ -4,6 +4,7 @@
 //! SIGINT), when it writes everything back and unmounts cleanly.
 
 mod daemon;
+mod metrics;
 
 use clap::Parser;
 use std::path::PathBuf;
