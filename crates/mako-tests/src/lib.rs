@@ -2,6 +2,7 @@
 //! fsx-style randomized model-based exerciser ([`fsx`]). Both work on any directory (a Mako mount
 //! point, ext4, tmpfs, ...) and are also available as the `mako-posix` and `mako-fsx` binaries.
 
+pub mod cluster;
 pub mod fsx;
 pub mod posix;
 pub mod sys;
