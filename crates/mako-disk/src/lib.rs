@@ -8,6 +8,7 @@
 //!   faults (failed reads/writes, a read-only disk).
 //! - Every I/O is recorded in the I/O history (`mako diag iohist`) and per-disk counters.
 
+pub mod aligned;
 pub mod disk;
 pub mod error;
 pub mod file_disk;
@@ -15,6 +16,7 @@ pub mod iohist;
 pub mod mem_disk;
 pub mod nsd;
 
+pub use aligned::{AlignedBuf, IO_ALIGN};
 pub use disk::Disk;
 pub use error::DiskError;
 pub use file_disk::FileDisk;

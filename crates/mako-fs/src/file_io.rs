@@ -12,6 +12,7 @@ use crate::block_map;
 use crate::core::{now, Core, InodeHandle, InodeState};
 use crate::error::{FsError, FsResult};
 use crate::pagepool::DataBuffer;
+use mako_disk::AlignedBuf;
 use mako_disk::nsd::IoTag;
 use mako_disk::BufferType;
 use mako_format::inode::{payload_bytes, pointers_in_inode, xattrs_encoded_len, InodeContent};
@@ -35,8 +36,8 @@ fn valid_len(core: &Core, size: u64, b: u64) -> usize {
 }
 
 /// Read block `b`'s disk content (up to `valid` bytes) into a fresh vector.
-fn read_disk_block(core: &Core, st: &InodeState, b: u64, valid: usize) -> FsResult<Vec<u8>> {
-    let mut out = Vec::with_capacity(valid);
+fn read_disk_block(core: &Core, st: &InodeState, b: u64, valid: usize) -> FsResult<AlignedBuf> {
+    let mut out = AlignedBuf::with_capacity(valid.next_multiple_of(512));
     let da = block_map::lookup(core, st, b)?;
     if da.is_null() || valid == 0 {
         out.resize(valid, 0);
@@ -86,7 +87,7 @@ pub fn convert_inline(core: &Core, st: &mut InodeState) -> FsResult<()> {
         let mut buf = slot.buf.lock();
         let was = buf.is_dirty();
         let n = data.len() as u32;
-        buf.bytes = data;
+        buf.bytes = AlignedBuf::from_slice(&data);
         buf.loaded = true;
         buf.add_dirty(0, n);
         core.pool.account(&mut buf, was);
@@ -197,7 +198,7 @@ fn write_locked(core: &Core, h: &InodeHandle, mut st: parking_lot::RwLockWriteGu
                 }
             } else if block_map::lookup(core, &st, b)?.is_null() {
                 // A hole: its content is zeros plus whatever is dirty.
-                let mut z = Vec::with_capacity(old_valid.max(hi));
+                let mut z = AlignedBuf::with_capacity(old_valid.max(hi));
                 z.resize(old_valid.max(hi), 0);
                 if let Some((dl, dh)) = buf.dirty {
                     z[dl as usize..dh as usize].copy_from_slice(&buf.bytes[dl as usize..dh as usize]);
@@ -314,7 +315,7 @@ fn read_uncached(core: &Core, st: &InodeState, b: u64, lo: usize, hi: usize, out
         let alo = lo / 512 * 512;
         let ahi = hi.next_multiple_of(512).min(alloc);
         if ahi > alo && alloc > lo {
-            let mut tmp = vec![0u8; ahi - alo];
+            let mut tmp = AlignedBuf::zeroed(ahi - alo);
             core.nsd.read(da.offset_by(alo as u64), &mut tmp, tag(st.inode.ino))?;
             let n = hi.min(ahi) - lo;
             out[start..start + n].copy_from_slice(&tmp[lo - alo..lo - alo + n]);
@@ -387,6 +388,44 @@ pub fn write_direct(core: &Core, st: &mut InodeState, offset: u64, data: &[u8]) 
     st.dirty = true;
     core.stats.bytes_written.fetch_add(data.len() as u64, Ordering::Relaxed);
     Ok(data.len())
+}
+
+/// Read like `read`, handing the bytes to `f`. When the range lies inside one cached
+/// block, `f` gets a slice of the pagepool buffer itself (no copy; the FUSE reply is
+/// written straight from it).
+pub fn read_with<R>(core: &Core, st: &InodeState, offset: u64, size: usize, sequential: bool, f: impl FnOnce(&[u8]) -> R) -> FsResult<R> {
+    let fsize = st.inode.size;
+    let bb = core.block_bytes();
+    let end = fsize.min(offset.saturating_add(size as u64));
+    let single = offset < end && offset / bb == (end - 1) / bb && matches!(st.inode.content, InodeContent::Pointers(_));
+    if single {
+        let b = offset / bb;
+        let (lo, hi) = ((offset - b * bb) as usize, (end - b * bb) as usize);
+        let whole = sequential || hi - lo >= (bb as usize) / 2;
+        let slot = match core.pool.get((st.inode.ino, b)) {
+            Some(s) => Some(s),
+            None if whole => Some(core.pool.get_or_create((st.inode.ino, b))),
+            None => None,
+        };
+        if let Some(slot) = slot {
+            let mut buf = slot.buf.lock();
+            if !buf.loaded {
+                let was = buf.is_dirty();
+                load_buffer(core, st, b, &mut buf)?;
+                core.pool.account(&mut buf, was);
+            }
+            if buf.bytes.len() >= hi {
+                if buf.prefetched {
+                    buf.prefetched = false;
+                    core.pool.stats.prefetch_used.fetch_add(1, Ordering::Relaxed);
+                }
+                core.stats.bytes_read.fetch_add((hi - lo) as u64, Ordering::Relaxed);
+                return Ok(f(&buf.bytes[lo..hi]));
+            }
+        }
+    }
+    let v = read(core, st, offset, size, sequential)?;
+    Ok(f(&v))
 }
 
 fn copy_out(bytes: &[u8], lo: usize, hi: usize, out: &mut Vec<u8>) {
@@ -478,7 +517,7 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
         if buf.bytes.len() >= write_len {
             core.nsd.write(target, &buf.bytes[..write_len], tag(ino))?;
         } else {
-            let mut padded = Vec::with_capacity(write_len);
+            let mut padded = AlignedBuf::with_capacity(write_len);
             padded.extend_from_slice(&buf.bytes);
             padded.resize(write_len, 0);
             core.nsd.write(target, &padded, tag(ino))?;
@@ -488,7 +527,7 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
         let (lo, hi) = buf.dirty.map(|(a, b)| (a as usize, b as usize)).expect("dirty");
         let alo = lo / 512 * 512;
         let ahi = hi.next_multiple_of(512).min(write_len);
-        let mut tmp = vec![0u8; ahi - alo];
+        let mut tmp = AlignedBuf::zeroed(ahi - alo);
         if alo < lo || hi < ahi {
             core.nsd.read(target.offset_by(alo as u64), &mut tmp, tag(ino))?;
         }
@@ -648,7 +687,7 @@ pub fn allocate_range(core: &Core, st: &mut InodeState, offset: u64, len: u64, k
     }
     let bb = core.block_bytes();
     let spb = core.geo.subblocks_per_block;
-    let zeros = vec![0u8; bb as usize];
+    let zeros = AlignedBuf::zeroed(bb as usize);
     let ino = st.inode.ino;
     let mut b = offset / bb;
     while b * bb < end {

@@ -693,6 +693,12 @@ impl FileSystem {
     }
 
     pub fn read(&self, ino: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        self.read_with(ino, offset, size, |d| d.to_vec())
+    }
+
+    /// Read, handing the bytes to `f` (the FUSE reply) without copying them out of the
+    /// pagepool when they lie in one cached block.
+    pub fn read_with<R>(&self, ino: u64, offset: u64, size: u32, f: impl FnOnce(&[u8]) -> R) -> FsResult<R> {
         self.core.stats.reads.fetch_add(1, Ordering::Relaxed);
         let h = self.handle(ino)?;
         let sequential = {
@@ -704,7 +710,7 @@ impl FileSystem {
         };
         let bb = self.core.block_bytes();
         self.core.coherence.data(ino, TokenMode::Ro, block_range(offset, size as u64, bb))?;
-        let (data, atime_due, fsize) = {
+        let (out, atime_due) = {
             let st = h.state.read();
             if st.deleted {
                 return Err(FsError::Stale(ino));
@@ -712,7 +718,10 @@ impl FileSystem {
             if is_dir_mode(st.inode.mode) {
                 return Err(FsError::IsDir(format!("inode {ino}")));
             }
-            let data = file_io::read(&self.core, &st, offset, size as usize, sequential)?;
+            // Queue read-ahead first, so prefetch overlaps this read's copy.
+            if sequential {
+                self.schedule_prefetch(&h, offset + size as u64, st.inode.size);
+            }
             // relatime: update atime when it is older than mtime/ctime or a day old.
             let i = &st.inode;
             let t = now();
@@ -720,17 +729,14 @@ impl FileSystem {
                 || (i.atime.sec == i.mtime.sec && i.atime.nsec <= i.mtime.nsec)
                 || i.atime.sec < i.ctime.sec
                 || t.sec - i.atime.sec >= 24 * 3600;
-            (data, due, i.size)
+            (file_io::read_with(&self.core, &st, offset, size as usize, sequential, f)?, due)
         };
         if atime_due && !self.core.read_only.load(Ordering::Relaxed) {
             let mut st = h.state.write();
             st.inode.atime = now();
             st.dirty = true;
         }
-        if sequential {
-            self.schedule_prefetch(&h, offset + size as u64, fsize);
-        }
-        Ok(data)
+        Ok(out)
     }
 
     fn schedule_prefetch(&self, h: &Arc<InodeHandle>, from: u64, fsize: u64) {

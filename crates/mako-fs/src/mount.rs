@@ -39,6 +39,13 @@ pub fn open_disk_files(specs: &[DiskSpec]) -> FsResult<Vec<Arc<dyn Disk>>> {
                 d.size_bytes()
             )));
         }
+        tracing::info!(
+            "disk {} ({}): {} bytes, {}",
+            s.name,
+            s.path.display(),
+            d.size_bytes(),
+            if d.is_direct() { "direct I/O" } else { "buffered I/O (the host file system refuses O_DIRECT)" }
+        );
         out.push(Arc::new(d));
     }
     Ok(out)

@@ -10,6 +10,7 @@
 //!   held while taking a buffer lock.
 
 use mako_diag::{CountedMutex, LockClass, Wait, WaitGuard};
+use mako_disk::AlignedBuf;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,7 +23,7 @@ pub type BufferKey = (u64, u64);
 #[derive(Default)]
 pub struct DataBuffer {
     /// Block content from offset 0; bytes past `bytes.len()` read as zero.
-    pub bytes: Vec<u8>,
+    pub bytes: AlignedBuf,
     /// The bytes reflect the whole block (disk content merged with writes).
     pub loaded: bool,
     /// Dirty byte range within the block. When not `loaded`, only these bytes are valid.
@@ -201,7 +202,7 @@ impl PagePool {
             freed += b.charged;
             self.bytes.fetch_sub(b.charged, Ordering::Relaxed);
             b.charged = 0;
-            b.bytes = Vec::new();
+            b.bytes = AlignedBuf::new();
             b.loaded = false;
             self.stats.evictions.fetch_add(1, Ordering::Relaxed);
         }
@@ -231,7 +232,7 @@ impl PagePool {
             }
             drop(map);
             b.dirty = None;
-            b.bytes = Vec::new();
+            b.bytes = AlignedBuf::new();
             b.loaded = false;
             self.account(&mut b, was_dirty);
         }
@@ -266,7 +267,7 @@ impl PagePool {
             self.map.lock().remove(&key);
             self.bytes.fetch_sub(b.charged, Ordering::Relaxed);
             b.charged = 0;
-            b.bytes = Vec::new();
+            b.bytes = AlignedBuf::new();
             b.loaded = false;
         }
         self.clock.lock().retain(|_| true);
@@ -307,7 +308,7 @@ mod tests {
         for i in 0..16u64 {
             let s = pool.get_or_create((1, i));
             let mut b = s.buf.lock();
-            b.bytes = vec![1u8; 128 << 10];
+            b.bytes = AlignedBuf::from_slice(&[1u8; 128 << 10]);
             b.loaded = true;
             if i == 0 {
                 b.add_dirty(0, 10);

@@ -311,10 +311,22 @@ impl Filesystem for MakoFuse {
     }
 
     fn read(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock: Option<LockOwner>, reply: ReplyData) {
-        let r = if fh.0 & FH_DIRECT != 0 { self.fs.read_direct(ino.0, offset, size) } else { self.fs.read(ino.0, offset, size) };
-        match r {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(&e)),
+        if fh.0 & FH_DIRECT != 0 {
+            match self.fs.read_direct(ino.0, offset, size) {
+                Ok(d) => reply.data(&d),
+                Err(e) => reply.error(errno(&e)),
+            }
+            return;
+        }
+        // The reply is written from the pagepool buffer when the range is in one block.
+        let mut reply = Some(reply);
+        let r = self.fs.read_with(ino.0, offset, size, |d| {
+            if let Some(r) = reply.take() {
+                r.data(d)
+            }
+        });
+        if let (Err(e), Some(r)) = (r, reply.take()) {
+            r.error(errno(&e));
         }
     }
 

@@ -1,0 +1,170 @@
+//! `AlignedBuf`: a growable byte buffer whose storage is aligned for direct I/O
+//! (`O_DIRECT` needs the memory, the length and the offset aligned). Pagepool buffers
+//! are `AlignedBuf`s, so full-block I/O goes from the pagepool to the disk with no copy.
+
+use std::alloc::{alloc, dealloc, Layout};
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+/// Alignment of every `AlignedBuf` (the largest direct-I/O memory alignment we meet).
+pub const IO_ALIGN: usize = 4096;
+
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+    cap: usize,
+}
+
+// The buffer owns its memory exclusively, like a Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+unsafe impl Sync for AlignedBuf {}
+
+impl Default for AlignedBuf {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AlignedBuf {
+    pub const fn new() -> AlignedBuf {
+        AlignedBuf { ptr: NonNull::dangling(), len: 0, cap: 0 }
+    }
+
+    pub fn with_capacity(cap: usize) -> AlignedBuf {
+        let mut b = AlignedBuf::new();
+        b.grow_to(cap);
+        b
+    }
+
+    /// A zero-filled buffer of `len` bytes.
+    pub fn zeroed(len: usize) -> AlignedBuf {
+        let mut b = AlignedBuf::with_capacity(len);
+        b.resize(len, 0);
+        b
+    }
+
+    pub fn from_slice(s: &[u8]) -> AlignedBuf {
+        let mut b = AlignedBuf::with_capacity(s.len());
+        b.extend_from_slice(s);
+        b
+    }
+
+    fn layout(cap: usize) -> Layout {
+        Layout::from_size_align(cap, IO_ALIGN).expect("buffer layout")
+    }
+
+    fn grow_to(&mut self, want: usize) {
+        if want <= self.cap {
+            return;
+        }
+        let cap = want.next_multiple_of(IO_ALIGN);
+        // SAFETY: cap > 0 and the layout is valid; the old contents (len bytes) are
+        // copied before the old allocation is freed with its own layout.
+        unsafe {
+            let p = alloc(Self::layout(cap));
+            let p = NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(Self::layout(cap)));
+            if self.cap > 0 {
+                std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), p.as_ptr(), self.len);
+                dealloc(self.ptr.as_ptr(), Self::layout(self.cap));
+            }
+            self.ptr = p;
+        }
+        self.cap = cap;
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+    /// Make room for `extra` more bytes without growing again.
+    pub fn reserve_exact(&mut self, extra: usize) {
+        self.grow_to(self.len + extra);
+    }
+    /// Grow (zero-filling) or shrink to `len` bytes.
+    pub fn resize(&mut self, len: usize, value: u8) {
+        if len > self.len {
+            if len > self.cap {
+                self.grow_to(len.max(self.cap * 2));
+            }
+            // SAFETY: len <= cap after growing.
+            unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(self.len), value, len - self.len) };
+        }
+        self.len = len;
+    }
+    pub fn extend_from_slice(&mut self, s: &[u8]) {
+        let old = self.len;
+        if old + s.len() > self.cap {
+            self.grow_to((old + s.len()).max(self.cap * 2));
+        }
+        // SAFETY: capacity checked above; source and destination do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), self.ptr.as_ptr().add(old), s.len()) };
+        self.len = old + s.len();
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if self.cap > 0 {
+            // SAFETY: allocated in grow_to with this layout.
+            unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) };
+        }
+    }
+}
+
+impl Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len initialised bytes (dangling with len 0 is allowed).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in deref, and we hold &mut self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AlignedBuf({} bytes)", self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn aligned_and_behaves_like_a_vec() {
+        let mut b = AlignedBuf::new();
+        assert!(b.is_empty());
+        b.extend_from_slice(b"hello");
+        assert_eq!(&b[..], b"hello");
+        assert_eq!(b.as_ptr() as usize % IO_ALIGN, 0);
+        b.resize(10000, 7);
+        assert_eq!(b.len(), 10000);
+        assert_eq!(&b[..5], b"hello");
+        assert!(b[5..].iter().all(|&x| x == 7));
+        assert_eq!(b.as_ptr() as usize % IO_ALIGN, 0);
+        b.truncate(3);
+        assert_eq!(&b[..], b"hel");
+        b.resize(6, 0);
+        assert_eq!(&b[..], b"hel\0\0\0", "resize zero-fills what truncate dropped");
+        let z = AlignedBuf::zeroed(4096);
+        assert!(z.iter().all(|&x| x == 0));
+        b.clear();
+        assert_eq!(b.len(), 0);
+    }
+}
