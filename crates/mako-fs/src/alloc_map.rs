@@ -42,6 +42,12 @@ pub struct AllocMap {
     data_disks: Vec<u32>,
     meta_disks: Vec<u32>,
     free_subblocks: AtomicU64,
+    /// Subblocks promised to dirty data not allocated yet (delayed allocation): a
+    /// write reserves before it is accepted, so write-behind never meets ENOSPC.
+    reserved_subblocks: AtomicU64,
+    /// Subblocks that only metadata may take (indirect blocks, directory blocks and
+    /// inode-file growth that a data flush may need).
+    metadata_reserve: u64,
     total_subblocks: u64,
     next_region: AtomicUsize,
     rotor: AtomicUsize,
@@ -176,6 +182,9 @@ impl AllocMap {
             data_disks,
             meta_disks,
             free_subblocks: AtomicU64::new(free_total),
+            reserved_subblocks: AtomicU64::new(0),
+            // 1% of the space, at least 16 and at most 1024 full blocks.
+            metadata_reserve: (total / 100).clamp(16 * geo.subblocks_per_block as u64, 1024 * geo.subblocks_per_block as u64).min(total / 4),
             total_subblocks: total,
             next_region: AtomicUsize::new(0),
             rotor: AtomicUsize::new(0),
@@ -191,6 +200,53 @@ impl AllocMap {
     }
     pub fn free_subblocks(&self) -> u64 {
         self.free_subblocks.load(Ordering::Relaxed)
+    }
+    pub fn reserved_subblocks(&self) -> u64 {
+        self.reserved_subblocks.load(Ordering::Relaxed)
+    }
+    /// Free subblocks nobody has a claim on (what statfs reports as available).
+    pub fn available_subblocks(&self) -> u64 {
+        self.free_subblocks().saturating_sub(self.reserved_subblocks())
+    }
+
+    /// Subblocks an allocation of `kind` may use, counting `held` of the reservations
+    /// as the caller's own.
+    ///
+    /// Reservations are only made while they leave the metadata floor free, so: data
+    /// allocated against its own reservation needs no more than the space not promised
+    /// to others; unreserved data must also leave the floor; metadata may use the floor
+    /// but never space promised to data.
+    fn usable(&self, kind: AllocKind, held: u64) -> u64 {
+        let others = self.reserved_subblocks().saturating_sub(held);
+        let floor = if kind == AllocKind::Data && held == 0 { self.metadata_reserve } else { 0 };
+        self.free_subblocks().saturating_sub(others).saturating_sub(floor)
+    }
+
+    /// Promise `n` subblocks to dirty data; ENOSPC when they are not there.
+    pub fn reserve(&self, n: u32) -> FsResult<()> {
+        let n = n as u64;
+        let mut cur = self.reserved_subblocks.load(Ordering::Relaxed);
+        loop {
+            let free = self.free_subblocks().saturating_sub(self.metadata_reserve);
+            if free < cur + n {
+                return Err(FsError::NoSpace(format!(
+                    "{} subblocks free, {} promised to data not yet written, {} kept for metadata",
+                    self.free_subblocks(),
+                    cur,
+                    self.metadata_reserve
+                )));
+            }
+            match self.reserved_subblocks.compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Ok(()),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Give back a reservation that will not be used (truncate, delete).
+    pub fn unreserve(&self, n: u64) {
+        let prev = self.reserved_subblocks.fetch_sub(n, Ordering::AcqRel);
+        assert!(prev >= n, "unreserving {n} subblocks, only {prev} reserved");
     }
     pub fn region_count(&self) -> usize {
         self.regions.len()
@@ -235,6 +291,27 @@ impl AllocMap {
     /// Allocate `subblocks` contiguous subblocks (a full block when equal to the
     /// subblocks per block) for unit `unit` of inode `ino`.
     pub fn allocate(&self, kind: AllocKind, subblocks: u32, ino: u64, unit: u64) -> FsResult<DiskAddress> {
+        self.allocate_reserved(kind, subblocks, ino, unit, 0)
+    }
+
+    /// Allocate, consuming `held` subblocks the caller reserved earlier (released
+    /// whether or not the allocation needs all of them).
+    pub fn allocate_reserved(&self, kind: AllocKind, subblocks: u32, ino: u64, unit: u64, held: u32) -> FsResult<DiskAddress> {
+        if self.usable(kind, held as u64) < subblocks as u64 {
+            return Err(FsError::NoSpace(format!(
+                "{subblocks} subblocks wanted, {} free of which {} are promised to unwritten data",
+                self.free_subblocks(),
+                self.reserved_subblocks()
+            )));
+        }
+        let da = self.allocate_any(kind, subblocks, ino, unit)?;
+        if held > 0 {
+            self.unreserve(held as u64);
+        }
+        Ok(da)
+    }
+
+    fn allocate_any(&self, kind: AllocKind, subblocks: u32, ino: u64, unit: u64) -> FsResult<DiskAddress> {
         let spb = self.geo.subblocks_per_block;
         assert!(subblocks >= 1 && subblocks <= spb, "allocation of {subblocks} subblocks");
         let ndisks = match kind {

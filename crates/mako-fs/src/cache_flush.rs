@@ -37,7 +37,7 @@ impl mako_token::CacheFlush for FsCacheFlush {
                         })?;
                     }
                 }
-                core.pool.remove_from_range(ino, first, last);
+                core.alloc.unreserve(core.pool.remove_from_range(ino, first, last));
             } else {
                 crate::workers::flush_inode(&core, &h).map_err(|e| TokenError::FlushFailed { node: mako_token::NodeId(core.node), resource, range, reason: e.to_string() })?;
             }

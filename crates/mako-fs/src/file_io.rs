@@ -72,6 +72,10 @@ pub fn load_buffer(core: &Core, st: &InodeState, b: u64, buf: &mut DataBuffer) -
 
 /// Move data-in-inode out to block 0 in the pagepool.
 pub fn convert_inline(core: &Core, st: &mut InodeState) -> FsResult<()> {
+    let needs_block = matches!(&st.inode.content, InodeContent::InlineData(d) if !d.is_empty());
+    if needs_block {
+        core.alloc.reserve(core.geo.subblocks_per_block)?;
+    }
     let data = match std::mem::replace(&mut st.inode.content, InodeContent::Pointers(vec![DiskAddress::NULL; pointers_in_inode(core.inode_bytes())])) {
         InodeContent::InlineData(d) => d,
         other => {
@@ -89,6 +93,7 @@ pub fn convert_inline(core: &Core, st: &mut InodeState) -> FsResult<()> {
         let n = data.len() as u32;
         buf.bytes = AlignedBuf::from_slice(&data);
         buf.loaded = true;
+        buf.reserved += core.geo.subblocks_per_block;
         buf.add_dirty(0, n);
         core.pool.account(&mut buf, was);
     }
@@ -106,6 +111,11 @@ fn grow_prepare(core: &Core, st: &mut InodeState, new_size: u64) -> FsResult<()>
     let b0 = (old - 1) / bb;
     let new_last = (new_size - 1) / bb;
     let frag = st.inode.last_block_subblocks;
+    let promote = new_last > b0 && frag != 0;
+    if promote {
+        // The fragment becomes a full block at write-behind: reserve the difference.
+        core.alloc.reserve(core.geo.subblocks_per_block - frag as u32)?;
+    }
     if old % bb != 0 || frag != 0 {
         let cached = core.pool.get((st.inode.ino, b0)).is_some();
         if cached || !block_map::lookup(core, st, b0)?.is_null() {
@@ -121,7 +131,9 @@ fn grow_prepare(core: &Core, st: &mut InodeState, new_size: u64) -> FsResult<()>
             core.pool.account(&mut buf, was);
         }
     }
-    if new_last > b0 && frag != 0 {
+    if promote {
+        let slot = core.pool.get_or_create((st.inode.ino, b0));
+        slot.buf.lock().reserved += core.geo.subblocks_per_block - frag as u32;
         st.realloc.insert(b0, frag as u32);
         st.inode.last_block_subblocks = 0;
         st.dirty = true;
@@ -148,7 +160,7 @@ fn write_locked(core: &Core, h: &InodeHandle, mut st: parking_lot::RwLockWriteGu
         return Err(FsError::Stale(h.ino));
     }
     let len = data.len() as u64;
-    let end = offset.checked_add(len).filter(|e| *e <= FILE_BYTES_MAX).ok_or_else(|| FsError::TooBig(format!("write at {offset}+{len}")))?;
+    let mut end = offset.checked_add(len).filter(|e| *e <= FILE_BYTES_MAX).ok_or_else(|| FsError::TooBig(format!("write at {offset}+{len}")))?;
     let t = now();
     if len == 0 {
         return Ok(0);
@@ -186,6 +198,20 @@ fn write_locked(core: &Core, h: &InodeHandle, mut st: parking_lot::RwLockWriteGu
         let slot = core.pool.get_or_create((ino, b));
         let mut buf = slot.buf.lock();
         let was = buf.is_dirty();
+        // Dirty data of an unallocated block holds a reservation of a full block until
+        // write-behind allocates it, so that write-behind never meets ENOSPC: the
+        // write meets it here, and reports it.
+        if buf.reserved == 0 && block_map::lookup(core, &st, b)?.is_null() {
+            if let Err(e) = core.alloc.reserve(core.geo.subblocks_per_block) {
+                if b == offset / bb {
+                    return Err(e);
+                }
+                // A short write: what fit is written.
+                end = bs;
+                break;
+            }
+            buf.reserved = core.geo.subblocks_per_block;
+        }
         if !buf.loaded {
             let old_valid = valid_len(core, size_before, b);
             if old_valid == 0 || (lo == 0 && hi >= old_valid) {
@@ -241,8 +267,9 @@ fn write_locked(core: &Core, h: &InodeHandle, mut st: parking_lot::RwLockWriteGu
     for b in full_blocks {
         core.queue_flush(ino, b);
     }
-    core.stats.bytes_written.fetch_add(len, Ordering::Relaxed);
-    Ok(data.len())
+    let written = end - offset;
+    core.stats.bytes_written.fetch_add(written, Ordering::Relaxed);
+    Ok(written as usize)
 }
 
 /// Read up to `size` bytes at `offset`. `sequential` says the caller saw a sequential
@@ -381,7 +408,7 @@ pub fn write_direct(core: &Core, st: &mut InodeState, offset: u64, data: &[u8]) 
         b += 1;
     }
     // Clean cached copies of these blocks are now stale.
-    core.pool.remove_from_range(ino, offset / bb, end.div_ceil(bb));
+    core.alloc.unreserve(core.pool.remove_from_range(ino, offset / bb, end.div_ceil(bb)));
     let t = now();
     st.inode.mtime = t;
     st.inode.ctime = t;
@@ -477,6 +504,8 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
         // Beyond the end of file (truncated meanwhile): nothing to write.
         buf.dirty = None;
         buf.written_since_clean = 0;
+        core.alloc.unreserve(buf.reserved as u64);
+        buf.reserved = 0;
         core.pool.account(&mut buf, true);
         return Ok(());
     }
@@ -494,7 +523,8 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
         if !buf.loaded {
             load_buffer(core, &st, b, &mut buf)?;
         }
-        let new = core.alloc.allocate(AllocKind::Data, desired, h.ino, b)?;
+        let new = core.alloc.allocate_reserved(AllocKind::Data, desired, h.ino, b, buf.reserved)?;
+        buf.reserved = 0;
         if !cur.is_null() {
             core.alloc.free(cur, cur_sb)?;
             st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64);
@@ -581,7 +611,7 @@ pub fn set_size(core: &Core, st: &mut InodeState, new: u64) -> FsResult<()> {
     let old_last = block_map::last_unit(core, &st.inode);
     // Drop cached buffers first: a write-behind in flight holds its buffer's lock, so
     // this waits for it before the blocks below are freed.
-    core.pool.remove_from(ino, first_gone);
+    core.alloc.unreserve(core.pool.remove_from(ino, first_gone));
     let units = block_map::cut_from(core, st, first_gone)?;
     for (_, da, n) in units {
         core.alloc.free(da, n)?;
@@ -640,7 +670,7 @@ pub fn punch_hole(core: &Core, st: &mut InodeState, offset: u64, len: u64) -> Fs
         if lo == 0 && hi >= valid {
             // The whole (valid part of the) block goes.
             let n = block_map::allocated_subblocks(core, st, b);
-            core.pool.remove_from_range(ino, b, b + 1);
+            core.alloc.unreserve(core.pool.remove_from_range(ino, b, b + 1));
             let da = block_map::lookup(core, st, b)?;
             if !da.is_null() {
                 block_map::set(core, st, b, DiskAddress::NULL)?;

@@ -773,7 +773,8 @@ impl FileSystem {
     /// written and the offset they went to.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8], append: bool) -> FsResult<usize> {
         self.core.stats.writes.fetch_add(1, Ordering::Relaxed);
-        self.core.pool.wait_for_room(data.len() as u64);
+        let core = &self.core;
+        core.pool.wait_for_room(data.len() as u64, &|| core.read_only.load(Ordering::Relaxed));
         let h = self.handle(ino)?;
         {
             let st = h.state.read();
@@ -864,7 +865,7 @@ impl FileSystem {
             block_bytes: c.geo.block_bytes,
             fragment_bytes: c.geo.subblock_bytes(),
             blocks: c.alloc.total_subblocks(),
-            blocks_free: c.alloc.free_subblocks(),
+            blocks_free: c.alloc.available_subblocks(),
             files: c.imap.inodes_max(),
             files_free: c.imap.inodes_max() - c.imap.used(),
             name_max: 255,

@@ -35,6 +35,9 @@ pub struct DataBuffer {
     pub written_since_clean: u64,
     /// Brought in by prefetch and not read yet (prefetch efficiency).
     pub prefetched: bool,
+    /// Subblocks reserved in the allocation map for this block's dirty data, until
+    /// write-behind allocates it (or truncate/delete gives them back).
+    pub reserved: u32,
     /// Bytes charged to the pool for this buffer.
     charged: u64,
 }
@@ -210,14 +213,19 @@ impl PagePool {
 
     /// Remove every buffer of `ino` at block index >= `from`, dirty or not (truncate,
     /// delete). Waits for in-flight users of each buffer.
-    pub fn remove_from(&self, ino: u64, from: u64) {
-        self.remove_from_range(ino, from, u64::MAX);
+    #[must_use = "reserved subblocks must be given back to the allocation map"]
+    pub fn remove_from(&self, ino: u64, from: u64) -> u64 {
+        self.remove_from_range(ino, from, u64::MAX)
     }
 
     /// Remove `ino`'s buffers with block index in `from..to` (punch hole).
-    pub fn remove_from_range(&self, ino: u64, from: u64, to: u64) {
+    /// Returns the subblocks the removed buffers had reserved (the caller gives them
+    /// back to the allocation map).
+    #[must_use = "reserved subblocks must be given back to the allocation map"]
+    pub fn remove_from_range(&self, ino: u64, from: u64, to: u64) -> u64 {
+        let mut released = 0u64;
         if to == 0 {
-            return;
+            return 0;
         }
         let slots: Vec<(BufferKey, Arc<BufferSlot>)> = {
             let map = self.map.lock();
@@ -234,8 +242,11 @@ impl PagePool {
             b.dirty = None;
             b.bytes = AlignedBuf::new();
             b.loaded = false;
+            released += b.reserved as u64;
+            b.reserved = 0;
             self.account(&mut b, was_dirty);
         }
+        released
     }
 
     /// Keys of `ino`'s buffers in order (dirty only if `dirty_only`).
@@ -275,9 +286,15 @@ impl PagePool {
 
     /// Writers call this before taking any inode lock: wait while dirty data is over
     /// its limit, waking write-behind. Bounded wait per round so shutdown is never stuck.
-    pub fn wait_for_room(&self, incoming: u64) {
+    pub fn wait_for_room(&self, incoming: u64, give_up: &dyn Fn() -> bool) {
         let mut waited = None;
+        let start = std::time::Instant::now();
         while self.dirty_bytes() + incoming > self.dirty_limit() && self.dirty_bytes() > 0 {
+            // Never wait forever: when write-behind cannot make progress (a failing disk
+            // turned the mount read-only) the write goes on and reports the error.
+            if give_up() || start.elapsed() > Duration::from_secs(30) {
+                return;
+            }
             if waited.is_none() {
                 self.stats.writer_waits.fetch_add(1, Ordering::Relaxed);
                 waited = Some(WaitGuard::new(Wait::Static("waiting for write-behind to free pagepool")));
@@ -320,7 +337,7 @@ mod tests {
         assert!(pool.used_bytes() <= (1 << 20) + (128 << 10), "used {}", pool.used_bytes());
         assert!(pool.get((1, 0)).is_some(), "dirty buffer evicted");
         assert_eq!(pool.dirty_bytes(), 128 << 10);
-        pool.remove_from(1, 0);
+        assert_eq!(pool.remove_from(1, 0), 0);
         assert_eq!(pool.dirty_bytes(), 0);
         assert_eq!(pool.used_bytes(), 0);
     }

@@ -63,7 +63,7 @@ pub fn sync_all(core: &Core) -> FsResult<()> {
 pub fn free_inode(core: &Core, st: &mut InodeState) -> FsResult<()> {
     let ino = st.inode.ino;
     assert_eq!(st.inode.nlink, 0, "freeing inode {ino} that still has links");
-    core.pool.remove_from(ino, 0);
+    core.alloc.unreserve(core.pool.remove_from(ino, 0));
     let units = block_map::cut_from(core, st, 0)?;
     for (_, da, n) in units {
         core.alloc.free(da, n)?;
@@ -124,7 +124,7 @@ pub fn evict_inodes(core: &Core) -> FsResult<()> {
             }
             map.remove(&h.ino);
         }
-        core.pool.remove_from(h.ino, 0);
+        core.alloc.unreserve(core.pool.remove_from(h.ino, 0));
         core.coherence.release(h.ino);
         if max_stat > 0 {
             let mut sc = core.stat_cache.lock();
@@ -198,6 +198,8 @@ fn writebehind_loop(core: &Core) {
             if let Some(h) = core.cached_handle(ino) {
                 if let Err(e) = file_io::flush_block(core, &h, b) {
                     report(core, &format!("write-behind of inode {ino} block {b}"), e);
+                    // Back off: a failing block must not turn into a busy loop.
+                    std::thread::sleep(Duration::from_millis(50));
                 }
             }
             continue;
@@ -216,6 +218,7 @@ fn writebehind_loop(core: &Core) {
             if progressed {
                 continue;
             }
+            std::thread::sleep(Duration::from_millis(50));
         }
         if core.shutting_down.load(Ordering::SeqCst) {
             return;

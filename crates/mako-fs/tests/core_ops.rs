@@ -235,6 +235,49 @@ fn full_file_system_gives_enospc_and_stays_consistent() {
     m.unmount().unwrap();
 }
 
+/// Delayed allocation must not accept data it cannot place: buffered writes (no fsync)
+/// into a nearly full file system get ENOSPC from write(2) itself, and everything that
+/// was accepted reaches disk.
+#[test]
+fn buffered_writes_reserve_space_and_get_enospc_up_front() {
+    let disks = MemDisks::new(1, 8 << 20);
+    disks.format(&small_params());
+    let m = disks.mount(small_config());
+    let fs = &m.fs;
+    let a = fs.create(C, ROOT_INO, b"fill", 0o644, 0, true).unwrap();
+    let chunk = pattern(5, 40_000);
+    let mut off = 0u64;
+    let err = loop {
+        match fs.write(a.ino, off, &chunk, false) {
+            Ok(n) if n == chunk.len() => off += n as u64,
+            Ok(n) => {
+                // A short write at the edge: the next one must fail.
+                off += n as u64;
+            }
+            Err(e) => break e,
+        }
+        assert!(off < 16 << 20, "never ran out of space");
+    };
+    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    assert!(fs.core.alloc.reserved_subblocks() > 0, "unwritten data holds reservations");
+    // Everything accepted fits: sync succeeds and the data reads back.
+    fs.sync().unwrap();
+    assert_eq!(fs.core.alloc.reserved_subblocks(), 0, "write-behind consumed every reservation");
+    let got = fs.read(a.ino, 0, off as u32).unwrap();
+    assert_eq!(got.len() as u64, off);
+    for (i, c) in got.chunks(chunk.len()).enumerate() {
+        assert_eq!(c, &chunk[..c.len()], "chunk {i}");
+    }
+    // Truncating unwritten data gives its reservation back.
+    let b = fs.create(C, ROOT_INO, b"b", 0o644, 0, true).unwrap();
+    fs.unlink(ROOT_INO, b"fill").unwrap();
+    fs.write(b.ino, 0, &chunk, false).unwrap();
+    assert!(fs.core.alloc.reserved_subblocks() > 0);
+    fs.setattr(b.ino, SetAttr { size: Some(0), ..Default::default() }).unwrap();
+    assert_eq!(fs.core.alloc.reserved_subblocks(), 0, "truncate releases the reservation");
+    m.unmount().unwrap();
+}
+
 #[test]
 fn xattrs_and_symlinks_and_links() {
     let disks = MemDisks::new(1, 64 << 20);
