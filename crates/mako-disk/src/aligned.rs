@@ -8,6 +8,12 @@ use std::ptr::NonNull;
 
 /// Alignment of every `AlignedBuf` (the largest direct-I/O memory alignment we meet).
 pub const IO_ALIGN: usize = 4096;
+/// Buffers at least this large are mapped directly (mmap/munmap) rather than taken from
+/// the allocator: their memory goes back to the system the moment the buffer is freed,
+/// so the pagepool's accounting is the daemon's real memory use. (glibc keeps freed
+/// multi-MiB chunks in per-thread arenas once its dynamic mmap threshold has risen,
+/// which let RSS grow to several times the pagepool.)
+pub const MMAP_BYTES_MIN: usize = 256 * 1024;
 
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
@@ -53,22 +59,46 @@ impl AlignedBuf {
         Layout::from_size_align(cap, IO_ALIGN).expect("buffer layout")
     }
 
+    /// Allocate `cap` bytes (a multiple of IO_ALIGN), mapped when large.
+    fn raw_alloc(cap: usize) -> NonNull<u8> {
+        if cap >= MMAP_BYTES_MIN {
+            // SAFETY: an anonymous private mapping; checked for failure below.
+            let p = unsafe { libc::mmap(std::ptr::null_mut(), cap, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+            if p == libc::MAP_FAILED {
+                std::alloc::handle_alloc_error(Self::layout(cap));
+            }
+            NonNull::new(p as *mut u8).expect("mmap returned null")
+        } else {
+            // SAFETY: cap > 0 and the layout is valid.
+            let p = unsafe { alloc(Self::layout(cap)) };
+            NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(Self::layout(cap)))
+        }
+    }
+
+    /// Free what `raw_alloc(cap)` returned.
+    unsafe fn raw_free(ptr: NonNull<u8>, cap: usize) {
+        if cap >= MMAP_BYTES_MIN {
+            libc::munmap(ptr.as_ptr() as *mut libc::c_void, cap);
+        } else {
+            dealloc(ptr.as_ptr(), Self::layout(cap));
+        }
+    }
+
     fn grow_to(&mut self, want: usize) {
         if want <= self.cap {
             return;
         }
         let cap = want.next_multiple_of(IO_ALIGN);
-        // SAFETY: cap > 0 and the layout is valid; the old contents (len bytes) are
-        // copied before the old allocation is freed with its own layout.
+        let p = Self::raw_alloc(cap);
+        // SAFETY: the old contents (len bytes) are copied before the old allocation is
+        // freed with the size it was allocated with.
         unsafe {
-            let p = alloc(Self::layout(cap));
-            let p = NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(Self::layout(cap)));
             if self.cap > 0 {
                 std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), p.as_ptr(), self.len);
-                dealloc(self.ptr.as_ptr(), Self::layout(self.cap));
+                Self::raw_free(self.ptr, self.cap);
             }
-            self.ptr = p;
         }
+        self.ptr = p;
         self.cap = cap;
     }
 
@@ -116,8 +146,8 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if self.cap > 0 {
-            // SAFETY: allocated in grow_to with this layout.
-            unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) };
+            // SAFETY: allocated by raw_alloc with this capacity.
+            unsafe { Self::raw_free(self.ptr, self.cap) };
         }
     }
 }
@@ -162,6 +192,11 @@ mod tests {
         assert_eq!(&b[..], b"hel");
         b.resize(6, 0);
         assert_eq!(&b[..], b"hel\0\0\0", "resize zero-fills what truncate dropped");
+        let mut big = AlignedBuf::zeroed(4 << 20);
+        big[4 << 20 - 1] = 1;
+        big.resize(8 << 20, 0);
+        assert_eq!(big[4 << 20 - 1], 1, "mapped buffers keep their content when they grow");
+        assert_eq!(big.as_ptr() as usize % IO_ALIGN, 0);
         let z = AlignedBuf::zeroed(4096);
         assert!(z.iter().all(|&x| x == 0));
         b.clear();

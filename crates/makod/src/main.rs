@@ -18,6 +18,14 @@ struct Args {
 }
 
 fn main() {
+    // Large allocations (FUSE replies, decoded directory blocks) always come from mmap
+    // and go back to the system when freed: with glibc's default dynamic threshold,
+    // freed multi-MiB chunks stay in per-thread arenas and the daemon's memory outgrows
+    // the pagepool it is configured with.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 512 * 1024);
+        libc::mallopt(libc::M_ARENA_MAX, 4);
+    }
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("MAKO_LOG").unwrap_or_else(|_| "info".into()))
