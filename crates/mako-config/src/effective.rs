@@ -333,6 +333,11 @@ impl EffectiveConfig {
         self.bytes(ParamId::DioSmallSeqWriteThreshold)
     }
 
+    /// `fuseWritebackCache`: let the kernel gather small writes (FUSE writeback cache).
+    pub fn fuse_writeback_cache(&self) -> bool {
+        self.flag(ParamId::FuseWritebackCache)
+    }
+
     /// `fuseMaxWrite`: FUSE `max_write` in bytes (a multiple of 4 KiB).
     pub fn fuse_max_write_bytes(&self) -> u32 {
         u32::try_from(self.bytes(ParamId::FuseMaxWrite))

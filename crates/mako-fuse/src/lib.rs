@@ -238,7 +238,9 @@ impl Filesystem for MakoFuse {
             TimeOrNow::Now => TimeSet::Now,
             TimeOrNow::SpecificTime(s) => TimeSet::At(from_systime(s)),
         };
-        let times = atime.is_some() || mtime.is_some();
+        // Only a pure time change (utimensat) drops the kernel's pages: a truncate holds
+        // page locks while it waits for this reply, and invalidating under it deadlocks.
+        let times = (atime.is_some() || mtime.is_some()) && size.is_none();
         let set = SetAttr { mode, uid, gid, size, atime: atime.map(t), mtime: mtime.map(t), ctime: ctime.map(from_systime) };
         match self.fs.setattr(ino.0, set) {
             Ok(a) => {

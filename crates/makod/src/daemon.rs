@@ -73,6 +73,22 @@ fn raise_readahead(mountpoint: &Path, block_bytes: u32) -> Option<u32> {
     Some(kb)
 }
 
+/// With the writeback cache, the kernel limits a FUSE device to 1% of dirty memory
+/// (strict_limit), and writes back a page or two at a time under that pressure. Lift
+/// the strict limit and allow a fair share of dirty memory (root only).
+fn relax_dirty_limit(mountpoint: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(mountpoint) else { return };
+    let dev = meta.dev();
+    let bdi = format!("/sys/class/bdi/{}:{}", libc::major(dev), libc::minor(dev));
+    let ok = std::fs::write(format!("{bdi}/strict_limit"), "0").is_ok() && std::fs::write(format!("{bdi}/max_ratio"), "50").is_ok();
+    if ok {
+        tracing::info!("FUSE writeback cache: dirty limit of {bdi} relaxed");
+    } else {
+        tracing::warn!("FUSE writeback cache: could not relax the dirty limit of {bdi}; small writes may be slow");
+    }
+}
+
 impl Daemon {
     fn load_config(dir: &DataDir) -> Result<EffectiveConfig> {
         let store = ConfigStore::load_or_default(dir.config_file()).with_context(|| format!("reading {}", dir.config_file().display()))?;
@@ -96,7 +112,7 @@ impl Daemon {
         std::fs::create_dir_all(&fsdef.mountpoint).with_context(|| format!("creating mount point {}", fsdef.mountpoint.display()))?;
         let max_write = cfg.fuse_max_write_bytes();
         let opts = mako_fuse::FuseOptions {
-            writeback_cache: std::env::var("MAKO_WBC").is_ok(),
+            writeback_cache: cfg.fuse_writeback_cache(),
             threads: cfg.worker_threads(),
             max_write,
             allow_other: unsafe { libc::geteuid() } == 0,
@@ -109,6 +125,9 @@ impl Daemon {
                 bail!("FUSE mount of {name} on {} failed: {e}; is /dev/fuse there and is fuse3 installed?", fsdef.mountpoint.display());
             }
         };
+        if cfg.fuse_writeback_cache() {
+            relax_dirty_limit(&fsdef.mountpoint);
+        }
         if let Some(kb) = raise_readahead(&fsdef.mountpoint, mounted.core().geo.block_bytes) {
             tracing::info!("kernel readahead for {} set to {kb} KiB", fsdef.mountpoint.display());
         }
