@@ -472,8 +472,8 @@ mod tests {
         assert_eq!(config.dir_pre_split_levels(), 0);
         assert!(!config.dio_small_seq_write_batching());
         assert_eq!(config.dio_small_seq_write_threshold_bytes(), 64 * KIB);
-        assert_eq!(config.fuse_max_write_bytes(), 1 << 20);
-        assert_eq!(config.fuse_max_pages(), 256);
+        assert_eq!(config.fuse_max_write_bytes(), 4 << 20);
+        assert_eq!(config.fuse_max_pages(), 1024);
         assert_eq!(config.failure_detection_time(), Duration::from_secs(35));
         assert_eq!(config.min_missed_ping_timeout(), Duration::from_secs(3));
         assert_eq!(config.max_tcp_conns_per_node_conn(), 2);
@@ -632,7 +632,7 @@ mod tests {
         assert_eq!(pagepool.range, "64M..256G");
         assert_eq!(pagepool.apply, Apply::Restart);
         let fuse = rows.iter().find(|r| r.name == "fuseMaxWrite").unwrap();
-        assert_eq!(fuse.default, "1M");
+        assert_eq!(fuse.default, "4M");
         assert_eq!(fuse.range, "128K..16M, a multiple of 4K");
     }
 }

@@ -43,8 +43,11 @@ pub const PAGEPOOL_FALLBACK_RAM_BYTES: u64 = 4 * GIB;
 pub const FUSE_MAX_WRITE_BYTES_MIN: u64 = 128 * KIB;
 /// Largest accepted `fuseMaxWrite`.
 pub const FUSE_MAX_WRITE_BYTES_MAX: u64 = 16 * MIB;
-/// Default `fuseMaxWrite` (DESIGN.md section 5 asks for at least 1 MiB).
-pub const FUSE_MAX_WRITE_BYTES_DEFAULT: u64 = MIB;
+/// Default `fuseMaxWrite`: a whole default block (4 MiB) per request. DESIGN.md
+/// section 5 asks for at least 1 MiB; measured here, 4 MiB requests stream writes
+/// 20-40% faster than 1 MiB ones and reads at the same rate. makod raises the kernel's
+/// max_pages_limit to allow it (root, Linux 6.13+); otherwise the kernel's limit is used.
+pub const FUSE_MAX_WRITE_BYTES_DEFAULT: u64 = 4 * MIB;
 
 /// Smallest accepted `dioSmallSeqWriteThreshold` (one sector).
 pub const DIO_SMALL_SEQ_WRITE_THRESHOLD_BYTES_MIN: u64 = 512;
