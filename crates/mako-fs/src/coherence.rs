@@ -43,14 +43,14 @@ fn map_err(e: mako_token::TokenError) -> FsError {
 }
 
 impl Coherence for TokenCoherence {
-    fn inode(&self, ino: u64, mode: TokenMode) -> FsResult<()> {
-        // Ask for xw whatever the need: the only holder keeps the strongest mode, so a
-        // later change needs no second round trip.
-        let _ = mode;
+    fn inode(&self, ino: u64, _mode: TokenMode) -> FsResult<()> {
+        // Ask for xw whatever the need: on a single node the only holder keeps the
+        // strongest mode, so a later change needs no second round trip. A multi-node
+        // cluster must ask for `_mode` (and revoke conflicting holders).
         self.client.acquire_whole(self.res(ResourceKind::Inode, ino), TokenMode::Xw).map(|_| ()).map_err(map_err)
     }
-    fn data(&self, ino: u64, mode: TokenMode, required: ByteRange) -> FsResult<()> {
-        let _ = mode;
+    fn data(&self, ino: u64, _mode: TokenMode, required: ByteRange) -> FsResult<()> {
+        // As for inodes: xw on one node; `_mode` once there are others.
         self.client
             .acquire(self.res(ResourceKind::ByteRange, ino), TokenMode::Xw, required, ByteRange::WHOLE)
             .map(|_| ())

@@ -785,11 +785,7 @@ impl FileSystem {
         let bb = self.core.block_bytes();
         self.core.coherence.data(ino, TokenMode::Xw, block_range(offset, data.len() as u64, bb))?;
         if append {
-            let off = h.state.read().inode.size;
-            // The write lock taken in file_io::write makes this racy only against other
-            // appenders on other handles; take the lock-free path for the common case
-            // and re-check under the lock.
-            let _ = off;
+            // O_APPEND: the offset is the size, read under the write's own lock.
             return file_io::write_append(&self.core, &h, data);
         }
         file_io::write(&self.core, &h, offset, data)

@@ -151,7 +151,7 @@ impl MakoFuse {
         }
     }
 
-    fn open_flags(&self, ino: u64, flags: i32) -> (u64, FopenFlags) {
+    fn open_flags(&self, flags: i32) -> (u64, FopenFlags) {
         let mut fh = 0;
         let mut out = FopenFlags::empty();
         if flags & libc::O_DIRECT != 0 {
@@ -166,7 +166,6 @@ impl MakoFuse {
         if flags & libc::O_APPEND != 0 && !self.writeback_cache {
             fh |= FH_APPEND;
         }
-        let _ = ino;
         (fh, out)
     }
 }
@@ -305,7 +304,7 @@ impl Filesystem for MakoFuse {
                         return reply.error(errno(&e));
                     }
                 }
-                let (fh, out) = self.open_flags(ino.0, flags.0);
+                let (fh, out) = self.open_flags(flags.0);
                 reply.opened(FileHandle(fh), out);
             }
             Err(e) => reply.error(errno(&e)),
@@ -478,7 +477,7 @@ impl Filesystem for MakoFuse {
                     a
                 };
                 self.fs.add_lookup(a.ino);
-                let (fh, out) = self.open_flags(a.ino, flags);
+                let (fh, out) = self.open_flags(flags);
                 reply.created(&TTL, &file_attr(&a), Generation(a.generation as u64), FileHandle(fh), out);
             }
             Err(e) => reply.error(errno(&e)),
