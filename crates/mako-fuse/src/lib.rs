@@ -10,13 +10,14 @@
 //! - fuser is kept behind this crate: nothing else in Mako names a fuser type.
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
+use mako_format::inode::Timestamp;
 use mako_fs::fs::{Attr, Ctx, FileSystem, SetAttr, TimeSet, S_IFMT};
 use mako_fs::{FsError, KernelInvalidator};
-use mako_format::inode::Timestamp;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -59,7 +60,10 @@ fn ts(t: Timestamp) -> SystemTime {
 
 fn from_systime(t: SystemTime) -> Timestamp {
     match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => Timestamp { sec: d.as_secs() as i64, nsec: d.subsec_nanos() },
+        Ok(d) => Timestamp {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        },
         Err(e) => {
             let d = e.duration();
             let mut sec = -(d.as_secs() as i64);
@@ -117,12 +121,38 @@ fn errno(e: &FsError) -> Errno {
 }
 
 fn ctx(req: &Request) -> Ctx {
-    Ctx { uid: req.uid(), gid: req.gid(), pid: req.pid() }
+    Ctx {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+    }
 }
 
 impl MakoFuse {
+    /// Run one request handler. A panic is a Mako bug: the request gets EIO (fuser
+    /// replies EIO for a reply that was never sent), the handler thread survives (an
+    /// unwinding event-loop thread would end the whole session), and the mount turns
+    /// read-only, because in-memory state may be half-changed and must not reach disk.
+    fn guard(&self, op: &'static str, f: impl FnOnce()) {
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            tracing::error!("BUG: FUSE {op} panicked: {what}; the mount is now read-only to protect the data, unmount and report it");
+            self.fs
+                .core
+                .go_read_only(&format!("internal error in {op}: {what}"));
+        }
+    }
+
     pub fn new(fs: FileSystem, max_write: u32, writeback_cache: bool) -> MakoFuse {
-        MakoFuse { fs, max_write, writeback_cache }
+        MakoFuse {
+            fs,
+            max_write,
+            writeback_cache,
+        }
     }
 
     fn entry(&self, r: Result<Attr, FsError>, reply: ReplyEntry) {
@@ -180,7 +210,11 @@ impl Filesystem for MakoFuse {
             | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
             | InitFlags::FUSE_ASYNC_DIO
             | InitFlags::FUSE_MAX_PAGES;
-        let want = if self.writeback_cache { want | InitFlags::FUSE_WRITEBACK_CACHE } else { want };
+        let want = if self.writeback_cache {
+            want | InitFlags::FUSE_WRITEBACK_CACHE
+        } else {
+            want
+        };
         let supported = config.capabilities() & want;
         if let Err(missing) = config.add_capabilities(supported) {
             tracing::warn!("kernel refused FUSE capabilities {missing:?}");
@@ -188,7 +222,10 @@ impl Filesystem for MakoFuse {
         let max_write = match config.set_max_write(self.max_write) {
             Ok(_) => self.max_write,
             Err(nearest) => {
-                tracing::warn!("kernel limits FUSE requests to {nearest} bytes (asked {})", self.max_write);
+                tracing::warn!(
+                    "kernel limits FUSE requests to {nearest} bytes (asked {})",
+                    self.max_write
+                );
                 let _ = config.set_max_write(nearest);
                 nearest
             }
@@ -196,23 +233,36 @@ impl Filesystem for MakoFuse {
         let _ = config.set_max_readahead(max_write);
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
-        tracing::info!("FUSE session: max_write {max_write} bytes, capabilities {:?}", supported);
+        tracing::info!(
+            "FUSE session: max_write {max_write} bytes, capabilities {:?}",
+            supported
+        );
         Ok(())
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.entry(self.fs.lookup(parent.0, name.as_bytes()), reply);
+        self.guard("lookup", move || {
+            if mako_diag::test_hooks::panic_on_lookup() == Some(name.as_bytes()) {
+                panic!(
+                    "test hook {}: lookup of {name:?}",
+                    mako_diag::test_hooks::PANIC_ON_LOOKUP_ENV
+                );
+            }
+            self.entry(self.fs.lookup(parent.0, name.as_bytes()), reply);
+        })
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.fs.forget(ino.0, nlookup);
+        self.guard("forget", move || {
+            self.fs.forget(ino.0, nlookup);
+        })
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(ino.0) {
+        self.guard("getattr", move || match self.fs.getattr(ino.0) {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
-        }
+        })
     }
 
     fn setattr(
@@ -233,102 +283,211 @@ impl Filesystem for MakoFuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let t = |x: TimeOrNow| match x {
-            TimeOrNow::Now => TimeSet::Now,
-            TimeOrNow::SpecificTime(s) => TimeSet::At(from_systime(s)),
-        };
-        // Only a pure time change (utimensat) drops the kernel's pages: a truncate holds
-        // page locks while it waits for this reply, and invalidating under it deadlocks.
-        let times = (atime.is_some() || mtime.is_some()) && size.is_none();
-        let set = SetAttr { mode, uid, gid, size, atime: atime.map(t), mtime: mtime.map(t), ctime: ctime.map(from_systime) };
-        match self.fs.setattr(ino.0, set) {
-            Ok(a) => {
-                if times {
-                    // Pages the kernel cached would hide later reads from Mako, and with
-                    // them the atime updates that relatime owes after utimens. The
-                    // kernel's reverse invalidation takes page locks, not the inode lock
-                    // this setattr holds, so it is safe before the reply.
-                    if let Some(inv) = self.fs.core.invalidator.read().clone() {
-                        inv.invalidate_inode(ino.0, 0, 0);
+        self.guard("setattr", move || {
+            let t = |x: TimeOrNow| match x {
+                TimeOrNow::Now => TimeSet::Now,
+                TimeOrNow::SpecificTime(s) => TimeSet::At(from_systime(s)),
+            };
+            // Only a pure time change (utimensat) drops the kernel's pages: a truncate holds
+            // page locks while it waits for this reply, and invalidating under it deadlocks.
+            let times = (atime.is_some() || mtime.is_some()) && size.is_none();
+            let set = SetAttr {
+                mode,
+                uid,
+                gid,
+                size,
+                atime: atime.map(t),
+                mtime: mtime.map(t),
+                ctime: ctime.map(from_systime),
+            };
+            match self.fs.setattr(ino.0, set) {
+                Ok(a) => {
+                    if times {
+                        // Pages the kernel cached would hide later reads from Mako, and with
+                        // them the atime updates that relatime owes after utimens. The
+                        // kernel's reverse invalidation takes page locks, not the inode lock
+                        // this setattr holds, so it is safe before the reply.
+                        if let Some(inv) = self.fs.core.invalidator.read().clone() {
+                            inv.invalidate_inode(ino.0, 0, 0);
+                        }
                     }
+                    reply.attr(&TTL, &file_attr(&a));
                 }
-                reply.attr(&TTL, &file_attr(&a));
+                Err(e) => reply.error(errno(&e)),
             }
-            Err(e) => reply.error(errno(&e)),
-        }
+        })
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(ino.0) {
+        self.guard("readlink", move || match self.fs.readlink(ino.0) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(&e)),
-        }
+        })
     }
 
-    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
-        self.entry(self.fs.mknod(ctx(req), parent.0, name.as_bytes(), mode, umask, rdev), reply);
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        self.guard("mknod", move || {
+            self.entry(
+                self.fs
+                    .mknod(ctx(req), parent.0, name.as_bytes(), mode, umask, rdev),
+                reply,
+            );
+        })
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
-        self.entry(self.fs.mkdir(ctx(req), parent.0, name.as_bytes(), mode, umask), reply);
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        self.guard("mkdir", move || {
+            self.entry(
+                self.fs
+                    .mkdir(ctx(req), parent.0, name.as_bytes(), mode, umask),
+                reply,
+            );
+        })
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(self.fs.unlink(parent.0, name.as_bytes()), reply);
+        self.guard("unlink", move || {
+            Self::empty(self.fs.unlink(parent.0, name.as_bytes()), reply);
+        })
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(self.fs.rmdir(parent.0, name.as_bytes()), reply);
+        self.guard("rmdir", move || {
+            Self::empty(self.fs.rmdir(parent.0, name.as_bytes()), reply);
+        })
     }
 
-    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
-        self.entry(self.fs.symlink(ctx(req), parent.0, link_name.as_bytes(), target.as_os_str().as_bytes()), reply);
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        self.guard("symlink", move || {
+            self.entry(
+                self.fs.symlink(
+                    ctx(req),
+                    parent.0,
+                    link_name.as_bytes(),
+                    target.as_os_str().as_bytes(),
+                ),
+                reply,
+            );
+        })
     }
 
-    fn rename(&self, _req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr, flags: RenameFlags, reply: ReplyEmpty) {
-        Self::empty(self.fs.rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), flags.bits()), reply);
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.guard("rename", move || {
+            Self::empty(
+                self.fs.rename(
+                    parent.0,
+                    name.as_bytes(),
+                    newparent.0,
+                    newname.as_bytes(),
+                    flags.bits(),
+                ),
+                reply,
+            );
+        })
     }
 
-    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
-        self.entry(self.fs.link(ino.0, newparent.0, newname.as_bytes()), reply);
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        self.guard("link", move || {
+            self.entry(self.fs.link(ino.0, newparent.0, newname.as_bytes()), reply);
+        })
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open(ino.0) {
-            Ok(_) => {
-                if flags.0 & libc::O_TRUNC != 0 {
-                    // Only with FUSE_ATOMIC_O_TRUNC, which Mako does not ask for; kept
-                    // for kernels that send it anyway.
-                    if let Err(e) = self.fs.setattr(ino.0, SetAttr { size: Some(0), ..Default::default() }) {
-                        let _ = self.fs.release(ino.0);
-                        return reply.error(errno(&e));
+        self.guard("open", move || {
+            match self.fs.open(ino.0) {
+                Ok(_) => {
+                    if flags.0 & libc::O_TRUNC != 0 {
+                        // Only with FUSE_ATOMIC_O_TRUNC, which Mako does not ask for; kept
+                        // for kernels that send it anyway.
+                        if let Err(e) = self.fs.setattr(
+                            ino.0,
+                            SetAttr {
+                                size: Some(0),
+                                ..Default::default()
+                            },
+                        ) {
+                            let _ = self.fs.release(ino.0);
+                            return reply.error(errno(&e));
+                        }
                     }
+                    let (fh, out) = self.open_flags(flags.0);
+                    reply.opened(FileHandle(fh), out);
                 }
-                let (fh, out) = self.open_flags(flags.0);
-                reply.opened(FileHandle(fh), out);
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn read(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock: Option<LockOwner>, reply: ReplyData) {
-        if fh.0 & FH_DIRECT != 0 {
-            match self.fs.read_direct(ino.0, offset, size) {
-                Ok(d) => reply.data(&d),
                 Err(e) => reply.error(errno(&e)),
             }
-            return;
-        }
-        // The reply is written from the pagepool buffer when the range is in one block.
-        let mut reply = Some(reply);
-        let r = self.fs.read_with(ino.0, offset, size, |d| {
-            if let Some(r) = reply.take() {
-                r.data(d)
+        })
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.guard("read", move || {
+            if fh.0 & FH_DIRECT != 0 {
+                match self.fs.read_direct(ino.0, offset, size) {
+                    Ok(d) => reply.data(&d),
+                    Err(e) => reply.error(errno(&e)),
+                }
+                return;
             }
-        });
-        if let (Err(e), Some(r)) = (r, reply.take()) {
-            r.error(errno(&e));
-        }
+            // The reply is written from the pagepool buffer when the range is in one block.
+            let mut reply = Some(reply);
+            let r = self.fs.read_with(ino.0, offset, size, |d| {
+                if let Some(r) = reply.take() {
+                    r.data(d)
+                }
+            });
+            if let (Err(e), Some(r)) = (r, reply.take()) {
+                r.error(errno(&e));
+            }
+        })
     }
 
     fn write(
@@ -343,159 +502,313 @@ impl Filesystem for MakoFuse {
         _lock: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let r = if fh.0 & FH_DIRECT != 0 {
-            self.fs.write_direct(ino.0, offset, data)
-        } else {
-            self.fs.write(ino.0, offset, data, fh.0 & FH_APPEND != 0)
-        };
-        match r {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock: LockOwner, reply: ReplyEmpty) {
-        // close() does not promise durability; write-behind and fsync do.
-        reply.ok();
-    }
-
-    fn release(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, _lock: Option<LockOwner>, _flush: bool, reply: ReplyEmpty) {
-        Self::empty(self.fs.release(ino.0), reply);
-    }
-
-    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        Self::empty(self.fs.fsync(ino.0, datasync), reply);
-    }
-
-    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        Self::empty(self.fs.fsync(ino.0, datasync), reply);
-    }
-
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let mut after = offset;
-        loop {
-            let batch = match self.fs.readdir(ino.0, after, 128) {
-                Ok(b) => b,
-                Err(e) => return reply.error(errno(&e)),
+        self.guard("write", move || {
+            let r = if fh.0 & FH_DIRECT != 0 {
+                self.fs.write_direct(ino.0, offset, data)
+            } else {
+                self.fs.write(ino.0, offset, data, fh.0 & FH_APPEND != 0)
             };
-            if batch.is_empty() {
-                break;
+            match r {
+                Ok(n) => reply.written(n as u32),
+                Err(e) => reply.error(errno(&e)),
             }
-            for e in batch {
-                if reply.add(INodeNo(e.ino), e.cookie, dkind(e.kind), OsStr::from_bytes(&e.name)) {
-                    return reply.ok();
-                }
-                after = e.cookie;
-            }
-        }
-        reply.ok();
+        })
     }
 
-    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
-        let mut after = offset;
-        loop {
-            let batch = match self.fs.readdir(ino.0, after, 64) {
-                Ok(b) => b,
-                Err(e) => return reply.error(errno(&e)),
-            };
-            if batch.is_empty() {
-                break;
-            }
-            for e in batch {
-                let dot = e.name == b"." || e.name == b"..";
-                let attr = match self.fs.getattr(e.ino) {
-                    Ok(a) => a,
-                    // Removed between listing and stat: skip it.
-                    Err(_) => {
-                        after = e.cookie;
-                        continue;
-                    }
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        self.guard("flush", move || {
+            // close() does not promise durability; write-behind and fsync do.
+            reply.ok();
+        })
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.guard("release", move || {
+            Self::empty(self.fs.release(ino.0), reply);
+        })
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.guard("fsync", move || {
+            Self::empty(self.fs.fsync(ino.0, datasync), reply);
+        })
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.guard("fsyncdir", move || {
+            Self::empty(self.fs.fsync(ino.0, datasync), reply);
+        })
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        self.guard("readdir", move || {
+            let mut after = offset;
+            loop {
+                let batch = match self.fs.readdir(ino.0, after, 128) {
+                    Ok(b) => b,
+                    Err(e) => return reply.error(errno(&e)),
                 };
-                if reply.add(INodeNo(e.ino), e.cookie, OsStr::from_bytes(&e.name), &TTL, &file_attr(&attr), Generation(attr.generation as u64)) {
-                    return reply.ok();
+                if batch.is_empty() {
+                    break;
                 }
-                if !dot {
-                    self.fs.add_lookup(e.ino);
+                for e in batch {
+                    if reply.add(
+                        INodeNo(e.ino),
+                        e.cookie,
+                        dkind(e.kind),
+                        OsStr::from_bytes(&e.name),
+                    ) {
+                        return reply.ok();
+                    }
+                    after = e.cookie;
                 }
-                after = e.cookie;
             }
-        }
-        reply.ok();
+            reply.ok();
+        })
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        self.guard("readdirplus", move || {
+            let mut after = offset;
+            loop {
+                let batch = match self.fs.readdir(ino.0, after, 64) {
+                    Ok(b) => b,
+                    Err(e) => return reply.error(errno(&e)),
+                };
+                if batch.is_empty() {
+                    break;
+                }
+                for e in batch {
+                    let dot = e.name == b"." || e.name == b"..";
+                    let attr = match self.fs.getattr(e.ino) {
+                        Ok(a) => a,
+                        // Removed between listing and stat: skip it.
+                        Err(_) => {
+                            after = e.cookie;
+                            continue;
+                        }
+                    };
+                    if reply.add(
+                        INodeNo(e.ino),
+                        e.cookie,
+                        OsStr::from_bytes(&e.name),
+                        &TTL,
+                        &file_attr(&attr),
+                        Generation(attr.generation as u64),
+                    ) {
+                        return reply.ok();
+                    }
+                    if !dot {
+                        self.fs.add_lookup(e.ino);
+                    }
+                    after = e.cookie;
+                }
+            }
+            reply.ok();
+        })
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let s = self.fs.statfs();
-        reply.statfs(s.blocks, s.blocks_free, s.blocks_free, s.files, s.files_free, s.block_bytes, s.name_max, s.fragment_bytes);
+        self.guard("statfs", move || {
+            let s = self.fs.statfs();
+            reply.statfs(
+                s.blocks,
+                s.blocks_free,
+                s.blocks_free,
+                s.files,
+                s.files_free,
+                s.block_bytes,
+                s.name_max,
+                s.fragment_bytes,
+            );
+        })
     }
 
-    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
-        Self::empty(self.fs.setxattr(ino.0, name.as_bytes(), value, flags), reply);
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        self.guard("setxattr", move || {
+            Self::empty(
+                self.fs.setxattr(ino.0, name.as_bytes(), value, flags),
+                reply,
+            );
+        })
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        Self::xattr_reply(self.fs.getxattr(ino.0, name.as_bytes()), size, reply);
+        self.guard("getxattr", move || {
+            Self::xattr_reply(self.fs.getxattr(ino.0, name.as_bytes()), size, reply);
+        })
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        // trusted.* names are listed only to privileged callers (CAP_SYS_ADMIN; uid 0
-        // stands for it here), as local file systems do.
-        let privileged = req.uid() == 0;
-        let list = self.fs.listxattr(ino.0).map(|l| {
-            l.split(|&b| b == 0)
-                .filter(|n| !n.is_empty() && (privileged || !n.starts_with(b"trusted.")))
-                .flat_map(|n| n.iter().copied().chain(std::iter::once(0)))
-                .collect()
-        });
-        Self::xattr_reply(list, size, reply);
+        self.guard("listxattr", move || {
+            // trusted.* names are listed only to privileged callers (CAP_SYS_ADMIN; uid 0
+            // stands for it here), as local file systems do.
+            let privileged = req.uid() == 0;
+            let list = self.fs.listxattr(ino.0).map(|l| {
+                l.split(|&b| b == 0)
+                    .filter(|n| !n.is_empty() && (privileged || !n.starts_with(b"trusted.")))
+                    .flat_map(|n| n.iter().copied().chain(std::iter::once(0)))
+                    .collect()
+            });
+            Self::xattr_reply(list, size, reply);
+        })
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(self.fs.removexattr(ino.0, name.as_bytes()), reply);
+        self.guard("removexattr", move || {
+            Self::empty(self.fs.removexattr(ino.0, name.as_bytes()), reply);
+        })
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        // The kernel checks permissions itself (default_permissions).
-        reply.ok();
+        self.guard("access", move || {
+            // The kernel checks permissions itself (default_permissions).
+            reply.ok();
+        })
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
-        let r = self.fs.create(ctx(req), parent.0, name.as_bytes(), mode, umask, flags & libc::O_EXCL != 0);
-        match r {
-            Ok(a) => {
-                if let Err(e) = self.fs.open(a.ino) {
-                    return reply.error(errno(&e));
-                }
-                let a = if flags & libc::O_TRUNC != 0 && a.size > 0 {
-                    match self.fs.setattr(a.ino, SetAttr { size: Some(0), ..Default::default() }) {
-                        Ok(a) => a,
-                        Err(e) => {
-                            let _ = self.fs.release(a.ino);
-                            return reply.error(errno(&e));
-                        }
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        self.guard("create", move || {
+            let r = self.fs.create(
+                ctx(req),
+                parent.0,
+                name.as_bytes(),
+                mode,
+                umask,
+                flags & libc::O_EXCL != 0,
+            );
+            match r {
+                Ok(a) => {
+                    if let Err(e) = self.fs.open(a.ino) {
+                        return reply.error(errno(&e));
                     }
-                } else {
-                    a
-                };
-                self.fs.add_lookup(a.ino);
-                let (fh, out) = self.open_flags(flags);
-                reply.created(&TTL, &file_attr(&a), Generation(a.generation as u64), FileHandle(fh), out);
+                    let a = if flags & libc::O_TRUNC != 0 && a.size > 0 {
+                        match self.fs.setattr(
+                            a.ino,
+                            SetAttr {
+                                size: Some(0),
+                                ..Default::default()
+                            },
+                        ) {
+                            Ok(a) => a,
+                            Err(e) => {
+                                let _ = self.fs.release(a.ino);
+                                return reply.error(errno(&e));
+                            }
+                        }
+                    } else {
+                        a
+                    };
+                    self.fs.add_lookup(a.ino);
+                    let (fh, out) = self.open_flags(flags);
+                    reply.created(
+                        &TTL,
+                        &file_attr(&a),
+                        Generation(a.generation as u64),
+                        FileHandle(fh),
+                        out,
+                    );
+                }
+                Err(e) => reply.error(errno(&e)),
             }
-            Err(e) => reply.error(errno(&e)),
-        }
+        })
     }
 
-    fn fallocate(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
-        Self::empty(self.fs.fallocate(ino.0, offset, length, mode), reply);
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        self.guard("fallocate", move || {
+            Self::empty(self.fs.fallocate(ino.0, offset, length, mode), reply);
+        })
     }
 
-    fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
-        if offset < 0 {
-            return reply.error(Errno::from_i32(libc::ENXIO));
-        }
-        match self.fs.lseek(ino.0, offset as u64, whence) {
-            Ok(o) => reply.offset(o as i64),
-            Err(e) => reply.error(errno(&e)),
-        }
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        self.guard("lseek", move || {
+            if offset < 0 {
+                return reply.error(Errno::from_i32(libc::ENXIO));
+            }
+            match self.fs.lseek(ino.0, offset as u64, whence) {
+                Ok(o) => reply.offset(o as i64),
+                Err(e) => reply.error(errno(&e)),
+            }
+        })
     }
 }
 
@@ -562,8 +875,17 @@ pub fn mount(fs: FileSystem, mountpoint: &Path, opts: &FuseOptions) -> std::io::
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = true;
     let notifier = Arc::new(OnceLock::new());
-    fs.core.invalidator.write().replace(Arc::new(Invalidator { notifier: notifier.clone() }));
-    let session = fuser::spawn_mount(MakoFuse::new(fs, opts.max_write, opts.writeback_cache), mountpoint, &config)?;
+    fs.core.invalidator.write().replace(Arc::new(Invalidator {
+        notifier: notifier.clone(),
+    }));
+    let session = fuser::spawn_mount(
+        MakoFuse::new(fs, opts.max_write, opts.writeback_cache),
+        mountpoint,
+        &config,
+    )?;
     let _ = notifier.set(session.notifier());
-    Ok(FuseMount { session: Some(session), mountpoint: mountpoint.to_path_buf() })
+    Ok(FuseMount {
+        session: Some(session),
+        mountpoint: mountpoint.to_path_buf(),
+    })
 }
