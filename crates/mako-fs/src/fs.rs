@@ -443,6 +443,15 @@ impl FileSystem {
             g2 = h2.state.write();
             (g1, Some(g2))
         };
+        // The target directory: the second parent, or the first when they are one.
+        macro_rules! target_dir {
+            () => {
+                match s2_opt.as_deref_mut() {
+                    Some(s) => s,
+                    None => &mut s1,
+                }
+            };
+        }
         self.live_dir(&s1)?;
         if let Some(s2) = &s2_opt {
             self.live_dir(s2)?;
@@ -471,10 +480,7 @@ impl FileSystem {
             }
             directory::replace(&self.core, &mut s1, n1, d.ino, d.kind)?;
             {
-                let s2: &mut InodeState = match s2_opt.as_deref_mut() {
-                    Some(s) => s,
-                    None => &mut s1,
-                };
+                let s2: &mut InodeState = target_dir!();
                 directory::replace(&self.core, s2, n2, src.ino, src.kind)?;
             }
             let dst_h = self.handle(d.ino)?;
@@ -529,17 +535,11 @@ impl FileSystem {
                     return Err(FsError::NotEmpty(String::from_utf8_lossy(n2).into_owned()));
                 }
             }
-            let s2: &mut InodeState = match s2_opt.as_deref_mut() {
-                Some(s) => s,
-                None => &mut s1,
-            };
+            let s2: &mut InodeState = target_dir!();
             directory::replace(&self.core, s2, n2, src.ino, src.kind)?;
             victim = Some((dh, dst_is_dir));
         } else {
-            let s2: &mut InodeState = match s2_opt.as_deref_mut() {
-                Some(s) => s,
-                None => &mut s1,
-            };
+            let s2: &mut InodeState = target_dir!();
             directory::insert(&self.core, s2, n2, src.ino, src.kind)?;
         }
         directory::remove(&self.core, &mut s1, n1)?;
@@ -547,10 +547,7 @@ impl FileSystem {
             let mut vs = dh.state.write();
             if *dst_is_dir {
                 vs.inode.nlink = 0;
-                let s2: &mut InodeState = match s2_opt.as_deref_mut() {
-                    Some(s) => s,
-                    None => &mut s1,
-                };
+                let s2: &mut InodeState = target_dir!();
                 s2.inode.nlink = s2.inode.nlink.saturating_sub(1);
             } else {
                 vs.inode.nlink = vs.inode.nlink.saturating_sub(1);

@@ -147,6 +147,24 @@ impl MakoFuse {
         }
     }
 
+    /// Feed directory entries after `offset` to `add` in batches until it reports the
+    /// reply buffer full (true) or the directory ends.
+    fn each_entry(&self, ino: u64, offset: u64, batch: usize, mut add: impl FnMut(&mako_fs::fs::DirListing) -> bool) -> Result<(), FsError> {
+        let mut after = offset;
+        loop {
+            let entries = self.fs.readdir(ino, after, batch)?;
+            if entries.is_empty() {
+                return Ok(());
+            }
+            for e in &entries {
+                if add(e) {
+                    return Ok(());
+                }
+                after = e.cookie;
+            }
+        }
+    }
+
     pub fn new(fs: FileSystem, max_write: u32, writeback_cache: bool) -> MakoFuse {
         MakoFuse {
             fs,
@@ -579,28 +597,13 @@ impl Filesystem for MakoFuse {
         mut reply: ReplyDirectory,
     ) {
         self.guard("readdir", move || {
-            let mut after = offset;
-            loop {
-                let batch = match self.fs.readdir(ino.0, after, 128) {
-                    Ok(b) => b,
-                    Err(e) => return reply.error(errno(&e)),
-                };
-                if batch.is_empty() {
-                    break;
-                }
-                for e in batch {
-                    if reply.add(
-                        INodeNo(e.ino),
-                        e.cookie,
-                        dkind(e.kind),
-                        OsStr::from_bytes(&e.name),
-                    ) {
-                        return reply.ok();
-                    }
-                    after = e.cookie;
-                }
+            let r = self.each_entry(ino.0, offset, 128, |e| {
+                reply.add(INodeNo(e.ino), e.cookie, dkind(e.kind), OsStr::from_bytes(&e.name))
+            });
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
             }
-            reply.ok();
         })
     }
 
@@ -613,42 +616,27 @@ impl Filesystem for MakoFuse {
         mut reply: ReplyDirectoryPlus,
     ) {
         self.guard("readdirplus", move || {
-            let mut after = offset;
-            loop {
-                let batch = match self.fs.readdir(ino.0, after, 64) {
-                    Ok(b) => b,
-                    Err(e) => return reply.error(errno(&e)),
-                };
-                if batch.is_empty() {
-                    break;
+            let r = self.each_entry(ino.0, offset, 64, |e| {
+                // An entry removed between listing and stat is skipped.
+                let Ok(attr) = self.fs.getattr(e.ino) else { return false };
+                let full = reply.add(
+                    INodeNo(e.ino),
+                    e.cookie,
+                    OsStr::from_bytes(&e.name),
+                    &TTL,
+                    &file_attr(&attr),
+                    Generation(attr.generation as u64),
+                );
+                // Entries handed to the kernel (all but . and ..) count as lookups.
+                if !full && e.name != b"." && e.name != b".." {
+                    self.fs.add_lookup(e.ino);
                 }
-                for e in batch {
-                    let dot = e.name == b"." || e.name == b"..";
-                    let attr = match self.fs.getattr(e.ino) {
-                        Ok(a) => a,
-                        // Removed between listing and stat: skip it.
-                        Err(_) => {
-                            after = e.cookie;
-                            continue;
-                        }
-                    };
-                    if reply.add(
-                        INodeNo(e.ino),
-                        e.cookie,
-                        OsStr::from_bytes(&e.name),
-                        &TTL,
-                        &file_attr(&attr),
-                        Generation(attr.generation as u64),
-                    ) {
-                        return reply.ok();
-                    }
-                    if !dot {
-                        self.fs.add_lookup(e.ino);
-                    }
-                    after = e.cookie;
-                }
+                full
+            });
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
             }
-            reply.ok();
         })
     }
 
