@@ -53,6 +53,10 @@ pub struct FsConfig {
     pub iohist_size: usize,
     pub avoid_dir_fragments: Option<bool>,
     pub dir_pre_split_levels: Option<u8>,
+    /// Start the write-behind, prefetch and sync threads. Off only in deterministic
+    /// tests (crash tests), which call `sync`/`fsync` themselves: without the threads
+    /// dirty data reaches disk only through those calls.
+    pub background_workers: bool,
 }
 
 impl Default for FsConfig {
@@ -68,6 +72,7 @@ impl Default for FsConfig {
             iohist_size: 512,
             avoid_dir_fragments: None,
             dir_pre_split_levels: None,
+            background_workers: true,
         }
     }
 }

@@ -305,6 +305,7 @@ pub fn mount_disks(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, node: u32) -> FsRes
     }
     let fs = FileSystem { core: core.clone() };
     fs.getattr(m.root_dir)?;
-    let workers = Workers::start(core);
-    Ok(Mounted { fs, workers: Some(workers), unmounted: false })
+    let background = core.cfg.read().background_workers;
+    let workers = background.then(|| Workers::start(core));
+    Ok(Mounted { fs, workers, unmounted: false })
 }

@@ -44,6 +44,7 @@ fn fs_config(c: &EffectiveConfig) -> FsConfig {
         iohist_size: c.iohist_size(),
         avoid_dir_fragments: Some(c.avoid_dir_fragments()),
         dir_pre_split_levels: Some(c.dir_pre_split_levels()),
+        background_workers: true,
     }
 }
 
