@@ -10,6 +10,8 @@ pub struct DiskAddress(u64);
 /// Bits for the sector: 2^48 sectors of 512 bytes = 128 PiB per disk.
 const SECTOR_BITS: u32 = 48;
 const SECTOR_MASK: u64 = (1 << SECTOR_BITS) - 1;
+/// Largest sector number.
+pub const SECTOR_MAX: u64 = SECTOR_MASK;
 /// Largest disk index: 65535 disks per file system.
 pub const DISK_INDEX_MAX: u32 = u16::MAX as u32;
 

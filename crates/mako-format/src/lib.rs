@@ -22,6 +22,7 @@ pub mod indirect;
 pub mod inode;
 pub mod inode_map_segment;
 pub mod log_header;
+pub mod log_record;
 pub mod name_hash;
 
 pub use da::DiskAddress;

@@ -1,12 +1,19 @@
-//! The header of a per-node recovery log file (DESIGN.md 3.6). The log records
-//! themselves are the subject of the crash-consistency work; the header exists from
-//! the first release so that every file system has its log file in place.
+//! The header of a per-node recovery log file (DESIGN.md 3.6).
+//!
+//! The log file starts with two copies of the header, one sector each (a sector is
+//! written atomically, so each copy is old or new, never a mixture; two copies survive
+//! one damaged sector). The valid copy with the greater tail LSN wins. The circular
+//! area of transactions (`log_record`) starts at `LOG_RECORDS_OFFSET`.
 
 use crate::codec::{check_header, Reader, Writer};
 use crate::error::{FormatError, FormatErrorKind, Location};
 
 pub const LOG_HEADER_MAGIC: u64 = u64::from_le_bytes(*b"MAKOLOGH");
 pub const LOG_HEADER_BYTES: usize = 512;
+/// Byte offsets of the two header copies in the log file.
+pub const LOG_HEADER_OFFSETS: [u64; 2] = [0, 512];
+/// Byte offset where the circular area of transactions starts.
+pub const LOG_RECORDS_OFFSET: u64 = 4096;
 const CRC_OFFSET: usize = 10;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +26,17 @@ pub struct LogHeader {
     pub head_lsn: u64,
     /// True when the node stopped cleanly: nothing to replay.
     pub clean: bool,
+}
+
+/// The header to trust of the two copies read from a log file: the valid one with the
+/// greater tail LSN. Returns it with the index of the copy, or the errors of both.
+pub fn best_copy(copies: [Result<LogHeader, FormatError>; 2]) -> Result<(LogHeader, usize), [FormatError; 2]> {
+    match copies {
+        [Ok(a), Ok(b)] => Ok(if b.tail_lsn > a.tail_lsn { (b, 1) } else { (a, 0) }),
+        [Ok(a), Err(_)] => Ok((a, 0)),
+        [Err(_), Ok(b)] => Ok((b, 1)),
+        [Err(a), Err(b)] => Err([a, b]),
+    }
 }
 
 impl LogHeader {

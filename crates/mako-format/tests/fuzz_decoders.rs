@@ -233,6 +233,23 @@ fn fuzz_log_header() {
 }
 
 #[test]
+fn fuzz_log_transaction() {
+    use mako_format::log_record::*;
+    let mut inode = vec![0u8; 4096];
+    inode[..100].copy_from_slice(&[3u8; 100]);
+    let images = vec![LogImage::trimmed(DiskAddress::new(1, 64), &inode), LogImage::trimmed(DiskAddress::new(2, 4096), &[9u8; 512])];
+    let uuid = [4u8; 16];
+    let txn = encode_txn(0, uuid, 8192, 3, images.iter());
+    // Header and payload are checked together: what replay does with the bytes it reads.
+    let decode = |b: &[u8]| -> Result<Vec<LogImage>, mako_format::FormatError> {
+        let h = TxnHeader::decode(b, 0, uuid, 8192, Location::Memory)?;
+        let payload = b.get(TXN_HEADER_BYTES..).unwrap_or(&[]);
+        h.decode_payload(payload, Location::Memory)
+    };
+    run_target("log transaction", txn, usize::MAX, decode);
+}
+
+#[test]
 fn misdirected_blocks_are_named() {
     let i = sample_inode(0);
     let e = Inode::decode(&i.encode(4096).unwrap(), 4096, 43, LOC_DISK()).unwrap_err();

@@ -40,7 +40,8 @@ proptest! {
         let (lo, hi) = cookie_range(index, depth);
         let span = (hi - lo).max(1);
         let mut entries: Vec<DirEntry> = names.into_iter().enumerate().map(|(k, name)| {
-            let cookie = (lo + (k as u64 * 7919 + 3) % span).max(3);
+            // Spread over the block's range: a page holds 1/64 of it.
+            let cookie = (lo + ((k as u128 * span as u128) / 200) as u64 + (k as u64 % 7)).min(hi).max(3);
             DirEntry { cookie, ino: k as u64 + 1, kind: 8, name }
         }).collect();
         entries.sort_by_key(|e| e.cookie);

@@ -5,7 +5,13 @@
 //!
 //! Invariants: a subblock is either free or owned by exactly one file; a full block is
 //! block-aligned; a fragment never crosses a block boundary; the free counters always
-//! equal the number of clear bits.
+//! equal the number of clear bits minus the quarantined ones.
+//!
+//! Logging (see `journal`): a change marks the 4 KiB pages of the region's encoded
+//! segment that it touched; a commit logs those pages and the first page (which holds
+//! the segment's checksum), never a whole segment for one bit. Freed subblocks are
+//! clear in the bitmap (so the logged image says free) but quarantined: not handed out
+//! again until the transaction that freed them has been checkpointed.
 
 use crate::error::{FsError, FsResult};
 use mako_format::alloc_segment::{AllocSegment, DiskSlice};
@@ -25,12 +31,23 @@ pub enum AllocKind {
     Metadata,
 }
 
+/// Bytes of a page of an encoded segment, the unit of logging.
+pub const MAP_PAGE_BYTES: usize = 4096;
+/// A free not yet committed: tagged with its transaction at the commit's snapshot.
+const UNCOMMITTED: u64 = u64::MAX;
+
 pub struct Region {
     pub seg: AllocSegment,
-    pub dirty: bool,
-    /// Per slice: free subblocks, and where the next search starts (in blocks).
+    /// Pages of the encoded segment changed since the last commit.
+    dirty_pages: std::collections::BTreeSet<u32>,
+    /// Per slice: free subblocks (not counting quarantined ones), and where the next
+    /// search starts (in blocks).
     free: Vec<u64>,
     cursor: Vec<u64>,
+    /// Per slice: byte offset of the bitmap's first word in the encoded segment.
+    bitmap_offsets: Vec<usize>,
+    /// Per slice: subblocks freed but not reusable yet (empty until the first free).
+    quarantine: Vec<Vec<u64>>,
 }
 
 pub struct AllocMap {
@@ -51,6 +68,11 @@ pub struct AllocMap {
     total_subblocks: u64,
     next_region: AtomicUsize,
     rotor: AtomicUsize,
+    /// Pages marked dirty in all regions (for the log's size estimate).
+    dirty_pages: AtomicU64,
+    /// Quarantined frees: (transaction, address, subblocks).
+    frees: parking_lot::Mutex<Vec<(u64, DiskAddress, u32)>>,
+    quarantined_subblocks: AtomicU64,
 }
 
 /// Bytes of the allocation map file slot for one region.
@@ -144,7 +166,40 @@ impl Region {
     fn from_segment(seg: AllocSegment) -> Region {
         let free = seg.slices.iter().zip(&seg.bitmaps).map(|(s, b)| s.subblocks - count_used(b, s.subblocks)).collect();
         let cursor = vec![0; seg.slices.len()];
-        Region { seg, dirty: false, free, cursor }
+        let mut bitmap_offsets = Vec::new();
+        let mut off = mako_format::alloc_segment::ALLOC_HEADER_BYTES;
+        for s in &seg.slices {
+            off += 20;
+            bitmap_offsets.push(off);
+            off += s.subblocks.div_ceil(64) as usize * 8;
+        }
+        let quarantine = vec![Vec::new(); seg.slices.len()];
+        Region { seg, dirty_pages: Default::default(), free, cursor, bitmap_offsets, quarantine }
+    }
+
+    /// Mark the pages holding subblocks `start..start+len` of slice `si` dirty; returns
+    /// how many pages turned dirty.
+    fn touch(&mut self, si: usize, start: u64, len: u64) -> u64 {
+        let base = self.bitmap_offsets[si];
+        let first = (base + (start / 64) as usize * 8) / MAP_PAGE_BYTES;
+        let last = (base + ((start + len.max(1) - 1) / 64) as usize * 8 + 7) / MAP_PAGE_BYTES;
+        let mut added = 0;
+        // Page 0 holds the checksum, which every change alters.
+        for p in std::iter::once(0).chain(first..=last) {
+            if self.dirty_pages.insert(p as u32) {
+                added += 1;
+            }
+        }
+        added
+    }
+
+    fn quarantined(&self, si: usize, i: u64) -> bool {
+        let q = &self.quarantine[si];
+        !q.is_empty() && bit(q, i)
+    }
+
+    fn allocatable(&self, si: usize, start: u64, len: u64) -> bool {
+        range_free(&self.seg.bitmaps[si], start, len) && (self.quarantine[si].is_empty() || range_free(&self.quarantine[si], start, len))
     }
 }
 
@@ -188,6 +243,9 @@ impl AllocMap {
             total_subblocks: total,
             next_region: AtomicUsize::new(0),
             rotor: AtomicUsize::new(0),
+            dirty_pages: AtomicU64::new(0),
+            frees: parking_lot::Mutex::new(Vec::new()),
+            quarantined_subblocks: AtomicU64::new(0),
         })
     }
 
@@ -356,7 +414,7 @@ impl AllocMap {
             let base = b * spb;
             let bm = &r.seg.bitmaps[si];
             if want == spb {
-                if range_free(bm, base, spb) {
+                if r.allocatable(si, base, spb) {
                     found = Some(base);
                     break;
                 }
@@ -365,7 +423,7 @@ impl AllocMap {
                 // preferring blocks already partly used (keeps full blocks whole).
                 let mut run = 0;
                 for i in 0..spb {
-                    if bit(bm, base + i) {
+                    if bit(bm, base + i) || r.quarantined(si, base + i) {
                         run = 0;
                     } else {
                         run += 1;
@@ -384,7 +442,8 @@ impl AllocMap {
         set_range(&mut r.seg.bitmaps[si], at, want, true);
         r.free[si] -= want;
         r.cursor[si] = at / spb;
-        r.dirty = true;
+        let pages = r.touch(si, at, want);
+        self.dirty_pages.fetch_add(pages, Ordering::Relaxed);
         self.free_subblocks.fetch_sub(want, Ordering::Relaxed);
         let subblock = slice.first_subblock + at;
         Some(DiskAddress::new(disk, subblock * self.geo.sectors_per_subblock()))
@@ -408,8 +467,10 @@ impl AllocMap {
         Ok((region - 1, da.sector() / sps))
     }
 
-    /// Return subblocks to the free pool. Freeing a free subblock is a bug that would
-    /// lead to double allocation: it is refused loudly.
+    /// Return subblocks to the free pool: clear in the map at once (the next commit
+    /// logs them free), reusable once that commit is checkpointed (`release_frees`).
+    /// Freeing a free subblock is a bug that would lead to double allocation: it is
+    /// refused loudly.
     pub fn free(&self, da: DiskAddress, subblocks: u32) -> FsResult<()> {
         let (region, subblock) = self.locate(da)?;
         let mut r = self.regions[region].lock();
@@ -426,10 +487,53 @@ impl AllocMap {
             }
         }
         set_range(&mut r.seg.bitmaps[si], off, n, false);
-        r.free[si] += n;
-        r.dirty = true;
-        self.free_subblocks.fetch_add(n, Ordering::Relaxed);
+        let pages = r.touch(si, off, n);
+        self.dirty_pages.fetch_add(pages, Ordering::Relaxed);
+        if r.quarantine[si].is_empty() {
+            let words = r.seg.bitmaps[si].len();
+            r.quarantine[si] = vec![0u64; words];
+        }
+        set_range(&mut r.quarantine[si], off, n, true);
+        drop(r);
+        self.quarantined_subblocks.fetch_add(n, Ordering::Relaxed);
+        self.frees.lock().push((UNCOMMITTED, da, subblocks));
         Ok(())
+    }
+
+    /// Tag the frees of the running transaction with its sequence number (called by
+    /// the commit's snapshot).
+    pub fn tag_frees(&self, seq: u64) {
+        for f in self.frees.lock().iter_mut() {
+            if f.0 == UNCOMMITTED {
+                f.0 = seq;
+            }
+        }
+    }
+
+    /// Make space freed by transactions up to `seq` (now checkpointed) allocatable.
+    pub fn release_frees(&self, seq: u64) {
+        let done: Vec<(u64, DiskAddress, u32)> = {
+            let mut f = self.frees.lock();
+            let (done, keep): (Vec<_>, Vec<_>) = f.drain(..).partition(|(s, _, _)| *s <= seq);
+            *f = keep;
+            done
+        };
+        for (_, da, subblocks) in done {
+            let Ok((region, subblock)) = self.locate(da) else { continue };
+            let mut r = self.regions[region].lock();
+            let si = r.seg.slices.iter().position(|s| s.disk == da.disk()).expect("slice for disk");
+            let off = subblock - r.seg.slices[si].first_subblock;
+            let n = subblocks as u64;
+            set_range(&mut r.quarantine[si], off, n, false);
+            r.free[si] += n;
+            self.free_subblocks.fetch_add(n, Ordering::Relaxed);
+            self.quarantined_subblocks.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Subblocks freed but not reusable until the next checkpoint.
+    pub fn quarantined_subblocks(&self) -> u64 {
+        self.quarantined_subblocks.load(Ordering::Relaxed)
     }
 
     /// Mark subblocks in use (file system creation; fsck repair).
@@ -444,7 +548,8 @@ impl AllocMap {
         }
         set_range(&mut r.seg.bitmaps[si], off, n, true);
         r.free[si] -= n;
-        r.dirty = true;
+        let pages = r.touch(si, off, n);
+        self.dirty_pages.fetch_add(pages, Ordering::Relaxed);
         self.free_subblocks.fetch_sub(n, Ordering::Relaxed);
         Ok(())
     }
@@ -457,22 +562,45 @@ impl AllocMap {
         Ok((off..off + subblocks as u64).all(|i| bit(&r.seg.bitmaps[si], i)))
     }
 
-    /// Dirty segments to write back: (region, encoded bytes). Clears the dirty flags.
-    pub fn take_dirty(&self, slot_bytes: usize) -> Vec<(u32, Vec<u8>)> {
+    /// The changed pages of every region's encoded segment, for the log: (region,
+    /// [(offset in the segment slot, page bytes)]). Clears the dirty marks.
+    pub fn take_dirty_pages(&self, slot_bytes: usize) -> Vec<(u32, Vec<(u64, Vec<u8>)>)> {
         let mut out = Vec::new();
         for (i, r) in self.regions.iter().enumerate() {
             let mut r = r.lock();
-            if r.dirty {
-                r.dirty = false;
-                out.push((i as u32, r.seg.encode(slot_bytes)));
+            if r.dirty_pages.is_empty() {
+                continue;
             }
+            let bytes = r.seg.encode(slot_bytes);
+            let pages = std::mem::take(&mut r.dirty_pages);
+            self.dirty_pages.fetch_sub(pages.len() as u64, Ordering::Relaxed);
+            let v = pages
+                .into_iter()
+                .map(|p| p as usize * MAP_PAGE_BYTES)
+                .filter(|&lo| lo < bytes.len())
+                .map(|lo| (lo as u64, bytes[lo..(lo + MAP_PAGE_BYTES).min(bytes.len())].to_vec()))
+                .collect();
+            out.push((i as u32, v));
         }
         out
     }
 
-    /// Mark a region's segment for write-back (file system creation writes them all).
+    /// Bytes of map pages the next commit will log (an upper bound).
+    pub fn dirty_page_bytes(&self) -> u64 {
+        self.dirty_pages.load(Ordering::Relaxed) * MAP_PAGE_BYTES as u64
+    }
+
+    /// Mark a region's whole segment for logging (file system creation writes them all).
     pub fn mark_region_dirty(&self, region: u32) {
-        self.regions[region as usize].lock().dirty = true;
+        let mut r = self.regions[region as usize].lock();
+        let pages = (AllocSegment::encoded_len(&r.seg.slices)).div_ceil(MAP_PAGE_BYTES) as u32;
+        let mut added = 0;
+        for p in 0..pages {
+            if r.dirty_pages.insert(p) {
+                added += 1;
+            }
+        }
+        self.dirty_pages.fetch_add(added, Ordering::Relaxed);
     }
 
     /// Spread allocation start points (used by threads that allocate a lot).
@@ -524,7 +652,15 @@ mod tests {
         for (da, n) in &allocs {
             map.free(*da, *n).unwrap();
         }
+        // Freed space is quarantined until its transaction is checkpointed.
+        assert_eq!(map.free_subblocks() + map.quarantined_subblocks(), total);
+        let again = map.allocate(AllocKind::Data, spb, 99, 1000).unwrap();
+        assert!(!allocs.iter().any(|(da, _)| *da == again), "quarantined space handed out again");
+        map.free(again, spb).unwrap();
+        map.tag_frees(1);
+        map.release_frees(1);
         assert_eq!(map.free_subblocks(), total);
+        assert_eq!(map.quarantined_subblocks(), 0);
         assert!(map.free(allocs[0].0, allocs[0].1).is_err(), "double free refused");
     }
 

@@ -95,7 +95,7 @@ fn load_indirect(core: &Core, st: &InodeState, id: IndirectId, da: DiskAddress) 
         return Ok(());
     }
     let mut buf = vec![0u8; core.geo.indirect_bytes as usize];
-    core.nsd.read(da, &mut buf, IoTag { buffer_type: BufferType::Indirect, ino: id.ino })?;
+    core.read_metadata(da, &mut buf, IoTag { buffer_type: BufferType::Indirect, ino: id.ino })?;
     let block = IndirectBlock::decode(&buf, core.geo.indirect_bytes, id, Location::Disk(da)).map_err(|e| {
         core.stats.corruptions.fetch_add(1, Ordering::Relaxed);
         tracing::error!("{e} (inode {})", id.ino);
@@ -149,12 +149,13 @@ fn grow_to(core: &Core, st: &mut InodeState, unit: u64) -> FsResult<()> {
             let da = core.alloc.allocate(AllocKind::Metadata, core.geo.indirect_subblocks(), ino, u64::MAX - new_level as u64)?;
             st.inode.subblocks += core.geo.indirect_subblocks() as u64;
             st.indirect.lock().insert((new_level, 0), IndNode { block, da, dirty: true });
+            st.mark_unit_dirty(core.geo.indirect_bytes as u64);
             let mut p = vec![DiskAddress::NULL; n];
             p[0] = da;
             st.inode.content = InodeContent::Pointers(p);
         }
         st.inode.depth = new_level;
-        st.dirty = true;
+        st.mark_dirty();
     }
     Ok(())
 }
@@ -172,7 +173,7 @@ pub fn set(core: &Core, st: &mut InodeState, unit: u64, da: DiskAddress) -> FsRe
         if let InodeContent::Pointers(p) = &mut st.inode.content {
             p[top] = da;
         }
-        st.dirty = true;
+        st.mark_dirty();
         return Ok(());
     }
     // Walk down, creating missing indirect blocks (unless we are clearing).
@@ -187,34 +188,46 @@ pub fn set(core: &Core, st: &mut InodeState, unit: u64, da: DiskAddress) -> FsRe
             let nda = core.alloc.allocate(AllocKind::Metadata, core.geo.indirect_subblocks(), ino, index)?;
             st.inode.subblocks += core.geo.indirect_subblocks() as u64;
             st.indirect.lock().insert((level, index), IndNode { block: IndirectBlock::new(id, ppi(core) as usize), da: nda, dirty: true });
+            st.mark_unit_dirty(core.geo.indirect_bytes as u64);
             // Link it into its parent.
             if level == depth {
                 if let InodeContent::Pointers(p) = &mut st.inode.content {
                     p[top] = nda;
                 }
-                st.dirty = true;
             } else {
                 let pindex = unit / span(core, level + 1);
                 let pslot = ((unit / span(core, level)) % ppi(core)) as usize;
-                let mut cache = st.indirect.lock();
-                let parent = cache.get_mut(&(level + 1, pindex)).expect("parent indirect block cached");
-                parent.block.pointers[pslot] = nda;
-                parent.dirty = true;
+                let newly = {
+                    let mut cache = st.indirect.lock();
+                    let parent = cache.get_mut(&(level + 1, pindex)).expect("parent indirect block cached");
+                    parent.block.pointers[pslot] = nda;
+                    !std::mem::replace(&mut parent.dirty, true)
+                };
+                if newly {
+                    st.mark_unit_dirty(core.geo.indirect_bytes as u64);
+                }
             }
             parent_ptr = nda;
         } else {
             load_indirect(core, st, id, parent_ptr)?;
         }
         let slot = ((unit / span(core, level - 1)) % ppi(core)) as usize;
-        let mut cache = st.indirect.lock();
-        let node = cache.get_mut(&(level, index)).expect("indirect block cached");
-        if level == 1 {
-            node.block.pointers[slot] = da;
-            node.dirty = true;
-        } else {
-            parent_ptr = node.block.pointers[slot];
+        let newly = {
+            let mut cache = st.indirect.lock();
+            let node = cache.get_mut(&(level, index)).expect("indirect block cached");
+            if level == 1 {
+                node.block.pointers[slot] = da;
+                !std::mem::replace(&mut node.dirty, true)
+            } else {
+                parent_ptr = node.block.pointers[slot];
+                false
+            }
+        };
+        if newly {
+            st.mark_unit_dirty(core.geo.indirect_bytes as u64);
         }
     }
+    st.mark_dirty();
     Ok(())
 }
 
@@ -328,30 +341,23 @@ pub fn prune_indirect(core: &Core, st: &mut InodeState) -> FsResult<()> {
             } else {
                 let pindex = index / ppi(core);
                 let pslot = (index % ppi(core)) as usize;
-                if let Some(parent) = st.indirect.lock().get_mut(&(level + 1, pindex)) {
-                    parent.block.pointers[pslot] = DiskAddress::NULL;
-                    parent.dirty = true;
+                let newly = match st.indirect.lock().get_mut(&(level + 1, pindex)) {
+                    Some(parent) => {
+                        parent.block.pointers[pslot] = DiskAddress::NULL;
+                        !std::mem::replace(&mut parent.dirty, true)
+                    }
+                    None => false,
+                };
+                if newly {
+                    st.mark_unit_dirty(core.geo.indirect_bytes as u64);
                 }
             }
-            st.dirty = true;
+            st.mark_dirty();
         }
     }
     if inode_pointers(&st.inode).iter().all(|p| p.is_null()) {
         st.inode.depth = 0;
         debug_assert!(st.indirect.lock().is_empty(), "inode {ino}: indirect blocks left with an empty root");
-    }
-    Ok(())
-}
-
-/// Write every dirty indirect block of the inode.
-pub fn flush_indirect(core: &Core, st: &InodeState) -> FsResult<()> {
-    let mut cache = st.indirect.lock();
-    for node in cache.values_mut() {
-        if node.dirty {
-            let bytes = node.block.encode(core.geo.indirect_bytes);
-            core.nsd.write(node.da, &bytes, IoTag { buffer_type: BufferType::Indirect, ino: st.inode.ino })?;
-            node.dirty = false;
-        }
     }
     Ok(())
 }

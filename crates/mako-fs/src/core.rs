@@ -5,6 +5,7 @@ use crate::alloc_map::AllocMap;
 use crate::coherence::Coherence;
 use crate::error::{FsError, FsResult};
 use crate::inode_map::InodeMap;
+use crate::journal::{Inbox, Journal, LogStart};
 use crate::pagepool::PagePool;
 use crate::stats::FsStats;
 use mako_disk::nsd::IoTag;
@@ -89,55 +90,105 @@ pub struct IndNode {
     pub dirty: bool,
 }
 
-/// A cached directory block, kept as an ordered map with a running byte count so that
-/// an insert or delete costs O(log entries) whatever the block's fill.
+/// A cached directory block, kept as an ordered map with a running byte count per
+/// page so that an insert or delete costs O(log entries) whatever the block's fill.
+/// Changes mark the page they touch; the log records dirty pages only.
 pub struct DirNode {
     pub id: mako_format::dir_block::DirBlockId,
     pub depth: u8,
     pub capacity_bytes: u32,
     pub entries: std::collections::BTreeMap<u64, mako_format::dir_block::DirEntry>,
-    /// Encoded size: header plus entries.
-    pub used: usize,
+    /// Bytes of entries per page.
+    pub page_used: Vec<usize>,
     pub da: DiskAddress,
+    /// Some page changed since the last commit.
     pub dirty: bool,
+    /// Which pages changed since the last commit (a block has at most 64 pages).
+    pub dirty_pages: u64,
 }
 
 impl DirNode {
     pub fn from_block(block: DirBlock, da: DiskAddress, dirty: bool) -> DirNode {
-        let used = block.used_bytes();
-        DirNode {
+        let page_used = block.page_used();
+        let mut n = DirNode {
             id: block.id,
             depth: block.depth,
             capacity_bytes: block.capacity_bytes,
             entries: block.entries.into_iter().map(|e| (e.cookie, e)).collect(),
-            used,
+            page_used,
             da,
-            dirty,
+            dirty: false,
+            dirty_pages: 0,
+        };
+        if dirty {
+            n.mark_all_dirty();
         }
+        n
     }
     pub fn to_block(&self) -> DirBlock {
         DirBlock { id: self.id, depth: self.depth, capacity_bytes: self.capacity_bytes, entries: self.entries.values().cloned().collect() }
     }
-    pub fn has_room(&self, extra: usize) -> bool {
-        self.used + extra <= self.capacity_bytes as usize
+    pub fn pages(&self) -> u32 {
+        mako_format::dir_block::pages(self.capacity_bytes)
+    }
+    pub fn page_of(&self, cookie: u64) -> usize {
+        mako_format::dir_block::page_of(self.id.index, self.depth, self.capacity_bytes, cookie) as usize
+    }
+    /// Room for an entry of `extra` bytes with this cookie (in the page it belongs in).
+    pub fn has_room(&self, cookie: u64, extra: usize) -> bool {
+        self.page_used[self.page_of(cookie)] + extra <= mako_format::dir_block::page_room(self.capacity_bytes)
     }
     pub fn insert(&mut self, e: mako_format::dir_block::DirEntry) {
-        self.used += e.encoded_len();
+        let p = self.page_of(e.cookie);
+        self.page_used[p] += e.encoded_len();
+        self.dirty_pages |= 1 << p;
         self.entries.insert(e.cookie, e);
         self.dirty = true;
     }
     pub fn remove(&mut self, cookie: u64) -> Option<mako_format::dir_block::DirEntry> {
         let e = self.entries.remove(&cookie)?;
-        self.used -= e.encoded_len();
+        let p = self.page_of(cookie);
+        self.page_used[p] -= e.encoded_len();
+        self.dirty_pages |= 1 << p;
         self.dirty = true;
         Some(e)
+    }
+    /// The entry with this cookie was changed in place (rename over a name).
+    pub fn touch(&mut self, cookie: u64) {
+        self.dirty_pages |= 1 << self.page_of(cookie);
+        self.dirty = true;
+    }
+    /// The block's shape changed (new, split, moved, resized): every page is new.
+    pub fn reshape(&mut self) {
+        let mut used = vec![0usize; self.pages() as usize];
+        for e in self.entries.values() {
+            used[mako_format::dir_block::page_of(self.id.index, self.depth, self.capacity_bytes, e.cookie) as usize] += e.encoded_len();
+        }
+        self.page_used = used;
+        self.mark_all_dirty();
+    }
+    pub fn mark_all_dirty(&mut self) {
+        let n = self.pages();
+        self.dirty_pages = if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
+        self.dirty = true;
+    }
+    /// Encode page `p`.
+    pub fn encode_page(&self, p: u32) -> Vec<u8> {
+        let (lo, hi) = mako_format::dir_block::page_cookie_range(self.id.index, self.depth, self.capacity_bytes, p);
+        mako_format::dir_block::encode_page(self.id, self.depth, self.capacity_bytes, p, self.entries.range(lo..=hi).map(|(_, e)| e))
+    }
+    pub fn page_bytes(&self) -> u32 {
+        mako_format::dir_block::page_bytes(self.capacity_bytes)
     }
 }
 
 /// Mutable state of a cached inode, behind the handle's RwLock.
 pub struct InodeState {
     pub inode: Inode,
+    /// Changed since the last log commit. Set only through `mark_dirty`, which files
+    /// the inode in the running transaction; cleared by the commit's snapshot.
     pub dirty: bool,
+    inbox: Arc<Inbox>,
     /// Indirect blocks by (level, index). Behind a mutex so lookups work under a read lock.
     pub indirect: CountedMutex<HashMap<(u8, u64), IndNode>>,
     /// Directory blocks by logical index.
@@ -147,6 +198,23 @@ pub struct InodeState {
     pub realloc: HashMap<u64, u32>,
     /// The inode was freed; the handle is stale.
     pub deleted: bool,
+}
+
+impl InodeState {
+    /// Record that the inode (or one of its indirect or directory blocks) changed: the
+    /// next log commit writes it. Call with a transaction handle open.
+    pub fn mark_dirty(&mut self) {
+        if !self.dirty {
+            self.dirty = true;
+            self.inbox.file_inode(self.inode.ino);
+        }
+    }
+    /// Account images of `bytes` (an indirect or directory block that just turned
+    /// dirty) to the running transaction, and mark the inode dirty.
+    pub fn mark_unit_dirty(&mut self, bytes: u64) {
+        self.inbox.note(bytes);
+        self.mark_dirty();
+    }
 }
 
 /// Sequential-read detector and prefetch window of one inode.
@@ -166,12 +234,13 @@ pub struct InodeHandle {
 }
 
 impl InodeHandle {
-    pub fn new(inode: Inode) -> Arc<InodeHandle> {
+    pub fn new(inode: Inode, inbox: &Arc<Inbox>) -> Arc<InodeHandle> {
         Arc::new(InodeHandle {
             ino: inode.ino,
             state: CountedRwLock::new(&INODE_LOCK, InodeState {
                 inode,
                 dirty: false,
+                inbox: inbox.clone(),
                 indirect: CountedMutex::new(&INODE_INDIRECT_LOCK, HashMap::new()),
                 dir_blocks: CountedMutex::new(&INODE_DIR_BLOCKS_LOCK, HashMap::new()),
                 realloc: HashMap::new(),
@@ -224,12 +293,19 @@ pub struct Core {
     pub prefetch_cv: parking_lot::Condvar,
     /// Serialises growth of the inode file.
     pub inode_file_grow: CountedMutex<()>,
+    /// The recovery log: transactions, commits, checkpoints.
+    pub journal: Journal,
+    /// Inode-file chunks missed recently (a set and its insertion order).
+    chunk_misses: Mutex<(std::collections::HashSet<u64>, std::collections::VecDeque<u64>)>,
 }
 
 /// Pagepool key under which chunks of the inode file are cached (never a real inode).
 pub const INODE_CACHE_KEY: u64 = u64::MAX - 1;
 /// Largest chunk of the inode file cached as one buffer.
 pub const INODE_CHUNK_BYTES: u64 = 256 * 1024;
+
+/// Inode-file chunks whose recent miss is remembered (see `read_inode`).
+pub const CHUNK_MISSES_REMEMBERED: usize = 64;
 
 /// Prefetch requests queued at most (older requests are dropped beyond this).
 pub const PREFETCH_QUEUE_MAX: usize = 1024;
@@ -243,8 +319,11 @@ impl Core {
         cfg: FsConfig,
         coherence: Arc<dyn Coherence>,
         node: u32,
+        log: LogStart,
     ) -> Core {
         let geo = desc.geometry;
+        let log_ino = desc.metadata_inodes.log_first + node as u64;
+        let journal = Journal::new(node, desc.fs_uuid, log_ino, desc.log_bytes, geo.inode_bytes, log);
         let alloc_slot_bytes = crate::alloc_map::segment_slot_bytes(&desc);
         let pool = PagePool::new(cfg.pagepool_bytes);
         let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(1);
@@ -275,7 +354,19 @@ impl Core {
             prefetchq: CountedMutex::new(&PREFETCH_QUEUE_LOCK, std::collections::VecDeque::new()),
             prefetch_cv: parking_lot::Condvar::new(),
             inode_file_grow: CountedMutex::new(&INODE_FILE_GROW_LOCK, ()),
+            journal,
+            chunk_misses: Mutex::new(Default::default()),
         }
+    }
+
+    /// Open a log transaction handle (see `journal`): before any inode lock.
+    pub fn begin(&self) -> crate::journal::Tx<'_> {
+        self.journal.begin(self)
+    }
+
+    /// A handle for an inode read from disk or just created.
+    pub fn new_handle(&self, inode: Inode) -> Arc<InodeHandle> {
+        InodeHandle::new(inode, self.journal.inbox())
     }
 
     pub fn queue_flush(&self, ino: u64, block: u64) {
@@ -318,11 +409,13 @@ impl Core {
             // Fresh inode-file blocks are zeroed so an unused slot reads as blank.
             let zeros = vec![0u8; self.block_bytes() as usize];
             self.nsd.write(da, &zeros, IoTag { buffer_type: BufferType::Inode, ino: inode_file })?;
+            // Written like data: on disk before the log names the block.
+            self.journal.note_ordered_write();
             let mut st = h.state.write();
             crate::block_map::set(self, &mut st, b, da)?;
             st.inode.size = (b + 1) * self.block_bytes();
             st.inode.subblocks += spb as u64;
-            st.dirty = true;
+            st.mark_dirty();
             self.metafile_blocks.write().entry(inode_file).or_default().push(da);
         }
         Ok(())
@@ -370,23 +463,58 @@ impl Core {
         Ok(da.offset_by(within))
     }
 
-    pub fn metafile_read(&self, ino: u64, offset: u64, buf: &mut [u8], bt: BufferType) -> FsResult<DiskAddress> {
-        let da = self.metafile_da(ino, offset)?;
-        self.nsd.read(da, buf, IoTag { buffer_type: bt, ino })?;
-        Ok(da)
+    /// The disk extents of `len` bytes at `offset` of metadata file `ino`, split at its
+    /// block boundaries: (address, range within the caller's buffer).
+    pub fn metafile_extents(&self, ino: u64, offset: u64, len: usize) -> FsResult<Vec<(DiskAddress, std::ops::Range<usize>)>> {
+        let bb = self.block_bytes();
+        let mut out = Vec::new();
+        let mut done = 0usize;
+        while done < len {
+            let off = offset + done as u64;
+            let n = ((bb - off % bb) as usize).min(len - done);
+            out.push((self.metafile_da(ino, off)?, done..done + n));
+            done += n;
+        }
+        Ok(out)
     }
 
-    pub fn metafile_write(&self, ino: u64, offset: u64, buf: &[u8], bt: BufferType) -> FsResult<()> {
-        let da = self.metafile_da(ino, offset)?;
-        self.nsd.write(da, buf, IoTag { buffer_type: bt, ino })?;
+    /// Read metadata bytes: from disk, then committed images not yet written in place
+    /// laid over them (the recovery log's overlay). Every metadata read that can miss
+    /// the caches goes through here.
+    pub fn read_metadata(&self, da: DiskAddress, buf: &mut [u8], tag: IoTag) -> FsResult<()> {
+        self.nsd.read(da, buf, tag)?;
+        self.journal.overlay(da, buf);
         Ok(())
     }
 
-    // ---- inodes ------------------------------------------------------------------
-
-    fn inode_offset(&self, ino: u64) -> u64 {
-        ino * self.inode_bytes() as u64
+    /// Read a range of a metadata file (through the overlay). Returns where it starts.
+    pub fn metafile_read(&self, ino: u64, offset: u64, buf: &mut [u8], bt: BufferType) -> FsResult<DiskAddress> {
+        let extents = self.metafile_extents(ino, offset, buf.len())?;
+        for (da, range) in &extents {
+            self.read_metadata(*da, &mut buf[range.clone()], IoTag { buffer_type: bt, ino })?;
+        }
+        Ok(extents.first().map(|e| e.0).unwrap_or(DiskAddress::NULL))
     }
+
+    /// Write a range of a metadata file in place. Only for what the log does not cover:
+    /// the log file itself, and file system creation.
+    pub fn metafile_write(&self, ino: u64, offset: u64, buf: &[u8], bt: BufferType) -> FsResult<()> {
+        for (da, range) in self.metafile_extents(ino, offset, buf.len())? {
+            self.nsd.write(da, &buf[range], IoTag { buffer_type: bt, ino })?;
+        }
+        Ok(())
+    }
+
+    /// Log images of a range of a metadata file, split at its block boundaries.
+    pub fn metafile_images(&self, ino: u64, offset: u64, bytes: &[u8]) -> FsResult<Vec<mako_format::log_record::LogImage>> {
+        Ok(self
+            .metafile_extents(ino, offset, bytes.len())?
+            .into_iter()
+            .map(|(da, range)| mako_format::log_record::LogImage::trimmed(da, &bytes[range]))
+            .collect())
+    }
+
+    // ---- inodes ------------------------------------------------------------------
 
     /// Bytes of the inode file cached as one pagepool buffer: a miss reads this much
     /// (64 inodes of 4 KiB), so a scan of neighbouring inodes (stat, find, readdirplus)
@@ -402,6 +530,22 @@ impl Core {
         let off = ino * isz;
         let (index, within) = (off / chunk, (off % chunk) as usize);
         let inode_file = self.metadata_inodes().inode_file;
+        let decode = |bytes: &[u8]| -> FsResult<Inode> {
+            let da = self.metafile_da(inode_file, off)?;
+            Inode::decode(bytes, self.inode_bytes(), ino, Location::Disk(da)).map_err(|e| {
+                self.stats.corruptions.fetch_add(1, Ordering::Relaxed);
+                tracing::error!("{e}");
+                FsError::Corrupt(e)
+            })
+        };
+        if self.pool.get((INODE_CACHE_KEY, index)).is_none() && !self.chunk_missed_recently(index) {
+            // The first miss in a chunk reads just the inode: a random lookup costs one
+            // small read. A second miss in the same chunk soon after (a scan: ls -l,
+            // find, stat of neighbours) caches the whole chunk.
+            let mut one = mako_disk::AlignedBuf::zeroed((isz as usize).next_multiple_of(512));
+            self.metafile_read(inode_file, off, &mut one, BufferType::Inode)?;
+            return decode(&one[..isz as usize]);
+        }
         let slot = self.pool.get_or_create((INODE_CACHE_KEY, index));
         let mut buf = slot.buf.lock();
         if !buf.loaded {
@@ -411,30 +555,24 @@ impl Core {
             buf.loaded = true;
             self.pool.account(&mut buf, false);
         }
-        let da = self.metafile_da(inode_file, off)?;
-        Inode::decode(&buf.bytes[within..within + isz as usize], self.inode_bytes(), ino, Location::Disk(da)).map_err(|e| {
-            self.stats.corruptions.fetch_add(1, Ordering::Relaxed);
-            tracing::error!("{e}");
-            FsError::Corrupt(e)
-        })
+        decode(&buf.bytes[within..within + isz as usize])
     }
 
-    /// Write an inode to the inode file (and into its cached chunk, which stays clean:
-    /// the disk is written first, so the cache never holds anything the disk lacks).
-    pub fn write_inode(&self, inode: &Inode) -> FsResult<()> {
-        let bytes = inode.encode(self.inode_bytes())?;
-        let inode_file = self.metadata_inodes().inode_file;
-        let off = self.inode_offset(inode.ino);
-        self.metafile_write(inode_file, off, &bytes, BufferType::Inode)?;
-        let chunk = self.inode_chunk_bytes();
-        if let Some(slot) = self.pool.get((INODE_CACHE_KEY, off / chunk)) {
-            let mut buf = slot.buf.lock();
-            let within = (off % chunk) as usize;
-            if buf.loaded && buf.bytes.len() >= within + bytes.len() {
-                buf.bytes[within..within + bytes.len()].copy_from_slice(&bytes);
+    /// Note a miss in inode-file chunk `index`; true if it had a miss recently.
+    fn chunk_missed_recently(&self, index: u64) -> bool {
+        let mut m = self.chunk_misses.lock();
+        let (set, order) = &mut *m;
+        if set.contains(&index) {
+            return true;
+        }
+        set.insert(index);
+        order.push_back(index);
+        while order.len() > CHUNK_MISSES_REMEMBERED {
+            if let Some(old) = order.pop_front() {
+                set.remove(&old);
             }
         }
-        Ok(())
+        false
     }
 
     /// The cached handle of `ino`, loading it from disk on a miss.
@@ -466,15 +604,15 @@ impl Core {
         // a single node; a round trip to the token manager shard in a cluster).
         self.coherence.inode(ino, mako_token::TokenMode::Ro)?;
         let mut map = self.inodes.lock();
-        let h = map.entry(ino).or_insert_with(|| InodeHandle::new(inode)).clone();
+        let h = map.entry(ino).or_insert_with(|| InodeHandle::new(inode, self.journal.inbox())).clone();
         h.last_use.store(tick, Ordering::Relaxed);
         Ok(h)
     }
 
-    /// Insert a handle for a freshly created inode.
+    /// Insert a handle for a freshly created inode (call with a transaction open).
     pub fn insert_new(&self, inode: Inode) -> Arc<InodeHandle> {
-        let h = InodeHandle::new(inode);
-        h.state.write().dirty = true;
+        let h = self.new_handle(inode);
+        h.state.write().mark_dirty();
         h.last_use.store(self.use_tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
         self.inodes.lock().insert(h.ino, h.clone());
         h

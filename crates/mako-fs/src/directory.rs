@@ -57,7 +57,7 @@ fn load_block(core: &Core, st: &InodeState, idx: u64) -> FsResult<bool> {
     }
     let bytes = block_map::allocated_subblocks(core, st, idx) as usize * core.geo.subblock_bytes() as usize;
     let mut buf = vec![0u8; bytes];
-    core.nsd.read(da, &mut buf, IoTag { buffer_type: BufferType::Directory, ino: st.inode.ino })?;
+    core.read_metadata(da, &mut buf, IoTag { buffer_type: BufferType::Directory, ino: st.inode.ino })?;
     let id = DirBlockId { ino: st.inode.ino, index: idx };
     let block = DirBlock::decode(&buf, id, Location::Disk(da)).map_err(|e| {
         core.stats.corruptions.fetch_add(1, Ordering::Relaxed);
@@ -66,6 +66,29 @@ fn load_block(core: &Core, st: &InodeState, idx: u64) -> FsResult<bool> {
     })?;
     st.dir_blocks.lock().insert(idx, DirNode::from_block(block, da, false));
     Ok(true)
+}
+
+/// Change cached block `idx` with `f` (which marks the pages it changes), accounting
+/// the pages that turned dirty to the running log transaction.
+fn modify_block<R>(st: &mut InodeState, idx: u64, f: impl FnOnce(&mut DirNode) -> R) -> R {
+    let (r, newly) = {
+        let mut cache = st.dir_blocks.lock();
+        let node = cache.get_mut(&idx).expect("directory block cached");
+        let before = node.dirty_pages.count_ones();
+        let r = f(node);
+        let newly = node.dirty_pages.count_ones().saturating_sub(before) as u64 * node.page_bytes() as u64;
+        (r, newly)
+    };
+    st.mark_unit_dirty(newly);
+    r
+}
+
+/// Cache a new (all pages dirty) directory block and account it to the running
+/// transaction.
+fn insert_new_block(st: &mut InodeState, idx: u64, node: DirNode) {
+    let cap = node.capacity_bytes as u64;
+    st.dir_blocks.lock().insert(idx, node);
+    st.mark_unit_dirty(cap);
 }
 
 /// Logical index of the block holding `cookie`.
@@ -158,21 +181,17 @@ pub fn insert(core: &Core, st: &mut InodeState, name: &[u8], ino: u64, kind: u8)
                 e.insert(pos, entry);
             }
             st.inode.entries += 1;
-            st.dirty = true;
+            st.mark_dirty();
             return Ok(cookie);
         }
         leave_inode(core, st, used + len)?;
     }
     loop {
         let idx = locate(core, st, cookie)?;
-        let room = st.dir_blocks.lock()[&idx].has_room(len);
+        let room = st.dir_blocks.lock()[&idx].has_room(cookie, len);
         if room {
-            let mut cache = st.dir_blocks.lock();
-            let node = cache.get_mut(&idx).expect("located block cached");
-            node.insert(entry);
-            drop(cache);
+            modify_block(st, idx, |node| node.insert(entry));
             st.inode.entries += 1;
-            st.dirty = true;
             return Ok(cookie);
         }
         split_or_grow(core, st, idx)?;
@@ -213,7 +232,7 @@ fn leave_inode(core: &Core, st: &mut InodeState, needed: usize) -> FsResult<()> 
         st.inode.subblocks += cap_sb as u64;
         block_map::set(core, st, idx, da)?;
         let block = DirBlock { id: DirBlockId { ino, index: idx }, depth, capacity_bytes: cap_sb * sb as u32, entries: mine };
-        st.dir_blocks.lock().insert(idx, DirNode::from_block(block, da, true));
+        insert_new_block(st, idx, DirNode::from_block(block, da, true));
     }
     if cap_sb < full_sb {
         st.inode.size = cap_sb as u64 * sb as u64;
@@ -222,7 +241,7 @@ fn leave_inode(core: &Core, st: &mut InodeState, needed: usize) -> FsResult<()> 
         st.inode.size = dir_unit(core) << depth;
         st.inode.last_block_subblocks = 0;
     }
-    st.dirty = true;
+    st.mark_dirty();
     Ok(())
 }
 
@@ -235,7 +254,39 @@ pub fn force_out_of_inode(core: &Core, st: &mut InodeState) -> FsResult<()> {
     leave_inode(core, st, used.max(64))
 }
 
+/// Grow or split block `idx`, and keep going on the resulting blocks until none has a
+/// page holding more than a page can: a reshaped block's entries fall into pages
+/// anew, and a page that ends up overfull could not be written.
 fn split_or_grow(core: &Core, st: &mut InodeState, idx: u64) -> FsResult<()> {
+    let (depth, _) = block_shape(st, idx);
+    split_or_grow_once(core, st, idx)?;
+    let (new_depth, _) = block_shape(st, idx);
+    let mut check = vec![idx];
+    if new_depth > depth {
+        check.push(idx + (1u64 << depth));
+    }
+    for b in check {
+        if overfull(st, b) {
+            split_or_grow(core, st, b)?;
+        }
+    }
+    Ok(())
+}
+
+fn block_shape(st: &InodeState, idx: u64) -> (u8, u32) {
+    let cache = st.dir_blocks.lock();
+    let n = &cache[&idx];
+    (n.depth, n.capacity_bytes)
+}
+
+fn overfull(st: &InodeState, idx: u64) -> bool {
+    let cache = st.dir_blocks.lock();
+    let n = &cache[&idx];
+    let room = mako_format::dir_block::page_room(n.capacity_bytes);
+    n.page_used.iter().any(|&u| u > room)
+}
+
+fn split_or_grow_once(core: &Core, st: &mut InodeState, idx: u64) -> FsResult<()> {
     let sb = core.geo.subblock_bytes();
     let full_sb = core.geo.dir_block_subblocks();
     let ino = st.inode.ino;
@@ -252,16 +303,16 @@ fn split_or_grow(core: &Core, st: &mut InodeState, idx: u64) -> FsResult<()> {
         core.alloc.free(old_da, cap_sb)?;
         st.inode.subblocks = st.inode.subblocks + new_sb as u64 - cap_sb as u64;
         block_map::set(core, st, 0, da)?;
-        {
-            let mut cache = st.dir_blocks.lock();
-            let n = cache.get_mut(&0).expect("fragment block cached");
+        // At its new address and size every page of the block is new.
+        modify_block(st, 0, |n| {
             n.capacity_bytes = new_sb * sb;
             n.da = da;
-            n.dirty = true;
-        }
+            n.dirty_pages = 0;
+            n.reshape();
+        });
         st.inode.size = new_sb as u64 * sb as u64;
         st.inode.last_block_subblocks = if new_sb == full_sb { 0 } else { new_sb as u16 };
-        st.dirty = true;
+        st.mark_dirty();
         return Ok(());
     }
     if depth >= DIR_DEPTH_MAX {
@@ -278,19 +329,20 @@ fn split_or_grow(core: &Core, st: &mut InodeState, idx: u64) -> FsResult<()> {
     let da = core.alloc.allocate(AllocKind::Metadata, full_sb, ino, right_idx)?;
     st.inode.subblocks += full_sb as u64;
     block_map::set(core, st, right_idx, da)?;
-    let mut cache = st.dir_blocks.lock();
-    let left = cache.get_mut(&idx).expect("split block cached");
     // Cookies with the bit set are the upper half of the block's range: split there.
     let (lo, _) = cookie_range(idx, depth);
     let boundary = lo | (1u64 << bit);
-    let moved: Vec<DirEntry> = left.entries.split_off(&boundary).into_values().collect();
-    debug_assert!(moved.iter().all(|e| (e.cookie >> bit) & 1 == 1));
-    left.used -= entries_encoded_len(&moved);
-    left.depth = new_depth;
-    left.dirty = true;
+    let moved: Vec<DirEntry> = modify_block(st, idx, |left| {
+        let moved: Vec<DirEntry> = left.entries.split_off(&boundary).into_values().collect();
+        debug_assert!(moved.iter().all(|e| (e.cookie >> bit) & 1 == 1));
+        // Half the range: every page's range changes.
+        left.depth = new_depth;
+        left.dirty_pages = 0;
+        left.reshape();
+        moved
+    });
     let right = DirBlock { id: DirBlockId { ino, index: right_idx }, depth: new_depth, capacity_bytes: full_sb * sb, entries: moved };
-    cache.insert(right_idx, DirNode::from_block(right, da, true));
-    st.dirty = true;
+    insert_new_block(st, right_idx, DirNode::from_block(right, da, true));
     core.stats.dir_splits.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
@@ -305,12 +357,10 @@ pub fn remove(core: &Core, st: &mut InodeState, name: &[u8]) -> FsResult<DirEntr
         e.retain(|x| x.cookie != entry.cookie);
     } else {
         let idx = locate(core, st, entry.cookie)?;
-        let mut cache = st.dir_blocks.lock();
-        let node = cache.get_mut(&idx).expect("located block cached");
-        node.remove(entry.cookie);
+        modify_block(st, idx, |node| node.remove(entry.cookie));
     }
     st.inode.entries = st.inode.entries.saturating_sub(1);
-    st.dirty = true;
+    st.mark_dirty();
     Ok(entry)
 }
 
@@ -330,12 +380,12 @@ pub fn replace(core: &Core, st: &mut InodeState, name: &[u8], ino: u64, kind: u8
         e.iter_mut().for_each(upd);
     } else {
         let idx = locate(core, st, entry.cookie)?;
-        let mut cache = st.dir_blocks.lock();
-        let node = cache.get_mut(&idx).expect("located block cached");
-        node.entries.values_mut().for_each(upd);
-        node.dirty = true;
+        modify_block(st, idx, |node| {
+            node.entries.get_mut(&entry.cookie).map(upd);
+            node.touch(entry.cookie);
+        });
     }
-    st.dirty = true;
+    st.mark_dirty();
     Ok(entry)
 }
 
@@ -364,19 +414,6 @@ pub fn list(core: &Core, st: &InodeState, after: u64, max: usize) -> FsResult<Ve
         c = hi + 1;
     }
     Ok(out)
-}
-
-/// Write every dirty directory block.
-pub fn flush_blocks(core: &Core, st: &InodeState) -> FsResult<()> {
-    let mut cache = st.dir_blocks.lock();
-    for node in cache.values_mut() {
-        if node.dirty {
-            let bytes = node.to_block().encode();
-            core.nsd.write(node.da, &bytes, IoTag { buffer_type: BufferType::Directory, ino: st.inode.ino })?;
-            node.dirty = false;
-        }
-    }
-    Ok(())
 }
 
 /// Number of blocks and the hash depth, for diagnostics and tests.

@@ -85,7 +85,7 @@ pub fn convert_inline(core: &Core, st: &mut InodeState) -> FsResult<()> {
     };
     st.inode.depth = 0;
     st.inode.last_block_subblocks = 0;
-    st.dirty = true;
+    st.mark_dirty();
     if !data.is_empty() {
         let slot = core.pool.get_or_create((st.inode.ino, 0));
         let mut buf = slot.buf.lock();
@@ -136,7 +136,7 @@ fn grow_prepare(core: &Core, st: &mut InodeState, new_size: u64) -> FsResult<()>
         slot.buf.lock().reserved += core.geo.subblocks_per_block - frag as u32;
         st.realloc.insert(b0, frag as u32);
         st.inode.last_block_subblocks = 0;
-        st.dirty = true;
+        st.mark_dirty();
     }
     Ok(())
 }
@@ -177,7 +177,7 @@ fn write_locked(core: &Core, h: &InodeHandle, mut st: parking_lot::RwLockWriteGu
             st.inode.size = st.inode.size.max(end);
             st.inode.mtime = t;
             st.inode.ctime = t;
-            st.dirty = true;
+            st.mark_dirty();
             return Ok(data.len());
         }
         convert_inline(core, &mut st)?;
@@ -262,7 +262,7 @@ fn write_locked(core: &Core, h: &InodeHandle, mut st: parking_lot::RwLockWriteGu
     st.inode.size = st.inode.size.max(end);
     st.inode.mtime = t;
     st.inode.ctime = t;
-    st.dirty = true;
+    st.mark_dirty();
     drop(st);
     for b in full_blocks {
         core.queue_flush(ino, b);
@@ -407,12 +407,13 @@ pub fn write_direct(core: &Core, st: &mut InodeState, offset: u64, data: &[u8]) 
         core.nsd.write(da.offset_by(lo), src, tag(ino))?;
         b += 1;
     }
+    core.journal.note_ordered_write();
     // Clean cached copies of these blocks are now stale.
     core.alloc.unreserve(core.pool.remove_from_range(ino, offset / bb, end.div_ceil(bb)));
     let t = now();
     st.inode.mtime = t;
     st.inode.ctime = t;
-    st.dirty = true;
+    st.mark_dirty();
     core.stats.bytes_written.fetch_add(data.len() as u64, Ordering::Relaxed);
     Ok(data.len())
 }
@@ -489,6 +490,9 @@ pub fn prefetch_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
 /// Write one dirty block back to disk, allocating (or re-sizing: fragment <-> full
 /// block) its space first. Called by write-behind, fsync and sync.
 pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
+    // The handle stays open until the data write is done: a commit that logs the new
+    // pointer waits for it, so the log never names a block whose data is not written.
+    let _tx = core.begin();
     let mut st = h.state.write();
     if st.deleted {
         return Ok(());
@@ -535,7 +539,7 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
         if is_last {
             st.inode.last_block_subblocks = if desired < spb { desired as u16 } else { 0 };
         }
-        st.dirty = true;
+        st.mark_dirty();
         new
     } else {
         cur
@@ -564,6 +568,7 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
         tmp[lo - alo..hi - alo].copy_from_slice(&buf.bytes[lo..hi]);
         core.nsd.write(target.offset_by(alo as u64), &tmp, tag(ino))?;
     }
+    core.journal.note_ordered_write();
     buf.dirty = None;
     buf.written_since_clean = 0;
     core.pool.account(&mut buf, true);
@@ -594,7 +599,7 @@ pub fn set_size(core: &Core, st: &mut InodeState, new: u64) -> FsResult<()> {
                 d.resize(new as usize, 0);
             }
             st.inode.size = new;
-            st.dirty = true;
+            st.mark_dirty();
             return Ok(());
         }
         convert_inline(core, st)?;
@@ -602,7 +607,7 @@ pub fn set_size(core: &Core, st: &mut InodeState, new: u64) -> FsResult<()> {
     if new > old {
         grow_prepare(core, st, new)?;
         st.inode.size = new;
-        st.dirty = true;
+        st.mark_dirty();
         return Ok(());
     }
     let bb = core.block_bytes();
@@ -640,7 +645,7 @@ pub fn set_size(core: &Core, st: &mut InodeState, new: u64) -> FsResult<()> {
         st.inode.content = InodeContent::InlineData(Vec::new());
         st.realloc.clear();
     }
-    st.dirty = true;
+    st.mark_dirty();
     Ok(())
 }
 
@@ -656,7 +661,7 @@ pub fn punch_hole(core: &Core, st: &mut InodeState, offset: u64, len: u64) -> Fs
         if (offset as usize) < e {
             d[offset as usize..e].fill(0);
         }
-        st.dirty = true;
+        st.mark_dirty();
         return Ok(());
     }
     let bb = core.block_bytes();
@@ -699,7 +704,7 @@ pub fn punch_hole(core: &Core, st: &mut InodeState, offset: u64, len: u64) -> Fs
         b += 1;
     }
     block_map::prune_indirect(core, st)?;
-    st.dirty = true;
+    st.mark_dirty();
     Ok(())
 }
 
@@ -740,6 +745,8 @@ pub fn allocate_range(core: &Core, st: &mut InodeState, offset: u64, len: u64, k
             }
             let da = core.alloc.allocate(AllocKind::Data, spb, ino, b)?;
             core.nsd.write(da, &zeros, tag(ino))?;
+            // Zeros on disk before the log names the block (ordered mode).
+            core.journal.note_ordered_write();
             if !cur.is_null() {
                 core.alloc.free(cur, cur_sb)?;
                 st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64);
@@ -753,7 +760,7 @@ pub fn allocate_range(core: &Core, st: &mut InodeState, offset: u64, len: u64, k
         }
         b += 1;
     }
-    st.dirty = true;
+    st.mark_dirty();
     Ok(())
 }
 

@@ -222,6 +222,7 @@ impl FileSystem {
     #[allow(clippy::too_many_arguments)]
     fn make(&self, ctx: Ctx, parent: u64, name: &[u8], mode: u32, umask: u32, rdev: u32, target: Option<&[u8]>, exclusive: bool) -> FsResult<Attr> {
         self.core.check_writable()?;
+        let _tx = self.core.begin();
         directory::check_name(name)?;
         let p = self.handle(parent)?;
         let mut pst = p.state.write();
@@ -249,7 +250,7 @@ impl FileSystem {
         let t = now();
         pst.inode.mtime = t;
         pst.inode.ctime = t;
-        pst.dirty = true;
+        pst.mark_dirty();
         let h = self.core.insert_new(inode);
         self.core.coherence.inode(ino, TokenMode::Xw)?;
         if let Some(target) = target {
@@ -303,6 +304,7 @@ impl FileSystem {
 
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> FsResult<Attr> {
         self.core.check_writable()?;
+        let _tx = self.core.begin();
         directory::check_name(newname)?;
         let p = self.handle(newparent)?;
         let c = self.handle(ino)?;
@@ -322,10 +324,10 @@ impl FileSystem {
         let t = now();
         cst.inode.nlink += 1;
         cst.inode.ctime = t;
-        cst.dirty = true;
+        cst.mark_dirty();
         pst.inode.mtime = t;
         pst.inode.ctime = t;
-        pst.dirty = true;
+        pst.mark_dirty();
         Ok(self.attr_of(&cst.inode))
     }
 
@@ -345,6 +347,7 @@ impl FileSystem {
 
     fn remove(&self, parent: u64, name: &[u8], dir: bool) -> FsResult<()> {
         self.core.check_writable()?;
+        let _tx = self.core.begin();
         let p = self.handle(parent)?;
         let mut pst = p.state.write();
         self.live_dir(&pst)?;
@@ -370,10 +373,10 @@ impl FileSystem {
             cst.inode.nlink = cst.inode.nlink.saturating_sub(1);
         }
         cst.inode.ctime = t;
-        cst.dirty = true;
+        cst.mark_dirty();
         pst.inode.mtime = t;
         pst.inode.ctime = t;
-        pst.dirty = true;
+        pst.mark_dirty();
         drop(cst);
         drop(pst);
         self.core.stats.removes.fetch_add(1, Ordering::Relaxed);
@@ -386,6 +389,11 @@ impl FileSystem {
         if lookups > 0 || h.opens.load(Ordering::SeqCst) > 0 {
             return Ok(());
         }
+        if self.core.read_only.load(Ordering::Relaxed) {
+            // Left for fsck (an orphan) rather than changed on a damaged file system.
+            return Ok(());
+        }
+        let _tx = self.core.begin();
         let mut st = h.state.write();
         if st.deleted || st.inode.nlink > 0 {
             return Ok(());
@@ -424,6 +432,7 @@ impl FileSystem {
             return Err(FsError::Invalid("RENAME_NOREPLACE with RENAME_EXCHANGE".into()));
         }
         directory::check_name(n2)?;
+        let _tx = self.core.begin();
         let _serial = self.core.rename_lock.lock();
         let h1 = self.handle(p1)?;
         let h2 = self.handle(p2)?;
@@ -503,16 +512,16 @@ impl FileSystem {
                         g.inode.parent = if g.inode.ino == src.ino { p2 } else { p1 };
                     }
                     g.inode.ctime = t;
-                    g.dirty = true;
+                    g.mark_dirty();
                 }
             }
             s1.inode.mtime = t;
             s1.inode.ctime = t;
-            s1.dirty = true;
+            s1.mark_dirty();
             if let Some(s2) = s2_opt.as_deref_mut() {
                 s2.inode.mtime = t;
                 s2.inode.ctime = t;
-                s2.dirty = true;
+                s2.mark_dirty();
             }
             return Ok(());
         }
@@ -553,7 +562,7 @@ impl FileSystem {
                 vs.inode.nlink = vs.inode.nlink.saturating_sub(1);
             }
             vs.inode.ctime = t;
-            vs.dirty = true;
+            vs.mark_dirty();
         }
         if src_is_dir && p1 != p2 {
             s1.inode.nlink = s1.inode.nlink.saturating_sub(1);
@@ -566,15 +575,15 @@ impl FileSystem {
                 ss.inode.parent = p2;
             }
             ss.inode.ctime = t;
-            ss.dirty = true;
+            ss.mark_dirty();
         }
         s1.inode.mtime = t;
         s1.inode.ctime = t;
-        s1.dirty = true;
+        s1.mark_dirty();
         if let Some(s2) = s2_opt.as_deref_mut() {
             s2.inode.mtime = t;
             s2.inode.ctime = t;
-            s2.dirty = true;
+            s2.mark_dirty();
         }
         drop(s1);
         drop(s2_opt);
@@ -586,6 +595,7 @@ impl FileSystem {
 
     pub fn setattr(&self, ino: u64, set: SetAttr) -> FsResult<Attr> {
         self.core.check_writable()?;
+        let _tx = self.core.begin();
         let h = self.handle(ino)?;
         let mut st = h.state.write();
         if st.deleted {
@@ -637,7 +647,7 @@ impl FileSystem {
         if let Some(c) = set.ctime {
             st.inode.ctime = c;
         }
-        st.dirty = true;
+        st.mark_dirty();
         Ok(self.attr_of(&st.inode))
     }
 
@@ -729,9 +739,10 @@ impl FileSystem {
             (file_io::read_with(&self.core, &st, offset, size as usize, sequential, f)?, due)
         };
         if atime_due && !self.core.read_only.load(Ordering::Relaxed) {
+            let _tx = self.core.begin();
             let mut st = h.state.write();
             st.inode.atime = now();
-            st.dirty = true;
+            st.mark_dirty();
         }
         Ok(out)
     }
@@ -772,6 +783,18 @@ impl FileSystem {
         self.core.stats.writes.fetch_add(1, Ordering::Relaxed);
         let core = &self.core;
         core.pool.wait_for_room(data.len() as u64, &|| core.read_only.load(Ordering::Relaxed));
+        match self.write_logged(ino, offset, data, append) {
+            // Space freed recently is reusable only after a checkpoint: make one, retry.
+            Err(FsError::NoSpace(_)) if core.alloc.quarantined_subblocks() > 0 => {
+                core.journal.quiesce(core)?;
+                self.write_logged(ino, offset, data, append)
+            }
+            r => r,
+        }
+    }
+
+    fn write_logged(&self, ino: u64, offset: u64, data: &[u8], append: bool) -> FsResult<usize> {
+        let _tx = self.core.begin();
         let h = self.handle(ino)?;
         {
             let st = h.state.read();
@@ -810,6 +833,7 @@ impl FileSystem {
     pub fn write_direct(&self, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
         let h = self.handle(ino)?;
         if offset % 512 == 0 && data.len() % 512 == 0 {
+            let _tx = self.core.begin();
             let mut st = h.state.write();
             if file_io::direct_eligible(&self.core, &st, offset, data.len())? {
                 self.core.stats.direct_writes.fetch_add(1, Ordering::Relaxed);
@@ -824,13 +848,15 @@ impl FileSystem {
         Ok(n)
     }
 
+    /// fsync/fdatasync of a file or directory: its dirty data is written, then the log
+    /// is committed up to now (which covers every metadata change made before the call,
+    /// this file's and any other's: one compound transaction, as in GPFS and ext4).
     pub fn fsync(&self, ino: u64, _datasync: bool) -> FsResult<()> {
         self.core.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
         let h = self.handle(ino)?;
-        crate::workers::flush_inode(&self.core, &h)?;
-        crate::workers::flush_maps(&self.core)?;
-        self.core.nsd.sync_all()?;
-        Ok(())
+        file_io::flush_data(&self.core, &h)?;
+        let seq = self.core.journal.running_seq();
+        self.core.journal.commit_upto(&self.core, seq)
     }
 
     pub fn readdir(&self, ino: u64, after: u64, max: usize) -> FsResult<Vec<DirListing>> {
@@ -858,7 +884,9 @@ impl FileSystem {
             block_bytes: c.geo.block_bytes,
             fragment_bytes: c.geo.subblock_bytes(),
             blocks: c.alloc.total_subblocks(),
-            blocks_free: c.alloc.available_subblocks(),
+            // Space freed and waiting for a checkpoint counts as free: it is, as soon as
+            // the log is checkpointed (a write that needs it forces that).
+            blocks_free: c.alloc.available_subblocks() + c.alloc.quarantined_subblocks(),
             files: c.imap.inodes_max(),
             files_free: c.imap.inodes_max() - c.imap.used(),
             name_max: 255,
@@ -882,6 +910,7 @@ impl FileSystem {
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> FsResult<()> {
         self.core.check_writable()?;
+        let _tx = self.core.begin();
         Self::check_xattr_name(name)?;
         if value.len() > XATTR_VALUE_BYTES_MAX {
             return Err(FsError::TooBig(format!("xattr value of {} bytes (at most {XATTR_VALUE_BYTES_MAX})", value.len())));
@@ -935,7 +964,7 @@ impl FileSystem {
             }
         }
         st.inode.ctime = now();
-        st.dirty = true;
+        st.mark_dirty();
         Ok(())
     }
 
@@ -958,12 +987,13 @@ impl FileSystem {
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()> {
         self.core.check_writable()?;
+        let _tx = self.core.begin();
         let h = self.handle(ino)?;
         let mut st = h.state.write();
         let pos = st.inode.xattrs.iter().position(|(n, _)| n == name).ok_or(FsError::NoAttr)?;
         st.inode.xattrs.remove(pos);
         st.inode.ctime = now();
-        st.dirty = true;
+        st.mark_dirty();
         Ok(())
     }
 
@@ -972,6 +1002,7 @@ impl FileSystem {
     /// fallocate(2): mode 0, FALLOC_FL_KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE, ZERO_RANGE.
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
         self.core.check_writable()?;
+        let _tx = self.core.begin();
         let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
         let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
         let zero = mode & libc::FALLOC_FL_ZERO_RANGE != 0;
@@ -1004,7 +1035,7 @@ impl FileSystem {
         }
         st.inode.mtime = t;
         st.inode.ctime = t;
-        st.dirty = true;
+        st.mark_dirty();
         Ok(())
     }
 

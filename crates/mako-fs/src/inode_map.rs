@@ -14,6 +14,8 @@ pub struct InodeMap {
     inodes_max: u64,
     used: AtomicU64,
     cursor: AtomicUsize,
+    /// Segments changed since the last commit (for the log's size estimate).
+    dirty_segments: AtomicU64,
 }
 
 impl InodeMap {
@@ -35,6 +37,7 @@ impl InodeMap {
             inodes_max,
             used: AtomicU64::new(used),
             cursor: AtomicUsize::new(0),
+            dirty_segments: AtomicU64::new(0),
         }
     }
 
@@ -60,7 +63,10 @@ impl InodeMap {
                         break;
                     }
                     *w |= 1 << bit;
-                    *dirty = true;
+                    if !*dirty {
+                        *dirty = true;
+                        self.dirty_segments.fetch_add(1, Ordering::Relaxed);
+                    }
                     self.used.fetch_add(1, Ordering::Relaxed);
                     self.cursor.store(s, Ordering::Relaxed);
                     return Ok(ino);
@@ -87,7 +93,10 @@ impl InodeMap {
         let mut g = self.segments[s].lock();
         if g.0.bitmap[w] >> b & 1 == 0 {
             g.0.bitmap[w] |= 1 << b;
-            g.1 = true;
+            if !g.1 {
+                g.1 = true;
+                self.dirty_segments.fetch_add(1, Ordering::Relaxed);
+            }
             self.used.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
@@ -107,28 +116,44 @@ impl InodeMap {
             return Err(FsError::Invalid(format!("inode {ino} freed twice; run `mako fsck`")));
         }
         g.0.bitmap[w] &= !(1 << b);
-        g.1 = true;
+        if !g.1 {
+            g.1 = true;
+            self.dirty_segments.fetch_add(1, Ordering::Relaxed);
+        }
         self.used.fetch_sub(1, Ordering::Relaxed);
         Ok(())
     }
 
     pub fn mark_all_dirty(&self) {
         for s in &self.segments {
-            s.lock().1 = true;
+            let mut g = s.lock();
+            if !g.1 {
+                g.1 = true;
+                self.dirty_segments.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
     /// Dirty segments: (segment index, encoded bytes); clears dirty flags.
     pub fn take_dirty(&self) -> Vec<(u32, Vec<u8>)> {
         let mut out = Vec::new();
+        if self.dirty_segments.load(Ordering::Relaxed) == 0 {
+            return out;
+        }
         for (i, s) in self.segments.iter().enumerate() {
             let mut g = s.lock();
             if g.1 {
                 g.1 = false;
+                self.dirty_segments.fetch_sub(1, Ordering::Relaxed);
                 out.push((i as u32, g.0.encode()));
             }
         }
         out
+    }
+
+    /// Bytes of segments the next commit will log.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.dirty_segments.load(Ordering::Relaxed) * self.slot_bytes() as u64
     }
 
     pub fn slot_bytes(&self) -> usize {

@@ -6,9 +6,10 @@
 //! - Every cached inode is covered by a token (`coherence`), even on one node.
 //! - Memory for file data is bounded by the pagepool; metadata caches by
 //!   `maxFilesToCache` (full inodes) and `maxStatCache` (attributes only).
-//! - Ordered writes: file data reaches disk before the metadata that points at it.
-//!   The recovery log (crash consistency) is not implemented yet: after an unclean
-//!   stop the mount warns and fsck is the remedy.
+//! - Metadata reaches disk only through the recovery log (`journal`): write-ahead, as
+//!   physical redo images in atomic transactions, written in place by checkpoints and
+//!   replayed at mount after a crash (`recovery`). File data is not logged but is
+//!   written before the commit whose metadata points at it (ordered mode).
 //! - Errors are `FsError`, converted to errno only by `FsError::errno`.
 
 pub mod acl;
@@ -22,9 +23,11 @@ pub mod error;
 pub mod file_io;
 pub mod fs;
 pub mod inode_map;
+pub mod journal;
 pub mod mkfs;
 pub mod mount;
 pub mod pagepool;
+pub mod recovery;
 pub mod stats;
 pub mod test_util;
 pub mod workers;

@@ -9,7 +9,6 @@ use crate::core::{now, Core, FsConfig};
 use crate::error::{FsError, FsResult};
 use crate::inode_map::InodeMap;
 use crate::mount::{open_disk_files, write_descriptor};
-use crate::workers;
 use mako_disk::nsd::IoTag;
 use mako_disk::{BufferType, Disk, LocalNsd, Nsd};
 use mako_format::descriptor::*;
@@ -119,8 +118,17 @@ pub fn validate(params: &MkfsParams) -> FsResult<Geometry> {
     if params.name.is_empty() || params.name.len() > 63 || !params.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
         return Err(FsError::Invalid(format!("file system name {:?}: 1..63 letters, digits, '-' or '_'", params.name)));
     }
-    if params.log_bytes < (1 << 20) || params.log_bytes > (1 << 30) {
-        return Err(range_err("log size (-L)", params.log_bytes, "1M..1G"));
+    // One transaction must always fit the log: at least 16 directory blocks.
+    let log_min = (16 * geo.dir_block_bytes() as u64).max(1 << 20);
+    if params.log_bytes < log_min || params.log_bytes > (1 << 30) {
+        return Err(range_err("log size (-L)", params.log_bytes, &format!("{}K..1G for {}K blocks", log_min >> 10, geo.block_bytes >> 10)));
+    }
+    // Recovery finds the log's inode in the first block of the inode file.
+    if (LOG_FIRST_INO + 1) * params.inode_bytes as u64 > params.block_bytes as u64 {
+        return Err(FsError::Invalid(format!(
+            "inode size {} with block size {}: the recovery log's inode must lie in the first block",
+            params.inode_bytes, params.block_bytes
+        )));
     }
     if params.dir_pre_split_levels > 10 {
         return Err(range_err("DirPreSplitLevels", params.dir_pre_split_levels, "0..10"));
@@ -215,7 +223,10 @@ pub fn format_disks(disks: Vec<Arc<dyn Disk>>, meta: &[DiskMeta], params: &MkfsP
     let imap = InodeMap::new(InodeMap::fresh(inodes_max, INODES_PER_SEGMENT), inodes_max, INODES_PER_SEGMENT);
     let cfg = FsConfig { pagepool_bytes: 64 << 20, ..FsConfig::default() };
     let coherence = Arc::new(TokenCoherence::single_node(0, 0, Arc::new(mako_token::NoCache)));
-    let core = Core::new(nsd.clone(), desc, alloc, imap, cfg, coherence, 0);
+    let core = Core::new(nsd.clone(), desc, alloc, imap, cfg, coherence, 0, crate::journal::LogStart { head_lsn: 0, next_seq: 1 });
+    // Creation writes everything in place itself (`write_back_unlogged`); the handle
+    // only keeps the journal's bookkeeping of dirty inodes honest.
+    let _tx = core.begin();
     for ino in 0..FIRST_USER_INO {
         core.imap.mark_used(ino)?;
     }
@@ -257,10 +268,15 @@ pub fn format_disks(disks: Vec<Arc<dyn Disk>>, meta: &[DiskMeta], params: &MkfsP
     }
     let inode_file_start = core.metafile_blocks.read()[&INODE_FILE_INO][0];
     core.desc.lock().inode_file_start = inode_file_start;
-    // The inode file's first block starts blank; the log starts empty and clean.
+    // The inode file's first block starts blank; the log starts empty and clean (both
+    // header copies; the start of the circular area zeroed, so that nothing left on a
+    // reused disk looks like a transaction).
     core.nsd.write(inode_file_start, &vec![0u8; bb as usize], IoTag { buffer_type: BufferType::Inode, ino: 0 })?;
     let log = LogHeader { node: 0, log_bytes: params.log_bytes, tail_lsn: 0, head_lsn: 0, clean: true };
-    core.metafile_write(LOG_FIRST_INO, 0, &log.encode(), BufferType::Log)?;
+    for off in mako_format::log_header::LOG_HEADER_OFFSETS {
+        core.metafile_write(LOG_FIRST_INO, off, &log.encode(), BufferType::Log)?;
+    }
+    core.metafile_write(LOG_FIRST_INO, mako_format::log_header::LOG_RECORDS_OFFSET, &[0u8; 4096], BufferType::Log)?;
     // The root directory.
     let mut root = Inode::new(ROOT_INO, 0o040755);
     root.nlink = 2;
@@ -271,11 +287,7 @@ pub fn format_disks(disks: Vec<Arc<dyn Disk>>, meta: &[DiskMeta], params: &MkfsP
     root.crtime = t;
     root.content = InodeContent::InlineDir(Vec::new());
     handles.push(core.insert_new(root));
-    for h in &handles {
-        workers::flush_inode(&core, h)?;
-    }
-    // Every map segment is written (not only dirty ones): a mount reads them all.
-    write_all_segments(&core)?;
+    write_back_unlogged(&core, &handles)?;
     let desc = core.desc.lock().clone();
     for d in &desc.disks {
         let header = DiskHeader {
@@ -297,12 +309,36 @@ pub fn format_disks(disks: Vec<Arc<dyn Disk>>, meta: &[DiskMeta], params: &MkfsP
     Ok(desc)
 }
 
-/// Write every allocation and inode map segment (creation writes them all).
-fn write_all_segments(core: &Core) -> FsResult<()> {
+/// Write the new file system's metadata in place, without the log (there is nothing
+/// to recover if creation is interrupted: it is simply run again): every inode with
+/// its indirect and directory blocks, and every map segment (a mount reads them all).
+fn write_back_unlogged(core: &Core, handles: &[Arc<crate::core::InodeHandle>]) -> FsResult<()> {
+    for h in handles {
+        let st = h.state.read();
+        for node in st.indirect.lock().values() {
+            core.nsd.write(node.da, &node.block.encode(core.geo.indirect_bytes), IoTag { buffer_type: BufferType::Indirect, ino: h.ino })?;
+        }
+        for node in st.dir_blocks.lock().values() {
+            core.nsd.write(node.da, &node.to_block().encode(), IoTag { buffer_type: BufferType::Directory, ino: h.ino })?;
+        }
+        let (da, bytes) = core.encode_inode(&st.inode)?;
+        core.nsd.write(da, &bytes, IoTag { buffer_type: BufferType::Inode, ino: h.ino })?;
+    }
     let desc = core.desc.lock().clone();
+    let m = desc.metadata_inodes;
+    let slot = core.alloc_slot_bytes;
     for r in 0..desc.regions {
         core.alloc.mark_region_dirty(r);
     }
+    for (r, pages) in core.alloc.take_dirty_pages(slot) {
+        for (off, bytes) in pages {
+            core.metafile_write(m.block_alloc_map, r as u64 * slot as u64 + off, &bytes, BufferType::AllocMap)?;
+        }
+    }
     core.imap.mark_all_dirty();
-    workers::flush_maps(core)
+    let islot = core.imap.slot_bytes() as u64;
+    for (sg, bytes) in core.imap.take_dirty() {
+        core.metafile_write(m.inode_alloc_map, sg as u64 * islot, &bytes, BufferType::InodeMap)?;
+    }
+    Ok(())
 }

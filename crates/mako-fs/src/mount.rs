@@ -4,7 +4,7 @@
 
 use crate::alloc_map::AllocMap;
 use crate::coherence::TokenCoherence;
-use crate::core::{Core, FsConfig, InodeHandle};
+use crate::core::{Core, FsConfig};
 use crate::error::{FsError, FsResult};
 use crate::fs::FileSystem;
 use crate::inode_map::InodeMap;
@@ -20,7 +20,6 @@ use mako_format::geometry::Geometry;
 use mako_format::indirect::{IndirectBlock, IndirectId};
 use mako_format::inode::{pointers_in_inode, Inode, InodeContent, FLAG_SYSTEM};
 use mako_format::inode_map_segment::InodeMapSegment;
-use mako_format::log_header::LogHeader;
 use mako_format::DiskAddress;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -124,7 +123,7 @@ pub fn read_descriptor(specs: &[DiskSpec]) -> FsResult<Descriptor> {
 }
 
 /// Every block address of a metadata file, by walking its inode's block map directly.
-fn collect_blocks(nsd: &dyn Nsd, geo: &Geometry, inode: &Inode) -> FsResult<Vec<DiskAddress>> {
+pub fn collect_blocks(nsd: &dyn Nsd, geo: &Geometry, inode: &Inode) -> FsResult<Vec<DiskAddress>> {
     let nblocks = inode.size.div_ceil(geo.block_bytes as u64) as usize;
     let ptrs = match &inode.content {
         InodeContent::Pointers(p) => p.clone(),
@@ -165,6 +164,8 @@ fn collect_blocks(nsd: &dyn Nsd, geo: &Geometry, inode: &Inode) -> FsResult<Vec<
 /// A mounted file system and its workers.
 pub struct Mounted {
     pub fs: FileSystem,
+    /// What the recovery log replay at mount found and did.
+    pub recovery: crate::recovery::ReplayReport,
     workers: Option<Workers>,
     unmounted: bool,
 }
@@ -174,7 +175,8 @@ impl Mounted {
         &self.fs.core
     }
 
-    /// Write everything back, mark the descriptor clean and stop the workers.
+    /// Write everything back, empty the log, mark the descriptor clean and stop the
+    /// workers.
     pub fn unmount(mut self) -> FsResult<()> {
         self.unmount_inner()
     }
@@ -185,15 +187,23 @@ impl Mounted {
         }
         self.unmounted = true;
         let core = self.fs.core.clone();
+        if core.read_only.load(Ordering::Relaxed) {
+            // Nothing more may be written; what the log holds is replayed at the next mount.
+            if let Some(mut w) = self.workers.take() {
+                w.stop();
+            }
+            return Ok(());
+        }
         workers::sync_all(&core)?;
         if let Some(mut w) = self.workers.take() {
             w.stop();
         }
         workers::sync_all(&core)?;
         if !core.read_only.load(Ordering::Relaxed) {
-            let log = LogHeader { node: core.node, log_bytes: core.desc.lock().log_bytes, tail_lsn: 0, head_lsn: 0, clean: true };
-            let log_ino = core.metadata_inodes().log_first + core.node as u64;
-            core.metafile_write(log_ino, 0, &log.encode(), BufferType::Log)?;
+            // Everything in place, the log empty and marked clean: nothing to replay.
+            core.journal.checkpoint(&core)?;
+            let head = core.journal.head_lsn();
+            core.journal.write_header(&core, head, head, true)?;
             let mut desc = core.desc.lock();
             desc.mounted = false;
             desc.generation += 1;
@@ -225,6 +235,13 @@ pub fn mount_disks(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, node: u32) -> FsRes
     let geo = desc.geometry;
     let nsd: Arc<dyn Nsd> = Arc::new(LocalNsd::new(disks, cfg.iohist_size));
     let tag = |bt, ino| IoTag { buffer_type: bt, ino };
+    // 0. Replay the recovery log before anything reads metadata in place.
+    let recovery = crate::recovery::replay(nsd.as_ref(), &desc, node)?;
+    if recovery.transactions > 0 || !recovery.was_clean || desc.mounted {
+        tracing::warn!("file system {} was not unmounted cleanly: {}", desc.fs_name, recovery.summary());
+    } else {
+        tracing::info!("file system {}: {}", desc.fs_name, recovery.summary());
+    }
     // 1. The inode file's own inode, at its fixed place.
     let mut buf = vec![0u8; geo.inode_bytes as usize];
     nsd.read(desc.inode_file_start, &mut buf, tag(BufferType::Inode, 0))?;
@@ -252,15 +269,25 @@ pub fn mount_disks(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, node: u32) -> FsRes
     let mut metafiles = vec![(m.inode_file, inode0.clone(), inode_file_blocks.clone())];
     metafiles.extend(others);
     let blocks_of = |ino: u64| metafiles.iter().find(|(i, _, _)| *i == ino).map(|(_, _, b)| b.clone()).unwrap_or_default();
+    // A range of a metadata file, read piece by piece where it crosses block boundaries.
     let read_meta = |ino: u64, off: u64, len: usize, bt| -> FsResult<(Vec<u8>, DiskAddress)> {
         let blocks = blocks_of(ino);
-        let da = blocks
-            .get((off / geo.block_bytes as u64) as usize)
-            .ok_or_else(|| FsError::Invalid(format!("metadata file {ino} too short for offset {off}")))?
-            .offset_by(off % geo.block_bytes as u64);
+        let bb = geo.block_bytes as u64;
         let mut b = vec![0u8; len];
-        nsd.read(da, &mut b, tag(bt, ino))?;
-        Ok((b, da))
+        let mut first = None;
+        let mut done = 0usize;
+        while done < len {
+            let pos = off + done as u64;
+            let da = blocks
+                .get((pos / bb) as usize)
+                .ok_or_else(|| FsError::Invalid(format!("metadata file {ino} too short for offset {pos}")))?
+                .offset_by(pos % bb);
+            let n = ((bb - pos % bb) as usize).min(len - done);
+            nsd.read(da, &mut b[done..done + n], tag(bt, ino))?;
+            first.get_or_insert(da);
+            done += n;
+        }
+        Ok((b, first.unwrap_or(DiskAddress::NULL)))
     };
     // 3. Allocation map and inode map segments.
     let slot = crate::alloc_map::segment_slot_bytes(&desc);
@@ -278,16 +305,6 @@ pub fn mount_disks(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, node: u32) -> FsRes
         isegs.push(InodeMapSegment::decode(&b, s, per, Location::Disk(da))?);
     }
     let imap = InodeMap::new(isegs, desc.inodes_max, per);
-    // 4. The log header says whether the last stop was clean.
-    let (lb, lda) = read_meta(log_ino, 0, mako_format::log_header::LOG_HEADER_BYTES, BufferType::Log)?;
-    let log = LogHeader::decode(&lb, node, Location::Disk(lda))?;
-    if desc.mounted || !log.clean {
-        tracing::warn!(
-            "file system {} was not unmounted cleanly; recovery log replay is not implemented yet — run `mako fsck {}`",
-            desc.fs_name,
-            desc.fs_name
-        );
-    }
     desc.mounted = true;
     desc.generation += 1;
     write_descriptor(nsd.as_ref(), &desc)?;
@@ -295,17 +312,20 @@ pub fn mount_disks(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, node: u32) -> FsRes
     // 5. The in-memory file system.
     let flush = Arc::new(crate::cache_flush::FsCacheFlush::default());
     let coherence = Arc::new(TokenCoherence::single_node(0, node, flush.clone()));
-    let core = Arc::new(Core::new(nsd, desc, alloc, imap, cfg, coherence, node));
+    let core = Arc::new(Core::new(nsd, desc, alloc, imap, cfg, coherence, node, recovery.start()));
     flush.attach(&core);
     for (ino, inode, blocks) in metafiles {
         core.metafile_blocks.write().insert(ino, blocks);
-        let h = InodeHandle::new(inode);
+        let h = core.new_handle(inode);
         debug_assert!(h.state.read().inode.flags & FLAG_SYSTEM != 0);
         core.inodes.lock().insert(ino, h);
     }
+    // The log is in use until a clean unmount says otherwise.
+    let head = recovery.head_lsn;
+    core.journal.write_header(&core, head, head, false)?;
     let fs = FileSystem { core: core.clone() };
     fs.getattr(m.root_dir)?;
     let background = core.cfg.read().background_workers;
     let workers = background.then(|| Workers::start(core));
-    Ok(Mounted { fs, workers, unmounted: false })
+    Ok(Mounted { fs, recovery, workers, unmounted: false })
 }

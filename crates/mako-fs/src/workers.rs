@@ -5,61 +5,34 @@
 
 use crate::block_map;
 use crate::core::{Core, InodeHandle, InodeState};
-use crate::directory;
 use crate::error::{FsError, FsResult};
 use crate::file_io;
-use mako_disk::BufferType;
 use mako_format::inode::{InodeContent, FLAG_SYSTEM};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Write an inode back: its data first, then its indirect and directory blocks, then
-/// the inode itself (ordered mode: nothing points at data that is not on disk).
+/// Write an inode's dirty data back (write-behind's work, done now). Metadata is not
+/// written here: it reaches disk through the recovery log (`journal`).
 pub fn flush_inode(core: &Core, h: &InodeHandle) -> FsResult<()> {
-    file_io::flush_data(core, h)?;
-    let mut st = h.state.write();
-    if st.deleted {
-        return Ok(());
-    }
-    block_map::flush_indirect(core, &st)?;
-    directory::flush_blocks(core, &st)?;
-    if st.dirty {
-        core.write_inode(&st.inode)?;
-        st.dirty = false;
-    }
-    Ok(())
+    file_io::flush_data(core, h)
 }
 
-/// Write back dirty allocation-map and inode-map segments.
-pub fn flush_maps(core: &Core) -> FsResult<()> {
-    let m = core.metadata_inodes();
-    for (r, bytes) in core.alloc.take_dirty(core.alloc_slot_bytes) {
-        core.metafile_write(m.block_alloc_map, r as u64 * core.alloc_slot_bytes as u64, &bytes, BufferType::AllocMap)?;
-    }
-    let slot = core.imap.slot_bytes() as u64;
-    for (s, bytes) in core.imap.take_dirty() {
-        core.metafile_write(m.inode_alloc_map, s as u64 * slot, &bytes, BufferType::InodeMap)?;
-    }
-    Ok(())
-}
-
-/// Write back everything dirty and make it durable.
+/// Write back every dirty data block of every cached inode, then commit the log: what
+/// was changed before the call is durable when it returns.
 pub fn sync_all(core: &Core) -> FsResult<()> {
     let handles: Vec<Arc<InodeHandle>> = core.inodes.lock().values().cloned().collect();
-    // User inodes first, then the system inodes they may have changed (inode file).
-    let (system, user): (Vec<_>, Vec<_>) = handles.into_iter().partition(|h| h.state.read().inode.flags & FLAG_SYSTEM != 0);
-    for h in user.iter().chain(system.iter()) {
-        flush_inode(core, h)?;
+    for h in &handles {
+        if !core.pool.keys_of(h.ino, true).is_empty() {
+            file_io::flush_data(core, h)?;
+        }
     }
-    flush_maps(core)?;
-    core.nsd.sync_all()?;
-    Ok(())
+    core.journal.commit(core)
 }
 
 /// Release an inode whose last link and last reference are gone: free its blocks,
-/// write it back as free, and clear it in the inode map.
+/// log it as free, and clear it in the inode map. Call with a transaction open.
 pub fn free_inode(core: &Core, st: &mut InodeState) -> FsResult<()> {
     let ino = st.inode.ino;
     assert_eq!(st.inode.nlink, 0, "freeing inode {ino} that still has links");
@@ -78,7 +51,9 @@ pub fn free_inode(core: &Core, st: &mut InodeState) -> FsResult<()> {
     st.inode.entries = 0;
     st.inode.xattrs.clear();
     st.inode.content = InodeContent::InlineData(Vec::new());
-    core.write_inode(&st.inode)?;
+    // The handle leaves the cache: its free image goes to the transaction directly.
+    let (da, bytes) = core.encode_inode(&st.inode)?;
+    core.journal.add_image(mako_disk::BufferType::Inode, mako_format::log_record::LogImage::trimmed(da, &bytes));
     st.dirty = false;
     st.deleted = true;
     core.imap.free(ino)?;
@@ -109,6 +84,10 @@ pub fn evict_inodes(core: &Core) -> FsResult<()> {
     candidates.sort_by_key(|h| h.last_use.load(Ordering::Relaxed));
     let excess = core.inodes.lock().len().saturating_sub(max_files);
     for h in candidates.into_iter().take(excess) {
+        // Dirty metadata stays cached until a commit has logged it.
+        if h.state.read().dirty {
+            continue;
+        }
         flush_inode(core, &h)?;
         let st = h.state.read();
         if st.dirty || !core.pool.keys_of(h.ino, true).is_empty() {
@@ -191,12 +170,24 @@ impl Drop for Workers {
     }
 }
 
+/// Write one block back; when space is short only because freed space waits for a
+/// checkpoint, checkpoint and try again.
+fn writebehind_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
+    match file_io::flush_block(core, h, b) {
+        Err(FsError::NoSpace(_)) if core.alloc.quarantined_subblocks() > 0 => {
+            core.journal.quiesce(core)?;
+            file_io::flush_block(core, h, b)
+        }
+        r => r,
+    }
+}
+
 fn writebehind_loop(core: &Core) {
     loop {
         let job = core.flushq.lock().pop_front();
         if let Some((ino, b)) = job {
             if let Some(h) = core.cached_handle(ino) {
-                if let Err(e) = file_io::flush_block(core, &h, b) {
+                if let Err(e) = writebehind_block(core, &h, b) {
                     report(core, &format!("write-behind of inode {ino} block {b}"), e);
                     // Back off: a failing block must not turn into a busy loop.
                     std::thread::sleep(Duration::from_millis(50));
@@ -209,7 +200,7 @@ fn writebehind_loop(core: &Core) {
             let mut progressed = false;
             for (ino, b) in keys {
                 if let Some(h) = core.cached_handle(ino) {
-                    match file_io::flush_block(core, &h, b) {
+                    match writebehind_block(core, &h, b) {
                         Ok(()) => progressed = true,
                         Err(e) => report(core, &format!("write-behind of inode {ino} block {b}"), e),
                     }
@@ -254,6 +245,11 @@ fn prefetch_loop(core: &Core) {
     }
 }
 
+/// The sync thread: every 100 ms it commits the log if the running transaction has
+/// grown large and evicts inodes over `maxFilesToCache`; every sync interval it writes
+/// dirty data back and commits; it checkpoints when a quarter of the log is used, or
+/// when the file system has been idle for two intervals (so an idle file system has an
+/// empty log and nothing to replay).
 fn sync_loop(core: &Core) {
     let mut last = Instant::now();
     loop {
@@ -261,7 +257,17 @@ fn sync_loop(core: &Core) {
         if core.shutting_down.load(Ordering::SeqCst) {
             return;
         }
+        if core.read_only.load(Ordering::Relaxed) {
+            continue;
+        }
+        let j = &core.journal;
         let interval = Duration::from_secs(core.cfg.read().sync_interval_secs.max(1));
+        let big = j.running_bytes(core) > j.soft_limit();
+        if big {
+            if let Err(e) = j.commit(core) {
+                report(core, "recovery log commit", e);
+            }
+        }
         if core.inodes.lock().len() > core.cfg.read().max_files_to_cache {
             if let Err(e) = evict_inodes(core) {
                 report(core, "inode cache eviction", e);
@@ -269,11 +275,16 @@ fn sync_loop(core: &Core) {
         }
         if last.elapsed() >= interval {
             last = Instant::now();
-            if core.read_only.load(Ordering::Relaxed) {
-                continue;
-            }
             if let Err(e) = sync_all(core) {
                 report(core, "periodic sync", e);
+                continue;
+            }
+        }
+        let used = j.used_bytes();
+        let idle = j.running_bytes(core) == 0 && j.since_checkpoint() >= interval * 2;
+        if used > j.capacity() / 4 || (used > 0 && idle) {
+            if let Err(e) = j.checkpoint(core) {
+                report(core, "recovery log checkpoint", e);
             }
         }
     }

@@ -1,0 +1,650 @@
+//! The per-node recovery log (DESIGN.md 3.6): write-ahead redo logging of metadata
+//! with group commit, lazy checkpointing and deferred reuse of freed space.
+//!
+//! ## How a change becomes durable
+//! 1. An operation opens a transaction handle (`Journal::begin`, a `Tx`) before it
+//!    takes any inode lock, and holds it until its last change is made. Handles nest
+//!    on one thread. While any handle is open, no commit can take its snapshot.
+//! 2. Every change marks what it changed dirty in memory: the inode
+//!    (`InodeState::mark_dirty`, which files the inode in the running transaction),
+//!    its indirect and directory blocks, allocation-map pages and inode-map segments.
+//!    Nothing is written in place.
+//! 3. A commit (`Journal::commit`; fsync, the sync thread, a full log) closes the gate:
+//!    new handles wait, open ones finish. With no operation in flight the in-memory
+//!    metadata is consistent; the commit encodes every dirty structure as a physical
+//!    image (`LogImage`) and opens the gate again. That is the only pause.
+//! 4. Ordered mode: data blocks are written by write-behind while it holds a handle,
+//!    so every data block that a committed pointer names was written before the
+//!    snapshot. If any data was written since the last barrier, the commit syncs the
+//!    disks first; then it writes the transaction to the log and syncs again. Only
+//!    then is the transaction durable (`durable_seq`), and fsync returns.
+//! 5. Committed images wait in the overlay (`pending`) until a checkpoint writes them
+//!    in place, syncs, and moves the log's tail past them (header written and synced
+//!    before the space is reused). Reads of metadata that is not cached see the
+//!    overlay first, so an evicted inode is never read back older than committed.
+//!
+//! ## Durable-write order (what each sync protects)
+//! data → sync → log transaction → sync → (checkpoint) metadata in place → sync →
+//! log header (tail) → sync. Replay after a crash writes every image from the tail to
+//! the last valid transaction; images are physical, so replay is idempotent and
+//! rewrites any metadata block torn by a crash during write-back.
+//!
+//! ## Freed space
+//! Space freed by a transaction is quarantined (`AllocMap::free`) until that
+//! transaction has been checkpointed: reusing it earlier could let new data land in a
+//! block that a not-yet-durable old pointer still names, or let replay of an older
+//! image overwrite the block's new contents.
+
+use crate::core::{Core, INODE_CACHE_KEY};
+use crate::error::{FsError, FsResult};
+use mako_diag::{Wait, WaitGuard};
+use mako_disk::nsd::IoTag;
+use mako_disk::BufferType;
+use mako_format::log_header::{LogHeader, LOG_HEADER_BYTES, LOG_HEADER_OFFSETS, LOG_RECORDS_OFFSET};
+use mako_format::log_record::{encode_txn, LogImage};
+use mako_format::DiskAddress;
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Where the log stands when a file system is mounted (after any replay).
+#[derive(Debug, Clone, Copy)]
+pub struct LogStart {
+    /// LSN where the next transaction goes (= the tail: the log is empty after mount).
+    pub head_lsn: u64,
+    /// Sequence number of the next transaction.
+    pub next_seq: u64,
+}
+
+/// The dirty-inode set of the running transaction, shared with every cached inode so
+/// that marking an inode dirty files it here (see `InodeState::mark_dirty`).
+pub struct Inbox {
+    /// Identity of the journal, to recognise this thread's open handles.
+    pub(crate) id: usize,
+    inodes: Mutex<HashSet<u64>>,
+    /// Upper bound of the bytes the running transaction's images will take.
+    bytes: AtomicU64,
+    inode_bytes: u64,
+    /// Changes made without an open handle (a bug: they are committed, but not
+    /// atomically with the operation that made them).
+    stray: AtomicU64,
+}
+
+impl Inbox {
+    pub(crate) fn file_inode(&self, ino: u64) {
+        if !holds_handle(self.id) {
+            if self.stray.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracing::error!("inode {ino} changed outside a log transaction (a bug; the change is still logged)");
+            }
+        }
+        self.inodes.lock().insert(ino);
+        self.bytes.fetch_add(self.inode_bytes, Ordering::Relaxed);
+    }
+    /// Account `bytes` more of images for the running transaction.
+    pub fn note(&self, bytes: u64) {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+    pub fn stray_changes(&self) -> u64 {
+        self.stray.load(Ordering::Relaxed)
+    }
+}
+
+thread_local! {
+    /// Journals this thread holds a handle of, with the nesting depth.
+    static HELD: RefCell<Vec<(usize, u32)>> = const { RefCell::new(Vec::new()) };
+}
+
+fn holds_handle(id: usize) -> bool {
+    HELD.with(|h| h.borrow().iter().any(|(j, _)| *j == id))
+}
+
+struct Gate {
+    active: usize,
+    closing: bool,
+}
+
+/// A committed image not yet written in place.
+#[derive(Clone)]
+struct Pending {
+    seq: u64,
+    kind: BufferType,
+    image: Arc<LogImage>,
+}
+
+struct LogState {
+    head_lsn: u64,
+    tail_lsn: u64,
+    /// Committed transactions not yet checkpointed: (seq, start LSN).
+    txns: VecDeque<(u64, u64)>,
+}
+
+/// Counters of the log (`mako diag stats`, Prometheus).
+#[derive(Debug, Default)]
+pub struct LogStats {
+    pub commits: AtomicU64,
+    pub commit_bytes: AtomicU64,
+    pub commit_images: AtomicU64,
+    pub gate_waits: AtomicU64,
+    pub checkpoints: AtomicU64,
+    pub checkpoint_bytes: AtomicU64,
+    pub barriers: AtomicU64,
+}
+
+pub struct Journal {
+    node: u32,
+    fs_uuid: [u8; 16],
+    log_ino: u64,
+    /// Bytes of the circular area.
+    capacity: u64,
+    inbox: Arc<Inbox>,
+    gate: Mutex<Gate>,
+    gate_cv: Condvar,
+    /// Images for the running transaction made outside any inode (freed inodes).
+    extra: Mutex<Vec<(BufferType, LogImage)>>,
+    /// Data reached a disk since the last barrier: the next commit syncs first.
+    ordered_writes: AtomicBool,
+    /// Sequence number the running transaction will get.
+    running_seq: AtomicU64,
+    durable_seq: AtomicU64,
+    commit_lock: Mutex<()>,
+    checkpoint_lock: Mutex<()>,
+    state: Mutex<LogState>,
+    /// Committed images by disk address, not yet in place: normally one, two when a
+    /// newer image is committed while the older one is still being checkpointed.
+    /// Ordered by sequence number; reads see the last.
+    pending: RwLock<BTreeMap<DiskAddress, Vec<Pending>>>,
+    pending_sectors_max: AtomicU64,
+    pub stats: LogStats,
+    last_checkpoint: Mutex<Instant>,
+}
+
+static JOURNAL_IDS: AtomicUsize = AtomicUsize::new(1);
+
+/// An open transaction handle. Dropping the outermost handle of a thread lets a
+/// waiting commit proceed.
+pub struct Tx<'a> {
+    journal: &'a Journal,
+}
+
+impl Drop for Tx<'_> {
+    fn drop(&mut self) {
+        let id = self.journal.inbox.id;
+        let last = HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            let pos = h.iter().position(|(j, _)| *j == id).expect("handle held");
+            h[pos].1 -= 1;
+            if h[pos].1 == 0 {
+                h.swap_remove(pos);
+                true
+            } else {
+                false
+            }
+        });
+        if last {
+            let mut g = self.journal.gate.lock();
+            g.active -= 1;
+            if g.active == 0 && g.closing {
+                self.journal.gate_cv.notify_all();
+            }
+        }
+    }
+}
+
+impl Journal {
+    pub fn new(node: u32, fs_uuid: [u8; 16], log_ino: u64, log_bytes: u64, inode_bytes: u32, start: LogStart) -> Journal {
+        let capacity = log_capacity(log_bytes);
+        let id = JOURNAL_IDS.fetch_add(1, Ordering::Relaxed);
+        Journal {
+            node,
+            fs_uuid,
+            log_ino,
+            capacity,
+            inbox: Arc::new(Inbox {
+                id,
+                inodes: Mutex::new(HashSet::new()),
+                bytes: AtomicU64::new(0),
+                inode_bytes: inode_bytes as u64,
+                stray: AtomicU64::new(0),
+            }),
+            gate: Mutex::new(Gate { active: 0, closing: false }),
+            gate_cv: Condvar::new(),
+            extra: Mutex::new(Vec::new()),
+            ordered_writes: AtomicBool::new(false),
+            running_seq: AtomicU64::new(start.next_seq),
+            durable_seq: AtomicU64::new(start.next_seq - 1),
+            commit_lock: Mutex::new(()),
+            checkpoint_lock: Mutex::new(()),
+            state: Mutex::new(LogState { head_lsn: start.head_lsn, tail_lsn: start.head_lsn, txns: VecDeque::new() }),
+            pending: RwLock::new(BTreeMap::new()),
+            pending_sectors_max: AtomicU64::new(0),
+            stats: LogStats::default(),
+            last_checkpoint: Mutex::new(Instant::now()),
+        }
+    }
+
+    pub fn inbox(&self) -> &Arc<Inbox> {
+        &self.inbox
+    }
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    /// Bytes of the log holding committed transactions not yet checkpointed.
+    pub fn used_bytes(&self) -> u64 {
+        let s = self.state.lock();
+        s.head_lsn - s.tail_lsn
+    }
+    pub fn head_lsn(&self) -> u64 {
+        self.state.lock().head_lsn
+    }
+    pub fn durable_seq(&self) -> u64 {
+        self.durable_seq.load(Ordering::Acquire)
+    }
+    /// The sequence number every change made so far will be durable with.
+    pub fn running_seq(&self) -> u64 {
+        self.running_seq.load(Ordering::Acquire)
+    }
+    /// Upper bound of the running transaction's size.
+    pub fn running_bytes(&self, core: &Core) -> u64 {
+        self.inbox.bytes.load(Ordering::Relaxed) + core.alloc.dirty_page_bytes() + core.imap.dirty_bytes()
+    }
+    /// Images waiting to be written in place.
+    pub fn pending_images(&self) -> usize {
+        self.pending.read().len()
+    }
+
+    /// Commit when the running transaction reaches this size (the sync thread).
+    pub fn soft_limit(&self) -> u64 {
+        self.capacity / 8
+    }
+    /// New operations commit first when the running transaction reaches this size, so
+    /// that one transaction (plus what operations in flight add) always fits the log.
+    pub fn hard_limit(&self) -> u64 {
+        self.capacity / 2
+    }
+
+    /// Open a transaction handle. Must be called before taking any inode lock (a
+    /// commit waits for open handles, and then takes inode locks itself).
+    pub fn begin<'a>(&'a self, core: &Core) -> Tx<'a> {
+        let id = self.inbox.id;
+        let nested = HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            if let Some(e) = h.iter_mut().find(|(j, _)| *j == id) {
+                e.1 += 1;
+                true
+            } else {
+                false
+            }
+        });
+        if nested {
+            return Tx { journal: self };
+        }
+        if self.running_bytes(core) > self.hard_limit() && !core.read_only.load(Ordering::Relaxed) {
+            if let Err(e) = self.commit(core) {
+                tracing::error!("commit of a full log transaction failed: {e}");
+            }
+        }
+        {
+            let mut g = self.gate.lock();
+            if g.closing {
+                self.stats.gate_waits.fetch_add(1, Ordering::Relaxed);
+                let _w = WaitGuard::new(Wait::Static("waiting for a recovery log commit to take its snapshot"));
+                while g.closing {
+                    self.gate_cv.wait(&mut g);
+                }
+            }
+            g.active += 1;
+        }
+        HELD.with(|h| h.borrow_mut().push((id, 1)));
+        Tx { journal: self }
+    }
+
+    /// Data reached a disk: the next commit must sync before its log write (ordered mode).
+    pub fn note_ordered_write(&self) {
+        self.ordered_writes.store(true, Ordering::Release);
+    }
+
+    /// Add an image to the running transaction directly (a freed inode, whose handle
+    /// leaves the cache). Call with a handle open.
+    pub fn add_image(&self, kind: BufferType, image: LogImage) {
+        debug_assert!(holds_handle(self.inbox.id), "add_image without an open handle");
+        self.inbox.note(image.length as u64);
+        self.extra.lock().push((kind, image));
+    }
+
+    fn close_gate(&self) {
+        let mut g = self.gate.lock();
+        debug_assert!(!g.closing, "two commits at once");
+        g.closing = true;
+        if g.active > 0 {
+            let _w = WaitGuard::new(Wait::Static("recovery log commit waiting for operations in flight"));
+            while g.active > 0 {
+                self.gate_cv.wait(&mut g);
+            }
+        }
+    }
+    fn open_gate(&self) {
+        let mut g = self.gate.lock();
+        g.closing = false;
+        self.gate_cv.notify_all();
+    }
+
+    /// Make every change up to sequence `seq` durable (fsync): returns at once if a
+    /// commit already covered it, else commits (group commit: callers queue on the
+    /// commit lock, and one commit covers them all).
+    pub fn commit_upto(&self, core: &Core, seq: u64) -> FsResult<()> {
+        if self.durable_seq() >= seq && !self.ordered_writes.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.commit(core)
+    }
+
+    /// Commit the running transaction: snapshot every dirty structure, write it to the
+    /// log and make it durable. Must not be called with a handle open on this thread.
+    pub fn commit(&self, core: &Core) -> FsResult<()> {
+        assert!(!holds_handle(self.inbox.id), "commit with a transaction handle open on this thread would wait for itself");
+        let _c = self.commit_lock.lock();
+        core.check_writable()?;
+        // 1. Close the gate: no operation in flight, so memory is consistent.
+        self.close_gate();
+        let snapshot = self.snapshot(core);
+        // 2. The running transaction is now the one being committed; new operations
+        //    go to the next one as soon as the gate opens.
+        self.open_gate();
+        let (seq, images) = match snapshot {
+            Ok(s) => s,
+            Err(e) => {
+                core.go_read_only(&format!("recovery log snapshot failed: {e}"));
+                return Err(e);
+            }
+        };
+        let r = self.write_txn(core, seq, &images);
+        if let Err(e) = &r {
+            core.go_read_only(&format!("recovery log commit failed: {e}"));
+        }
+        r
+    }
+
+    /// Encode the running transaction (gate closed). Returns its sequence number and
+    /// images; registers the images in the overlay.
+    fn snapshot(&self, core: &Core) -> FsResult<(u64, Vec<(BufferType, Arc<LogImage>)>)> {
+        let seq = self.running_seq.fetch_add(1, Ordering::AcqRel);
+        let inos: Vec<u64> = {
+            let mut set = self.inbox.inodes.lock();
+            let mut v: Vec<u64> = set.drain().collect();
+            v.sort_unstable();
+            v
+        };
+        self.inbox.bytes.store(0, Ordering::Relaxed);
+        let mut images: Vec<(BufferType, LogImage)> = std::mem::take(&mut *self.extra.lock());
+        for ino in inos {
+            let Some(h) = core.cached_handle(ino) else { continue };
+            let mut st = h.state.write();
+            if st.deleted {
+                continue;
+            }
+            for node in st.indirect.lock().values_mut() {
+                if node.dirty {
+                    images.push((BufferType::Indirect, LogImage::from_vec(node.da, node.block.encode(core.geo.indirect_bytes))));
+                    node.dirty = false;
+                }
+            }
+            for node in st.dir_blocks.lock().values_mut() {
+                if node.dirty {
+                    // Only the pages that changed: one insert logs one page.
+                    let pb = node.page_bytes() as u64;
+                    for p in 0..node.pages() {
+                        if node.dirty_pages >> p & 1 == 1 {
+                            images.push((BufferType::Directory, LogImage::from_vec(node.da.offset_by(p as u64 * pb), node.encode_page(p))));
+                        }
+                    }
+                    node.dirty = false;
+                    node.dirty_pages = 0;
+                }
+            }
+            let (da, bytes) = core.encode_inode(&st.inode)?;
+            images.push((BufferType::Inode, LogImage::from_vec(da, bytes)));
+            st.dirty = false;
+        }
+        let m = core.metadata_inodes();
+        for (region, pages) in core.alloc.take_dirty_pages(core.alloc_slot_bytes) {
+            for (offset, bytes) in pages {
+                for img in core.metafile_images(m.block_alloc_map, region as u64 * core.alloc_slot_bytes as u64 + offset, &bytes)? {
+                    images.push((BufferType::AllocMap, img));
+                }
+            }
+        }
+        let islot = core.imap.slot_bytes() as u64;
+        for (s, bytes) in core.imap.take_dirty() {
+            for img in core.metafile_images(m.inode_alloc_map, s as u64 * islot, &bytes)? {
+                images.push((BufferType::InodeMap, img));
+            }
+        }
+        // Space freed by this transaction becomes reusable once it is checkpointed.
+        core.alloc.tag_frees(seq);
+        let images: Vec<(BufferType, Arc<LogImage>)> = images.into_iter().map(|(k, i)| (k, Arc::new(i))).collect();
+        let mut pending = self.pending.write();
+        for (kind, img) in &images {
+            let sectors = img.length as u64 / 512;
+            self.pending_sectors_max.fetch_max(sectors, Ordering::Relaxed);
+            let v = pending.entry(img.da).or_default();
+            // Within one transaction a later image of an address replaces an earlier
+            // one (a freed inode's slot reused at once).
+            if v.last().is_some_and(|p| p.seq == seq) {
+                v.pop();
+            }
+            v.push(Pending { seq, kind: *kind, image: img.clone() });
+        }
+        Ok((seq, images))
+    }
+
+    /// Write a snapshot to the log and make it durable (steps 4 of the module doc).
+    fn write_txn(&self, core: &Core, seq: u64, images: &[(BufferType, Arc<LogImage>)]) -> FsResult<()> {
+        let ordered = self.ordered_writes.swap(false, Ordering::AcqRel);
+        if images.is_empty() {
+            if ordered {
+                self.barrier(core)?;
+            }
+            self.durable_seq.fetch_max(seq, Ordering::AcqRel);
+            return Ok(());
+        }
+        let lsn = self.state.lock().head_lsn;
+        let bytes = encode_txn(self.node, self.fs_uuid, lsn, seq, images.iter().map(|(_, i)| &**i));
+        let len = bytes.len() as u64;
+        if len > self.capacity {
+            return Err(FsError::NoSpace(format!(
+                "a log transaction of {len} bytes does not fit the recovery log of {} bytes; recreate the file system with a larger log (`mako fs create -L`)",
+                self.capacity
+            )));
+        }
+        if self.capacity - self.used_bytes() < len {
+            // The log is full: write committed images in place to make room.
+            self.checkpoint(core)?;
+            if self.capacity - self.used_bytes() < len {
+                return Err(FsError::Invalid(format!(
+                    "recovery log has {} bytes free after a checkpoint, the transaction needs {len}",
+                    self.capacity - self.used_bytes()
+                )));
+            }
+        }
+        if ordered {
+            // Data named by this transaction's pointers is on disk before the log says so.
+            self.barrier(core)?;
+        }
+        self.write_log(core, lsn, &bytes)?;
+        self.barrier(core)?;
+        {
+            let mut s = self.state.lock();
+            debug_assert_eq!(s.head_lsn, lsn, "the log head moved during a commit");
+            s.head_lsn = lsn + len;
+            s.txns.push_back((seq, lsn));
+        }
+        self.durable_seq.fetch_max(seq, Ordering::AcqRel);
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        self.stats.commit_bytes.fetch_add(len, Ordering::Relaxed);
+        self.stats.commit_images.fetch_add(images.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn barrier(&self, core: &Core) -> FsResult<()> {
+        self.stats.barriers.fetch_add(1, Ordering::Relaxed);
+        core.nsd.sync_all()?;
+        Ok(())
+    }
+
+    /// Write `bytes` at `lsn` of the circular area (wrapping, and split at the log
+    /// file's block boundaries).
+    fn write_log(&self, core: &Core, lsn: u64, bytes: &[u8]) -> FsResult<()> {
+        for (da, range) in log_extents(core, self.log_ino, self.capacity, lsn, bytes.len() as u64)? {
+            core.nsd.write(da, &bytes[range], IoTag { buffer_type: BufferType::Log, ino: self.log_ino })?;
+        }
+        Ok(())
+    }
+
+    /// Write every durable committed image in place, then move the tail past the
+    /// transactions that held them and release the space they freed.
+    pub fn checkpoint(&self, core: &Core) -> FsResult<()> {
+        let _k = self.checkpoint_lock.lock();
+        let upto = self.durable_seq();
+        // The newest durable image of every address.
+        let work: Vec<Pending> = self.pending.read().values().filter_map(|v| v.iter().rev().find(|p| p.seq <= upto).cloned()).collect();
+        let mut bytes = 0u64;
+        // 1. Images in place.
+        for p in &work {
+            let full = p.image.expanded();
+            core.nsd.write(p.image.da, &full, IoTag { buffer_type: p.kind, ino: 0 })?;
+            bytes += full.len() as u64;
+        }
+        // 2. Durable before the log forgets them.
+        self.barrier(core)?;
+        // 3. The new tail: the first transaction not checkpointed, else the head.
+        let (tail, head) = {
+            let s = self.state.lock();
+            let tail = s.txns.iter().find(|(seq, _)| *seq > upto).map(|(_, lsn)| *lsn).unwrap_or(s.head_lsn);
+            (tail, s.head_lsn)
+        };
+        // 4. The header says so, durably, before the space is reused.
+        self.write_header(core, tail, head, false)?;
+        {
+            let mut s = self.state.lock();
+            s.tail_lsn = tail;
+            while s.txns.front().is_some_and(|(seq, _)| *seq <= upto) {
+                s.txns.pop_front();
+            }
+        }
+        // 5. The overlay drops what is now in place (unless a newer image replaced it).
+        {
+            let mut pending = self.pending.write();
+            for p in &work {
+                if let Some(v) = pending.get_mut(&p.image.da) {
+                    v.retain(|q| q.seq > upto);
+                    if v.is_empty() {
+                        pending.remove(&p.image.da);
+                    }
+                }
+            }
+        }
+        // 6. Space freed by checkpointed transactions can be handed out again.
+        core.alloc.release_frees(upto);
+        *self.last_checkpoint.lock() = Instant::now();
+        self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+        self.stats.checkpoint_bytes.fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub fn since_checkpoint(&self) -> std::time::Duration {
+        self.last_checkpoint.lock().elapsed()
+    }
+
+    /// Write both header copies and sync.
+    pub fn write_header(&self, core: &Core, tail: u64, head: u64, clean: bool) -> FsResult<()> {
+        let h = LogHeader { node: self.node, log_bytes: core.desc.lock().log_bytes, tail_lsn: tail, head_lsn: head, clean };
+        let bytes = h.encode();
+        debug_assert_eq!(bytes.len(), LOG_HEADER_BYTES);
+        for off in LOG_HEADER_OFFSETS {
+            core.metafile_write(self.log_ino, off, &bytes, BufferType::Log)?;
+        }
+        self.barrier(core)
+    }
+
+    /// Overlay committed images not yet in place onto `buf`, just read from `da`.
+    pub fn overlay(&self, da: DiskAddress, buf: &mut [u8]) {
+        let pending = self.pending.read();
+        if pending.is_empty() {
+            return;
+        }
+        let max = self.pending_sectors_max.load(Ordering::Relaxed);
+        let start = da.sector().saturating_sub(max);
+        let end = da.sector() + (buf.len() as u64).div_ceil(512);
+        let from = DiskAddress::new(da.disk(), start);
+        let to = DiskAddress::new(da.disk(), end);
+        let blo = da.byte_offset();
+        let bhi = blo + buf.len() as u64;
+        for (ida, v) in pending.range(from..to) {
+            let Some(p) = v.last() else { continue };
+            let img = &p.image;
+            let ilo = ida.byte_offset();
+            let ihi = ilo + img.length as u64;
+            let lo = ilo.max(blo);
+            let hi = ihi.min(bhi);
+            if lo >= hi {
+                continue;
+            }
+            // The stored bytes, then the implied trailing zeros.
+            let stored_hi = (ilo + img.bytes.len() as u64).clamp(lo, hi);
+            buf[(lo - blo) as usize..(stored_hi - blo) as usize].copy_from_slice(&img.bytes[(lo - ilo) as usize..(stored_hi - ilo) as usize]);
+            buf[(stored_hi - blo) as usize..(hi - blo) as usize].fill(0);
+        }
+    }
+
+    /// Commit, write everything in place and leave the log empty (unmount, idle).
+    pub fn quiesce(&self, core: &Core) -> FsResult<()> {
+        self.commit(core)?;
+        self.checkpoint(core)
+    }
+}
+
+/// Bytes of the circular area of a log file of `log_bytes`.
+pub fn log_capacity(log_bytes: u64) -> u64 {
+    (log_bytes - LOG_RECORDS_OFFSET) / 512 * 512
+}
+
+/// Disk extents of `len` bytes at `lsn` of the circular area: (address, byte range
+/// within the caller's buffer).
+pub fn log_extents(core: &Core, log_ino: u64, capacity: u64, lsn: u64, len: u64) -> FsResult<Vec<(DiskAddress, std::ops::Range<usize>)>> {
+    let bb = core.block_bytes();
+    let mut out = Vec::new();
+    let mut done = 0u64;
+    while done < len {
+        let pos = (lsn + done) % capacity;
+        let file_off = LOG_RECORDS_OFFSET + pos;
+        let to_wrap = capacity - pos;
+        let to_block = bb - file_off % bb;
+        let n = (len - done).min(to_wrap).min(to_block);
+        out.push((core.metafile_da(log_ino, file_off)?, done as usize..(done + n) as usize));
+        done += n;
+    }
+    Ok(out)
+}
+
+impl Core {
+    /// The inode's encoding and where it lives; updates the cached inode-file chunk so
+    /// that a later miss reads what was committed.
+    pub fn encode_inode(&self, inode: &mako_format::inode::Inode) -> FsResult<(DiskAddress, Vec<u8>)> {
+        let bytes = inode.encode(self.inode_bytes())?;
+        let inode_file = self.metadata_inodes().inode_file;
+        let off = inode.ino * self.inode_bytes() as u64;
+        let da = self.metafile_da(inode_file, off)?;
+        let chunk = self.inode_chunk_bytes();
+        if let Some(slot) = self.pool.get((INODE_CACHE_KEY, off / chunk)) {
+            let mut buf = slot.buf.lock();
+            let within = (off % chunk) as usize;
+            if buf.loaded && buf.bytes.len() >= within + bytes.len() {
+                buf.bytes[within..within + bytes.len()].copy_from_slice(&bytes);
+            }
+        }
+        Ok((da, bytes))
+    }
+}

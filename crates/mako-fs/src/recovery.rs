@@ -1,0 +1,254 @@
+//! Replay of a node's recovery log (DESIGN.md 3.6): at mount, and by an offline fsck,
+//! before anything else reads metadata.
+//!
+//! 1. Find the log file without trusting anything a crash may have torn: the log's
+//!    inode lives in the first block of the inode file (`inode_file_start`, fixed at
+//!    creation) and neither it nor the log's block map ever changes after creation.
+//! 2. Read both header copies; the valid one with the greater tail LSN says where the
+//!    oldest transaction still needed starts.
+//! 3. From the tail, read transaction after transaction; each must have a valid header
+//!    of this node and file system at exactly the expected LSN and a valid payload
+//!    checksum. The first that does not ends the log: it was never completed (a torn
+//!    commit is never acknowledged), or it is a leftover of an earlier lap.
+//! 4. Write every image in place, in log order, and sync. Images are physical, so a
+//!    crash during replay is recovered by replaying again: nothing has changed on disk
+//!    that the log cannot rewrite.
+//! 5. Only then record the empty log (tail = head) in the header, and sync.
+
+use crate::error::{FsError, FsResult};
+use crate::journal::{log_capacity, LogStart};
+use mako_disk::nsd::IoTag;
+use mako_disk::{BufferType, Nsd};
+use mako_format::descriptor::Descriptor;
+use mako_format::error::Location;
+use mako_format::inode::Inode;
+use mako_format::log_header::{best_copy, LogHeader, LOG_HEADER_BYTES, LOG_HEADER_OFFSETS, LOG_RECORDS_OFFSET};
+use mako_format::log_record::{TxnHeader, TXN_HEADER_BYTES};
+use mako_format::DiskAddress;
+use std::time::{Duration, Instant};
+
+/// What a replay did (logged at mount, shown by `mako fs show`, printed by fsck).
+#[derive(Debug, Clone, Default)]
+pub struct ReplayReport {
+    pub node: u32,
+    /// The log said the node stopped cleanly.
+    pub was_clean: bool,
+    pub transactions: u64,
+    pub images: u64,
+    /// Bytes of log read and of metadata written in place.
+    pub log_bytes: u64,
+    pub image_bytes: u64,
+    pub tail_lsn: u64,
+    pub head_lsn: u64,
+    pub next_seq: u64,
+    /// Why the scan stopped if not at a clean end (a torn last commit after a crash).
+    pub torn_tail: Option<String>,
+    /// Which header copy was used, and what was wrong with the other one, if anything.
+    pub header_copy: usize,
+    pub header_problem: Option<String>,
+    pub duration: Duration,
+}
+
+impl ReplayReport {
+    pub fn start(&self) -> LogStart {
+        LogStart { head_lsn: self.head_lsn, next_seq: self.next_seq }
+    }
+    /// One line for the daemon log.
+    pub fn summary(&self) -> String {
+        let mut s = if self.transactions == 0 {
+            format!("recovery log of node {}: nothing to replay", self.node)
+        } else {
+            format!(
+                "recovery log of node {}: replayed {} transactions ({} metadata images, {} bytes) in {} ms",
+                self.node,
+                self.transactions,
+                self.images,
+                self.image_bytes,
+                self.duration.as_millis()
+            )
+        };
+        if let Some(t) = &self.torn_tail {
+            s.push_str(&format!("; the last commit was incomplete and is discarded ({t})"));
+        }
+        if let Some(h) = &self.header_problem {
+            s.push_str(&format!("; header copy {} unusable: {h}", 1 - self.header_copy));
+        }
+        s
+    }
+}
+
+/// Where the log of `node` is: its block addresses, found from fixed places only.
+pub fn log_blocks(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<(u64, Vec<DiskAddress>)> {
+    let geo = desc.geometry;
+    let m = desc.metadata_inodes;
+    if node >= m.log_count {
+        return Err(FsError::Invalid(format!("node {node} has no recovery log: the file system has {} logs", m.log_count)));
+    }
+    let log_ino = m.log_first + node as u64;
+    let off = log_ino * geo.inode_bytes as u64;
+    if off + geo.inode_bytes as u64 > geo.block_bytes as u64 {
+        return Err(FsError::NotSupported(format!(
+            "recovery log inode {log_ino} lies past the first block of the inode file; this Mako finds logs only there"
+        )));
+    }
+    let da = desc.inode_file_start.offset_by(off);
+    let mut buf = vec![0u8; geo.inode_bytes as usize];
+    nsd.read(da, &mut buf, IoTag { buffer_type: BufferType::Inode, ino: log_ino })?;
+    let inode = Inode::decode(&buf, geo.inode_bytes, log_ino, Location::Disk(da))?;
+    let blocks = crate::mount::collect_blocks(nsd, &geo, &inode)?;
+    if (blocks.len() as u64) * (geo.block_bytes as u64) < desc.log_bytes {
+        return Err(FsError::Invalid(format!("recovery log {log_ino} has {} blocks, too few for {} bytes", blocks.len(), desc.log_bytes)));
+    }
+    Ok((log_ino, blocks))
+}
+
+struct LogReader<'a> {
+    nsd: &'a dyn Nsd,
+    blocks: Vec<DiskAddress>,
+    block_bytes: u64,
+    capacity: u64,
+    log_ino: u64,
+}
+
+impl LogReader<'_> {
+    fn da(&self, file_off: u64) -> DiskAddress {
+        self.blocks[(file_off / self.block_bytes) as usize].offset_by(file_off % self.block_bytes)
+    }
+    fn read_file(&self, file_off: u64, buf: &mut [u8]) -> FsResult<()> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let off = file_off + done as u64;
+            let n = ((self.block_bytes - off % self.block_bytes) as usize).min(buf.len() - done);
+            self.nsd.read(self.da(off), &mut buf[done..done + n], IoTag { buffer_type: BufferType::Log, ino: self.log_ino })?;
+            done += n;
+        }
+        Ok(())
+    }
+    fn write_file(&self, file_off: u64, buf: &[u8]) -> FsResult<()> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let off = file_off + done as u64;
+            let n = ((self.block_bytes - off % self.block_bytes) as usize).min(buf.len() - done);
+            self.nsd.write(self.da(off), &buf[done..done + n], IoTag { buffer_type: BufferType::Log, ino: self.log_ino })?;
+            done += n;
+        }
+        Ok(())
+    }
+    /// Read `len` bytes at `lsn` of the circular area.
+    fn read_lsn(&self, lsn: u64, len: usize) -> FsResult<Vec<u8>> {
+        let mut out = vec![0u8; len];
+        let mut done = 0usize;
+        while done < len {
+            let pos = (lsn + done as u64) % self.capacity;
+            let n = ((self.capacity - pos) as usize).min(len - done);
+            self.read_file(LOG_RECORDS_OFFSET + pos, &mut out[done..done + n])?;
+            done += n;
+        }
+        Ok(out)
+    }
+    fn header_location(&self, copy: usize) -> Location {
+        Location::Disk(self.da(LOG_HEADER_OFFSETS[copy]))
+    }
+}
+
+/// Read the log header of `node` (both copies; the better one).
+pub fn read_header(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<(LogHeader, usize, Option<String>)> {
+    let (log_ino, blocks) = log_blocks(nsd, desc, node)?;
+    let r = LogReader { nsd, blocks, block_bytes: desc.geometry.block_bytes as u64, capacity: log_capacity(desc.log_bytes), log_ino };
+    read_header_with(&r, node)
+}
+
+fn read_header_with(r: &LogReader<'_>, node: u32) -> FsResult<(LogHeader, usize, Option<String>)> {
+    let mut copies = Vec::new();
+    for (i, off) in LOG_HEADER_OFFSETS.iter().enumerate() {
+        let mut b = vec![0u8; LOG_HEADER_BYTES];
+        r.read_file(*off, &mut b)?;
+        copies.push(LogHeader::decode(&b, node, r.header_location(i)));
+    }
+    let problems: Vec<Option<String>> = copies.iter().map(|c| c.as_ref().err().map(|e| e.to_string())).collect();
+    let copies: [Result<LogHeader, mako_format::FormatError>; 2] = [copies.remove(0), copies.remove(0)];
+    match best_copy(copies) {
+        Ok((h, i)) => Ok((h, i, problems[1 - i].clone())),
+        Err([a, b]) => Err(FsError::Invalid(format!(
+            "both recovery log header copies of node {node} are unreadable ({a}; {b}); run `mako fsck` to rebuild the log"
+        ))),
+    }
+}
+
+/// Replay the log of `node` onto the disks behind `nsd`. Safe to run on a cleanly
+/// stopped file system (it finds nothing) and to run again after a crash during replay.
+pub fn replay(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayReport> {
+    let started = Instant::now();
+    let (log_ino, blocks) = log_blocks(nsd, desc, node)?;
+    let capacity = log_capacity(desc.log_bytes);
+    let r = LogReader { nsd, blocks, block_bytes: desc.geometry.block_bytes as u64, capacity, log_ino };
+    let (header, copy, header_problem) = read_header_with(&r, node)?;
+    let mut report = ReplayReport {
+        node,
+        was_clean: header.clean,
+        tail_lsn: header.tail_lsn,
+        header_copy: copy,
+        header_problem,
+        next_seq: 1,
+        ..ReplayReport::default()
+    };
+    // 3. Scan and apply, transaction by transaction.
+    let mut lsn = header.tail_lsn;
+    loop {
+        if lsn - header.tail_lsn + TXN_HEADER_BYTES as u64 > capacity {
+            break;
+        }
+        let hbytes = r.read_lsn(lsn, TXN_HEADER_BYTES)?;
+        let loc = Location::Disk(r.da(LOG_RECORDS_OFFSET + lsn % capacity));
+        let th = match TxnHeader::decode(&hbytes, node, desc.fs_uuid, lsn, loc) {
+            Ok(h) => h,
+            Err(e) => {
+                // A zeroed area or a transaction of an earlier lap is the normal end.
+                let normal = hbytes.iter().all(|&b| b == 0) || matches!(e.kind, mako_format::FormatErrorKind::WrongIdentity { .. });
+                if !normal {
+                    report.torn_tail = Some(e.to_string());
+                }
+                break;
+            }
+        };
+        let total = th.total_bytes();
+        if lsn - header.tail_lsn + total > capacity {
+            report.torn_tail = Some(format!("transaction at LSN {lsn} claims {total} bytes, more than the log holds"));
+            break;
+        }
+        let all = r.read_lsn(lsn, total as usize)?;
+        let images = match th.decode_payload(&all[TXN_HEADER_BYTES..], loc) {
+            Ok(i) => i,
+            Err(e) => {
+                report.torn_tail = Some(e.to_string());
+                break;
+            }
+        };
+        // 4. In place, in order.
+        for img in &images {
+            let full = img.expanded();
+            nsd.write(img.da, &full, IoTag { buffer_type: BufferType::Log, ino: 0 })?;
+            report.image_bytes += full.len() as u64;
+        }
+        report.transactions += 1;
+        report.images += images.len() as u64;
+        report.log_bytes += total;
+        report.next_seq = th.seq + 1;
+        lsn += total;
+    }
+    report.head_lsn = lsn;
+    if report.transactions > 0 {
+        nsd.sync_all()?;
+    }
+    // 5. The log is empty now: say so before anything writes to it.
+    if report.transactions > 0 || header.tail_lsn != header.head_lsn || report.header_problem.is_some() {
+        let h = LogHeader { node, log_bytes: desc.log_bytes, tail_lsn: lsn, head_lsn: lsn, clean: header.clean };
+        let bytes = h.encode();
+        for off in LOG_HEADER_OFFSETS {
+            r.write_file(off, &bytes)?;
+        }
+        nsd.sync_all()?;
+    }
+    report.duration = started.elapsed();
+    Ok(report)
+}

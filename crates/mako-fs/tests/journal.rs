@@ -1,0 +1,245 @@
+//! Recovery log tests on in-memory disks: what fsync promises survives a crash (the
+//! mounted file system dropped without unmount, its disks remounted as they are), the
+//! log wraps around its circle, evicted metadata is read back through the overlay of
+//! committed images, and freed space is not reused before its checkpoint.
+//!
+//! The crash here keeps every write that reached the disks; lost and torn unsynced
+//! writes are the crash-test backend's (tests/crash_consistency.rs).
+
+use mako_disk::{Disk, MemDisk};
+use mako_fs::fs::{Ctx, SetAttr, ROOT_INO};
+use mako_fs::test_util::{small_config, small_params, MemDisks};
+use mako_fs::{FsConfig, FsError};
+use std::sync::Arc;
+
+const C: Ctx = Ctx { uid: 0, gid: 0, pid: 1 };
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// No background threads: only fsync/sync write, so the test knows what is durable.
+fn quiet() -> FsConfig {
+    FsConfig { background_workers: false, ..small_config() }
+}
+
+/// The disks as a crash leaves them: every completed write, nothing more.
+fn crash_copy(disks: &MemDisks) -> MemDisks {
+    MemDisks {
+        disks: disks
+            .disks
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let img = d.snapshot();
+                let m = MemDisk::new(&format!("d{i}"), img.len() as u64);
+                m.write_at(&img, 0).unwrap();
+                Arc::new(m)
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn fsynced_files_survive_a_crash_and_replay_is_reported() {
+    let disks = MemDisks::new(4, 32 << 20);
+    disks.format(&small_params());
+    let m = disks.mount(quiet());
+    assert_eq!(m.recovery.transactions, 0, "a fresh file system has nothing to replay");
+    let fs = &m.fs;
+    let d = fs.mkdir(C, ROOT_INO, b"dir", 0o755, 0).unwrap();
+    let mut files = Vec::new();
+    for (i, size) in [0usize, 100, 5000, 64 << 10, 300_000].into_iter().enumerate() {
+        let a = fs.create(C, d.ino, format!("f{i}").as_bytes(), 0o644, 0, true).unwrap();
+        fs.write(a.ino, 0, &pattern(i as u64, size), false).unwrap();
+        fs.setxattr(a.ino, b"user.n", format!("{i}").as_bytes(), 0).unwrap();
+        files.push((a.ino, size));
+    }
+    for (ino, _) in &files {
+        fs.fsync(*ino, false).unwrap();
+    }
+    // Changes after the last fsync may or may not survive; these are not checked.
+    let late = fs.create(C, ROOT_INO, b"late", 0o644, 0, true).unwrap();
+    fs.write(late.ino, 0, b"not synced", false).unwrap();
+    let stats = &m.core().journal.stats;
+    assert!(stats.commits.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    let crashed = crash_copy(&disks);
+    drop(m);
+
+    let m = crashed.mount(quiet());
+    assert!(m.recovery.transactions >= 1, "the fsync's transaction is replayed: {:?}", m.recovery);
+    assert!(m.recovery.images > 0);
+    assert!(!m.recovery.was_clean);
+    let fs = &m.fs;
+    let d = fs.lookup(ROOT_INO, b"dir").unwrap();
+    for (i, (_, size)) in files.iter().enumerate() {
+        let a = fs.lookup(d.ino, format!("f{i}").as_bytes()).unwrap();
+        assert_eq!(a.size, *size as u64, "f{i}");
+        assert_eq!(fs.read(a.ino, 0, *size as u32 + 10).unwrap(), pattern(i as u64, *size), "f{i} content");
+        assert_eq!(fs.getxattr(a.ino, b"user.n").unwrap(), format!("{i}").into_bytes());
+    }
+    // The recovered file system works: new files, remount, clean stop.
+    let n = fs.create(C, ROOT_INO, b"after", 0o644, 0, false).unwrap();
+    fs.write(n.ino, 0, b"after recovery", false).unwrap();
+    m.unmount().unwrap();
+    let m = crashed.mount(quiet());
+    assert_eq!(m.recovery.transactions, 0, "a clean unmount leaves nothing to replay");
+    assert!(m.recovery.was_clean);
+    let a = m.fs.lookup(ROOT_INO, b"after").unwrap();
+    assert_eq!(m.fs.read(a.ino, 0, 100).unwrap(), b"after recovery");
+    m.unmount().unwrap();
+}
+
+#[test]
+fn renames_and_unlinks_after_fsync_are_atomic_across_a_crash() {
+    let disks = MemDisks::new(2, 32 << 20);
+    disks.format(&small_params());
+    let m = disks.mount(quiet());
+    let fs = &m.fs;
+    let a = fs.create(C, ROOT_INO, b"old", 0o644, 0, true).unwrap();
+    fs.write(a.ino, 0, &pattern(7, 70_000), false).unwrap();
+    let b = fs.create(C, ROOT_INO, b"gone", 0o644, 0, true).unwrap();
+    fs.write(b.ino, 0, &pattern(8, 1000), false).unwrap();
+    fs.fsync(a.ino, false).unwrap();
+    fs.rename(ROOT_INO, b"old", ROOT_INO, b"new", 0).unwrap();
+    fs.unlink(ROOT_INO, b"gone").unwrap();
+    fs.fsync(ROOT_INO, false).unwrap();
+    let crashed = crash_copy(&disks);
+    drop(m);
+    let m = crashed.mount(quiet());
+    let fs = &m.fs;
+    assert!(matches!(fs.lookup(ROOT_INO, b"old"), Err(FsError::NotFound(_))));
+    assert!(matches!(fs.lookup(ROOT_INO, b"gone"), Err(FsError::NotFound(_))));
+    let n = fs.lookup(ROOT_INO, b"new").unwrap();
+    assert_eq!(fs.read(n.ino, 0, 80_000).unwrap(), pattern(7, 70_000));
+    m.unmount().unwrap();
+}
+
+#[test]
+fn log_wraps_around_many_times_and_still_recovers() {
+    let disks = MemDisks::new(2, 32 << 20);
+    disks.format(&small_params()); // 1 MiB log
+    let m = disks.mount(quiet());
+    let fs = &m.fs;
+    let cap = m.core().journal.capacity();
+    let mut expect = Vec::new();
+    // Enough fsynced transactions to go round the 1 MiB log several times.
+    for i in 0..1200u64 {
+        let name = format!("file{i:04}");
+        let a = fs.create(C, ROOT_INO, name.as_bytes(), 0o644, 0, true).unwrap();
+        fs.write(a.ino, 0, &pattern(i, (i as usize * 37) % 9000), false).unwrap();
+        fs.fsync(a.ino, false).unwrap();
+        if i % 3 == 0 && i > 0 {
+            let victim = format!("file{:04}", i - 1);
+            fs.unlink(ROOT_INO, victim.as_bytes()).unwrap();
+            expect.retain(|(n, _)| *n != victim);
+        }
+        expect.push((name, i));
+        // Checkpoints happen when the log fills (no sync thread here).
+    }
+    fs.fsync(ROOT_INO, false).unwrap();
+    let head = m.core().journal.head_lsn();
+    assert!(head > 2 * cap, "the log went round {} times (head {head}, capacity {cap})", head / cap);
+    assert!(m.core().journal.stats.checkpoints.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    let crashed = crash_copy(&disks);
+    drop(m);
+    let m = crashed.mount(quiet());
+    let fs = &m.fs;
+    for (name, i) in &expect {
+        let a = fs.lookup(ROOT_INO, name.as_bytes()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(fs.read(a.ino, 0, 10_000).unwrap(), pattern(*i, (*i as usize * 37) % 9000), "{name}");
+    }
+    assert_eq!(fs.readdir(ROOT_INO, 0, 10_000).unwrap().len(), expect.len() + 2);
+    m.unmount().unwrap();
+}
+
+#[test]
+fn evicted_inodes_are_read_back_through_the_overlay_before_checkpoint() {
+    let disks = MemDisks::new(2, 32 << 20);
+    disks.format(&small_params());
+    let m = disks.mount(FsConfig { max_files_to_cache: 20, max_stat_cache: 0, ..quiet() });
+    let fs = &m.fs;
+    let core = m.core().clone();
+    let mut inos = Vec::new();
+    for i in 0..200u64 {
+        let a = fs.create(C, ROOT_INO, format!("e{i}").as_bytes(), 0o600, 0, true).unwrap();
+        fs.write(a.ino, 0, &pattern(i, 3000), false).unwrap();
+        inos.push(a.ino);
+    }
+    fs.sync().unwrap(); // committed, not checkpointed: the images wait in the overlay
+    assert!(core.journal.pending_images() > 0);
+    mako_fs::workers::evict_inodes(&core).unwrap();
+    assert!(core.inodes.lock().len() <= 40, "{} inodes still cached", core.inodes.lock().len());
+    core.pool.drop_clean();
+    for (i, ino) in inos.iter().enumerate() {
+        let a = fs.getattr(*ino).unwrap();
+        assert_eq!(a.size, 3000, "inode {ino} read back older than committed");
+        assert_eq!(fs.read(*ino, 0, 3000).unwrap(), pattern(i as u64, 3000));
+    }
+    core.journal.checkpoint(&core).unwrap();
+    assert_eq!(core.journal.pending_images(), 0);
+    m.unmount().unwrap();
+}
+
+#[test]
+fn freed_space_is_not_reused_before_its_checkpoint() {
+    let disks = MemDisks::new(1, 32 << 20);
+    disks.format(&small_params());
+    let m = disks.mount(quiet());
+    let fs = &m.fs;
+    let core = m.core().clone();
+    let a = fs.create(C, ROOT_INO, b"a", 0o644, 0, true).unwrap();
+    fs.write(a.ino, 0, &pattern(1, 64 << 10), false).unwrap();
+    fs.fsync(a.ino, false).unwrap();
+    let old: Vec<_> = fs.block_list(a.ino).unwrap().into_iter().map(|(_, d)| d).collect();
+    fs.setattr(a.ino, SetAttr { size: Some(0), ..Default::default() }).unwrap();
+    assert!(core.alloc.quarantined_subblocks() > 0);
+    let b = fs.create(C, ROOT_INO, b"b", 0o644, 0, true).unwrap();
+    fs.write(b.ino, 0, &pattern(2, 64 << 10), false).unwrap();
+    fs.fsync(b.ino, false).unwrap();
+    let new: Vec<_> = fs.block_list(b.ino).unwrap().into_iter().map(|(_, d)| d).collect();
+    assert!(old.iter().all(|d| !new.contains(d)), "a block freed by an uncheckpointed transaction was reused");
+    core.journal.checkpoint(&core).unwrap();
+    assert_eq!(core.alloc.quarantined_subblocks(), 0, "the checkpoint releases the quarantine");
+    m.unmount().unwrap();
+}
+
+#[test]
+fn full_file_system_reuses_freed_space_after_forcing_a_checkpoint() {
+    let disks = MemDisks::new(1, 16 << 20);
+    disks.format(&small_params());
+    let m = disks.mount(small_config()); // write-behind runs: the writes below are large
+    let fs = &m.fs;
+    let chunk = pattern(3, 256 << 10);
+    let a = fs.create(C, ROOT_INO, b"fill", 0o644, 0, true).unwrap();
+    let mut off = 0u64;
+    loop {
+        match fs.write(a.ino, off, &chunk, false) {
+            Ok(n) if n == chunk.len() => off += n as u64,
+            Ok(n) => {
+                off += n as u64;
+                break;
+            }
+            Err(FsError::NoSpace(_)) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    fs.sync().unwrap();
+    fs.unlink(ROOT_INO, b"fill").unwrap();
+    // All of it is quarantined now; the write must still succeed (it checkpoints).
+    let b = fs.create(C, ROOT_INO, b"again", 0o644, 0, true).unwrap();
+    let mut off2 = 0u64;
+    while off2 < off / 2 {
+        off2 += fs.write(b.ino, off2, &chunk, false).unwrap() as u64;
+    }
+    fs.sync().unwrap();
+    m.unmount().unwrap();
+}
