@@ -420,6 +420,28 @@ impl FileSystem {
         Err(FsError::Invalid("directory tree deeper than 100000 levels (loop?)".into()))
     }
 
+    /// Renaming a file over an existing one is how programs replace a file atomically
+    /// (write a temporary, rename it over): write the source's data first, so the
+    /// commit that makes the rename durable never exposes a file whose data was not
+    /// written (zeros) in place of the old one, even without an fsync — as ext4's
+    /// auto_da_alloc does.
+    fn flush_before_replace(&self, p1: u64, n1: &[u8], p2: u64, n2: &[u8]) -> FsResult<()> {
+        let entry = |parent: u64, name: &[u8]| -> FsResult<Option<mako_format::dir_block::DirEntry>> {
+            let h = self.handle(parent)?;
+            let st = h.state.read();
+            if st.deleted || !is_dir_mode(st.inode.mode) {
+                return Ok(None);
+            }
+            directory::lookup(&self.core, &st, name)
+        };
+        let (Some(src), Some(_)) = (entry(p1, n1)?, entry(p2, n2)?) else { return Ok(()) };
+        if src.kind == dtype(S_IFREG) {
+            let h = self.handle(src.ino)?;
+            file_io::flush_data(&self.core, &h)?;
+        }
+        Ok(())
+    }
+
     /// rename(2) / renameat2(2) with RENAME_NOREPLACE (1) and RENAME_EXCHANGE (2).
     pub fn rename(&self, p1: u64, n1: &[u8], p2: u64, n2: &[u8], flags: u32) -> FsResult<()> {
         const NOREPLACE: u32 = 1;
@@ -432,6 +454,7 @@ impl FileSystem {
             return Err(FsError::Invalid("RENAME_NOREPLACE with RENAME_EXCHANGE".into()));
         }
         directory::check_name(n2)?;
+        self.flush_before_replace(p1, n1, p2, n2)?;
         let _tx = self.core.begin();
         let _serial = self.core.rename_lock.lock();
         let h1 = self.handle(p1)?;

@@ -243,3 +243,27 @@ fn full_file_system_reuses_freed_space_after_forcing_a_checkpoint() {
     fs.sync().unwrap();
     m.unmount().unwrap();
 }
+
+#[test]
+fn rename_over_a_file_writes_the_new_data_first() {
+    let disks = MemDisks::new(2, 32 << 20);
+    disks.format(&small_params());
+    let m = disks.mount(quiet());
+    let fs = &m.fs;
+    let old = fs.create(C, ROOT_INO, b"config", 0o644, 0, true).unwrap();
+    fs.write(old.ino, 0, &pattern(1, 20_000), false).unwrap();
+    fs.fsync(old.ino, false).unwrap();
+    // The replace-by-rename idiom, without an fsync of the new file.
+    let tmp = fs.create(C, ROOT_INO, b"config.tmp", 0o644, 0, true).unwrap();
+    fs.write(tmp.ino, 0, &pattern(2, 30_000), false).unwrap();
+    fs.rename(ROOT_INO, b"config.tmp", ROOT_INO, b"config", 0).unwrap();
+    // Something else commits the log (another program's fsync).
+    let other = fs.create(C, ROOT_INO, b"other", 0o644, 0, true).unwrap();
+    fs.fsync(other.ino, false).unwrap();
+    let crashed = crash_copy(&disks);
+    drop(m);
+    let m = crashed.mount(quiet());
+    let a = m.fs.lookup(ROOT_INO, b"config").unwrap();
+    assert_eq!(m.fs.read(a.ino, 0, 40_000).unwrap(), pattern(2, 30_000), "the renamed file has its data, not zeros");
+    m.unmount().unwrap();
+}

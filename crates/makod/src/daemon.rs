@@ -258,6 +258,22 @@ impl Daemon {
             ] {
                 c.push((k.to_string(), v.load(Ordering::Relaxed)));
             }
+            let j = &core.journal.stats;
+            for (k, v) in [
+                ("log_commits", &j.commits),
+                ("log_bytes", &j.commit_bytes),
+                ("log_images", &j.commit_images),
+                ("log_barriers", &j.barriers),
+                ("log_gate_waits", &j.gate_waits),
+                ("log_checkpoints", &j.checkpoints),
+                ("log_checkpoint_bytes", &j.checkpoint_bytes),
+            ] {
+                c.push((k.to_string(), v.load(Ordering::Relaxed)));
+            }
+            let r = &m.recovery;
+            c.push(("log_replayed_transactions".to_string(), r.transactions));
+            c.push(("log_replayed_images".to_string(), r.images));
+            c.push(("log_replay_millis".to_string(), r.duration.as_millis() as u64));
             (n.to_string(), c, core.nsd.stats())
         });
         all.sort_by(|a, b| a.0.cmp(&b.0));
