@@ -314,6 +314,24 @@ impl TestCluster {
         remote_up(&self.mako, &self.data, &self.mnt)
     }
 
+    /// Crash the node: `kill -9` makod, wait until it is gone, and detach its dead FUSE
+    /// mount (`umount -l`), so that `up_again` can start it (and replay its log).
+    pub fn crash(&self) -> Result<()> {
+        let pid = self.makod_pid().ok_or_else(|| anyhow!("no makod.pid in {}", self.data.display()))?;
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        let t = Instant::now();
+        while process_alive(pid) {
+            if t.elapsed() > Duration::from_secs(20) {
+                bail!("makod (pid {pid}) still alive 20 s after kill -9");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if let Ok(c) = std::ffi::CString::new(self.mnt.as_os_str().to_string_lossy().as_bytes()) {
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+        Ok(())
+    }
+
     /// `mako down` then `mako up`.
     pub fn remount(&self) -> Result<()> {
         self.down()?;
