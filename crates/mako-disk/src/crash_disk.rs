@@ -183,6 +183,8 @@ struct State {
     sync_points: u64,
     armed: Option<CrashAt>,
     crashed: Option<CrashRecord>,
+    /// Running hash of the I/O positions (see `io_shape_hash`).
+    shape: u64,
 }
 
 /// The moment of a crash for a set of disks: counts their writes and syncs, crashes
@@ -259,7 +261,7 @@ impl Unsynced {
 impl CrashController {
     pub fn new() -> Arc<CrashController> {
         Arc::new(CrashController {
-            state: Mutex::new(State { disks: Vec::new(), unsynced: Vec::new(), writes: 0, sync_points: 0, armed: None, crashed: None }),
+            state: Mutex::new(State { disks: Vec::new(), unsynced: Vec::new(), writes: 0, sync_points: 0, armed: None, crashed: None, shape: 0 }),
         })
     }
 
@@ -304,6 +306,14 @@ impl CrashController {
     /// Writes not yet made durable by a sync of their disk.
     pub fn unsynced_writes(&self) -> usize {
         self.state.lock().unsynced.len()
+    }
+
+    /// A hash of where every completed write went (disk, offset, length) and of every
+    /// sync (disk), in order — not of the bytes written. Two runs with equal hashes
+    /// issued the same I/Os in the same order, so a crash point means the same moment
+    /// in both (the determinism a replayed crash case relies on).
+    pub fn io_shape_hash(&self) -> u64 {
+        self.state.lock().shape
     }
 
     /// Names of the disks, in the order they were attached (the order of the images).
@@ -432,6 +442,7 @@ impl Disk for CrashDisk {
         s.disks[self.index].written[off..off + buf.len()].copy_from_slice(buf);
         s.unsynced.push(Unsynced { index, disk: self.index, offset, data: buf.to_vec(), sectors: None });
         s.writes += 1;
+        s.shape = mix(s.shape ^ mix(self.index as u64 ^ mix(offset ^ mix(buf.len() as u64))));
         Ok(())
     }
 
@@ -460,6 +471,7 @@ impl Disk for CrashDisk {
         }
         s.unsynced = others;
         s.sync_points += 1;
+        s.shape = mix(s.shape ^ mix(u64::MAX - self.index as u64));
         Ok(())
     }
 }
@@ -714,6 +726,19 @@ mod tests {
         let img = &c.crash_images(LossPolicy::KeepAll)[0];
         assert!(img[..3 * 512].iter().all(|&b| b == 1));
         assert!(img[3 * 512..].iter().all(|&b| b == 0), "an untorn crashed write leaves nothing");
+    }
+
+    #[test]
+    fn io_shape_hash_follows_positions_not_content() {
+        let run = |second_offset: u64, byte: u8| {
+            let (c, d) = disks(2, 1 << 16);
+            d[0].write_at(&[byte; 512], 0).unwrap();
+            d[1].write_at(&[byte; 512], second_offset).unwrap();
+            d[1].sync().unwrap();
+            c.io_shape_hash()
+        };
+        assert_eq!(run(512, 1), run(512, 2), "content does not count");
+        assert_ne!(run(512, 1), run(1024, 1), "positions do");
     }
 
     #[test]
