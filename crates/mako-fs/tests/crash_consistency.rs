@@ -22,6 +22,20 @@
 //! Some cases also crash again during the recovery mount, and some use the recovered
 //! file system (write, sync, unmount) and check it once more.
 //!
+//! What this asks of the recovery log, beyond "whole transactions": a file's size is
+//! metadata that an fsync of anything commits (a write's new size is logged with the
+//! write, not when write-back allocates its blocks), so after the crash the size is
+//! the allowed state's even where the bytes were never written (they read as zeros,
+//! and only durable files' bytes are compared); space freed by an uncommitted
+//! operation must not be reused before that operation commits (a durable file of an
+//! earlier state must keep its bytes); recovery leaves no inode or block in use that
+//! the tree does not reach.
+//!
+//! Determinism: sync points are a function of the seed; the order of the writes
+//! inside one write-back is not yet (see `harness_a_seed_fixes_the_order_of_writes`),
+//! so a replayed crash at a write index or with a random loss policy may hit other
+//! writes than the failed run did; the replay repeats such cases until they fail.
+//!
 //! Running it (the full test waits for the recovery log, so it is ignored in CI):
 //!
 //! ```text
@@ -31,7 +45,13 @@
 //! MAKO_CRASH_OPS=200 ...               # operations per seed (default 120)
 //! MAKO_CRASH_SEED=7 ...                # every crash point of one seed
 //! MAKO_CRASH_SEED=7 MAKO_CRASH_POINT=sync:17 MAKO_CRASH_POLICY=random:5 ...  # one case
+//! MAKO_CRASH_THREADS=1 ...             # threads running cases (default: all cores)
 //! ```
+//!
+//! Crash points are `sync:K`, `write:K`, `torn:K:SEED` or `end`; policies `keep-all`,
+//! `drop-all` or `random:SEED`. A replay may add `MAKO_CRASH_RECOVERY_POINT` and
+//! `MAKO_CRASH_RECOVERY_POLICY` (a crash during the recovery mount), `MAKO_CRASH_POST=1`
+//! (use after recovery) and `MAKO_CRASH_REPEAT` (attempts; see Determinism).
 //!
 //! A failure prints its case with the command that replays it alone.
 
@@ -135,11 +155,12 @@ fn crash_consistency_at_sync_and_write_points() {
                 break o;
             }
         };
-        // The operations from the last durable state to the crash.
-        let first: usize = o.context.split("allowed states ").nth(1).and_then(|t| t.split("..").next()).and_then(|t| t.parse().ok()).unwrap_or(0);
+        // The operations from a little before the last durable state to the crash.
         println!("{case} (attempt {attempt} of at most {repeat})\n  {}", crash::workload::abbreviate(&o.context));
-        for (i, op) in plan.ops.iter().enumerate().skip(first.saturating_sub(3)).take(40) {
-            println!("    op {i}: {}", crash::workload::abbreviate(&op.describe(&plan.models[i])));
+        let (first, last) = o.allowed;
+        for (i, op) in plan.ops.iter().enumerate().take(last).skip(first.saturating_sub(3)) {
+            let mark = if i + 1 == first { "  <- last durable" } else { "" };
+            println!("    op {i}: {}{mark}", crash::workload::abbreviate(&op.describe(&plan.models[i])));
         }
         assert!(o.violations.is_empty(), "\n{}", crash::workload::abbreviate(&o.report()));
         return;
@@ -203,27 +224,33 @@ fn harness_passes_crashes_after_a_clean_unmount() {
         for case in cases {
             let o = run_case(&plan, &case);
             assert!(o.violations.is_empty(), "a crash after a clean unmount must pass:\n{}", o.report());
+            assert_eq!(o.allowed, (80, 80), "after a returned unmount only the final state is allowed");
+            assert_eq!(o.resolved_recovery.is_some(), case.recovery_crash.is_some(), "the crash during recovery ran");
         }
     }
 }
 
-/// The numbers of sync points and writes, before each op and in all, are a function of
-/// the seed alone.
+/// The sync points, before each op and in all, are a function of the seed alone (one
+/// sync per disk in every fsync, sync and unmount, nothing in the background).
 #[test]
-fn harness_a_seed_fixes_the_sync_points_and_write_counts() {
+fn harness_a_seed_fixes_the_sync_points() {
     let plan = Plan::generate(103, 80);
     let a = count(&plan).expect("run");
     let b = count(&plan).expect("run");
-    assert_eq!((a.sync_points, a.writes), (b.sync_points, b.writes));
-    assert_eq!(a.op_start, b.op_start, "sync points and writes before each op");
+    assert_eq!(a.sync_points, b.sync_points);
+    let syncs = |c: &run::Counts| c.op_start.iter().map(|x| x.0).collect::<Vec<_>>();
+    assert_eq!(syncs(&a), syncs(&b), "sync points before each op");
     assert!(a.sync_points > 8, "the workload syncs ({} sync points)", a.sync_points);
 }
 
-/// Not only the counts: the same writes, at the same places, in the same order. Today
-/// mako-fs writes dirty inodes back in the iteration order of hash maps
+/// Not only the sync points: the same writes, at the same places, in the same order.
+/// Today mako-fs writes dirty inodes back in the iteration order of hash maps
 /// (`workers::sync_all` over `Core::inodes`, `directory::flush_blocks`,
-/// `block_map::flush_indirect`), which differs per process, and data blocks are
-/// allocated at write-back, so addresses differ too.
+/// `block_map::flush_indirect`), which differs per process; data blocks are allocated
+/// at write-back, so addresses differ too, and with them which allocation-map segments
+/// are dirty: even the number of writes varies (seed 6: 210 or 211). Sorting those
+/// three loops by key makes this test pass (tried, not committed: those files are
+/// being rewritten).
 #[test]
 #[ignore = "mako-fs writes back in hash-map order: sort by inode number in workers::sync_all, BTreeMap for dir_blocks/indirect"]
 fn harness_a_seed_fixes_the_order_of_writes() {
@@ -336,12 +363,14 @@ fn harness_checker_catches_damaged_images() {
     let allowed = Allowed { plan: &plan, first: n, last: n, dirty: &no_dirty };
     // Where things are: mount a copy and drop it without unmounting (writes nothing
     // to `images`).
-    let (f_blocks, dir_blocks) = {
+    let (f_blocks, dir_blocks, f_inode_da, f_ino) = {
         let (_ctl, disks) = disks_from(images.clone());
         let m = mako_fs::mount::mount_disks(disks, run::config(), 0).expect("mount clean images");
         let f = m.fs.lookup(mako_fs::fs::ROOT_INO, b"f").unwrap().ino;
         let d = m.fs.lookup(mako_fs::fs::ROOT_INO, b"dir").unwrap().ino;
-        (m.fs.block_list(f).unwrap(), m.fs.block_list(d).unwrap())
+        let inode_file = m.core().metadata_inodes().inode_file;
+        let da = m.core().metafile_da(inode_file, f * m.core().inode_bytes() as u64).unwrap();
+        (m.fs.block_list(f).unwrap(), m.fs.block_list(d).unwrap(), da, f)
     };
     assert!(!f_blocks.is_empty() && !dir_blocks.is_empty(), "f and dir have blocks: {f_blocks:?} {dir_blocks:?}");
     let byte = |da: mako_format::DiskAddress| (da.disk() as usize, da.byte_offset() as usize);
@@ -358,9 +387,21 @@ fn harness_checker_catches_damaged_images() {
     let (disk, off) = byte(dir_blocks[0].1);
     corrupt[disk][off + 100] ^= 0x40;
     let v = run::check_images(&corrupt, &allowed);
-    assert!(!v.is_empty(), "a corrupt directory block must be noticed");
+    assert!(kinds(&v).contains(&"bad metadata (checksum, identity or encoding)"), "a corrupt directory block must be noticed: {v:#?}");
 
-    // 3. Images from before the last sync (the sync "returned" but its writes are lost):
+    // 3. The inode of f (two names) says three links.
+    let mut nlink = images.clone();
+    let (disk, off) = byte(f_inode_da);
+    let ib = 4096;
+    let loc = mako_format::error::Location::Memory;
+    let mut inode = mako_format::inode::Inode::decode(&nlink[disk][off..off + ib], ib as u32, f_ino, loc).expect("decode inode of f");
+    assert_eq!(inode.nlink, 2);
+    inode.nlink = 3;
+    nlink[disk][off..off + ib].copy_from_slice(&inode.encode(ib as u32).unwrap());
+    let v = run::check_images(&nlink, &allowed);
+    assert!(kinds(&v).contains(&"file nlink differs from the names found"), "{v:#?}");
+
+    // 4. Images from before the last sync (the sync "returned" but its writes are lost):
     // the namespace matches no allowed state.
     let (ctl, disks) = disks_from(base_images().clone());
     let ran = run::run_workload(&Plan::from_ops(plan.seed, [plan.ops[..2].to_vec(), vec![Op::Sync]].concat()), &ctl, disks);
@@ -368,4 +409,54 @@ fn harness_checker_catches_damaged_images() {
     ctl.crash_now();
     let v = run::check_images(&ctl.crash_images(LossPolicy::DropAll), &allowed);
     assert!(v.iter().any(|x| x.kind.starts_with("namespace")), "{v:#?}");
+}
+
+/// The workload reaches every layout the recovery log will have to get right: file
+/// data in the inode, in a fragment, in full blocks and behind indirect blocks;
+/// symlink targets in the inode and in a block; directories in the inode and in
+/// blocks. Counted over the states the seeds pass through (the in-memory inodes after
+/// every operation; allocation happens at write-back, so layouts show after fsync/sync).
+#[test]
+fn harness_workload_reaches_every_layout() {
+    use mako_format::inode::InodeContent;
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for seed in [1u64, 2, 3] {
+        let plan = Plan::generate(seed, OPS_PER_SEED_DEFAULT);
+        let (_ctl, disks) = disks_from(base_images().clone());
+        let mut exec = crash::workload::Executor::new(mako_fs::mount::mount_disks(disks, run::config(), 0).expect("mount"));
+        for (i, op) in plan.ops.iter().enumerate() {
+            exec.apply(op).unwrap_or_else(|e| panic!("seed {seed}: {}: {e}", op.describe(&plan.models[i])));
+            let Some(m) = exec.mounted.as_ref() else { break };
+            let fs = &m.fs;
+            for &ino in exec.inos.values() {
+                let Ok(inode) = fs.raw_inode(ino) else { continue }; // removed since
+                let kind = crash::model::Kind::from_mode(inode.mode);
+                let class = match (kind, &inode.content) {
+                    (Some(crash::model::Kind::File), InodeContent::InlineData(d)) if !d.is_empty() => "file data in the inode",
+                    (Some(crash::model::Kind::File), InodeContent::Pointers(_)) if inode.depth > 0 => "file behind indirect blocks",
+                    (Some(crash::model::Kind::File), InodeContent::Pointers(_)) if inode.last_block_subblocks > 0 => "file ending in a fragment",
+                    (Some(crash::model::Kind::File), InodeContent::Pointers(_)) if inode.size >= 64 << 10 => "file of full blocks",
+                    (Some(crash::model::Kind::Symlink), InodeContent::InlineData(_)) => "symlink target in the inode",
+                    (Some(crash::model::Kind::Symlink), InodeContent::Pointers(_)) => "symlink target in a block",
+                    (Some(crash::model::Kind::Dir), InodeContent::InlineDir(e)) if !e.is_empty() => "directory in the inode",
+                    (Some(crash::model::Kind::Dir), InodeContent::Pointers(_)) => "directory in blocks",
+                    _ => continue,
+                };
+                *seen.entry(class).or_default() += 1;
+            }
+        }
+    }
+    let want = [
+        "file data in the inode",
+        "file ending in a fragment",
+        "file of full blocks",
+        "file behind indirect blocks",
+        "symlink target in the inode",
+        "symlink target in a block",
+        "directory in the inode",
+        "directory in blocks",
+    ];
+    for w in want {
+        assert!(seen.contains_key(w), "the workload never reaches: {w} (seen {seen:?})");
+    }
 }

@@ -115,10 +115,10 @@ pub fn walk(fs: &FileSystem, v: &mut Vec<Violation>) -> Found {
                 v.push(Violation::new("entry type differs from the inode's", format!("{p}: entry type {}, inode mode {:o}", e.kind, attr.mode)));
             }
             let ino = attr.ino;
-            if !inodes.contains_key(&ino) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = inodes.entry(ino) {
                 match inode_info(fs, &p, attr.clone(), v, &mut files) {
                     Some(seen) => {
-                        inodes.insert(ino, seen);
+                        slot.insert(seen);
                     }
                     None => continue,
                 }

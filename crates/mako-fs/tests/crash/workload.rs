@@ -153,7 +153,7 @@ pub struct Plan {
 impl Plan {
     /// Draw `ops` operations (the last one an unmount) from `seed`.
     pub fn generate(seed: u64, ops: usize) -> Plan {
-        let mut g = Generator { rng: StdRng::seed_from_u64(seed), model: Model::new(), dirty_bytes: 0, burst: None, long_names: 0 };
+        let mut g = Generator { rng: StdRng::seed_from_u64(seed), model: Model::new(), dirty_bytes: 0, burst: None, long_names: 0, recent: Vec::new() };
         let mut plan = Plan::from_ops(seed, Vec::new());
         for i in 0..ops {
             let op = if i + 1 == ops { Op::Unmount } else { g.next_op() };
@@ -190,6 +190,9 @@ struct Generator {
     /// its blocks): the directory and how many are left.
     burst: Option<(Mid, u32)>,
     long_names: u64,
+    /// Files created or written lately: writes and fsyncs prefer them, as programs
+    /// write a file and then fsync it.
+    recent: Vec<Mid>,
 }
 
 /// The tail of long names (directories fill their inode and fragments sooner);
@@ -217,6 +220,24 @@ impl Generator {
 
     fn pick<T: Copy>(&mut self, v: &[T]) -> Option<T> {
         (!v.is_empty()).then(|| v[self.rng.gen_range(0..v.len())])
+    }
+
+    /// A file: a recent one more often than not.
+    fn pick_file(&mut self, files: &[Mid]) -> Option<Mid> {
+        self.recent.retain(|m| files.contains(m));
+        if !self.recent.is_empty() && self.rng.gen_bool(0.6) {
+            let r = self.recent.clone();
+            return self.pick(&r);
+        }
+        self.pick(files)
+    }
+
+    fn touch(&mut self, m: Mid) {
+        self.recent.retain(|&x| x != m);
+        self.recent.push(m);
+        if self.recent.len() > 4 {
+            self.recent.remove(0);
+        }
     }
 
     /// Every (directory, name) pair whose entry satisfies `f`.
@@ -259,7 +280,11 @@ impl Generator {
         loop {
             if let Some(op) = self.try_op() {
                 match &op {
-                    Op::Write { len, .. } => self.dirty_bytes += (*len as u64).next_multiple_of(CHUNK_BYTES),
+                    Op::Write { len, file, .. } => {
+                        self.dirty_bytes += (*len as u64).next_multiple_of(CHUNK_BYTES);
+                        self.touch(*file);
+                    }
+                    Op::Create { new, .. } => self.touch(*new),
                     Op::Sync => self.dirty_bytes = 0,
                     _ => {}
                 }
@@ -289,23 +314,24 @@ impl Generator {
             19..=20 if !crowded => {
                 let parent = self.pick(&dirs)?;
                 let name = self.free_name_in(parent)?;
-                let len = if self.rng.gen_bool(0.15) { self.rng.gen_range(3000..=4095) } else { self.rng.gen_range(1..120) };
+                // Long targets: some no longer fit in the inode (a data block).
+                let len = if self.rng.gen_bool(0.3) { self.rng.gen_range(3500..=4095) } else { self.rng.gen_range(1..120) };
                 let target: Vec<u8> = (0..len).map(|i| b"abcdefghijklmnopqrstuvwxyz/._-"[(i * 7 + len) % 30]).collect();
                 Some(Op::Symlink { parent, name, target, new: self.model.next_mid })
             }
             21 if !crowded => {
                 // A burst of creates in one directory: inline -> blocks -> hashed.
                 let dir = self.pick(&dirs)?;
-                self.burst = Some((dir, self.rng.gen_range(30..90)));
+                self.burst = Some((dir, self.rng.gen_range(20..80)));
                 None
             }
             22..=45 => {
-                let file = self.pick(&files)?;
+                let file = self.pick_file(&files)?;
                 let size = self.model.file(file).size;
                 Some(self.write_op(file, size))
             }
             46..=50 => {
-                let file = self.pick(&files)?;
+                let file = self.pick_file(&files)?;
                 let size = self.model.file(file).size;
                 let new = match self.rng.gen_range(0..6) {
                     0 => 0,
@@ -349,7 +375,7 @@ impl Generator {
                 let node = self.pick_xattr_node()?;
                 Some(Op::Chmod { node, perm: PERMS[self.rng.gen_range(0..PERMS.len())] })
             }
-            81..=89 => Some(Op::Fsync { node: self.pick(&files)? }),
+            81..=89 => Some(Op::Fsync { node: self.pick_file(&files)? }),
             90..=92 => Some(Op::Fsync { node: self.pick(&dirs)? }),
             93 => {
                 let links = self.model.ids_of(Kind::Symlink);
