@@ -34,7 +34,8 @@
 //! Determinism: sync points are a function of the seed; the order of the writes
 //! inside one write-back is not yet (see `harness_a_seed_fixes_the_order_of_writes`),
 //! so a replayed crash at a write index or with a random loss policy may hit other
-//! writes than the failed run did; the replay repeats such cases until they fail.
+//! writes than the failed run did; the printed replay command names the violation
+//! kind and repeats the case until it shows.
 //!
 //! Running it (the full test waits for the recovery log, so it is ignored in CI):
 //!
@@ -51,7 +52,8 @@
 //! Crash points are `sync:K`, `write:K`, `torn:K:SEED` or `end`; policies `keep-all`,
 //! `drop-all` or `random:SEED`. A replay may add `MAKO_CRASH_RECOVERY_POINT` and
 //! `MAKO_CRASH_RECOVERY_POLICY` (a crash during the recovery mount), `MAKO_CRASH_POST=1`
-//! (use after recovery) and `MAKO_CRASH_REPEAT` (attempts; see Determinism).
+//! (use after recovery), `MAKO_CRASH_EXPECT` (the violation kind to wait for) and
+//! `MAKO_CRASH_REPEAT` (attempts; see Determinism).
 //!
 //! A failure prints its case with the command that replays it alone.
 
@@ -115,7 +117,7 @@ fn summarize(outcomes: &[Outcome]) -> String {
     for (kind, os) in &kinds {
         s += &format!("\n[{kind}] in {} cases\n", os.len());
         for o in os.iter().take(2) {
-            s += &format!("  e.g. {}\n    reproduce: {}\n    {}\n", o.case, o.case.reproduce(o.resolved_recovery), o.context.replace('\n', "\n    "));
+            s += &format!("  e.g. {}\n    reproduce: {}\n    {}\n", o.case, o.case.reproduce(o.resolved_recovery, Some(kind)), o.context.replace('\n', "\n    "));
             for v in o.violations.iter().filter(|v| v.kind == *kind).take(2) {
                 s += &format!("    - {}\n", v.detail.replace('\n', "\n    "));
             }
@@ -142,16 +144,22 @@ fn crash_consistency_at_sync_and_write_points() {
             println!("seed {seed}: {} sync points, {} writes without a crash (I/O shape {:016x})", c.sync_points, c.writes, c.io_shape);
         }
         // mako-fs flushes dirty inodes in hash-map order, so the order (and the disk
-        // addresses) of the writes inside one sync differ from run to run: a crash at
-        // a write index, or a random loss policy, may hit other writes than in the run
-        // that failed. Repeat until the case fails (MAKO_CRASH_REPEAT times at most).
-        let exact = matches!((point, policy), (CrashSpec::At(CrashAt::Sync(_)) | CrashSpec::AfterEnd, LossPolicy::KeepAll | LossPolicy::DropAll));
-        let repeat: usize = env_parse("MAKO_CRASH_REPEAT").unwrap_or(if exact { 1 } else { 20 });
+        // addresses) of the writes inside one write-back differ from run to run: a
+        // crash at a write index, or a random loss policy, may hit other writes than
+        // in the run that failed. With MAKO_CRASH_EXPECT (a violation kind, as the
+        // failure report prints it), repeat until that kind shows, MAKO_CRASH_REPEAT
+        // times at most.
+        let expect: Option<String> = std::env::var("MAKO_CRASH_EXPECT").ok();
+        let repeat: usize = env_parse("MAKO_CRASH_REPEAT").unwrap_or(if expect.is_some() { 50 } else { 1 });
         let mut attempt = 0;
         let o = loop {
             attempt += 1;
             let o = run_case(&plan, &case);
-            if !o.violations.is_empty() || attempt >= repeat {
+            let hit = match &expect {
+                Some(k) => o.violations.iter().any(|v| &v.kind == k),
+                None => !o.violations.is_empty(),
+            };
+            if hit || attempt >= repeat {
                 break o;
             }
         };
