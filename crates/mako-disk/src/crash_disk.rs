@@ -34,8 +34,10 @@
 //! [`crate::MemDisk`]'s faults; a write that reaches the medium *after* a later sync
 //! of the same disk returned cannot happen (sync is a barrier).
 //!
-//! Memory: each disk holds its image twice (durable and written view) plus the bytes
-//! of its unsynced writes, so crash-test disks are meant to be small (tens of MiB).
+//! Memory: each disk holds one image (the written view, what reads see) plus, for each
+//! unsynced write, its bytes and the bytes it replaced; the durable image is the
+//! written view with the unsynced writes undone. Crash-test disks are meant to be
+//! small (tens of MiB): every image handed out is a full copy.
 
 use crate::disk::{check_range, Disk};
 use crate::DiskError;
@@ -156,28 +158,31 @@ impl fmt::Display for CrashRecord {
     }
 }
 
-/// One disk's two images.
-struct DiskImages {
+/// One disk.
+struct DiskImage {
     name: String,
-    /// What the medium holds for sure: every write synced on this disk.
-    durable: Vec<u8>,
-    /// What reads see: durable plus the unsynced writes, in write order.
+    /// What reads see: the durable image plus this disk's unsynced writes, in write
+    /// order.
     written: Vec<u8>,
 }
 
-/// A write that reached the written view but not (yet) the durable image.
+/// A write not (yet) made durable by a sync of its disk.
 struct Unsynced {
     index: u64,
     disk: usize,
     offset: u64,
     data: Vec<u8>,
+    /// The bytes the write replaced in the written view (undoing the unsynced writes
+    /// newest first gives the durable image). `None` for the torn write of a crash,
+    /// which never reached the written view.
+    replaced: Option<Vec<u8>>,
     /// For a torn write: which sectors (aligned to the disk, first one possibly
     /// partial) reached the medium. `None`: the whole write.
     sectors: Option<Vec<bool>>,
 }
 
 struct State {
-    disks: Vec<DiskImages>,
+    disks: Vec<DiskImage>,
     unsynced: Vec<Unsynced>,
     writes: u64,
     sync_points: u64,
@@ -323,7 +328,19 @@ impl CrashController {
 
     /// The durable images (what survives with [`LossPolicy::DropAll`]); any time.
     pub fn durable_images(&self) -> Vec<Vec<u8>> {
-        self.state.lock().disks.iter().map(|d| d.durable.clone()).collect()
+        Self::durable_of(&self.state.lock())
+    }
+
+    /// The written views with every unsynced write undone, newest first.
+    fn durable_of(s: &State) -> Vec<Vec<u8>> {
+        let mut images: Vec<Vec<u8>> = s.disks.iter().map(|d| d.written.clone()).collect();
+        for w in s.unsynced.iter().rev() {
+            if let Some(old) = &w.replaced {
+                let off = w.offset as usize;
+                images[w.disk][off..off + old.len()].copy_from_slice(old);
+            }
+        }
+        images
     }
 
     /// What reads see (durable plus every completed unsynced write); any time.
@@ -339,7 +356,7 @@ impl CrashController {
     pub fn crash_images(&self, policy: LossPolicy) -> Vec<Vec<u8>> {
         let s = self.state.lock();
         assert!(s.crashed.is_some(), "crash_images before a crash: arm the controller or call crash_now first");
-        let mut images: Vec<Vec<u8>> = s.disks.iter().map(|d| d.durable.clone()).collect();
+        let mut images = Self::durable_of(&s);
         for w in &s.unsynced {
             let keep = match policy {
                 LossPolicy::KeepAll => true,
@@ -358,7 +375,7 @@ impl CrashController {
         let mut s = self.state.lock();
         assert!(s.crashed.is_none(), "attaching disk {name} to a crash controller that already crashed");
         let index = s.disks.len();
-        s.disks.push(DiskImages { name: name.to_string(), written: image.clone(), durable: image });
+        s.disks.push(DiskImage { name: name.to_string(), written: image });
         CrashDisk { controller: self.clone(), index, name: name.to_string(), size }
     }
 
@@ -425,7 +442,7 @@ impl Disk for CrashDisk {
                     let nsect = sector_spans(offset, buf.len()).len();
                     let mask = torn_mask(seed, index, nsect);
                     let kept = mask.iter().filter(|&&k| k).count();
-                    s.unsynced.push(Unsynced { index, disk: self.index, offset, data: buf.to_vec(), sectors: Some(mask) });
+                    s.unsynced.push(Unsynced { index, disk: self.index, offset, data: buf.to_vec(), replaced: None, sectors: Some(mask) });
                     (kept, nsect)
                 });
                 s.armed = None;
@@ -439,8 +456,10 @@ impl Disk for CrashDisk {
             }
         }
         let off = offset as usize;
-        s.disks[self.index].written[off..off + buf.len()].copy_from_slice(buf);
-        s.unsynced.push(Unsynced { index, disk: self.index, offset, data: buf.to_vec(), sectors: None });
+        let view = &mut s.disks[self.index].written[off..off + buf.len()];
+        let replaced = view.to_vec();
+        view.copy_from_slice(buf);
+        s.unsynced.push(Unsynced { index, disk: self.index, offset, data: buf.to_vec(), replaced: Some(replaced), sectors: None });
         s.writes += 1;
         s.shape = mix(s.shape ^ mix(self.index as u64 ^ mix(offset ^ mix(buf.len() as u64))));
         Ok(())
@@ -463,13 +482,11 @@ impl Disk for CrashDisk {
             });
             return Err(CrashController::crashed_error(s, &self.name, "sync"));
         }
-        // This disk's completed writes become durable; other disks' stay unsynced.
+        // This disk's completed writes become durable (the written view already holds
+        // them); other disks' stay unsynced. Undo records of other disks never cover
+        // this disk's bytes, so dropping these keeps the others exact.
         let me = self.index;
-        let (mine, others): (Vec<Unsynced>, Vec<Unsynced>) = std::mem::take(&mut s.unsynced).into_iter().partition(|w| w.disk == me);
-        for w in &mine {
-            w.apply_to(&mut s.disks[me].durable);
-        }
-        s.unsynced = others;
+        s.unsynced.retain(|w| w.disk != me);
         s.sync_points += 1;
         s.shape = mix(s.shape ^ mix(u64::MAX - self.index as u64));
         Ok(())
@@ -726,6 +743,55 @@ mod tests {
         let img = &c.crash_images(LossPolicy::KeepAll)[0];
         assert!(img[..3 * 512].iter().all(|&b| b == 1));
         assert!(img[3 * 512..].iter().all(|&b| b == 0), "an untorn crashed write leaves nothing");
+    }
+
+    /// Random overlapping writes and syncs on three disks against a reference that keeps
+    /// two full images per disk and the unsynced writes as they came.
+    #[test]
+    fn images_match_a_two_copy_reference() {
+        let mut x = 0x1234_5678_9abc_def1u64;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for round in 0..50 {
+            let (c, d) = disks(3, 8192);
+            let mut durable = vec![vec![0u8; 8192]; 3];
+            let mut written = vec![vec![0u8; 8192]; 3];
+            let mut pending: Vec<(u64, usize, usize, Vec<u8>)> = Vec::new();
+            for _ in 0..40 {
+                let disk = next(3) as usize;
+                if next(5) == 0 {
+                    d[disk].sync().unwrap();
+                    for (_, dk, off, data) in pending.iter().filter(|p| p.1 == disk) {
+                        durable[*dk][*off..*off + data.len()].copy_from_slice(data);
+                    }
+                    pending.retain(|p| p.1 != disk);
+                } else {
+                    let off = next(8000) as usize;
+                    let len = 1 + next((8192 - off) as u64) as usize;
+                    let data = vec![1 + next(250) as u8; len];
+                    let index = c.writes();
+                    d[disk].write_at(&data, off as u64).unwrap();
+                    written[disk][off..off + len].copy_from_slice(&data);
+                    pending.push((index, disk, off, data));
+                }
+            }
+            assert_eq!(c.durable_images(), durable, "round {round}: durable images");
+            assert_eq!(c.written_images(), written, "round {round}: written views");
+            c.crash_now();
+            let seed = round as u64;
+            let mut expect = durable.clone();
+            for (index, dk, off, data) in &pending {
+                if mix(seed ^ mix(index ^ 0x5eed)) & 1 == 1 {
+                    expect[*dk][*off..*off + data.len()].copy_from_slice(data);
+                }
+            }
+            assert_eq!(c.crash_images(LossPolicy::Random { seed }), expect, "round {round}: random policy");
+            assert_eq!(c.crash_images(LossPolicy::KeepAll), written, "round {round}: keep-all");
+        }
     }
 
     #[test]

@@ -322,10 +322,11 @@ pub fn run_case(plan: &Plan, case: &Case) -> Outcome {
         ran.last_durable, last
     );
     let images = ctl.crash_images(case.policy);
+    drop(ctl); // its disks' memory: the images are all that is left of the crash
     let allowed = Allowed { plan, first: ran.last_durable, last, dirty: &ran.dirty };
     let mut resolved_recovery = None;
     if violations.iter().all(|v| v.kind != "panic in mako-fs") {
-        let r = recover_and_check(&images, &allowed, case, &mut resolved_recovery);
+        let r = recover_and_check(images, &allowed, case, &mut resolved_recovery);
         if let Some(j) = r.matched {
             context += &format!("; recovered state {j}");
         }
@@ -357,15 +358,17 @@ fn mount_recovered(disks: Vec<Arc<dyn Disk>>, v: &mut Vec<Violation>, when: &str
 }
 
 /// Steps 4 and 5 of a case.
-fn recover_and_check(images: &[Vec<u8>], allowed: &Allowed, case: &Case, resolved: &mut Option<(CrashAt, LossPolicy)>) -> Recovered {
+fn recover_and_check(images: Vec<Vec<u8>>, allowed: &Allowed, case: &Case, resolved: &mut Option<(CrashAt, LossPolicy)>) -> Recovered {
     let mut v = Vec::new();
-    let (rctl, rdisks) = disks_from(images.to_vec());
+    // The crash images are needed again only for a crash during recovery.
+    let again = case.recovery_crash.map(|_| images.clone());
+    let (rctl, rdisks) = disks_from(images);
     let Some(m) = mount_recovered(rdisks, &mut v, "recovery mount") else { return Recovered { violations: v, matched: None } };
     let mount_counts = (rctl.sync_points(), rctl.writes());
     let matched = check_mounted(&m, allowed, &mut v, "after recovery");
     // A crash during recovery is only worth trying when recovery itself went well:
     // otherwise it repeats what is already reported.
-    if let (Some(rc), true) = (case.recovery_crash, v.is_empty()) {
+    if let (Some(rc), Some(images), true) = (case.recovery_crash, again, v.is_empty()) {
         // Crash during recovery: mount the same crash images again, crashing inside
         // that mount, and recover from what it left.
         let (at, policy) = match rc {
@@ -381,7 +384,7 @@ fn recover_and_check(images: &[Vec<u8>], allowed: &Allowed, case: &Case, resolve
             }
         };
         *resolved = Some((at, policy));
-        let (cctl, cdisks) = disks_from(images.to_vec());
+        let (cctl, cdisks) = disks_from(images);
         cctl.arm(at);
         let crashed_mount = catch_unwind(AssertUnwindSafe(|| mount_disks(cdisks, config(), 0)));
         match &crashed_mount {
@@ -410,7 +413,7 @@ fn recover_and_check(images: &[Vec<u8>], allowed: &Allowed, case: &Case, resolve
 /// post-recovery use): the harness's own tests feed it damaged images.
 pub fn check_images(images: &[Vec<u8>], allowed: &Allowed) -> Vec<Violation> {
     let case = Case { seed: allowed.plan.seed, ops: allowed.plan.ops.len(), crash: CrashSpec::AfterEnd, policy: LossPolicy::KeepAll, recovery_crash: None, post: false };
-    recover_and_check(images, allowed, &case, &mut None).violations
+    recover_and_check(images.to_vec(), allowed, &case, &mut None).violations
 }
 
 /// Walk and match a mounted, recovered file system.
@@ -495,7 +498,9 @@ fn post_recovery_use(m: Mounted, rctl: Arc<CrashController>, allowed: &Allowed, 
             }
         }
     }
-    let (_, disks) = disks_from(rctl.durable_images());
+    let images = rctl.durable_images();
+    drop(rctl);
+    let (_, disks) = disks_from(images);
     let Some(m) = mount_recovered(disks, v, "mount after post-recovery use") else { return };
     let canon = Arc::new(model.canon());
     let plan2 = Plan { seed: plan.seed, ops: Vec::new(), models: vec![Arc::new(model)], canons: vec![canon] };
