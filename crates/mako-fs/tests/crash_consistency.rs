@@ -19,8 +19,13 @@
 //! (d) for that state, hold exactly the model's bytes in every file whose content was
 //!     made durable (fsync of the file, or sync) and not changed since.
 //!
-//! Some cases also crash again during the recovery mount, and some use the recovered
-//! file system (write, sync, unmount) and check it once more.
+//! Some cases use the recovered file system (write, sync, unmount) and check it once
+//! more. Some crash again during recovery: the crash images are mounted a second time
+//! with a crash at a sync point or write of that mount (sampled from the counts of the
+//! first recovery mount of the same images), and what that crash left is recovered
+//! and checked against the same allowed states, so replay must be idempotent and
+//! restartable. Today the recovery mount only rewrites the descriptor (a few writes,
+//! one sync per disk); once log replay writes, the same sampling reaches into it.
 //!
 //! What this asks of the recovery log, beyond "whole transactions": a file's size is
 //! metadata that an fsync of anything commits (a write's new size is logged with the
@@ -40,7 +45,7 @@
 //! Running it (the full test waits for the recovery log, so it is ignored in CI):
 //!
 //! ```text
-//! cargo test --release -p mako-fs --test crash_consistency -- --ignored --nocapture
+//! cargo test --release -p mako-fs --test crash_consistency -- --ignored --exact crash_consistency_at_sync_and_write_points --nocapture
 //! MAKO_CRASH_POINTS=20000 ...          # more crash points (default 1000)
 //! MAKO_CRASH_SEED_BASE=100 ...         # other seeds (default 1)
 //! MAKO_CRASH_OPS=200 ...               # operations per seed (default 120)
