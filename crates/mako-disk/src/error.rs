@@ -12,6 +12,9 @@ pub enum DiskError {
     NoSuchDisk { index: u32, count: usize },
     #[error("disk {disk}: injected fault ({what})")]
     Injected { disk: String, what: String },
+    /// A crash-test disk after its simulated crash (`CrashController`).
+    #[error("disk {disk}: {op} refused after a simulated crash ({crash}); a crash-test disk takes no I/O once its controller crashed")]
+    Crashed { disk: String, op: &'static str, crash: String },
 }
 
 impl DiskError {

@@ -5,10 +5,13 @@
 //!   this crate touches a disk file. Today the NSD is in-process ([`LocalNsd`]); an NSD
 //!   client over the network will implement the same trait.
 //! - A [`Disk`] is the world boundary: tests swap in [`MemDisk`], which can inject
-//!   faults (failed reads/writes, a read-only disk).
+//!   faults (failed reads/writes, a read-only disk), and crash tests swap in
+//!   [`CrashDisk`]s, which keep the durable image apart from unsynced writes and can
+//!   crash at any write or sync (fault model in `crash_disk.rs`).
 //! - Every I/O is recorded in the I/O history (`mako diag iohist`) and per-disk counters.
 
 pub mod aligned;
+pub mod crash_disk;
 pub mod disk;
 pub mod error;
 pub mod file_disk;
@@ -17,6 +20,7 @@ pub mod mem_disk;
 pub mod nsd;
 
 pub use aligned::{AlignedBuf, IO_ALIGN};
+pub use crash_disk::{CrashAt, CrashController, CrashDisk, CrashPoint, CrashRecord, LossPolicy};
 pub use disk::Disk;
 pub use error::DiskError;
 pub use file_disk::FileDisk;

@@ -2,7 +2,7 @@
 //!
 //! Fault model covered here: a read or write that fails (EIO) after N operations or at
 //! chosen offsets, and a disk that refuses writes. Crash images (durable vs. written
-//! state) belong to the crash-test backend of the recovery work.
+//! state) are the crash-test backend's (`crash_disk.rs`).
 
 use crate::disk::{check_range, Disk};
 use crate::DiskError;
