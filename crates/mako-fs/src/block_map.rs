@@ -48,9 +48,6 @@ pub fn last_unit(core: &Core, inode: &Inode) -> Option<u64> {
 
 /// Subblocks currently allocated to `unit` (assuming it is allocated).
 pub fn allocated_subblocks(core: &Core, st: &InodeState, unit: u64) -> u32 {
-    if let Some(&n) = st.realloc.get(&unit) {
-        return n;
-    }
     if Some(unit) == last_unit(core, &st.inode) && st.inode.last_block_subblocks != 0 {
         st.inode.last_block_subblocks as u32
     } else {
@@ -298,7 +295,6 @@ pub fn cut_from(core: &Core, st: &mut InodeState, from: u64) -> FsResult<Vec<(u6
         for (u, da) in batch {
             let n = allocated_subblocks(core, st, u);
             set(core, st, u, DiskAddress::NULL)?;
-            st.realloc.remove(&u);
             units.push((u, da, n));
         }
     }

@@ -193,9 +193,6 @@ pub struct InodeState {
     pub indirect: CountedMutex<HashMap<(u8, u64), IndNode>>,
     /// Directory blocks by logical index.
     pub dir_blocks: CountedMutex<HashMap<u64, DirNode>>,
-    /// Blocks whose current allocation is not what the block map's size rules say
-    /// (a fragment that stopped being the last block): unit -> allocated subblocks.
-    pub realloc: HashMap<u64, u32>,
     /// The inode was freed; the handle is stale.
     pub deleted: bool,
 }
@@ -243,7 +240,6 @@ impl InodeHandle {
                 inbox: inbox.clone(),
                 indirect: CountedMutex::new(&INODE_INDIRECT_LOCK, HashMap::new()),
                 dir_blocks: CountedMutex::new(&INODE_DIR_BLOCKS_LOCK, HashMap::new()),
-                realloc: HashMap::new(),
                 deleted: false,
             }),
             pattern: CountedMutex::new(&INODE_READ_PATTERN_LOCK, ReadPattern::default()),

@@ -100,8 +100,43 @@ pub fn convert_inline(core: &Core, st: &mut InodeState) -> FsResult<()> {
     Ok(())
 }
 
-/// Before the size grows to `new_size`: zero the old last block's tail (through the
-/// pagepool) and schedule a fragment last block for promotion to a full block.
+/// Give block `b` (a hole or a fragment) a full block now, written with its current
+/// content (disk merged with dirty data, zeros elsewhere) before the pointer moves, so
+/// that no log commit ever names a block whose content is not on disk, and an inode
+/// never claims a full block where a fragment is allocated.
+fn make_full_block(core: &Core, st: &mut InodeState, b: u64) -> FsResult<()> {
+    let ino = st.inode.ino;
+    let spb = core.geo.subblocks_per_block;
+    let bb = core.block_bytes() as usize;
+    let cur = block_map::lookup(core, st, b)?;
+    let cur_sb = if cur.is_null() { 0 } else { block_map::allocated_subblocks(core, st, b) };
+    let slot = core.pool.get_or_create((ino, b));
+    let mut buf = slot.buf.lock();
+    let was = buf.is_dirty();
+    load_buffer(core, st, b, &mut buf)?;
+    let new = core.alloc.allocate_reserved(AllocKind::Data, spb, ino, b, buf.reserved)?;
+    buf.reserved = 0;
+    let mut full = AlignedBuf::with_capacity(bb);
+    full.extend_from_slice(&buf.bytes[..buf.bytes.len().min(bb)]);
+    full.resize(bb, 0);
+    core.nsd.write(new, &full, tag(ino))?;
+    core.journal.note_ordered_write();
+    if !cur.is_null() {
+        core.alloc.free(cur, cur_sb)?;
+        st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64);
+    }
+    block_map::set(core, st, b, new)?;
+    st.inode.subblocks += spb as u64;
+    buf.dirty = None;
+    buf.written_since_clean = 0;
+    core.pool.account(&mut buf, was);
+    st.mark_dirty();
+    Ok(())
+}
+
+/// Before the size grows to `new_size`: a fragment last block that stops being the
+/// last becomes a full block now (`make_full_block`); otherwise the old last block's
+/// tail is zeroed through the pagepool.
 fn grow_prepare(core: &Core, st: &mut InodeState, new_size: u64) -> FsResult<()> {
     let old = st.inode.size;
     if old == 0 {
@@ -111,10 +146,10 @@ fn grow_prepare(core: &Core, st: &mut InodeState, new_size: u64) -> FsResult<()>
     let b0 = (old - 1) / bb;
     let new_last = (new_size - 1) / bb;
     let frag = st.inode.last_block_subblocks;
-    let promote = new_last > b0 && frag != 0;
-    if promote {
-        // The fragment becomes a full block at write-behind: reserve the difference.
-        core.alloc.reserve(core.geo.subblocks_per_block - frag as u32)?;
+    if new_last > b0 && frag != 0 {
+        make_full_block(core, st, b0)?;
+        st.inode.last_block_subblocks = 0;
+        return Ok(());
     }
     if old % bb != 0 || frag != 0 {
         let cached = core.pool.get((st.inode.ino, b0)).is_some();
@@ -130,13 +165,6 @@ fn grow_prepare(core: &Core, st: &mut InodeState, new_size: u64) -> FsResult<()>
             }
             core.pool.account(&mut buf, was);
         }
-    }
-    if promote {
-        let slot = core.pool.get_or_create((st.inode.ino, b0));
-        slot.buf.lock().reserved += core.geo.subblocks_per_block - frag as u32;
-        st.realloc.insert(b0, frag as u32);
-        st.inode.last_block_subblocks = 0;
-        st.mark_dirty();
     }
     Ok(())
 }
@@ -533,7 +561,6 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
             core.alloc.free(cur, cur_sb)?;
             st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64);
         }
-        st.realloc.remove(&b);
         block_map::set(core, &mut st, b, new)?;
         st.inode.subblocks += desired as u64;
         if is_last {
@@ -643,7 +670,6 @@ pub fn set_size(core: &Core, st: &mut InodeState, new: u64) -> FsResult<()> {
     st.inode.size = new;
     if new == 0 && st.inode.depth == 0 && block_map::allocated_from(core, st, 0, 1)?.is_empty() {
         st.inode.content = InodeContent::InlineData(Vec::new());
-        st.realloc.clear();
     }
     st.mark_dirty();
     Ok(())
@@ -681,7 +707,6 @@ pub fn punch_hole(core: &Core, st: &mut InodeState, offset: u64, len: u64) -> Fs
                 block_map::set(core, st, b, DiskAddress::NULL)?;
                 core.alloc.free(da, n)?;
                 st.inode.subblocks = st.inode.subblocks.saturating_sub(n as u64);
-                st.realloc.remove(&b);
                 if block_map::last_unit(core, &st.inode) == Some(b) {
                     st.inode.last_block_subblocks = 0;
                 }
@@ -729,31 +754,18 @@ pub fn allocate_range(core: &Core, st: &mut InodeState, offset: u64, len: u64, k
         let cur = block_map::lookup(core, st, b)?;
         let cur_sb = if cur.is_null() { 0 } else { block_map::allocated_subblocks(core, st, b) };
         if cur_sb < spb {
-            // A hole or a fragment becomes a full, zeroed block. A fragment's data (and
-            // any dirty data of a hole) is kept in the pagepool, dirty, and written
-            // over the zeros by write-behind.
             if !cur.is_null() || core.pool.get((ino, b)).is_some() {
-                let slot = core.pool.get_or_create((ino, b));
-                let mut buf = slot.buf.lock();
-                let was = buf.is_dirty();
-                load_buffer(core, st, b, &mut buf)?;
-                let n = buf.bytes.len() as u32;
-                if n > 0 {
-                    buf.add_dirty(0, n);
-                }
-                core.pool.account(&mut buf, was);
+                // A fragment, or a hole with cached data: its content moves to the full
+                // block before the pointer does.
+                make_full_block(core, st, b)?;
+            } else {
+                // A hole becomes a full block of zeros (on disk before the log names it).
+                let da = core.alloc.allocate(AllocKind::Data, spb, ino, b)?;
+                core.nsd.write(da, &zeros, tag(ino))?;
+                core.journal.note_ordered_write();
+                block_map::set(core, st, b, da)?;
+                st.inode.subblocks += spb as u64;
             }
-            let da = core.alloc.allocate(AllocKind::Data, spb, ino, b)?;
-            core.nsd.write(da, &zeros, tag(ino))?;
-            // Zeros on disk before the log names the block (ordered mode).
-            core.journal.note_ordered_write();
-            if !cur.is_null() {
-                core.alloc.free(cur, cur_sb)?;
-                st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64);
-            }
-            st.realloc.remove(&b);
-            block_map::set(core, st, b, da)?;
-            st.inode.subblocks += spb as u64;
             if block_map::last_unit(core, &st.inode) == Some(b) {
                 st.inode.last_block_subblocks = 0;
             }

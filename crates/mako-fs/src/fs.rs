@@ -255,6 +255,9 @@ impl FileSystem {
         self.core.coherence.inode(ino, TokenMode::Xw)?;
         if let Some(target) = target {
             file_io::write(&self.core, &h, 0, target)?;
+            // A symlink is metadata to its users: a target too long for the inode goes
+            // to disk now, so no commit ever names a symlink whose target is not there.
+            file_io::flush_data(&self.core, &h)?;
         }
         drop(pst);
         self.core.stats.creates.fetch_add(1, Ordering::Relaxed);

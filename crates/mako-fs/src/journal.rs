@@ -378,6 +378,9 @@ impl Journal {
             v
         };
         self.inbox.bytes.store(0, Ordering::Relaxed);
+        if trace_enabled() {
+            eprintln!("snapshot seq {seq}: inodes {inos:?}");
+        }
         let mut images: Vec<(BufferType, LogImage)> = std::mem::take(&mut *self.extra.lock());
         for ino in inos {
             let Some(h) = core.cached_handle(ino) else { continue };
@@ -385,14 +388,22 @@ impl Journal {
             if st.deleted {
                 continue;
             }
-            for node in st.indirect.lock().values_mut() {
-                if node.dirty {
-                    images.push((BufferType::Indirect, LogImage::from_vec(node.da, node.block.encode(core.geo.indirect_bytes))));
-                    node.dirty = false;
-                }
+            // In key order: the same changes always give the same log (reproducible tests).
+            let mut ind = st.indirect.lock();
+            let mut keys: Vec<(u8, u64)> = ind.iter().filter(|(_, n)| n.dirty).map(|(k, _)| *k).collect();
+            keys.sort_unstable();
+            for k in keys {
+                let node = ind.get_mut(&k).expect("dirty indirect block");
+                images.push((BufferType::Indirect, LogImage::from_vec(node.da, node.block.encode(core.geo.indirect_bytes))));
+                node.dirty = false;
             }
-            for node in st.dir_blocks.lock().values_mut() {
-                if node.dirty {
+            drop(ind);
+            let mut dirs = st.dir_blocks.lock();
+            let mut keys: Vec<u64> = dirs.iter().filter(|(_, n)| n.dirty).map(|(k, _)| *k).collect();
+            keys.sort_unstable();
+            for k in keys {
+                let node = dirs.get_mut(&k).expect("dirty directory block");
+                {
                     // Only the pages that changed: one insert logs one page.
                     let pb = node.page_bytes() as u64;
                     for p in 0..node.pages() {
@@ -404,6 +415,7 @@ impl Journal {
                     node.dirty_pages = 0;
                 }
             }
+            drop(dirs);
             let (da, bytes) = core.encode_inode(&st.inode)?;
             images.push((BufferType::Inode, LogImage::from_vec(da, bytes)));
             st.dirty = false;
@@ -451,6 +463,12 @@ impl Journal {
             return Ok(());
         }
         let lsn = self.state.lock().head_lsn;
+        if trace_enabled() {
+            eprintln!("commit seq {seq} at lsn {lsn} ordered {ordered}:");
+            for (k, i) in images {
+                eprintln!("  {:?} {} len {} stored {}", k, i.da, i.length, i.bytes.len());
+            }
+        }
         let bytes = encode_txn(self.node, self.fs_uuid, lsn, seq, images.iter().map(|(_, i)| &**i));
         let len = bytes.len() as u64;
         if len > self.capacity {
@@ -526,6 +544,9 @@ impl Journal {
             (tail, s.head_lsn)
         };
         // 4. The header says so, durably, before the space is reused.
+        if trace_enabled() {
+            eprintln!("checkpoint upto seq {upto}: {} images, tail {tail} head {head}", work.len());
+        }
         self.write_header(core, tail, head, false)?;
         {
             let mut s = self.state.lock();
@@ -604,6 +625,13 @@ impl Journal {
         self.commit(core)?;
         self.checkpoint(core)
     }
+}
+
+/// `MAKO_LOG_TRACE=1`: every commit, checkpoint and replayed transaction is printed to
+/// stderr (makod.log) with its images — for debugging the log, never on by default.
+pub fn trace_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("MAKO_LOG_TRACE").is_some())
 }
 
 /// Bytes of the circular area of a log file of `log_bytes`.

@@ -59,11 +59,14 @@ impl ReplayReport {
             format!("recovery log of node {}: nothing to replay", self.node)
         } else {
             format!(
-                "recovery log of node {}: replayed {} transactions ({} metadata images, {} bytes) in {} ms",
+                "recovery log of node {}: replayed {} transactions ({} metadata images, {} bytes; LSN {}..{}, up to transaction {}) in {} ms",
                 self.node,
                 self.transactions,
                 self.images,
                 self.image_bytes,
+                self.tail_lsn,
+                self.head_lsn,
+                self.next_seq.saturating_sub(1),
                 self.duration.as_millis()
             )
         };
@@ -225,6 +228,9 @@ pub fn replay(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayRep
             }
         };
         // 4. In place, in order.
+        if crate::journal::trace_enabled() {
+            eprintln!("replay seq {} at lsn {lsn}: {} images", th.seq, images.len());
+        }
         for img in &images {
             let full = img.expanded();
             nsd.write(img.da, &full, IoTag { buffer_type: BufferType::Log, ino: 0 })?;

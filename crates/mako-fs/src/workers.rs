@@ -22,7 +22,9 @@ pub fn flush_inode(core: &Core, h: &InodeHandle) -> FsResult<()> {
 /// Write back every dirty data block of every cached inode, then commit the log: what
 /// was changed before the call is durable when it returns.
 pub fn sync_all(core: &Core) -> FsResult<()> {
-    let handles: Vec<Arc<InodeHandle>> = core.inodes.lock().values().cloned().collect();
+    let mut handles: Vec<Arc<InodeHandle>> = core.inodes.lock().values().cloned().collect();
+    // In inode order: the same state always gives the same writes (reproducible tests).
+    handles.sort_unstable_by_key(|h| h.ino);
     for h in &handles {
         if !core.pool.keys_of(h.ino, true).is_empty() {
             file_io::flush_data(core, h)?;
@@ -43,7 +45,6 @@ pub fn free_inode(core: &Core, st: &mut InodeState) -> FsResult<()> {
     }
     st.dir_blocks.lock().clear();
     st.indirect.lock().clear();
-    st.realloc.clear();
     st.inode.size = 0;
     st.inode.subblocks = 0;
     st.inode.depth = 0;

@@ -24,8 +24,7 @@
 //! with a crash at a sync point or write of that mount (sampled from the counts of the
 //! first recovery mount of the same images), and what that crash left is recovered
 //! and checked against the same allowed states, so replay must be idempotent and
-//! restartable. Today the recovery mount only rewrites the descriptor (a few writes,
-//! one sync per disk); once log replay writes, the same sampling reaches into it.
+//! restartable: the sampling reaches into log replay's own writes and syncs.
 //!
 //! What this asks of the recovery log, beyond "whole transactions": a file's size is
 //! metadata that an fsync of anything commits (a write's new size is logged with the
@@ -36,16 +35,15 @@
 //! earlier state must keep its bytes); recovery leaves no inode or block in use that
 //! the tree does not reach.
 //!
-//! Determinism: sync points are a function of the seed; the order of the writes
-//! inside one write-back is not yet (see `harness_a_seed_fixes_the_order_of_writes`),
-//! so a replayed crash at a write index or with a random loss policy may hit other
-//! writes than the failed run did; the printed replay command names the violation
-//! kind and repeats the case until it shows.
+//! Determinism: sync points and the order of writes are a function of the seed (see
+//! `harness_a_seed_fixes_the_order_of_writes`); the printed replay command still names
+//! the violation kind and repeats the case until it shows, in case a change brings
+//! nondeterminism back.
 //!
-//! Running it (the full test waits for the recovery log, so it is ignored in CI):
+//! Running it (in CI with the defaults):
 //!
 //! ```text
-//! cargo test --release -p mako-fs --test crash_consistency -- --ignored --exact crash_consistency_at_sync_and_write_points --nocapture
+//! cargo test --release -p mako-fs --test crash_consistency -- --exact crash_consistency_at_sync_and_write_points --nocapture
 //! MAKO_CRASH_POINTS=20000 ...          # more crash points (default 1000)
 //! MAKO_CRASH_SEED_BASE=100 ...         # other seeds (default 1)
 //! MAKO_CRASH_OPS=200 ...               # operations per seed (default 120)
@@ -132,7 +130,6 @@ fn summarize(outcomes: &[Outcome]) -> String {
 }
 
 #[test]
-#[ignore = "needs the recovery log (issue 3)"]
 fn crash_consistency_at_sync_and_write_points() {
     let ops: usize = env_parse("MAKO_CRASH_OPS").unwrap_or(OPS_PER_SEED_DEFAULT);
     let threads: usize = env_parse("MAKO_CRASH_THREADS").unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
@@ -257,15 +254,10 @@ fn harness_a_seed_fixes_the_sync_points() {
 }
 
 /// Not only the sync points: the same writes, at the same places, in the same order.
-/// Today mako-fs writes dirty inodes back in the iteration order of hash maps
-/// (`workers::sync_all` over `Core::inodes`, `directory::flush_blocks`,
-/// `block_map::flush_indirect`), which differs per process; data blocks are allocated
-/// at write-back, so addresses differ too, and with them which allocation-map segments
-/// are dirty: even the number of writes varies (seed 6: 210 or 211). Sorting those
-/// three loops by key makes this test pass (tried, not committed: those files are
-/// being rewritten).
+/// mako-fs writes data back in inode order (`workers::sync_all`) and logs indirect and
+/// directory blocks in key order (`journal` snapshot), so data blocks get the same
+/// addresses and the log the same images in every run of a seed.
 #[test]
-#[ignore = "mako-fs writes back in hash-map order: sort by inode number in workers::sync_all, BTreeMap for dir_blocks/indirect"]
 fn harness_a_seed_fixes_the_order_of_writes() {
     let plan = Plan::generate(103, 80);
     let a = count(&plan).expect("run");

@@ -314,8 +314,10 @@ impl TestCluster {
         remote_up(&self.mako, &self.data, &self.mnt)
     }
 
-    /// Crash the node: `kill -9` makod, wait until it is gone, and detach its dead FUSE
-    /// mount (`umount -l`), so that `up_again` can start it (and replay its log).
+    /// Crash the node: `kill -9` makod and wait until it is gone. Its FUSE mount stays,
+    /// dead: every access fails (ENOTCONN), so a program still working under the mount
+    /// point stops instead of carrying on in the directory below it. Then
+    /// `up_after_crash`.
     pub fn crash(&self) -> Result<()> {
         let pid = self.makod_pid().ok_or_else(|| anyhow!("no makod.pid in {}", self.data.display()))?;
         unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
@@ -326,10 +328,16 @@ impl TestCluster {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        Ok(())
+    }
+
+    /// After `crash` (and after everything using the mount has stopped): detach the dead
+    /// mount (`umount -l`) and `mako up` (which replays the recovery log).
+    pub fn up_after_crash(&self) -> Result<()> {
         if let Ok(c) = std::ffi::CString::new(self.mnt.as_os_str().to_string_lossy().as_bytes()) {
             unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
         }
-        Ok(())
+        self.up_again()
     }
 
     /// `mako down` then `mako up`.

@@ -13,6 +13,10 @@
 //!   under exactly one of its names (old or new), never both, never neither;
 //! - a file being rewritten when the crash came has unknown content but exists.
 //!
+//! A journal covers one run, ended by one crash: an operation the crash left uncertain
+//! stays uncertain (old or new name), so runs across several crashes use one journal
+//! each and check them all.
+//!
 //! Journal lines (one `write(2)` each, so nothing is lost when the workload dies):
 //! `W <path>` before rewriting a durable file, `D <path> <size> <hash>` after its
 //! fsync returned, `R+ <old> <new>` before a rename of a durable file and `R <old> <new>`

@@ -127,7 +127,7 @@ impl Case {
         if self.post {
             env += " MAKO_CRASH_POST=1";
         }
-        format!("{env} cargo test --release -p mako-fs --test crash_consistency -- --ignored --exact crash_consistency_at_sync_and_write_points --nocapture")
+        format!("{env} cargo test --release -p mako-fs --test crash_consistency -- --exact crash_consistency_at_sync_and_write_points --nocapture")
     }
 }
 
