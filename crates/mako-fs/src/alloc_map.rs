@@ -439,6 +439,7 @@ impl AllocMap {
             }
         }
         let at = found?;
+        crate::journal::note_change();
         set_range(&mut r.seg.bitmaps[si], at, want, true);
         r.free[si] -= want;
         r.cursor[si] = at / spb;
@@ -486,6 +487,7 @@ impl AllocMap {
                 )));
             }
         }
+        crate::journal::note_change();
         set_range(&mut r.seg.bitmaps[si], off, n, false);
         let pages = r.touch(si, off, n);
         self.dirty_pages.fetch_add(pages, Ordering::Relaxed);

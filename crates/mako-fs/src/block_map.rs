@@ -96,7 +96,7 @@ fn load_indirect(core: &Core, st: &InodeState, id: IndirectId, da: DiskAddress) 
     let block = IndirectBlock::decode(&buf, core.geo.indirect_bytes, id, Location::Disk(da)).map_err(|e| {
         core.stats.corruptions.fetch_add(1, Ordering::Relaxed);
         tracing::error!("{e} (inode {})", id.ino);
-        FsError::Corrupt(e)
+        FsError::from(e)
     })?;
     cache.insert((id.level, id.index), IndNode { block, da, dirty: false });
     Ok(())

@@ -201,6 +201,7 @@ impl InodeState {
     /// Record that the inode (or one of its indirect or directory blocks) changed: the
     /// next log commit writes it. Call with a transaction handle open.
     pub fn mark_dirty(&mut self) {
+        crate::journal::note_change();
         if !self.dirty {
             self.dirty = true;
             self.inbox.file_inode(self.inode.ino);
@@ -275,8 +276,9 @@ pub struct Core {
     pub coherence: Arc<dyn Coherence>,
     pub invalidator: RwLock<Option<Arc<dyn KernelInvalidator>>>,
     pub stats: FsStats,
-    pub read_only: AtomicBool,
-    pub read_only_reason: Mutex<String>,
+    /// Shared with the journal, which turns the mount read-only itself when an
+    /// operation fails on damage after it changed something (see `journal`).
+    pub read_only: Arc<ReadOnly>,
     pub shutting_down: AtomicBool,
     pub use_tick: AtomicU64,
     pub generation: AtomicU32,
@@ -293,6 +295,30 @@ pub struct Core {
     pub journal: Journal,
     /// Inode-file chunks missed recently (a set and its insertion order).
     chunk_misses: Mutex<(std::collections::HashSet<u64>, std::collections::VecDeque<u64>)>,
+}
+
+/// The mount's read-only state: once set (damage, a failed commit), nothing more is
+/// written, and the reason is what every refused change reports.
+#[derive(Default)]
+pub struct ReadOnly {
+    on: AtomicBool,
+    reason: Mutex<String>,
+}
+
+impl ReadOnly {
+    pub fn load(&self, order: Ordering) -> bool {
+        self.on.load(order)
+    }
+    pub fn reason(&self) -> String {
+        self.reason.lock().clone()
+    }
+    /// Turn read-only (the first reason is kept and logged).
+    pub fn set(&self, why: &str) {
+        if !self.on.swap(true, Ordering::SeqCst) {
+            *self.reason.lock() = why.to_string();
+            tracing::error!("file system turned read-only: {why}; unmount and run `mako fsck`");
+        }
+    }
 }
 
 /// Pagepool key under which chunks of the inode file are cached (never a real inode).
@@ -319,7 +345,8 @@ impl Core {
     ) -> Core {
         let geo = desc.geometry;
         let log_ino = desc.metadata_inodes.log_first + node as u64;
-        let journal = Journal::new(node, desc.fs_uuid, log_ino, desc.log_bytes, geo.inode_bytes, log);
+        let read_only = Arc::new(ReadOnly::default());
+        let journal = Journal::new(node, desc.fs_uuid, log_ino, desc.log_bytes, geo.inode_bytes, log, read_only.clone());
         let alloc_slot_bytes = crate::alloc_map::segment_slot_bytes(&desc);
         let pool = PagePool::new(cfg.pagepool_bytes);
         let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(1);
@@ -339,8 +366,7 @@ impl Core {
             coherence,
             invalidator: RwLock::new(None),
             stats: FsStats::default(),
-            read_only: AtomicBool::new(false),
-            read_only_reason: Mutex::new(String::new()),
+            read_only,
             shutting_down: AtomicBool::new(false),
             use_tick: AtomicU64::new(0),
             generation: AtomicU32::new(seed),
@@ -430,17 +456,14 @@ impl Core {
     /// Refuse changes once the file system turned read-only after damage.
     pub fn check_writable(&self) -> FsResult<()> {
         if self.read_only.load(Ordering::Relaxed) {
-            return Err(FsError::ReadOnly(self.read_only_reason.lock().clone()));
+            return Err(FsError::ReadOnly(self.read_only.reason()));
         }
         Ok(())
     }
 
     /// Turn this mount read-only: continuing could persist damage.
     pub fn go_read_only(&self, why: &str) {
-        if !self.read_only.swap(true, Ordering::SeqCst) {
-            *self.read_only_reason.lock() = why.to_string();
-            tracing::error!("file system turned read-only: {why}; unmount and run `mako fsck`");
-        }
+        self.read_only.set(why);
     }
 
     // ---- metadata files -------------------------------------------------------
@@ -530,8 +553,8 @@ impl Core {
             let da = self.metafile_da(inode_file, off)?;
             Inode::decode(bytes, self.inode_bytes(), ino, Location::Disk(da)).map_err(|e| {
                 self.stats.corruptions.fetch_add(1, Ordering::Relaxed);
-                tracing::error!("{e}");
-                FsError::Corrupt(e)
+                tracing::error!("{e} (inode {ino})");
+                FsError::from(e)
             })
         };
         if self.pool.get((INODE_CACHE_KEY, index)).is_none() && !self.chunk_missed_recently(index) {

@@ -62,7 +62,7 @@ fn load_block(core: &Core, st: &InodeState, idx: u64) -> FsResult<bool> {
     let block = DirBlock::decode(&buf, id, Location::Disk(da)).map_err(|e| {
         core.stats.corruptions.fetch_add(1, Ordering::Relaxed);
         tracing::error!("{e} (directory inode {})", st.inode.ino);
-        FsError::Corrupt(e)
+        FsError::from(e)
     })?;
     st.dir_blocks.lock().insert(idx, DirNode::from_block(block, da, false));
     Ok(true)
@@ -102,7 +102,7 @@ fn locate(core: &Core, st: &InodeState, cookie: u64) -> FsResult<u64> {
             let node = &cache[&idx];
             let (lo, hi) = cookie_range(idx, node.depth);
             if node.depth > d || cookie < lo || cookie > hi {
-                return Err(FsError::Corrupt(mako_format::FormatError::invalid(
+                return Err(FsError::from(mako_format::FormatError::invalid(
                     "directory block",
                     Location::Disk(node.da),
                     format!("block {idx} at depth {} does not cover cookie {cookie}", node.depth),
@@ -111,7 +111,7 @@ fn locate(core: &Core, st: &InodeState, cookie: u64) -> FsResult<u64> {
             return Ok(idx);
         }
     }
-    Err(FsError::Corrupt(mako_format::FormatError::invalid(
+    Err(FsError::from(mako_format::FormatError::invalid(
         "directory",
         Location::Memory,
         format!("directory inode {} has no block 0", st.inode.ino),

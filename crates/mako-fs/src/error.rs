@@ -39,14 +39,29 @@ pub enum FsError {
     #[error("file system is read-only: {0}")]
     ReadOnly(String),
     #[error("bad metadata: {0}")]
-    Corrupt(#[from] FormatError),
+    Corrupt(FormatError),
     #[error(transparent)]
-    Disk(#[from] DiskError),
+    Disk(DiskError),
     #[error("stale file handle: inode {0}")]
     Stale(u64),
 }
 
 pub type FsResult<T> = Result<T, FsError>;
+
+/// Damage is noted where it becomes an `FsError` (see `journal::note_damage`): an
+/// operation that meets it after changing something must not commit.
+impl From<FormatError> for FsError {
+    fn from(e: FormatError) -> Self {
+        crate::journal::note_damage();
+        FsError::Corrupt(e)
+    }
+}
+impl From<DiskError> for FsError {
+    fn from(e: DiskError) -> Self {
+        crate::journal::note_damage();
+        FsError::Disk(e)
+    }
+}
 
 impl FsError {
     /// The one conversion to errno (used by the FUSE adapter).

@@ -808,6 +808,20 @@ impl FileSystem {
     pub fn write(&self, ino: u64, offset: u64, data: &[u8], append: bool) -> FsResult<usize> {
         self.core.stats.writes.fetch_add(1, Ordering::Relaxed);
         let core = &self.core;
+        if !core.cfg.read().background_workers {
+            // No write-behind threads (deterministic tests): the writer makes room itself.
+            while core.pool.dirty_bytes() + data.len() as u64 > core.pool.dirty_limit() {
+                let before = core.pool.dirty_bytes();
+                for (i, b) in core.pool.dirty_keys(8) {
+                    if let Some(h) = core.cached_handle(i) {
+                        file_io::flush_block(core, &h, b)?;
+                    }
+                }
+                if core.pool.dirty_bytes() >= before {
+                    break;
+                }
+            }
+        }
         core.pool.wait_for_room(data.len() as u64, &|| core.read_only.load(Ordering::Relaxed));
         match self.write_logged(ino, offset, data, append) {
             // Space freed recently is reusable only after a checkpoint: make one, retry.

@@ -63,6 +63,7 @@ impl InodeMap {
                         break;
                     }
                     *w |= 1 << bit;
+                    crate::journal::note_change();
                     if !*dirty {
                         *dirty = true;
                         self.dirty_segments.fetch_add(1, Ordering::Relaxed);
@@ -116,6 +117,7 @@ impl InodeMap {
             return Err(FsError::Invalid(format!("inode {ino} freed twice; run `mako fsck`")));
         }
         g.0.bitmap[w] &= !(1 << b);
+        crate::journal::note_change();
         if !g.1 {
             g.1 = true;
             self.dirty_segments.fetch_add(1, Ordering::Relaxed);

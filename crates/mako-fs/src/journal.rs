@@ -95,6 +95,19 @@ impl Inbox {
 thread_local! {
     /// Journals this thread holds a handle of, with the nesting depth.
     static HELD: RefCell<Vec<(usize, u32)>> = const { RefCell::new(Vec::new()) };
+    /// The operation under this thread's outermost handle: did it change anything, did
+    /// it meet damage (a metadata structure that failed its checks, a disk error)?
+    static OP: std::cell::Cell<(bool, bool)> = const { std::cell::Cell::new((false, false)) };
+}
+
+/// Something in memory changed under the current operation.
+pub fn note_change() {
+    OP.with(|o| o.set((true, o.get().1)));
+}
+
+/// The current operation met damage (called where damage errors are made).
+pub fn note_damage() {
+    OP.with(|o| o.set((o.get().0, true)));
 }
 
 fn holds_handle(id: usize) -> bool {
@@ -159,6 +172,7 @@ pub struct Journal {
     pending_sectors_max: AtomicU64,
     pub stats: LogStats,
     last_checkpoint: Mutex<Instant>,
+    read_only: Arc<crate::core::ReadOnly>,
 }
 
 static JOURNAL_IDS: AtomicUsize = AtomicUsize::new(1);
@@ -184,6 +198,16 @@ impl Drop for Tx<'_> {
             }
         });
         if last {
+            // An operation that failed on damage after changing something may have left
+            // half of itself in memory. Its transaction must never commit: the mount
+            // turns read-only, and the disk keeps the last committed (consistent) state.
+            let (changed, damaged) = OP.with(|o| o.replace((false, false)));
+            if changed && damaged {
+                self.journal.read_only.set(
+                    "an operation met damaged metadata or a disk error after it had changed the file system in memory; \
+                     its changes (and those not yet committed) are discarded, the disk holds the last commit",
+                );
+            }
             let mut g = self.journal.gate.lock();
             g.active -= 1;
             if g.active == 0 && g.closing {
@@ -194,7 +218,7 @@ impl Drop for Tx<'_> {
 }
 
 impl Journal {
-    pub fn new(node: u32, fs_uuid: [u8; 16], log_ino: u64, log_bytes: u64, inode_bytes: u32, start: LogStart) -> Journal {
+    pub fn new(node: u32, fs_uuid: [u8; 16], log_ino: u64, log_bytes: u64, inode_bytes: u32, start: LogStart, read_only: Arc<crate::core::ReadOnly>) -> Journal {
         let capacity = log_capacity(log_bytes);
         let id = JOURNAL_IDS.fetch_add(1, Ordering::Relaxed);
         Journal {
@@ -222,6 +246,7 @@ impl Journal {
             pending_sectors_max: AtomicU64::new(0),
             stats: LogStats::default(),
             last_checkpoint: Mutex::new(Instant::now()),
+            read_only,
         }
     }
 
@@ -298,6 +323,7 @@ impl Journal {
             g.active += 1;
         }
         HELD.with(|h| h.borrow_mut().push((id, 1)));
+        OP.with(|o| o.set((false, false)));
         Tx { journal: self }
     }
 
@@ -310,6 +336,7 @@ impl Journal {
     /// leaves the cache). Call with a handle open.
     pub fn add_image(&self, kind: BufferType, image: LogImage) {
         debug_assert!(holds_handle(self.inbox.id), "add_image without an open handle");
+        note_change();
         self.inbox.note(image.length as u64);
         self.extra.lock().push((kind, image));
     }
