@@ -66,6 +66,10 @@ pub struct BenchArgs {
     /// mdtest-hard file size (io500: 3901).
     #[arg(long, value_parser = size_arg, default_value = "3901")]
     pub md_hard_bytes: u64,
+    /// fsync every file the mdtest write phases create, before closing it (mdtest -y):
+    /// measures the cost of making each create durable. Not part of io500.
+    #[arg(long)]
+    pub md_fsync: bool,
     /// Stop each write phase after this many seconds (io500 stonewall); 0 = never.
     /// Reads then read exactly what was written.
     #[arg(long)]
@@ -107,6 +111,9 @@ pub struct BenchConfig {
     pub md_hard_file_bytes: u64,
     pub stonewall_secs: f64,
     pub verify: bool,
+    /// mdtest -y: each created file is fsynced.
+    #[serde(default)]
+    pub md_fsync: bool,
 }
 
 impl BenchConfig {
@@ -128,6 +135,7 @@ impl BenchConfig {
             md_hard_file_bytes: args.md_hard_bytes,
             stonewall_secs: args.stonewall_secs.unwrap_or(preset.5),
             verify: !args.no_verify,
+            md_fsync: args.md_fsync,
         };
         if config.procs == 0 {
             bail!("-N must be at least 1 process");
@@ -398,6 +406,7 @@ impl Suite<'_> {
                 MdOp::CreateEmpty | MdOp::CreateWrite { .. } => stonewall,
                 _ => None,
             },
+            fsync: config.md_fsync && matches!(op, MdOp::CreateEmpty | MdOp::CreateWrite { .. }),
             verify: config.verify,
         };
 

@@ -117,6 +117,9 @@ pub struct MdSpec {
     pub op: MdOp,
     pub time_limit_ms: Option<u64>,
     pub verify: bool,
+    /// fsync each created file before closing it (mdtest -y).
+    #[serde(default)]
+    pub fsync: bool,
 }
 
 /// One thread walking directory trees and lstat-ing every entry (io500 `find`).
@@ -429,7 +432,7 @@ fn run_md(spec: &MdSpec) -> TaskResult {
                     .create_new(true)
                     .mode(0o644)
                     .open(&path)
-                    .map(drop),
+                    .and_then(|file| if spec.fsync { file.sync_all() } else { Ok(()) }),
                 0,
             ),
             MdOp::CreateWrite { bytes } => (
@@ -438,7 +441,13 @@ fn run_md(spec: &MdSpec) -> TaskResult {
                     .create_new(true)
                     .mode(0o644)
                     .open(&path)
-                    .and_then(|file| file.write_all_at(&data, 0)),
+                    .and_then(|file| {
+                        file.write_all_at(&data, 0)?;
+                        if spec.fsync {
+                            file.sync_all()?;
+                        }
+                        Ok(())
+                    }),
                 bytes,
             ),
             MdOp::Stat => (std::fs::symlink_metadata(&path).map(drop), 0),

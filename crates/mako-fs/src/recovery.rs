@@ -10,9 +10,9 @@
 //!    of this node and file system at exactly the expected LSN and a valid payload
 //!    checksum. The first that does not ends the log: it was never completed (a torn
 //!    commit is never acknowledged), or it is a leftover of an earlier lap.
-//! 4. Write every image in place, in log order, and sync. Images are physical, so a
-//!    crash during replay is recovered by replaying again: nothing has changed on disk
-//!    that the log cannot rewrite.
+//! 4. Write the last image of every address in place (in address order) and sync.
+//!    Images are physical, so a crash during replay is recovered by replaying again:
+//!    nothing has changed on disk that the log cannot rewrite.
 //! 5. Only then record the empty log (tail = head) in the header, and sync.
 
 use crate::error::{FsError, FsResult};
@@ -195,7 +195,8 @@ pub fn replay(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayRep
         next_seq: 1,
         ..ReplayReport::default()
     };
-    // 3. Scan and apply, transaction by transaction.
+    // 3. Scan, transaction by transaction; keep the last image of every address.
+    let mut latest: std::collections::BTreeMap<DiskAddress, mako_format::log_record::LogImage> = std::collections::BTreeMap::new();
     let mut lsn = header.tail_lsn;
     loop {
         if lsn - header.tail_lsn + TXN_HEADER_BYTES as u64 > capacity {
@@ -227,21 +228,54 @@ pub fn replay(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayRep
                 break;
             }
         };
-        // 4. In place, in order.
         if crate::journal::trace_enabled() {
             eprintln!("replay seq {} at lsn {lsn}: {} images", th.seq, images.len());
         }
-        for img in &images {
-            let full = img.expanded();
-            nsd.write(img.da, &full, IoTag { buffer_type: BufferType::Log, ino: 0 })?;
-            report.image_bytes += full.len() as u64;
+        report.images += images.len() as u64;
+        for img in images {
+            latest.insert(img.da, img);
         }
         report.transactions += 1;
-        report.images += images.len() as u64;
         report.log_bytes += total;
         report.next_seq = th.seq + 1;
         lsn += total;
     }
+    // 4. In place: the last image of each address, in address order. Images of one log
+    //    window never overlap at different addresses (freed space is not reused before
+    //    a checkpoint), which is checked: if they did, order would matter.
+    let mut prev_end: Option<(u32, u64)> = None;
+    for (da, img) in &latest {
+        if let Some((disk, end)) = prev_end {
+            if disk == da.disk() && da.sector() < end {
+                return Err(FsError::Invalid(format!(
+                    "recovery log of node {node}: images overlap at {da}; run `mako fsck` (the log is left as it is)"
+                )));
+            }
+        }
+        prev_end = Some((da.disk(), da.sector() + img.length as u64 / 512));
+    }
+    // Adjacent images (neighbouring inodes, pages of one block) go out as one write.
+    let mut run: Option<(DiskAddress, Vec<u8>)> = None;
+    let flush = |run: &mut Option<(DiskAddress, Vec<u8>)>| -> FsResult<()> {
+        if let Some((da, bytes)) = run.take() {
+            nsd.write(da, &bytes, IoTag { buffer_type: BufferType::Log, ino: 0 })?;
+        }
+        Ok(())
+    };
+    for img in latest.values() {
+        report.image_bytes += img.length as u64;
+        let contiguous = run.as_ref().is_some_and(|(da, bytes)| {
+            da.disk() == img.da.disk() && da.sector() + bytes.len() as u64 / 512 == img.da.sector() && bytes.len() < (4 << 20)
+        });
+        if !contiguous {
+            flush(&mut run)?;
+            run = Some((img.da, Vec::with_capacity(img.length as usize)));
+        }
+        let (_, bytes) = run.as_mut().expect("a run");
+        bytes.extend_from_slice(&img.bytes);
+        bytes.resize(bytes.len() + img.length as usize - img.bytes.len(), 0);
+    }
+    flush(&mut run)?;
     report.head_lsn = lsn;
     if report.transactions > 0 {
         nsd.sync_all()?;
