@@ -40,12 +40,12 @@ pub struct NsPlan {
     pub recreate_root: bool,
     /// /lost+found to create, with this inode number.
     pub create_lost_found: Option<u64>,
+    /// The inode file grows by a block to hold the new /lost+found.
+    pub grow_inode_file: bool,
     /// Every entry read, with what stays (for paths).
     ents: Vec<Ent>,
     /// Kept entries by the inode they name.
     by_target: Vec<usize>,
-    /// Names fsck adds: (inode, directory, name).
-    added: Vec<(u64, u64, Vec<u8>)>,
     root: u64,
 }
 
@@ -73,7 +73,7 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
     if !root_ok {
         let why = match rec(recs, root) {
             None => "is blank".to_string(),
-            Some(i) if recs[i].state == SlotState::Bad => "is damaged".to_string(),
+            Some(i) if recs[i].state == SlotState::Bad => format!("is damaged: {}", recs[i].bad_reason().unwrap_or("unreadable")),
             Some(i) => format!("is a {}", kind_name(recs[i].mode)),
         };
         problems.push(
@@ -305,16 +305,30 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
         lost_found = match existing {
             Some(lf) => Some(lf),
             None => {
+                // A slot no entry names: free, or freed or cleared by this run (the new
+                // inode then overwrites it); else the first slot of a new inode-file block.
                 let taken_targets: BTreeSet<u64> = ents.iter().map(|e| e.ino).collect();
-                let free_slot = (m.first_user_inode..slots.min(l.desc.inodes_max))
-                    .find(|&i| rec(recs, i).is_none() && !taken_targets.contains(&i));
+                let limit = slots.min(l.desc.inodes_max);
+                let reusable = |i: u64| match rec(recs, i) {
+                    None => true,
+                    Some(x) => freed.contains(&i) || (recs[x].state == SlotState::Bad && i != root),
+                };
+                let mut free_slot = (m.first_user_inode..limit).find(|&i| reusable(i) && !taken_targets.contains(&i));
+                if free_slot.is_none() && slots < l.desc.inodes_max {
+                    free_slot = Some(slots);
+                    plan.grow_inode_file = true;
+                }
                 let lf_name: Vec<u8> = if name_taken { b"lost+found.fsck".to_vec() } else { LOST_FOUND.to_vec() };
                 match free_slot {
                     Some(lf) => {
                         problems.push(Problem::new(
                             ProblemKind::LostFound,
                             format!("there is no /{} to reconnect {} orphaned inode(s) into", show(&lf_name), orphans.len()),
-                            format!("create /{} as inode {lf}", show(&lf_name)),
+                            if plan.grow_inode_file {
+                                format!("grow the inode file by a block and create /{} as inode {lf}", show(&lf_name))
+                            } else {
+                                format!("create /{} as inode {lf}", show(&lf_name))
+                            },
                         ));
                         plan.create_lost_found = Some(lf);
                         additions.entry(root).or_default().push(NewEntry { name: lf_name, ino: lf, kind: dtype(LOST_FOUND_MODE) });
@@ -324,8 +338,8 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
                         problems.push(
                             Problem::new(
                                 ProblemKind::LostFound,
-                                format!("no free inode slot in the inode file for /lost+found ({} orphaned inodes wait)", orphans.len()),
-                                "mount the file system, create and delete a file (the inode file grows), unmount, and run fsck again",
+                                format!("no inode number left for /lost+found ({} orphaned inodes wait): all {} are in use", orphans.len(), l.desc.inodes_max),
+                                "free inodes (delete files) or raise the inode limit, then run fsck again",
                             )
                             .uncorrectable(),
                         );
@@ -465,11 +479,6 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
         plan.parent.insert(root, root);
         plan.dirs.entry(root).or_default();
     }
-    for (&d, list) in &additions {
-        for e in list {
-            plan.added.push((e.ino, d, e.name.clone()));
-        }
-    }
     plan.root = root;
     progress.update(Phase::Namespace, ents.len() as u64, ents.len() as u64);
     plan.by_target = by_target.into_iter().filter(|&i| ents[i].keep).collect();
@@ -478,15 +487,12 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
 }
 
 impl NsPlan {
-    /// One name of `ino` after the repair: (directory, name).
+    /// One name of `ino` that exists now and stays: (directory, name). Names fsck
+    /// adds are not used: in a check-only run they do not exist.
     fn name_of(&self, ino: u64) -> Option<(u64, &[u8])> {
         let at = self.by_target.partition_point(|&i| self.ents[i].ino < ino);
-        if let Some(&i) = self.by_target.get(at) {
-            if self.ents[i].ino == ino {
-                return Some((self.ents[i].dir, &self.ents[i].name));
-            }
-        }
-        self.added.iter().find(|a| a.0 == ino).map(|a| (a.1, a.2.as_slice()))
+        let &i = self.by_target.get(at)?;
+        (self.ents[i].ino == ino).then(|| (self.ents[i].dir, self.ents[i].name.as_slice()))
     }
 
     /// A path of `ino` from the root, when every directory on the way is known.

@@ -181,7 +181,10 @@ pub fn describe(e: &FormatError) -> String {
         FormatErrorKind::Truncated { needed, available } => format!("is truncated ({available} of {needed} bytes)"),
         FormatErrorKind::Invalid(what) => format!("is invalid: {what}"),
     };
-    format!("{} at {} {what}", e.structure, e.location)
+    match e.location {
+        mako_format::error::Location::Memory => format!("{} {what}", e.structure),
+        location => format!("{} at {location} {what}", e.structure),
+    }
 }
 
 /// Found and fixed counts of one kind.

@@ -88,6 +88,8 @@ struct Plan {
     final_inodes: BTreeSet<u64>,
     alloc_file: MetaFile,
     imap_file: MetaFile,
+    /// The inode file's blocks after the repair (it may grow by one).
+    inode_file: Vec<DiskAddress>,
 }
 
 /// Plan and carry out the repair. On success every correctable problem is fixed.
@@ -147,6 +149,7 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
         final_inodes: BTreeSet::new(),
         alloc_file: f.meta.alloc.clone(),
         imap_file: f.meta.imap.clone(),
+        inode_file: f.meta.inode_file.clone(),
     };
     // 0. Descriptor copies, disk headers.
     let dbytes = desc.encode().map_err(|e| FsckError::Unusable(format!("the descriptor cannot be encoded: {e}")))?;
@@ -217,6 +220,35 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
             }
         }
     }
+    // The inode file grows by a zeroed block when /lost+found needs a slot and none
+    // is free; the inode file's own inode is written first in step 3.
+    let mut first_inodes = Vec::new(); // grown inode file, new /lost+found, recreated root
+    if ns.grow_inode_file {
+        let rec0 = &f.recs[find(&f.recs, m.inode_file).ok_or_else(|| FsckError::Unusable("the inode file's inode was not scanned".into()))?];
+        let mut units: BTreeMap<u64, DiskAddress> =
+            rec0.extents.iter().filter_map(|e| if let Piece::Unit(u) = e.piece { Some((u, e.da)) } else { None }).collect();
+        let n = units.len() as u64;
+        let new = alloc.allocate(Use::Metadata, l.spb as u32).ok_or_else(|| no_space("a new inode-file block"))?;
+        plan.new_blocks.push((new, vec![0u8; l.block_bytes as usize], BufferType::Inode));
+        units.insert(n, new);
+        let tree = build_tree(l, &mut alloc, m.inode_file, &units).map_err(|e| no_space(&e))?;
+        let mut inode0 = read_inode(f, r, m.inode_file)?;
+        inode0.content = InodeContent::Pointers(tree.pointers);
+        inode0.depth = tree.depth;
+        inode0.size = (n + 1) * l.block_bytes;
+        inode0.subblocks = (n + 1) * l.spb + tree.indirect.len() as u64 * l.indirect_subblocks() as u64;
+        for &da in units.values() {
+            plan.final_bits.set_extent(l, da, l.spb as u32);
+        }
+        for &da in &tree.indirect {
+            plan.final_bits.set_extent(l, da, l.indirect_subblocks());
+        }
+        plan.new_blocks.extend(tree.writes);
+        plan.inode_file.push(new);
+        recreated.insert(m.inode_file);
+        plan.final_inodes.insert(m.inode_file);
+        first_inodes.push(inode0);
+    }
     // 2. Cross-links: copies, or holes when there is no space.
     let mut repoint: BTreeMap<u64, Vec<(Piece, Option<DiskAddress>)>> = BTreeMap::new();
     for cf in &f.cross {
@@ -243,8 +275,9 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
         repoint.entry(cf.ino).or_default().push((e.piece, target));
     }
     // 3. Files and directories.
-    let freed: BTreeSet<u64> = ns.free.iter().chain(&ns.clear).copied().collect();
-    let mut first_inodes = Vec::new(); // new /lost+found, recreated root
+    // Inodes freed or cleared; a slot the new /lost+found reuses is not among them:
+    // its new inode overwrites it, and its old blocks are dropped with the old inode.
+    let freed: BTreeSet<u64> = ns.free.iter().chain(&ns.clear).copied().filter(|&i| Some(i) != ns.create_lost_found).collect();
     let mut file_inodes = Vec::new();
     let mut dir_inodes = Vec::new();
     let mut built_dirs: BTreeSet<u64> = BTreeSet::new();
@@ -464,7 +497,7 @@ fn execute(f: &Findings, w: &dyn MetadataWriter, mut plan: Plan, cancel: &Atomic
         Ok(())
     };
     let write_inode = |inode: &Inode, step: u32| -> Result<(), FsckError> {
-        let da = l.inode_da(&f.meta.inode_file, inode.ino).ok_or_else(|| FsckError::Unusable(format!("inode {} lies past the inode file", inode.ino)))?;
+        let da = l.inode_da(&plan.inode_file, inode.ino).ok_or_else(|| FsckError::Unusable(format!("inode {} lies past the inode file", inode.ino)))?;
         let bytes = inode.encode(l.geo.inode_bytes).map_err(|e| FsckError::Unusable(format!("inode {} cannot be encoded: {e}", inode.ino)))?;
         write(da, &bytes, BufferType::Inode, inode.ino, step)
     };
@@ -520,7 +553,7 @@ fn execute(f: &Findings, w: &dyn MetadataWriter, mut plan: Plan, cancel: &Atomic
     // Step 4: cleared and freed inodes.
     let blank = vec![0u8; l.inode_bytes() as usize];
     for &ino in &plan.zero {
-        if let Some(da) = l.inode_da(&f.meta.inode_file, ino) {
+        if let Some(da) = l.inode_da(&plan.inode_file, ino) {
             write(da, &blank, BufferType::Inode, ino, 4)?;
         }
     }

@@ -274,6 +274,11 @@ impl Scanner<'_> {
                 return;
             }
             Err(_) if metadata => return, // the metadata phase reported it
+            Err(e) if ino == m.root_dir => {
+                // The namespace pass recreates the root and says so.
+                out.recs.push(bad_rec(ino, slot, describe(&e)));
+                return;
+            }
             Err(e) => {
                 let used = self.imap.get(ino) != Some(false);
                 let (kind, repair) = if used {

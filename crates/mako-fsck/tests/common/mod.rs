@@ -257,6 +257,9 @@ pub fn list(fs: &FileSystem, ino: u64) -> Vec<String> {
 
 /// Every path of the fixture not under one of `hit` reads back exactly.
 pub fn verify_untouched(fs: &FileSystem, fx: &Fixture, hit: &[&str]) {
+    if hit.contains(&"*") {
+        return;
+    }
     let is_hit = |p: &str| hit.iter().any(|h| p == *h || p.starts_with(&format!("{h}/")));
     let mut checked = 0;
     for (path, expect) in &fx.paths {
@@ -435,9 +438,59 @@ impl Inspect {
     pub fn put_dir_block(&self, da: DiskAddress, b: &DirBlock) {
         self.write(da, &b.encode());
     }
-    /// A slot past every inode in use, inside the inode file: blank.
-    pub fn blank_slot(&self) -> u64 {
+    /// An inode number no inode holds: a blank slot, or the first past the inode file.
+    pub fn unused_ino(&self) -> u64 {
         let slots = self.inode_file.len() as u64 * self.block_bytes() / 4096;
-        (16..slots).rev().find(|&i| self.slot_blank(i)).expect("a blank slot")
+        (16..slots).rev().find(|&i| self.slot_blank(i)).unwrap_or(slots)
+    }
+}
+
+impl Fixture {
+    /// The fixture path of inode `ino` (any one of its names).
+    pub fn path_of(&self, ino: u64) -> Option<&str> {
+        self.inos.iter().find(|(_, &i)| i == ino).map(|(p, _)| p.as_str())
+    }
+}
+
+/// Every entry of /lost+found names an inode of the fixture whose content is intact.
+pub fn lost_found_intact(fs: &FileSystem, fx: &Fixture) -> usize {
+    let lf = lookup(fs, "/lost+found").expect("/lost+found exists");
+    let names = list(fs, lf);
+    for n in &names {
+        let ino: u64 = n.trim_start_matches('#').split('.').next().unwrap().parse().expect("#ino names");
+        let path = fx.path_of(ino).unwrap_or_else(|| panic!("/lost+found/{n} is no fixture inode"));
+        let got = lookup(fs, &format!("/lost+found/{n}")).unwrap();
+        assert_eq!(got, ino, "/lost+found/{n}");
+        if let Some(Expect::File(data)) = fx.paths.get(path) {
+            assert!(read_all(fs, ino) == *data, "/lost+found/{n} ({path}): content differs");
+        }
+    }
+    names.len()
+}
+
+/// A disk that fails every write once a shared budget is spent: a crash at any point.
+pub struct CrashDisk {
+    pub inner: Arc<MemDisk>,
+    pub budget: Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl Disk for CrashDisk {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), mako_disk::DiskError> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), mako_disk::DiskError> {
+        if self.budget.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) <= 0 {
+            return Err(mako_disk::DiskError::Injected { disk: self.inner.name().into(), what: "crash".into() });
+        }
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> Result<(), mako_disk::DiskError> {
+        Ok(())
     }
 }
