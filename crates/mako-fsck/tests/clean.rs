@@ -99,3 +99,17 @@ fn an_unclean_file_system_is_refused_until_its_log_is_replayed() {
     let r = fsck(&disks, false);
     assert!(r.is_clean(), "{}", r.render());
 }
+
+#[test]
+fn a_cancelled_run_exits_32_and_writes_nothing() {
+    let fx = fixture();
+    let disks = fx.restore();
+    let ins = Inspect::open(&disks);
+    ins.flip(ins.inode_da(fx.ino("/tiny")), 300, 0x10);
+    let before = snapshot(&disks);
+    let opts = Options::repair();
+    opts.cancel.store(true, Ordering::SeqCst);
+    let e = mako_fsck::check_offline(disks.as_dyn(), &opts, &NoProgress).unwrap_err();
+    assert_eq!(e.exit_code(), mako_fsck::EXIT_CANCELLED, "{e}");
+    assert!(snapshot(&disks) == before, "a cancelled run wrote");
+}
