@@ -176,8 +176,7 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
         inode.subblocks = n * l.spb + tree.indirect.len() as u64 * l.indirect_subblocks() as u64;
         inode.depth = tree.depth;
         inode.content = InodeContent::Pointers(tree.pointers);
-        for (&b, &da) in &units {
-            let _ = b;
+        for &da in units.values() {
             plan.final_bits.set_extent(l, da, l.spb as u32);
         }
         for &da in &tree.indirect {
