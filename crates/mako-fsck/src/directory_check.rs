@@ -11,6 +11,7 @@
 //!   cookies from it (lookup probes upward from the home and stops at the first free
 //!   cookie: a gap is a broken hash chain);
 //! - no name appears twice; the inode's `entries` counts them.
+//!
 //! Anything broken here is repaired by rebuilding the directory from its readable
 //! entries (`dir_build`).
 

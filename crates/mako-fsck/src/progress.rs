@@ -73,8 +73,11 @@ impl Progress for NoProgress {
 /// One JSON object per line:
 /// `{"phase":"inodes","done":1200,"total":5000,"elapsed_secs":1.02}`, at most one a
 /// second per phase plus the first and last of every phase.
+/// The last line printed: its phase, when, and its count.
+type LastLine = Option<(Phase, Instant, u64)>;
+
 pub struct JsonLines<W: Write + Send> {
-    out: Mutex<(W, Option<(Phase, Instant, u64)>)>,
+    out: Mutex<(W, LastLine)>,
     start: Instant,
 }
 

@@ -567,6 +567,9 @@ fn execute(f: &Findings, w: &dyn MetadataWriter, mut plan: Plan, cancel: &Atomic
     Ok(())
 }
 
+/// A write of the repair: address, bytes, buffer type, inode, step.
+type WriteFn<'a> = dyn Fn(DiskAddress, &[u8], BufferType, u64, u32) -> Result<(), FsckError> + 'a;
+
 /// Write every map segment whose content differs from what was read.
 fn write_maps(
     f: &Findings,
@@ -574,7 +577,7 @@ fn write_maps(
     bits: &Bitmap,
     inodes: &BTreeSet<u64>,
     step: u32,
-    write: &dyn Fn(DiskAddress, &[u8], BufferType, u64, u32) -> Result<(), FsckError>,
+    write: &WriteFn,
 ) -> Result<(), FsckError> {
     let l = &f.l;
     let slot = f.meta.alloc_slot_bytes;

@@ -74,7 +74,7 @@ fn a_check_through_another_reader_is_the_same_check() {
     let reads = reader.reads.load(Ordering::Relaxed);
     assert!(reads > 0);
     let seen = phases.0.lock().unwrap();
-    let inodes_done = seen.iter().filter(|p| p.0 == Phase::Inodes).last().unwrap();
+    let inodes_done = seen.iter().rfind(|p| p.0 == Phase::Inodes).unwrap();
     assert_eq!(inodes_done.1, inodes_done.2, "progress reaches the total");
     assert!(check_through(&ins.desc, &reader, &Options::repair(), &NoProgress).is_err(), "a reader cannot repair");
     // Damage seen through the reader is reported like offline.

@@ -286,6 +286,11 @@ pub fn verify_untouched(fs: &FileSystem, fx: &Fixture, hit: &[&str]) {
     assert!(checked > 20, "only {checked} paths checked");
 }
 
+/// Units of a tree: (unit, address).
+pub type Units = Vec<(u64, DiskAddress)>;
+/// Indirect blocks of a tree: (level, index, address).
+pub type Indirects = Vec<(u8, u64, DiskAddress)>;
+
 /// Direct access to the image's structures, by reading its metadata.
 pub struct Inspect {
     pub desc: Descriptor,
@@ -335,13 +340,14 @@ impl Inspect {
         self.read(self.inode_da(ino), 4096).iter().all(|&b| b == 0)
     }
     /// Units and indirect blocks (level, index, address) of an inode's tree.
-    pub fn tree_of(&self, inode: &Inode) -> (Vec<(u64, DiskAddress)>, Vec<(u8, u64, DiskAddress)>) {
+    pub fn tree_of(&self, inode: &Inode) -> (Units, Indirects) {
         let mut units = Vec::new();
         let mut ind = Vec::new();
         let ind_bytes = self.desc.geometry.indirect_bytes;
         let ppi = ((ind_bytes as usize - 32) / 8) as u64;
         let InodeContent::Pointers(p) = &inode.content else { return (units, ind) };
-        fn go(me: &Inspect, ino: u64, level: u8, index: u64, da: DiskAddress, ppi: u64, ib: u32, units: &mut Vec<(u64, DiskAddress)>, ind: &mut Vec<(u8, u64, DiskAddress)>) {
+        #[allow(clippy::too_many_arguments)]
+        fn go(me: &Inspect, ino: u64, level: u8, index: u64, da: DiskAddress, ppi: u64, ib: u32, units: &mut Units, ind: &mut Indirects) {
             if level == 0 {
                 units.push((index, da));
                 return;
@@ -361,7 +367,7 @@ impl Inspect {
         }
         (units, ind)
     }
-    pub fn tree(&self, ino: u64) -> (Vec<(u64, DiskAddress)>, Vec<(u8, u64, DiskAddress)>) {
+    pub fn tree(&self, ino: u64) -> (Units, Indirects) {
         self.tree_of(&self.inode(ino))
     }
     /// Address of byte `off` of metadata file `ino`.
