@@ -113,3 +113,33 @@ fn a_cancelled_run_exits_32_and_writes_nothing() {
     assert_eq!(e.exit_code(), mako_fsck::EXIT_CANCELLED, "{e}");
     assert!(snapshot(&disks) == before, "a cancelled run wrote");
 }
+
+/// Write `header` as log header copy `k` (0 or 1) of node 0's log.
+fn put_log_header(ins: &Inspect, k: u64, header: &mako_format::log_header::LogHeader) {
+    let log = ins.desc.metadata_inodes.log_first;
+    ins.write(ins.metafile_da(log, 512 * k), &header.encode());
+}
+
+#[test]
+fn the_valid_log_header_copy_with_the_greater_tail_wins() {
+    use mako_format::log_header::LogHeader;
+    let fx = fixture();
+    let disks = fx.restore();
+    let ins = Inspect::open(&disks);
+    let log = ins.desc.metadata_inodes.log_first;
+    let clean = LogHeader { node: 0, log_bytes: ins.desc.log_bytes, tail_lsn: 40, head_lsn: 40, clean: true };
+    // Copy 1 valid and newer, copy 0 torn: a torn header write, nothing wrong.
+    put_log_header(&ins, 1, &clean);
+    ins.flip(ins.metafile_da(log, 0), 30, 0x01);
+    let r = fsck(&disks, false);
+    assert!(r.is_clean(), "one valid copy is enough:\n{}", r.render());
+    // A newer copy that is not clean outranks an older clean one: replay first.
+    put_log_header(&ins, 0, &LogHeader { tail_lsn: 10, head_lsn: 10, ..clean.clone() });
+    put_log_header(&ins, 1, &LogHeader { tail_lsn: 50, head_lsn: 70, clean: false, ..clean.clone() });
+    let e = mako_fsck::check_offline(disks.as_dyn(), &Options::check(), &NoProgress).unwrap_err();
+    assert!(e.to_string().contains("tail LSN 50"), "{e}");
+    // The newer copy clean, the older one not: the newer wins, the check runs.
+    put_log_header(&ins, 0, &LogHeader { tail_lsn: 10, head_lsn: 30, clean: false, ..clean.clone() });
+    put_log_header(&ins, 1, &clean);
+    assert!(fsck(&disks, false).is_clean());
+}

@@ -21,10 +21,12 @@ struct Case {
     ino: Option<u64>,
     /// Paths whose content or name the damage may change.
     hit: Vec<&'static str>,
+    /// What the repair report must say it did about the problem.
+    repaired: Option<&'static str>,
 }
 
 fn case(kind: ProblemKind, ino: Option<u64>, hit: &[&'static str]) -> Case {
-    Case { kind, ino, hit: hit.to_vec() }
+    Case { kind, ino, hit: hit.to_vec(), repaired: None }
 }
 
 fn run(name: &str, inject: impl FnOnce(&Inspect, &Fixture) -> Case, after: impl FnOnce(&FileSystem, &Fixture)) {
@@ -47,6 +49,9 @@ fn run(name: &str, inject: impl FnOnce(&Inspect, &Fixture) -> Case, after: impl 
     assert!(r.problems.iter().all(|p| !p.fixed), "{name}: -n fixed something");
     let r = fsck(&disks, true);
     assert_eq!(r.exit_code, EXIT_CORRECTED, "{name}: fsck -y must repair everything\n{}", r.render());
+    if let Some(said) = c.repaired {
+        assert!(r.of_kind(c.kind).any(|p| p.fixed && p.repair.contains(said)), "{name}: the repair should say {said:?}\n{}", r.render());
+    }
     let r = fsck(&disks, false);
     assert_eq!(r.exit_code, EXIT_CLEAN, "{name}: the second fsck -n is not clean\n{}", r.render());
     let m = disks.mount(config());
@@ -273,7 +278,7 @@ fn cross_linked_block() {
             let InodeContent::Pointers(p) = &mut i.content else { panic!("pointers") };
             p[0] = units[0].1;
             ins.put_inode(&i);
-            case(ProblemKind::CrossLinkedBlock, Some(bp), &["/blockplus"])
+            Case { repaired: Some("its own copy"), ..case(ProblemKind::CrossLinkedBlock, Some(bp), &["/blockplus"]) }
         },
         |fs, fx| {
             let (b64, bp) = (fx.ino("/block64k"), fx.ino("/blockplus"));
@@ -623,6 +628,54 @@ fn orphan_when_the_inode_file_is_full() {
         |fs, fx| {
             assert_eq!(lost_found_intact(fs, fx), 1);
             assert!(lookup(fs, "/lost+found").unwrap() >= 4240, "/lost+found lives in the inode file's new block");
+        },
+    );
+}
+
+#[test]
+fn stale_descriptor_copy() {
+    run(
+        "descriptor copy of an older generation",
+        |ins, _| {
+            let mut old = ins.desc.clone();
+            old.generation -= 1;
+            old.mounted = true;
+            ins.write(ins.descriptor_da(ins.desc.descriptor_disks[2]), &old.encode().unwrap());
+            case(ProblemKind::DescriptorCopy, None, &[])
+        },
+        nothing,
+    );
+}
+
+#[test]
+fn cross_linked_block_with_no_space_left() {
+    run(
+        "cross-linked block when no space is left for a copy",
+        |ins, fx| {
+            let (b64, bp) = (fx.ino("/block64k"), fx.ino("/blockplus"));
+            let (units, _) = ins.tree(b64);
+            let mut i = ins.inode(bp);
+            let InodeContent::Pointers(p) = &mut i.content else { panic!("pointers") };
+            p[0] = units[0].1;
+            ins.put_inode(&i);
+            // Every free subblock marked in use: the repair may not take any of them.
+            for r in 0..ins.desc.regions {
+                let (da, mut seg) = ins.alloc_segment(r);
+                for (s, bits) in seg.slices.iter().zip(seg.bitmaps.iter_mut()) {
+                    for (w, word) in bits.iter_mut().enumerate() {
+                        let valid = (s.subblocks - w as u64 * 64).min(64);
+                        *word = if valid == 64 { u64::MAX } else { (1u64 << valid) - 1 };
+                    }
+                }
+                ins.put_alloc_segment(da, &seg);
+            }
+            Case { repaired: Some("no space left for a copy"), ..case(ProblemKind::CrossLinkedBlock, Some(bp), &["/blockplus"]) }
+        },
+        |fs, fx| {
+            let data = read_all(fs, fx.ino("/blockplus"));
+            assert_eq!(data.len(), 65537);
+            assert!(data[..65536].iter().all(|&b| b == 0), "without space the second owner's unit becomes a hole");
+            assert!(read_all(fs, fx.ino("/block64k")) == pattern(5, 65536), "the first owner keeps its block");
         },
     );
 }
