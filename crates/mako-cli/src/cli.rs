@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
 use mako_control::{ClusterConfig, DataDir, Request};
 
-use crate::{config_cmd, daemon, diag, fs_cmd, status};
+use crate::{config_cmd, daemon, diag, fs_cmd, fsck_cmd, status};
 
 /// Mako cluster file system administration.
 #[derive(Parser, Debug)]
@@ -42,6 +42,10 @@ pub enum Command {
     /// Create and show disks.
     #[command(subcommand)]
     Disk(DiskCommand),
+    /// Check a file system, and repair it with -y (like e2fsck; it must be unmounted).
+    /// Exit 0 clean, 1 errors corrected, 4 errors left, 8 operational error,
+    /// 16 usage error, 32 cancelled.
+    Fsck(FsckArgs),
     /// Show, explain and change configuration parameters.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -157,6 +161,30 @@ pub struct FsCreateArgs {
     /// Mount automatically when makod starts: yes or no
     #[arg(short = 'A', value_name = "yes|no", default_value = "yes", value_parser = ["yes", "no"])]
     pub automount: String,
+}
+
+/// Most scan threads `--threads` accepts.
+pub const FSCK_THREADS_MAX: u64 = 1024;
+
+#[derive(Args, Debug, Clone)]
+pub struct FsckArgs {
+    /// File system
+    pub name: String,
+    /// Check only and change nothing (the default)
+    #[arg(short = 'n', long = "no", conflicts_with = "yes")]
+    pub no: bool,
+    /// Repair everything found, without asking
+    #[arg(short = 'y', long = "yes")]
+    pub yes: bool,
+    /// Threads scanning inode ranges in parallel [default: the number of cores]
+    #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=FSCK_THREADS_MAX))]
+    pub threads: Option<usize>,
+    /// Print the report as JSON on stdout (progress stays on stderr)
+    #[arg(long)]
+    pub json: bool,
+    /// Check while makod has the file system mounted (read-only; not supported yet)
+    #[arg(long, conflicts_with = "yes")]
+    pub online: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -297,6 +325,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Fs(FsCommand::Unmount { name }) => fs_cmd::mount(&context, &name, false),
         Command::Disk(DiskCommand::Create(args)) => fs_cmd::disk_create(&context, &args),
         Command::Disk(DiskCommand::Show { fs }) => fs_cmd::disk_show(&context, fs.as_deref()),
+        Command::Fsck(args) => Ok(fsck_cmd::run(&context, &args)),
         Command::Config(command) => config_cmd::run(&context, command),
         Command::Diag(command) => diag::run(&context, command),
         Command::Perf { args } => {
@@ -394,6 +423,10 @@ mod tests {
             "mako diag config",
             "mako sync",
             "mako bench /tmp",
+            "mako fsck fs1",
+            "mako fsck fs1 -n",
+            "mako fsck fs1 -y --threads 4 --json",
+            "mako fsck fs1 --online -n",
         ];
         for line in lines {
             if let Err(e) = parse(line) {
@@ -427,6 +460,10 @@ mod tests {
             "mako config set",
             "mako diag iohist -n lots",
             "mako frobnicate",
+            "mako fsck",
+            "mako fsck fs1 -n -y",
+            "mako fsck fs1 --threads 0",
+            "mako fsck fs1 --online -y",
         ] {
             assert!(parse(line).is_err(), "{line}");
         }

@@ -496,7 +496,7 @@ pub fn show(context: &Context, name: Option<&str>) -> Result<ExitCode> {
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
-fn no_such_fs(cluster: &ClusterConfig, name: &str) -> anyhow::Error {
+pub fn no_such_fs(cluster: &ClusterConfig, name: &str) -> anyhow::Error {
     let names: Vec<&str> = cluster.filesystems.iter().map(|f| f.name.as_str()).collect();
     anyhow!(
         "no file system `{name}` in this cluster; {}",

@@ -12,6 +12,7 @@ mod daemon;
 mod diag;
 mod diskspec;
 mod fs_cmd;
+mod fsck_cmd;
 mod status;
 mod table;
 mod units;
@@ -32,7 +33,16 @@ fn main() -> ExitCode {
     } else {
         args
     };
-    let cli = cli::Cli::parse_from(args);
+    // fsck's usage errors exit 16, as e2fsck's do; every other command keeps clap's 2.
+    let is_fsck = args.iter().skip(1).any(|a| a == "fsck");
+    let cli = match cli::Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(error) if is_fsck && error.use_stderr() => {
+            let _ = error.print();
+            return ExitCode::from(mako_fsck::EXIT_USAGE as u8);
+        }
+        Err(error) => error.exit(),
+    };
     match cli::run(cli) {
         Ok(code) => code,
         Err(error) => {

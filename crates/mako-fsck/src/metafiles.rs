@@ -1,0 +1,362 @@
+//! The second phase: the files that hold metadata. The inode file (found through its
+//! own inode at the descriptor's `inode_file_start`), the block allocation map, the
+//! inode allocation map and the recovery log of every node, with their contents read
+//! for the later phases (map segments) or checked now (log headers).
+//!
+//! The log state decides whether an offline check may run at all: a file system
+//! whose log holds unreplayed changes is refused (`replay_recovery_log`).
+
+use crate::error::FsckError;
+use crate::layout::{Layout, S_IFMT, S_IFREG};
+use crate::problem::{describe, Problem, ProblemKind};
+use crate::reader::MetadataReader;
+use crate::tree::{walk, UnitRule};
+use mako_disk::BufferType;
+use mako_format::alloc_segment::AllocSegment;
+use mako_format::error::Location;
+use mako_format::inode::{Inode, InodeContent, FLAG_SYSTEM};
+use mako_format::inode_map_segment::InodeMapSegment;
+use mako_format::log_header::{LogHeader, LOG_HEADER_BYTES};
+use mako_format::DiskAddress;
+
+/// Byte offsets of the two log header copies in a log file (the format being built
+/// keeps two; images made before it have a blank copy 1).
+pub const LOG_HEADER_COPY_OFFSETS: [u64; 2] = [0, 512];
+/// Log records start here; fsck rewrites headers within this area only.
+pub const LOG_RECORDS_OFFSET: u64 = 4096;
+
+/// One metadata file: its blocks when its inode and tree are sound.
+#[derive(Debug, Clone)]
+pub struct MetaFile {
+    pub ino: u64,
+    /// Block addresses by block index, when readable; `None` when fsck recreates it.
+    pub blocks: Option<Vec<DiskAddress>>,
+    /// Bytes the file must hold.
+    pub bytes: u64,
+}
+
+impl MetaFile {
+    /// Address of `len` bytes at `offset`, when they lie inside one block of the file.
+    pub fn da(&self, l: &Layout, offset: u64, len: u64) -> Result<DiskAddress, String> {
+        let blocks = self.blocks.as_ref().ok_or_else(|| format!("metadata file {} is being recreated", self.ino))?;
+        let b = (offset / l.block_bytes) as usize;
+        let within = offset % l.block_bytes;
+        if within + len > l.block_bytes {
+            return Err(format!(
+                "bytes {offset}..{} of metadata file {} straddle its blocks {b} and {}",
+                offset + len,
+                self.ino,
+                b + 1
+            ));
+        }
+        blocks.get(b).map(|d| d.offset_by(within)).ok_or_else(|| format!("metadata file {} has no block {b}", self.ino))
+    }
+}
+
+/// The state of one node's recovery log.
+#[derive(Debug, Clone)]
+pub struct LogState {
+    pub node: u32,
+    pub file: MetaFile,
+    /// The winning header copy, if any copy is valid.
+    pub header: Option<LogHeader>,
+    /// The header area must be rewritten (no valid copy, or fields that disagree).
+    pub rewrite_header: bool,
+}
+
+pub struct Metafiles {
+    pub inode_file: Vec<DiskAddress>,
+    /// Inode slots the inode file holds (capped at the inode limit).
+    pub slots: u64,
+    pub alloc: MetaFile,
+    pub imap: MetaFile,
+    pub logs: Vec<LogState>,
+    pub alloc_slot_bytes: u64,
+    pub imap_slot_bytes: u64,
+    /// Decoded segments; `None` where damaged (or the file is recreated).
+    pub alloc_segments: Vec<Option<AllocSegment>>,
+    pub imap_segments: Vec<Option<InodeMapSegment>>,
+}
+
+fn read_inode(l: &Layout, r: &dyn MetadataReader, da: DiskAddress, ino: u64) -> Result<Inode, String> {
+    let mut buf = vec![0u8; l.inode_bytes() as usize];
+    r.read(da, &mut buf, BufferType::Inode, ino).map_err(|e| format!("inode {ino} at {da} cannot be read: {e}"))?;
+    Inode::decode(&buf, l.geo.inode_bytes, ino, Location::Disk(da)).map_err(|e| describe(&e))
+}
+
+/// The blocks of a metadata file of at least `min_bytes`, or why they cannot be used.
+fn metafile_blocks(l: &Layout, r: &dyn MetadataReader, inode: &Inode, min_bytes: u64) -> Result<Vec<DiskAddress>, String> {
+    if inode.flags & FLAG_SYSTEM == 0 || inode.mode & S_IFMT != S_IFREG {
+        return Err(format!("inode {} is not a metadata file (mode {:o}, flags {:#x})", inode.ino, inode.mode, inode.flags));
+    }
+    let InodeContent::Pointers(ptrs) = &inode.content else {
+        return Err(format!("inode {} holds no block pointers", inode.ino));
+    };
+    if inode.size < min_bytes || inode.size % l.block_bytes != 0 {
+        return Err(format!("inode {} is {} bytes; it must be whole blocks and at least {min_bytes} bytes", inode.ino, inode.size));
+    }
+    let n = inode.size / l.block_bytes;
+    let rule = UnitRule { full: l.spb as u32, last: n.checked_sub(1), last_subblocks: 0, beyond_eof: false, size: inode.size };
+    let w = walk(l, r, inode.ino, inode.depth, ptrs, &rule);
+    if let Some(lost) = w.lost.first() {
+        return Err(format!("its block map is damaged: {}", lost.why));
+    }
+    let mut blocks = vec![DiskAddress::NULL; n as usize];
+    for (u, da, _) in w.units {
+        blocks[u as usize] = da;
+    }
+    if let Some(hole) = blocks.iter().position(|d| d.is_null()) {
+        return Err(format!("block {hole} of inode {} is a hole", inode.ino));
+    }
+    Ok(blocks)
+}
+
+/// Read the metadata files. Damage that fsck can repair becomes a problem; damage it
+/// cannot work around (the inode file) is an error.
+pub fn read(l: &Layout, r: &dyn MetadataReader, problems: &mut Vec<Problem>) -> Result<Metafiles, FsckError> {
+    let desc = &l.desc;
+    let m = desc.metadata_inodes;
+    // 1. The inode file, through its own inode at its fixed place.
+    let start = desc.inode_file_start;
+    let inode0 = read_inode(l, r, start, m.inode_file).map_err(|e| {
+        FsckError::Unusable(format!(
+            "the inode file's own inode (inode {} at {start}) is damaged: {e}; fsck cannot find any inode without it. \
+             Restore the file system from a backup",
+            m.inode_file
+        ))
+    })?;
+    let inode_file = metafile_blocks(l, r, &inode0, l.block_bytes).map_err(|e| {
+        FsckError::Unusable(format!("the inode file (inode {}) cannot be read whole: {e}; restore the file system from a backup", m.inode_file))
+    })?;
+    if inode_file[0] != start {
+        return Err(FsckError::Unusable(format!(
+            "the inode file's block 0 is at {}, but the descriptor says the inode file starts at {start}; restore from a backup",
+            inode_file[0]
+        )));
+    }
+    let slots = (inode_file.len() as u64 * l.block_bytes / l.inode_bytes()).min(desc.inodes_max);
+    let meta_inode = |ino: u64| -> Result<Inode, String> {
+        let da = l.inode_da(&inode_file, ino).ok_or_else(|| format!("inode {ino} lies past the inode file"))?;
+        read_inode(l, r, da, ino)
+    };
+    let slot_of = |ino: u64| l.inode_da(&inode_file, ino);
+    // 2. The allocation maps: their files, then every segment.
+    let alloc_slot_bytes = mako_fs::alloc_map::segment_slot_bytes(desc) as u64;
+    let per = desc.inodes_per_segment;
+    let imap_slot_bytes = InodeMapSegment::slot_bytes(per) as u64;
+    let nseg = mako_fs::inode_map::InodeMap::segment_count(desc.inodes_max, per) as u64;
+    let open_map = |ino: u64, bytes: u64, what: &str, problems: &mut Vec<Problem>| -> MetaFile {
+        let blocks = meta_inode(ino).and_then(|i| metafile_blocks(l, r, &i, bytes));
+        match blocks {
+            Ok(b) => MetaFile { ino, blocks: Some(b), bytes },
+            Err(e) => {
+                let mut p = Problem::new(
+                    ProblemKind::MetadataFile,
+                    format!("the {what} file (inode {ino}) is unusable: {e}"),
+                    format!("recreate the {what} file on new blocks and write it from what is in use"),
+                )
+                .ino(ino);
+                if let Some(da) = slot_of(ino) {
+                    p = p.at(da);
+                }
+                problems.push(p);
+                MetaFile { ino, blocks: None, bytes }
+            }
+        }
+    };
+    let alloc = open_map(m.block_alloc_map, desc.regions as u64 * alloc_slot_bytes, "block allocation map", problems);
+    let imap = open_map(m.inode_alloc_map, nseg * imap_slot_bytes, "inode allocation map", problems);
+    let mut alloc_segments = Vec::new();
+    for region in 0..desc.regions {
+        alloc_segments.push(read_alloc_segment(l, r, &alloc, region, alloc_slot_bytes, problems));
+    }
+    let mut imap_segments = Vec::new();
+    for s in 0..nseg as u32 {
+        imap_segments.push(read_imap_segment(l, r, &imap, s, imap_slot_bytes, problems));
+    }
+    // 3. The recovery logs.
+    let mut logs = Vec::new();
+    for node in 0..m.log_count {
+        let ino = m.log_first + node as u64;
+        let file = open_map(ino, desc.log_bytes.max(LOG_RECORDS_OFFSET), "recovery log", problems);
+        logs.push(read_log(l, r, file, node, problems));
+    }
+    Ok(Metafiles { inode_file, slots, alloc, imap, logs, alloc_slot_bytes, imap_slot_bytes, alloc_segments, imap_segments })
+}
+
+/// Read `len` bytes at `offset` of a metadata file the way mako-fs does: from the
+/// address of the first byte onwards. Returns the bytes and their address.
+fn read_range(l: &Layout, r: &dyn MetadataReader, f: &MetaFile, offset: u64, len: u64, what: BufferType) -> Result<(Vec<u8>, DiskAddress), String> {
+    let da = f.da(l, offset, len)?;
+    let mut buf = vec![0u8; len as usize];
+    r.read(da, &mut buf, what, f.ino).map_err(|e| format!("cannot be read at {da}: {e}"))?;
+    Ok((buf, da))
+}
+
+fn read_alloc_segment(l: &Layout, r: &dyn MetadataReader, f: &MetaFile, region: u32, slot: u64, problems: &mut Vec<Problem>) -> Option<AllocSegment> {
+    f.blocks.as_ref()?;
+    let fail = |what: String, at: Option<DiskAddress>, correctable: bool| {
+        let mut p = Problem::new(
+            ProblemKind::AllocSegment,
+            format!("allocation map segment of region {region} {what}"),
+            if correctable { "rewrite the segment from the blocks in use" } else { "none: this is a mako-fs bug, report it; fsck leaves the segment alone" },
+        );
+        if let Some(da) = at {
+            p = p.at(da);
+        }
+        if !correctable {
+            p = p.uncorrectable();
+        }
+        p
+    };
+    let (buf, da) = match read_range(l, r, f, region as u64 * slot, slot, BufferType::AllocMap) {
+        Ok(x) => x,
+        Err(e) => {
+            let straddles = e.contains("straddle");
+            problems.push(fail(e, None, !straddles));
+            return None;
+        }
+    };
+    match AllocSegment::decode(&buf, region, Location::Disk(da)) {
+        Ok(seg) if seg.slices == mako_fs::alloc_map::region_slices(&l.desc, region) => Some(seg),
+        Ok(seg) => {
+            problems.push(fail(format!("covers {:?}, but the descriptor gives the region other slices", seg.slices.first()), Some(da), true));
+            None
+        }
+        Err(e) => {
+            problems.push(fail(format!("is damaged: {}", describe(&e)), Some(da), true));
+            None
+        }
+    }
+}
+
+fn read_imap_segment(l: &Layout, r: &dyn MetadataReader, f: &MetaFile, s: u32, slot: u64, problems: &mut Vec<Problem>) -> Option<InodeMapSegment> {
+    f.blocks.as_ref()?;
+    let per = l.desc.inodes_per_segment;
+    let (buf, da) = match read_range(l, r, f, s as u64 * slot, slot, BufferType::InodeMap) {
+        Ok(x) => x,
+        Err(e) => {
+            let straddles = e.contains("straddle");
+            let mut p = Problem::new(
+                ProblemKind::InodeMapSegment,
+                format!("inode map segment {s} {e}"),
+                if straddles { "none: this is a mako-fs bug, report it; fsck leaves the segment alone" } else { "rewrite the segment from the inodes in use" },
+            );
+            if straddles {
+                p = p.uncorrectable();
+            }
+            problems.push(p);
+            return None;
+        }
+    };
+    match InodeMapSegment::decode(&buf, s, per, Location::Disk(da)) {
+        Ok(seg) if seg.first_ino == s as u64 * per as u64 => Some(seg),
+        Ok(seg) => {
+            problems.push(
+                Problem::new(
+                    ProblemKind::InodeMapSegment,
+                    format!("inode map segment {s} says it starts at inode {}, it must start at {}", seg.first_ino, s as u64 * per as u64),
+                    "rewrite the segment from the inodes in use",
+                )
+                .at(da),
+            );
+            None
+        }
+        Err(e) => {
+            problems.push(
+                Problem::new(ProblemKind::InodeMapSegment, format!("inode map segment {s} is damaged: {}", describe(&e)), "rewrite the segment from the inodes in use")
+                    .at(da),
+            );
+            None
+        }
+    }
+}
+
+fn read_log(l: &Layout, r: &dyn MetadataReader, file: MetaFile, node: u32, problems: &mut Vec<Problem>) -> LogState {
+    if file.blocks.is_none() {
+        return LogState { node, file, header: None, rewrite_header: true };
+    }
+    let mut copies = Vec::new();
+    let mut damaged = Vec::new();
+    let mut first_da = None;
+    for (k, &off) in LOG_HEADER_COPY_OFFSETS.iter().enumerate() {
+        match read_range(l, r, &file, off, LOG_HEADER_BYTES as u64, BufferType::Log) {
+            Ok((buf, da)) => {
+                first_da.get_or_insert(da);
+                // A blank copy 1 is the shape of logs written before the two-copy format.
+                if k == 1 && buf.iter().all(|&b| b == 0) {
+                    continue;
+                }
+                match LogHeader::decode(&buf, node, Location::Disk(da)) {
+                    Ok(h) => copies.push(h),
+                    Err(e) => damaged.push(format!("copy {k}: {}", describe(&e))),
+                }
+            }
+            Err(e) => damaged.push(format!("copy {k}: {e}")),
+        }
+    }
+    // The valid copy with the greater tail LSN is the current one.
+    let header = copies.into_iter().max_by_key(|h| h.tail_lsn);
+    let mut rewrite_header = false;
+    match &header {
+        None => {
+            let mut p = Problem::new(
+                ProblemKind::LogHeader,
+                format!("the recovery log of node {node} (inode {}) has no valid header: {}", file.ino, damaged.join("; ")),
+                "rewrite a clean header (the descriptor says the file system was unmounted cleanly, so nothing is lost)",
+            )
+            .ino(file.ino);
+            if let Some(da) = first_da {
+                p = p.at(da);
+            }
+            problems.push(p);
+            rewrite_header = true;
+        }
+        Some(h) if h.log_bytes != l.desc.log_bytes => {
+            problems.push(
+                Problem::new(
+                    ProblemKind::LogHeader,
+                    format!("the recovery log header of node {node} says the log is {} bytes, the descriptor says {}", h.log_bytes, l.desc.log_bytes),
+                    "rewrite the header with the descriptor's size",
+                )
+                .ino(file.ino),
+            );
+            rewrite_header = true;
+        }
+        Some(_) => {}
+    }
+    LogState { node, file, header, rewrite_header }
+}
+
+/// Where the replay of the recovery log goes.
+///
+/// The recovery log (`mako_fs::recovery`, being built) will replay the logged
+/// changes of every node here, before fsck reads anything else, so that an offline
+/// check sees the file system as its last committed transaction left it. Until that
+/// replay function exists, a file system that needs one is refused: checking it
+/// would report as damage what the log would have repaired.
+pub fn replay_recovery_log(l: &Layout, logs: &[LogState]) -> Result<(), FsckError> {
+    let mut reasons = Vec::new();
+    if l.desc.mounted {
+        reasons.push("the descriptor says it is mounted (the last stop was not a clean unmount)".to_string());
+    }
+    for log in logs {
+        match &log.header {
+            Some(h) if !h.clean => reasons.push(format!(
+                "the recovery log of node {} is not clean (tail LSN {}, head LSN {})",
+                log.node, h.tail_lsn, h.head_lsn
+            )),
+            None if l.desc.mounted => reasons.push(format!("the recovery log header of node {} is unreadable", log.node)),
+            _ => {}
+        }
+    }
+    if reasons.is_empty() {
+        return Ok(());
+    }
+    let name = &l.desc.fs_name;
+    Err(FsckError::NeedsReplay(format!(
+        "file system {name}: {}. Its recovery log must be replayed before a check. Mount it once and unmount it \
+         (`mako fs mount {name}` then `mako fs unmount {name}`, or `mako up` then `mako down`), then run fsck again",
+        reasons.join("; ")
+    )))
+}

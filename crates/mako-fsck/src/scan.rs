@@ -1,0 +1,574 @@
+//! The third phase, the long one: every inode slot of the inode file, in parallel
+//! over inode ranges. Each worker takes the next chunk of the inode file (one read of
+//! up to `CHUNK_BYTES_MAX`, never one I/O per inode), decodes every slot, checks its
+//! fields, walks its indirect tree, checks its directory structure, and claims its
+//! subblocks in the shared `Ownership` bitmap (a claim of a claimed subblock is a
+//! cross-link, resolved after the scan). What later phases need is kept per inode in
+//! a compact `InodeRec`; the full inode is read again only for inodes fsck rewrites.
+
+use crate::directory_check::{self, DirScan};
+use crate::error::FsckError;
+use crate::layout::{dtype, is_dir, is_reg, kind_name, valid_kind, Layout, S_IFMT, TREE_DEPTH_MAX};
+use crate::metafiles::Metafiles;
+use crate::problem::{describe, Problem, ProblemKind};
+use crate::progress::{Phase, Progress, TICK_MS};
+use crate::reader::MetadataReader;
+use crate::space::Ownership;
+use crate::tree::{probe_depth, walk, LostPointer, UnitRule, Walk};
+use mako_disk::BufferType;
+use mako_format::error::Location;
+use mako_format::inode::{Inode, InodeContent, FLAG_SYSTEM};
+use mako_format::inode_map_segment::InodeMapSegment;
+use mako_format::DiskAddress;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Largest read of the inode file (256 inodes of 4 KiB).
+pub const CHUNK_BYTES_MAX: u64 = 1 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotState {
+    /// In use, with links.
+    Live,
+    /// Marked in use, no links: open and unlinked when the file system stopped.
+    Unlinked,
+    /// Does not decode, or cannot be a file: cleared by a repair.
+    Bad,
+}
+
+/// A piece of a file's tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Piece {
+    Unit(u64),
+    Indirect(u8, u64),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Extent {
+    pub da: DiskAddress,
+    pub subblocks: u32,
+    pub piece: Piece,
+}
+
+/// A field correction, applied when the inode is rewritten.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fix {
+    Size(u64),
+    Subblocks(u64),
+    LastBlockSubblocks(u16),
+    Entries(u64),
+    Depth(u8),
+    ClearSystemFlag,
+    /// A device, fifo or socket holding data: it becomes empty.
+    EmptySpecial,
+}
+
+/// What the scan found beyond the common fields (boxed: most inodes need none).
+#[derive(Debug, Default)]
+pub struct Extra {
+    pub lost: Vec<LostPointer>,
+    pub fixes: Vec<Fix>,
+    pub dir: Option<DirScan>,
+    /// Why a `Bad` inode is bad.
+    pub bad: Option<String>,
+}
+
+/// One non-blank inode slot, as the later phases need it.
+#[derive(Debug)]
+pub struct InodeRec {
+    pub ino: u64,
+    pub state: SlotState,
+    pub mode: u32,
+    pub nlink: u32,
+    pub parent: u64,
+    pub size: u64,
+    /// A metadata file (inode file, maps, logs).
+    pub system: bool,
+    pub slot: DiskAddress,
+    pub extents: Vec<Extent>,
+    pub extra: Option<Box<Extra>>,
+}
+
+impl InodeRec {
+    pub fn is_dir(&self) -> bool {
+        is_dir(self.mode)
+    }
+    pub fn live(&self) -> bool {
+        matches!(self.state, SlotState::Live | SlotState::Unlinked)
+    }
+    /// Why a `Bad` inode is bad.
+    pub fn bad_reason(&self) -> Option<&str> {
+        self.extra.as_ref().and_then(|e| e.bad.as_deref())
+    }
+    pub fn fixes(&self) -> &[Fix] {
+        self.extra.as_ref().map_or(&[], |e| &e.fixes)
+    }
+    pub fn lost(&self) -> &[LostPointer] {
+        self.extra.as_ref().map_or(&[], |e| &e.lost)
+    }
+    pub fn dtype(&self) -> u8 {
+        dtype(self.mode)
+    }
+}
+
+/// Binary search of the records (sorted by inode number).
+pub fn find(recs: &[InodeRec], ino: u64) -> Option<usize> {
+    recs.binary_search_by_key(&ino, |r| r.ino).ok()
+}
+
+/// The inode map as read from disk: `None` where its segment is damaged.
+pub struct InodeBits<'a> {
+    pub segments: &'a [Option<InodeMapSegment>],
+    pub per: u64,
+}
+
+impl InodeBits<'_> {
+    pub fn get(&self, ino: u64) -> Option<bool> {
+        let seg = self.segments.get((ino / self.per) as usize)?.as_ref()?;
+        let i = ino % self.per;
+        seg.bitmap.get((i / 64) as usize).map(|w| w >> (i % 64) & 1 == 1)
+    }
+}
+
+/// Everything the scan found.
+pub struct ScanOut {
+    /// Non-blank slots, sorted by inode number.
+    pub recs: Vec<InodeRec>,
+    /// Extents whose claim met an earlier claim: (inode, index into its extents).
+    pub conflicts: Vec<(u64, usize)>,
+    pub problems: Vec<Problem>,
+    pub slots: u64,
+}
+
+#[derive(Default)]
+struct ChunkOut {
+    recs: Vec<InodeRec>,
+    conflicts: Vec<(u64, usize)>,
+    problems: Vec<Problem>,
+    newer: Vec<String>,
+    fatal: Option<String>,
+}
+
+struct Scanner<'a> {
+    l: &'a Layout,
+    r: &'a dyn MetadataReader,
+    meta: &'a Metafiles,
+    imap: InodeBits<'a>,
+    owners: &'a Ownership,
+}
+
+/// Scan every slot with `threads` workers.
+pub fn run(
+    l: &Layout,
+    r: &dyn MetadataReader,
+    meta: &Metafiles,
+    owners: &Ownership,
+    threads: usize,
+    cancel: &AtomicBool,
+    progress: &dyn Progress,
+) -> Result<ScanOut, FsckError> {
+    let isz = l.inode_bytes();
+    let chunk_bytes = l.block_bytes.min(CHUNK_BYTES_MAX);
+    let per_chunk = chunk_bytes / isz;
+    let slots = meta.slots;
+    let nchunks = slots.div_ceil(per_chunk) as usize;
+    let sc = Scanner { l, r, meta, imap: InodeBits { segments: &meta.imap_segments, per: l.desc.inodes_per_segment as u64 }, owners };
+    let next = AtomicUsize::new(0);
+    let done = AtomicU64::new(0);
+    let running = AtomicUsize::new(threads.max(1));
+    let results: Vec<Mutex<Option<ChunkOut>>> = (0..nchunks).map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for t in 0..threads.max(1) {
+            let (sc, next, done, running, results) = (&sc, &next, &done, &running, &results);
+            std::thread::Builder::new()
+                .name(format!("fsck-scan-{t}"))
+                .spawn_scoped(s, move || {
+                    loop {
+                        let c = next.fetch_add(1, Ordering::Relaxed);
+                        if c >= nchunks || cancel.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let first = c as u64 * per_chunk;
+                        let last = (first + per_chunk).min(slots);
+                        let out = sc.chunk(c as u64, chunk_bytes, first, last);
+                        *results[c].lock().unwrap_or_else(|e| e.into_inner()) = Some(out);
+                        done.fetch_add(last - first, Ordering::Relaxed);
+                    }
+                    running.fetch_sub(1, Ordering::Release);
+                })
+                .expect("spawning a scan thread");
+        }
+        while running.load(Ordering::Acquire) > 0 {
+            progress.update(Phase::Inodes, done.load(Ordering::Relaxed), slots);
+            std::thread::sleep(Duration::from_millis(TICK_MS));
+        }
+    });
+    progress.update(Phase::Inodes, done.load(Ordering::Relaxed), slots);
+    if cancel.load(Ordering::Relaxed) {
+        return Err(FsckError::Cancelled { during_repair: false });
+    }
+    let mut out = ScanOut { recs: Vec::new(), conflicts: Vec::new(), problems: Vec::new(), slots };
+    let mut newer = Vec::new();
+    for r in results {
+        let c = r.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every chunk scanned");
+        if let Some(f) = c.fatal {
+            return Err(FsckError::Unusable(f));
+        }
+        out.recs.extend(c.recs);
+        out.conflicts.extend(c.conflicts);
+        out.problems.extend(c.problems);
+        newer.extend(c.newer);
+    }
+    if !newer.is_empty() {
+        return Err(FsckError::NewerFormat(format!(
+            "{} inode(s) were written by a newer Mako than this fsck ({}{}); upgrade Mako and run its fsck",
+            newer.len(),
+            newer[0],
+            if newer.len() > 1 { ", …" } else { "" }
+        )));
+    }
+    Ok(out)
+}
+
+impl Scanner<'_> {
+    fn chunk(&self, c: u64, chunk_bytes: u64, first: u64, last: u64) -> ChunkOut {
+        let l = self.l;
+        let mut out = ChunkOut::default();
+        let per_block = l.block_bytes / chunk_bytes;
+        let base = self.meta.inode_file[(c / per_block) as usize].offset_by((c % per_block) * chunk_bytes);
+        let isz = l.inode_bytes();
+        let mut buf = vec![0u8; ((last - first) * isz) as usize];
+        if let Err(e) = self.r.read(base, &mut buf, BufferType::Inode, l.desc.metadata_inodes.inode_file) {
+            // Inodes fsck cannot read may own blocks: going on would free them.
+            out.fatal = Some(format!(
+                "the inode file cannot be read at {base} (inodes {first}..{}): {e}; fix the disk and run fsck again",
+                last - 1
+            ));
+            return out;
+        }
+        for (i, bytes) in buf.chunks_exact(isz as usize).enumerate() {
+            let ino = first + i as u64;
+            self.inode(ino, bytes, base.offset_by(i as u64 * isz), &mut out);
+        }
+        out
+    }
+
+    fn inode(&self, ino: u64, bytes: &[u8], slot: DiskAddress, out: &mut ChunkOut) {
+        let l = self.l;
+        let m = l.desc.metadata_inodes;
+        let metadata = ino == m.inode_file
+            || ino == m.block_alloc_map
+            || ino == m.inode_alloc_map
+            || (ino >= m.log_first && ino < m.log_first + m.log_count as u64);
+        if ino < m.first_user_inode && ino != m.root_dir && !metadata {
+            return; // reserved numbers no file uses
+        }
+        if Inode::is_blank(bytes) {
+            return; // a free slot; the inode map comparison reports a set bit
+        }
+        let inode = match Inode::decode(bytes, l.geo.inode_bytes, ino, Location::Disk(slot)) {
+            Ok(i) => i,
+            Err(e) if !e.is_corruption() => {
+                out.newer.push(format!("inode {ino} at {slot}"));
+                return;
+            }
+            Err(_) if metadata => return, // the metadata phase reported it
+            Err(e) if ino == m.root_dir => {
+                // The namespace pass recreates the root and says so.
+                out.recs.push(bad_rec(ino, slot, describe(&e)));
+                return;
+            }
+            Err(e) => {
+                let used = self.imap.get(ino) != Some(false);
+                let (kind, repair) = if used {
+                    (ProblemKind::BadInode, "clear the inode and remove the entries that name it; its blocks are reclaimed")
+                } else {
+                    (ProblemKind::DamagedFreeInode, "zero the free slot")
+                };
+                out.problems.push(Problem::new(kind, describe(&e), repair).ino(ino).at(slot));
+                out.recs.push(bad_rec(ino, slot, describe(&e)));
+                return;
+            }
+        };
+        if metadata {
+            self.metadata_inode(inode, slot, out);
+            return;
+        }
+        let state = if inode.nlink > 0 {
+            SlotState::Live
+        } else if self.imap.get(ino) == Some(true) {
+            SlotState::Unlinked
+        } else {
+            return; // freed: mako-fs writes freed inodes back with no links
+        };
+        if !valid_kind(inode.mode) {
+            let why = format!("inode {ino} has an invalid file type (mode {:o})", inode.mode);
+            out.problems.push(
+                Problem::new(ProblemKind::BadInode, why.clone(), "clear the inode and remove the entries that name it; its blocks are reclaimed")
+                    .ino(ino)
+                    .at(slot),
+            );
+            out.recs.push(bad_rec(ino, slot, why));
+            return;
+        }
+        let mut rec = InodeRec {
+            ino,
+            state,
+            mode: inode.mode,
+            nlink: inode.nlink,
+            parent: inode.parent,
+            size: inode.size,
+            system: false,
+            slot,
+            extents: Vec::new(),
+            extra: None,
+        };
+        let mut fixes = Vec::new();
+        let mut field = |what: String, fix: Fix, repair: String, out: &mut ChunkOut| {
+            out.problems.push(Problem::new(ProblemKind::InodeField, what, repair).ino(ino).at(slot));
+            fixes.push(fix);
+        };
+        if inode.flags & FLAG_SYSTEM != 0 {
+            field(format!("{} is flagged as a metadata file", kind_name(inode.mode)), Fix::ClearSystemFlag, "clear the flag".into(), out);
+        }
+        let dir = is_dir(inode.mode);
+        let special = !dir && !is_reg(inode.mode) && inode.mode & S_IFMT != crate::layout::S_IFLNK;
+        let mut tree: Option<Walk> = None;
+        match &inode.content {
+            InodeContent::InlineData(d) => {
+                if special && inode.size != 0 {
+                    field(format!("{} has size {}", kind_name(inode.mode), inode.size), Fix::EmptySpecial, "make it empty".into(), out);
+                } else if d.len() as u64 != inode.size {
+                    field(
+                        format!("holds {} bytes of data in the inode but its size says {}", d.len(), inode.size),
+                        Fix::Size(d.len() as u64),
+                        format!("set the size to {}", d.len()),
+                        out,
+                    );
+                }
+                if inode.subblocks != 0 || inode.depth != 0 || inode.last_block_subblocks != 0 {
+                    field(
+                        format!(
+                            "keeps its data in the inode but claims {} subblocks, depth {}, last block {}",
+                            inode.subblocks, inode.depth, inode.last_block_subblocks
+                        ),
+                        Fix::Subblocks(0),
+                        "set them to 0".into(),
+                        out,
+                    );
+                }
+            }
+            InodeContent::InlineDir(_) => {
+                if inode.size != 0 || inode.subblocks != 0 {
+                    field(
+                        format!("keeps its entries in the inode but has size {} and {} subblocks", inode.size, inode.subblocks),
+                        Fix::Subblocks(0),
+                        "set them to 0".into(),
+                        out,
+                    );
+                    fixes.push(Fix::Size(0));
+                }
+            }
+            InodeContent::Pointers(ptrs) => {
+                if special {
+                    field(format!("{} holds block pointers", kind_name(inode.mode)), Fix::EmptySpecial, "make it empty; its blocks are reclaimed".into(), out);
+                } else {
+                    match self.pointers(&inode, ptrs, slot, &mut fixes, out) {
+                        Some(w) => tree = Some(w),
+                        None => {
+                            let why = format!("inode {ino} says its tree has depth {}, deeper than any Mako file ({TREE_DEPTH_MAX})", inode.depth);
+                            out.problems.push(
+                                Problem::new(ProblemKind::BadInode, why.clone(), "clear the inode and remove the entries that name it; its blocks are reclaimed")
+                                    .ino(ino)
+                                    .at(slot),
+                            );
+                            out.recs.push(bad_rec(ino, slot, why));
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        let mut extra = Extra::default();
+        if let Some(w) = &tree {
+            for &(u, da, n) in &w.units {
+                rec.extents.push(Extent { da, subblocks: n, piece: Piece::Unit(u) });
+            }
+            for &(level, index, da) in &w.indirect {
+                rec.extents.push(Extent { da, subblocks: l.indirect_subblocks(), piece: Piece::Indirect(level, index) });
+            }
+        }
+        if dir {
+            let scan = directory_check::check(l, self.r, &inode, tree.as_ref(), slot, &mut out.problems);
+            if let Some(n) = scan.count_fix {
+                fixes.push(Fix::Entries(n));
+            }
+            extra.dir = Some(scan);
+        }
+        if let Some(w) = tree {
+            extra.lost = w.lost;
+        }
+        extra.fixes = fixes;
+        if !extra.lost.is_empty() || !extra.fixes.is_empty() || extra.dir.is_some() {
+            rec.extra = Some(Box::new(extra));
+        }
+        for (k, e) in rec.extents.iter().enumerate() {
+            if !self.owners.claim(l, e.da, e.subblocks) {
+                out.conflicts.push((ino, k));
+            }
+        }
+        out.recs.push(rec);
+    }
+
+    /// A metadata file's inode: the metadata phase checked it; claim its blocks.
+    fn metadata_inode(&self, inode: Inode, slot: DiskAddress, out: &mut ChunkOut) {
+        let l = self.l;
+        let mut rec = InodeRec {
+            ino: inode.ino,
+            state: SlotState::Live,
+            mode: inode.mode,
+            nlink: inode.nlink,
+            parent: 0,
+            size: inode.size,
+            system: true,
+            slot,
+            extents: Vec::new(),
+            extra: None,
+        };
+        if let InodeContent::Pointers(ptrs) = &inode.content {
+            let n = inode.size / l.block_bytes;
+            let rule = UnitRule { full: l.spb as u32, last: n.checked_sub(1), last_subblocks: 0, beyond_eof: false, size: inode.size };
+            if inode.depth <= TREE_DEPTH_MAX {
+                let w = walk(l, self.r, inode.ino, inode.depth, ptrs, &rule);
+                for (u, da, n) in w.units {
+                    rec.extents.push(Extent { da, subblocks: n, piece: Piece::Unit(u) });
+                }
+                for (level, index, da) in w.indirect {
+                    rec.extents.push(Extent { da, subblocks: l.indirect_subblocks(), piece: Piece::Indirect(level, index) });
+                }
+            }
+        }
+        for (k, e) in rec.extents.iter().enumerate() {
+            if !self.owners.claim(l, e.da, e.subblocks) {
+                out.conflicts.push((inode.ino, k));
+            }
+        }
+        out.recs.push(rec);
+    }
+
+    /// Walk a file's tree, correcting the depth when the tree disagrees with the
+    /// inode, and report what cannot be followed. `None`: no usable depth.
+    fn pointers(&self, inode: &Inode, ptrs: &[DiskAddress], slot: DiskAddress, fixes: &mut Vec<Fix>, out: &mut ChunkOut) -> Option<Walk> {
+        let l = self.l;
+        let ino = inode.ino;
+        let dir = is_dir(inode.mode);
+        let unit_sb = l.unit_subblocks(dir);
+        let unit_bytes = l.unit_bytes(dir);
+        let mut lbs = inode.last_block_subblocks as u32;
+        if lbs >= unit_sb {
+            out.problems.push(
+                Problem::new(
+                    ProblemKind::InodeField,
+                    format!("says its last block is a fragment of {lbs} subblocks, but a full unit is {unit_sb}"),
+                    "treat the last block as a full unit",
+                )
+                .ino(ino)
+                .at(slot),
+            );
+            fixes.push(Fix::LastBlockSubblocks(0));
+            lbs = 0;
+        }
+        let last = inode.size.checked_sub(1).map(|b| b / unit_bytes);
+        let rule = UnitRule { full: unit_sb, last, last_subblocks: lbs, beyond_eof: is_reg(inode.mode), size: inode.size };
+        let mut depth = inode.depth;
+        let mut w = if depth <= TREE_DEPTH_MAX { Some(walk(l, self.r, ino, depth, ptrs, &rule)) } else { None };
+        // A tree whose root pointers fail their identity, or a file too large for its
+        // depth that has root pointers, may just have the wrong depth in its inode.
+        let top_failed = w.as_ref().is_some_and(|w| w.lost.iter().any(|x| x.level == depth && x.kind == ProblemKind::BadIndirectBlock));
+        let too_big = last.is_some_and(|u| u >= l.capacity(depth)) && ptrs.iter().any(|p| !p.is_null());
+        if w.is_none() || top_failed || (depth == 0 && too_big) {
+            if let Some(real) = probe_depth(l, self.r, ino, ptrs) {
+                if real != depth {
+                    out.problems.push(
+                        Problem::new(
+                            ProblemKind::TreeDepth,
+                            format!("says its indirect tree has depth {depth}, but its first root pointer holds a level-{real} indirect block of this file"),
+                            format!("set the depth to {real}"),
+                        )
+                        .ino(ino)
+                        .at(slot),
+                    );
+                    fixes.push(Fix::Depth(real));
+                    depth = real;
+                    w = Some(walk(l, self.r, ino, depth, ptrs, &rule));
+                }
+            }
+        }
+        let w = w?;
+        for lost in &w.lost {
+            let (u0, u1) = (lost.index.saturating_mul(l.span(lost.level)), lost.index.saturating_add(1).saturating_mul(l.span(lost.level)));
+            let (b0, b1) = l.byte_range(dir, u0, u1, inode.size);
+            let consequence = if dir {
+                "the directory is rebuilt from what is readable".to_string()
+            } else if b1 > b0 {
+                format!("bytes {b0}..{b1} of the file are lost (they read as zeros)")
+            } else {
+                "only preallocated space past the end of the file is lost".to_string()
+            };
+            let mut p = Problem::new(lost.kind, format!("{}; {consequence}", lost.why), format!("cut the pointer: units {u0}..{u1} become a hole"))
+                .ino(ino);
+            p = if lost.da.is_null() { p.at(slot) } else { p.at(lost.da) };
+            out.problems.push(p);
+        }
+        let held: u64 = w.units.iter().map(|u| u.2 as u64).sum::<u64>() + w.indirect.len() as u64 * l.indirect_subblocks() as u64;
+        if w.lost.is_empty() && held != inode.subblocks {
+            out.problems.push(
+                Problem::new(
+                    ProblemKind::InodeField,
+                    format!("counts {} subblocks, its tree holds {held}", inode.subblocks),
+                    format!("set the count to {held}"),
+                )
+                .ino(ino)
+                .at(slot),
+            );
+            fixes.push(Fix::Subblocks(held));
+        }
+        // A fragment must hold the last block's bytes: reads stop at its end.
+        if !dir && lbs != 0 {
+            if let Some(lu) = last {
+                let valid = inode.size - lu * unit_bytes;
+                let holds = lbs as u64 * l.sb_bytes;
+                if w.units.iter().any(|u| u.0 == lu) && holds < valid {
+                    let size = lu * unit_bytes + holds;
+                    out.problems.push(
+                        Problem::new(
+                            ProblemKind::InodeField,
+                            format!("size {} needs {valid} bytes in the last block, its fragment holds {holds}", inode.size),
+                            format!("set the size to {size}, the end of the fragment"),
+                        )
+                        .ino(ino)
+                        .at(slot),
+                    );
+                    fixes.push(Fix::Size(size));
+                }
+            }
+        }
+        Some(w)
+    }
+}
+
+fn bad_rec(ino: u64, slot: DiskAddress, why: String) -> InodeRec {
+    InodeRec {
+        ino,
+        state: SlotState::Bad,
+        mode: 0,
+        nlink: 0,
+        parent: 0,
+        size: 0,
+        system: false,
+        slot,
+        extents: Vec::new(),
+        extra: Some(Box::new(Extra { bad: Some(why), ..Default::default() })),
+    }
+}

@@ -1,0 +1,145 @@
+//! A clean, busy image checks clean, with one thread and in parallel, through the
+//! offline path and through a plain reader; a repair run changes nothing.
+
+mod common;
+
+use common::*;
+use mako_disk::nsd::IoTag;
+use mako_disk::{BufferType, DiskError, LocalNsd, Nsd};
+use mako_format::DiskAddress;
+use mako_fsck::{check_through, MetadataReader, NoProgress, Options, Phase, Progress, EXIT_CLEAN};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+#[test]
+fn busy_image_is_clean_in_parallel_and_serially() {
+    let fx = fixture();
+    let disks = fx.restore();
+    for threads in [1, 2, 4] {
+        let r = mako_fsck::check_offline(disks.as_dyn(), &Options::check().threads(threads), &NoProgress).unwrap();
+        assert!(r.is_clean(), "{threads} threads:\n{}", r.render());
+        assert_eq!(r.exit_code, EXIT_CLEAN);
+        // Every file of the fixture (and the root) is counted.
+        assert!(r.files >= (BIGDIR_ENTRIES + FRAGDIR_ENTRIES + 20) as u64, "{} files", r.files);
+        assert_eq!(r.directories, 7, "root, dir1..3, emptydir, fragdir, bigdir, and no more");
+        if threads == 2 {
+            eprintln!("{}", r.render());
+        }
+    }
+}
+
+#[test]
+fn repair_of_a_clean_image_writes_nothing() {
+    let fx = fixture();
+    let disks = fx.restore();
+    let before = snapshot(&disks);
+    let writes: u64 = disks.disks.iter().map(|d| d.writes()).sum();
+    let r = fsck(&disks, true);
+    assert_eq!(r.exit_code, EXIT_CLEAN, "{}", r.render());
+    assert_eq!(disks.disks.iter().map(|d| d.writes()).sum::<u64>(), writes, "a clean repair run wrote");
+    assert!(snapshot(&disks) == before, "the image changed");
+}
+
+/// A reader that is not the offline disks: what the online mode plugs in.
+struct CountingReader {
+    nsd: LocalNsd,
+    reads: AtomicU64,
+}
+
+impl MetadataReader for CountingReader {
+    fn read(&self, da: DiskAddress, buf: &mut [u8], what: BufferType, ino: u64) -> Result<(), DiskError> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.nsd.read(da, buf, IoTag { buffer_type: what, ino })
+    }
+}
+
+#[derive(Default)]
+struct Phases(Mutex<Vec<(Phase, u64, u64)>>);
+impl Progress for Phases {
+    fn update(&self, phase: Phase, done: u64, total: u64) {
+        self.0.lock().unwrap().push((phase, done, total));
+    }
+}
+
+#[test]
+fn a_check_through_another_reader_is_the_same_check() {
+    let fx = fixture();
+    let disks = fx.restore();
+    let ins = Inspect::open(&disks);
+    let reader = CountingReader { nsd: LocalNsd::new(disks.as_dyn(), 16), reads: AtomicU64::new(0) };
+    let phases = Phases::default();
+    let r = check_through(&ins.desc, &reader, &Options::check().threads(2), &phases).unwrap();
+    assert!(r.is_clean(), "{}", r.render());
+    // The inode file is read in chunks: far fewer reads than inodes.
+    let reads = reader.reads.load(Ordering::Relaxed);
+    assert!(reads > 0);
+    let seen = phases.0.lock().unwrap();
+    let inodes_done = seen.iter().rfind(|p| p.0 == Phase::Inodes).unwrap();
+    assert_eq!(inodes_done.1, inodes_done.2, "progress reaches the total");
+    assert!(check_through(&ins.desc, &reader, &Options::repair(), &NoProgress).is_err(), "a reader cannot repair");
+    // Damage seen through the reader is reported like offline.
+    ins.flip(ins.inode_da(fx.ino("/tiny")), 300, 0x10);
+    let r = check_through(&ins.desc, &reader, &Options::check(), &NoProgress).unwrap();
+    assert!(r.of_kind(mako_fsck::ProblemKind::BadInode).any(|p| p.ino == Some(fx.ino("/tiny"))), "{}", r.render());
+}
+
+#[test]
+fn an_unclean_file_system_is_refused_until_its_log_is_replayed() {
+    let fx = fixture();
+    let disks = fx.restore();
+    // A mount marks the descriptor; dropping without unmount is a crash.
+    let m = disks.mount(config());
+    drop(m);
+    let e = mako_fsck::check_offline(disks.as_dyn(), &Options::check(), &NoProgress).unwrap_err();
+    assert_eq!(e.exit_code(), mako_fsck::EXIT_OPERATIONAL);
+    let text = e.to_string();
+    assert!(text.contains("replayed") && text.contains("mount") && text.contains("unmount"), "{text}");
+    // Mount once and unmount: clean again.
+    disks.mount(config()).unmount().unwrap();
+    let r = fsck(&disks, false);
+    assert!(r.is_clean(), "{}", r.render());
+}
+
+#[test]
+fn a_cancelled_run_exits_32_and_writes_nothing() {
+    let fx = fixture();
+    let disks = fx.restore();
+    let ins = Inspect::open(&disks);
+    ins.flip(ins.inode_da(fx.ino("/tiny")), 300, 0x10);
+    let before = snapshot(&disks);
+    let opts = Options::repair();
+    opts.cancel.store(true, Ordering::SeqCst);
+    let e = mako_fsck::check_offline(disks.as_dyn(), &opts, &NoProgress).unwrap_err();
+    assert_eq!(e.exit_code(), mako_fsck::EXIT_CANCELLED, "{e}");
+    assert!(snapshot(&disks) == before, "a cancelled run wrote");
+}
+
+/// Write `header` as log header copy `k` (0 or 1) of node 0's log.
+fn put_log_header(ins: &Inspect, k: u64, header: &mako_format::log_header::LogHeader) {
+    let log = ins.desc.metadata_inodes.log_first;
+    ins.write(ins.metafile_da(log, 512 * k), &header.encode());
+}
+
+#[test]
+fn the_valid_log_header_copy_with_the_greater_tail_wins() {
+    use mako_format::log_header::LogHeader;
+    let fx = fixture();
+    let disks = fx.restore();
+    let ins = Inspect::open(&disks);
+    let log = ins.desc.metadata_inodes.log_first;
+    let clean = LogHeader { node: 0, log_bytes: ins.desc.log_bytes, tail_lsn: 40, head_lsn: 40, clean: true };
+    // Copy 1 valid and newer, copy 0 torn: a torn header write, nothing wrong.
+    put_log_header(&ins, 1, &clean);
+    ins.flip(ins.metafile_da(log, 0), 30, 0x01);
+    let r = fsck(&disks, false);
+    assert!(r.is_clean(), "one valid copy is enough:\n{}", r.render());
+    // A newer copy that is not clean outranks an older clean one: replay first.
+    put_log_header(&ins, 0, &LogHeader { tail_lsn: 10, head_lsn: 10, ..clean.clone() });
+    put_log_header(&ins, 1, &LogHeader { tail_lsn: 50, head_lsn: 70, clean: false, ..clean.clone() });
+    let e = mako_fsck::check_offline(disks.as_dyn(), &Options::check(), &NoProgress).unwrap_err();
+    assert!(e.to_string().contains("tail LSN 50"), "{e}");
+    // The newer copy clean, the older one not: the newer wins, the check runs.
+    put_log_header(&ins, 0, &LogHeader { tail_lsn: 10, head_lsn: 30, clean: false, ..clean.clone() });
+    put_log_header(&ins, 1, &clean);
+    assert!(fsck(&disks, false).is_clean());
+}
