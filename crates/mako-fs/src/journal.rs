@@ -642,7 +642,9 @@ impl Journal {
             }
             // The stored bytes, then the implied trailing zeros.
             let stored_hi = (ilo + img.bytes.len() as u64).clamp(lo, hi);
-            buf[(lo - blo) as usize..(stored_hi - blo) as usize].copy_from_slice(&img.bytes[(lo - ilo) as usize..(stored_hi - ilo) as usize]);
+            if stored_hi > lo {
+                buf[(lo - blo) as usize..(stored_hi - blo) as usize].copy_from_slice(&img.bytes[(lo - ilo) as usize..(stored_hi - ilo) as usize]);
+            }
             buf[(stored_hi - blo) as usize..(hi - blo) as usize].fill(0);
         }
     }

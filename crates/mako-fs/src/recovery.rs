@@ -185,7 +185,75 @@ pub fn replay(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayRep
     let (log_ino, blocks) = log_blocks(nsd, desc, node)?;
     let capacity = log_capacity(desc.log_bytes);
     let r = LogReader { nsd, blocks, block_bytes: desc.geometry.block_bytes as u64, capacity, log_ino };
-    let (header, copy, header_problem) = read_header_with(&r, node)?;
+    let (mut report, header, latest) = scan_with(&r, desc, node)?;
+    let lsn = report.head_lsn;
+    // 4. In place: the last image of each address, in address order.
+    // Adjacent images (neighbouring inodes, pages of one block) go out as one write.
+    let mut run: Option<(DiskAddress, Vec<u8>)> = None;
+    let flush = |run: &mut Option<(DiskAddress, Vec<u8>)>| -> FsResult<()> {
+        if let Some((da, bytes)) = run.take() {
+            nsd.write(da, &bytes, IoTag { buffer_type: BufferType::Log, ino: 0 })?;
+        }
+        Ok(())
+    };
+    for img in latest.values() {
+        report.image_bytes += img.length as u64;
+        let contiguous = run.as_ref().is_some_and(|(da, bytes)| {
+            da.disk() == img.da.disk() && da.sector() + bytes.len() as u64 / 512 == img.da.sector() && bytes.len() < (4 << 20)
+        });
+        if !contiguous {
+            flush(&mut run)?;
+            run = Some((img.da, Vec::with_capacity(img.length as usize)));
+        }
+        let (_, bytes) = run.as_mut().expect("a run");
+        bytes.extend_from_slice(&img.bytes);
+        bytes.resize(bytes.len() + img.length as usize - img.bytes.len(), 0);
+    }
+    flush(&mut run)?;
+    if report.transactions > 0 {
+        nsd.sync_all()?;
+    }
+    // A torn last transaction (never acknowledged) is cleared, so that the log ends
+    // normally there and no later scan reports it again.
+    if report.torn_tail.is_some() {
+        let pos = lsn % r.capacity;
+        let n = (r.capacity - pos).min(TXN_HEADER_BYTES.next_multiple_of(512) as u64) as usize;
+        r.write_file(LOG_RECORDS_OFFSET + pos, &vec![0u8; n])?;
+    }
+    // 5. The log is empty now: say so before anything writes to it.
+    if report.transactions > 0 || header.tail_lsn != header.head_lsn || report.header_problem.is_some() || report.torn_tail.is_some() {
+        let h = LogHeader { node, log_bytes: desc.log_bytes, tail_lsn: lsn, head_lsn: lsn, clean: header.clean };
+        let bytes = h.encode();
+        for off in LOG_HEADER_OFFSETS {
+            r.write_file(off, &bytes)?;
+        }
+        nsd.sync_all()?;
+    }
+    report.duration = started.elapsed();
+    Ok(report)
+}
+
+/// What a replay of `node`'s log would write, without writing anything: the last
+/// image of every address the committed transactions changed (no two overlap), in
+/// address order. A read-only check (`mako fsck -n`, `--online`) lays these over
+/// what it reads from the disks to see the file system as its last commit left it.
+pub fn pending(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<(ReplayReport, Vec<mako_format::log_record::LogImage>)> {
+    let started = Instant::now();
+    let (log_ino, blocks) = log_blocks(nsd, desc, node)?;
+    let capacity = log_capacity(desc.log_bytes);
+    let r = LogReader { nsd, blocks, block_bytes: desc.geometry.block_bytes as u64, capacity, log_ino };
+    let (mut report, _, latest) = scan_with(&r, desc, node)?;
+    report.image_bytes = latest.values().map(|i| i.length as u64).sum();
+    report.duration = started.elapsed();
+    Ok((report, latest.into_values().collect()))
+}
+
+type Latest = std::collections::BTreeMap<DiskAddress, mako_format::log_record::LogImage>;
+
+/// Steps 2 and 3: the header and every committed transaction after its tail.
+fn scan_with(r: &LogReader<'_>, desc: &Descriptor, node: u32) -> FsResult<(ReplayReport, LogHeader, Latest)> {
+    let capacity = r.capacity;
+    let (header, copy, header_problem) = read_header_with(r, node)?;
     let mut report = ReplayReport {
         node,
         was_clean: header.clean,
@@ -207,8 +275,11 @@ pub fn replay(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayRep
         let th = match TxnHeader::decode(&hbytes, node, desc.fs_uuid, lsn, loc) {
             Ok(h) => h,
             Err(e) => {
-                // A zeroed area or a transaction of an earlier lap is the normal end.
-                let normal = hbytes.iter().all(|&b| b == 0) || matches!(e.kind, mako_format::FormatErrorKind::WrongIdentity { .. });
+                // The normal end: a zeroed area, a transaction of an earlier lap, or the
+                // middle of one (no header magic). A header with the magic that does
+                // not decode is a damaged or torn commit, reported.
+                let normal = hbytes.iter().all(|&b| b == 0)
+                    || matches!(e.kind, mako_format::FormatErrorKind::WrongIdentity { .. } | mako_format::FormatErrorKind::BadMagic { .. });
                 if !normal {
                     report.torn_tail = Some(e.to_string());
                 }
@@ -240,9 +311,8 @@ pub fn replay(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayRep
         report.next_seq = th.seq + 1;
         lsn += total;
     }
-    // 4. In place: the last image of each address, in address order. Images of one log
-    //    window never overlap at different addresses (freed space is not reused before
-    //    a checkpoint), which is checked: if they did, order would matter.
+    // Images of one log window never overlap at different addresses (freed space is
+    // not reused before a checkpoint), which is checked: if they did, order would matter.
     let mut prev_end: Option<(u32, u64)> = None;
     for (da, img) in &latest {
         if let Some((disk, end)) = prev_end {
@@ -254,41 +324,6 @@ pub fn replay(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayRep
         }
         prev_end = Some((da.disk(), da.sector() + img.length as u64 / 512));
     }
-    // Adjacent images (neighbouring inodes, pages of one block) go out as one write.
-    let mut run: Option<(DiskAddress, Vec<u8>)> = None;
-    let flush = |run: &mut Option<(DiskAddress, Vec<u8>)>| -> FsResult<()> {
-        if let Some((da, bytes)) = run.take() {
-            nsd.write(da, &bytes, IoTag { buffer_type: BufferType::Log, ino: 0 })?;
-        }
-        Ok(())
-    };
-    for img in latest.values() {
-        report.image_bytes += img.length as u64;
-        let contiguous = run.as_ref().is_some_and(|(da, bytes)| {
-            da.disk() == img.da.disk() && da.sector() + bytes.len() as u64 / 512 == img.da.sector() && bytes.len() < (4 << 20)
-        });
-        if !contiguous {
-            flush(&mut run)?;
-            run = Some((img.da, Vec::with_capacity(img.length as usize)));
-        }
-        let (_, bytes) = run.as_mut().expect("a run");
-        bytes.extend_from_slice(&img.bytes);
-        bytes.resize(bytes.len() + img.length as usize - img.bytes.len(), 0);
-    }
-    flush(&mut run)?;
     report.head_lsn = lsn;
-    if report.transactions > 0 {
-        nsd.sync_all()?;
-    }
-    // 5. The log is empty now: say so before anything writes to it.
-    if report.transactions > 0 || header.tail_lsn != header.head_lsn || report.header_problem.is_some() {
-        let h = LogHeader { node, log_bytes: desc.log_bytes, tail_lsn: lsn, head_lsn: lsn, clean: header.clean };
-        let bytes = h.encode();
-        for off in LOG_HEADER_OFFSETS {
-            r.write_file(off, &bytes)?;
-        }
-        nsd.sync_all()?;
-    }
-    report.duration = started.elapsed();
-    Ok(report)
+    Ok((report, header, latest))
 }

@@ -11,7 +11,8 @@
 //! (a) mount;
 //! (b) pass a structural walk (readdir/lookup/getattr/readlink/getxattr/read to the end,
 //!     nlink of directories = 2 + subdirectories, nlink of files = names found, inode and
-//!     block maps agree with the tree) — and `fsck_clean`, once `mako fsck` exists;
+//!     block maps agree with the tree) — and, before the mount, `mako fsck -n` (with the
+//!     log laid over the disks) finds nothing but the unclean stop itself;
 //! (c) equal, in names, kinds, modes, sizes, nlink, xattrs and symlink targets, the
 //!     model after some operation i with last_durable <= i <= crash_op, where
 //!     last_durable is the last fsync/sync/unmount that returned before the crash
@@ -50,6 +51,7 @@
 //! MAKO_CRASH_SEED=7 ...                # every crash point of one seed
 //! MAKO_CRASH_SEED=7 MAKO_CRASH_POINT=sync:17 MAKO_CRASH_POLICY=random:5 ...  # one case
 //! MAKO_CRASH_THREADS=1 ...             # threads running cases (default: all cores)
+//! MAKO_CRASH_FSCK_EVERY=1 ...          # `mako fsck -n` on every recovered image (default: every 3rd)
 //! ```
 //!
 //! Crash points are `sync:K`, `write:K`, `torn:K:SEED` or `end`; policies `keep-all`,

@@ -7,7 +7,7 @@ use crate::allocator::{RepairAllocator, Use};
 use crate::layout::Layout;
 use crate::namespace::NewEntry;
 use mako_disk::BufferType;
-use mako_format::dir_block::{entries_encoded_len, DirBlock, DirBlockId, DirEntry, DIR_BLOCK_HEADER_BYTES};
+use mako_format::dir_block::{entries_encoded_len, page_of, page_room, pages, DirBlock, DirBlockId, DirEntry};
 use mako_format::indirect::{IndirectBlock, IndirectId};
 use mako_format::inode::InodeContent;
 use mako_format::name_hash::{home_cookie, COOKIE_MAX};
@@ -108,8 +108,14 @@ fn place(entries: Vec<NewEntry>) -> Vec<DirEntry> {
 
 /// Split `entries` (sorted by cookie) into hash blocks: (index, depth, entries).
 fn split(l: &Layout, index: u64, depth: u8, entries: Vec<DirEntry>, out: &mut Vec<(u64, u8, Vec<DirEntry>)>) -> Result<(), String> {
-    let capacity = l.dir_block_bytes() as usize;
-    if DIR_BLOCK_HEADER_BYTES + entries_encoded_len(&entries) <= capacity {
+    let capacity = l.dir_block_bytes() as u32;
+    // A block fits when every one of its pages does (each page holds the entries of
+    // its slice of the block's cookie range).
+    let mut used = vec![0usize; pages(capacity) as usize];
+    for e in &entries {
+        used[page_of(index, depth, capacity, e.cookie) as usize] += e.encoded_len();
+    }
+    if used.iter().all(|&u| u <= page_room(capacity)) {
         out.push((index, depth, entries));
         return Ok(());
     }

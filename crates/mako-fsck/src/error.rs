@@ -10,9 +10,6 @@ pub enum FsckError {
     /// majority, the inode file unreachable). The message says what to do.
     #[error("{0}")]
     Unusable(String),
-    /// The recovery log holds changes that must be replayed before a check.
-    #[error("{0}")]
-    NeedsReplay(String),
     /// Structures written by a newer Mako: this fsck must not touch them.
     #[error("{0}")]
     NewerFormat(String),

@@ -33,6 +33,7 @@ pub mod problem;
 pub mod progress;
 pub mod reader;
 mod repair;
+pub mod replay;
 mod scan;
 mod space;
 mod superblock;
@@ -101,7 +102,10 @@ pub fn check_offline(disks: Vec<Arc<dyn Disk>>, opts: &Options, progress: &dyn P
     let sb = superblock::open(disks, &mut problems)?;
     progress.update(Phase::Superblock, 1, 1);
     let io = OfflineDisks::new(sb.disks.clone());
-    let (mut report, mut findings) = check(&sb.desc, &io, opts, progress, problems, true)?;
+    // The recovery log first: replayed in place by -y, laid over every read by -n.
+    let images = replay::logs(&sb.desc, io.nsd(), opts.repair, &mut problems);
+    let overlay = replay::Overlay::new(&io, images);
+    let (mut report, mut findings) = check(&sb.desc, &overlay, opts, progress, problems, true)?;
     findings.rewrite_descriptor = sb.rewrite_descriptor;
     findings.rewrite_header = sb.rewrite_header;
     if opts.repair && report.problems.iter().any(|p| p.correctable) {
@@ -143,10 +147,9 @@ fn check(
     cancelled(opts)?;
     progress.update(Phase::MetadataFiles, 0, 1);
     let meta = metafiles::read(&l, r, &mut problems)?;
-    if offline {
-        // The one place an offline check meets the recovery log.
-        metafiles::replay_recovery_log(&l, &meta.logs)?;
-    }
+    // Offline, an unclean stop is a problem (the log was replayed or laid over before
+    // this check); online the file system is mounted, so of course it is not clean.
+    let mark_clean = offline && metafiles::log_state_problems(&l, &meta.logs, &mut problems);
     progress.update(Phase::MetadataFiles, 1, 1);
     let owners = space::Ownership::new(&l);
     let scan = scan::run(&l, r, &meta, &owners, opts.threads.max(1), &opts.cancel, progress)?;
@@ -173,6 +176,6 @@ fn check(
     report.files = recs.iter().filter(|r| r.live() && !r.system).count() as u64;
     report.directories = recs.iter().filter(|r| r.live() && !r.system && r.is_dir()).count() as u64;
     report.problems = problems;
-    let findings = repair::Findings { l, rewrite_descriptor: Vec::new(), rewrite_header: Vec::new(), meta, recs, claims, ns, cross };
+    let findings = repair::Findings { l, rewrite_descriptor: Vec::new(), rewrite_header: Vec::new(), mark_clean, meta, recs, claims, ns, cross };
     Ok((report, findings))
 }

@@ -3,8 +3,8 @@
 //! inode allocation map and the recovery log of every node, with their contents read
 //! for the later phases (map segments) or checked now (log headers).
 //!
-//! The log state decides whether an offline check may run at all: a file system
-//! whose log holds unreplayed changes is refused (`replay_recovery_log`).
+//! The log's records were replayed (or laid over the reads) before this phase
+//! (`crate::replay`); here the headers are checked, and an unclean stop reported.
 
 use crate::error::FsckError;
 use crate::layout::{Layout, S_IFMT, S_IFREG};
@@ -19,11 +19,7 @@ use mako_format::inode_map_segment::InodeMapSegment;
 use mako_format::log_header::{LogHeader, LOG_HEADER_BYTES};
 use mako_format::DiskAddress;
 
-/// Byte offsets of the two log header copies in a log file (the format being built
-/// keeps two; images made before it have a blank copy 1).
-pub const LOG_HEADER_COPY_OFFSETS: [u64; 2] = [0, 512];
-/// Log records start here; fsck rewrites headers within this area only.
-pub const LOG_RECORDS_OFFSET: u64 = 4096;
+pub use mako_format::log_header::{LOG_HEADER_OFFSETS as LOG_HEADER_COPY_OFFSETS, LOG_RECORDS_OFFSET};
 
 /// One metadata file: its blocks when its inode and tree are sound.
 #[derive(Debug, Clone)]
@@ -283,10 +279,6 @@ fn read_log(l: &Layout, r: &dyn MetadataReader, file: MetaFile, node: u32, probl
         match read_range(l, r, &file, off, LOG_HEADER_BYTES as u64, BufferType::Log) {
             Ok((buf, da)) => {
                 first_da.get_or_insert(da);
-                // A blank copy 1 is the shape of logs written before the two-copy format.
-                if k == 1 && buf.iter().all(|&b| b == 0) {
-                    continue;
-                }
                 match LogHeader::decode(&buf, node, Location::Disk(da)) {
                     Ok(h) => copies.push(h),
                     Err(e) => damaged.push(format!("copy {k}: {}", describe(&e))),
@@ -295,7 +287,8 @@ fn read_log(l: &Layout, r: &dyn MetadataReader, file: MetaFile, node: u32, probl
             Err(e) => damaged.push(format!("copy {k}: {e}")),
         }
     }
-    // The valid copy with the greater tail LSN is the current one.
+    // The valid copy with the greater tail LSN is the current one (both copies are
+    // written together, so they normally agree).
     let header = copies.into_iter().max_by_key(|h| h.tail_lsn);
     let mut rewrite_header = false;
     match &header {
@@ -303,7 +296,7 @@ fn read_log(l: &Layout, r: &dyn MetadataReader, file: MetaFile, node: u32, probl
             let mut p = Problem::new(
                 ProblemKind::LogHeader,
                 format!("the recovery log of node {node} (inode {}) has no valid header: {}", file.ino, damaged.join("; ")),
-                "rewrite a clean header (the descriptor says the file system was unmounted cleanly, so nothing is lost)",
+                "rewrite a clean header and clear the log (whatever it held that was not in place is lost)",
             )
             .ino(file.ino);
             if let Some(da) = first_da {
@@ -323,40 +316,48 @@ fn read_log(l: &Layout, r: &dyn MetadataReader, file: MetaFile, node: u32, probl
             );
             rewrite_header = true;
         }
+        Some(_) if !damaged.is_empty() => {
+            let mut p = Problem::new(
+                ProblemKind::LogHeader,
+                format!("a recovery log header copy of node {node} (inode {}) is damaged: {}", file.ino, damaged.join("; ")),
+                "rewrite both copies from the valid one",
+            )
+            .ino(file.ino);
+            if let Some(da) = first_da {
+                p = p.at(da);
+            }
+            problems.push(p);
+            rewrite_header = true;
+        }
         Some(_) => {}
     }
     LogState { node, file, header, rewrite_header }
 }
 
-/// Where the replay of the recovery log goes.
-///
-/// The recovery log (`mako_fs::recovery`, being built) will replay the logged
-/// changes of every node here, before fsck reads anything else, so that an offline
-/// check sees the file system as its last committed transaction left it. Until that
-/// replay function exists, a file system that needs one is refused: checking it
-/// would report as damage what the log would have repaired.
-pub fn replay_recovery_log(l: &Layout, logs: &[LogState]) -> Result<(), FsckError> {
-    let mut reasons = Vec::new();
+/// Whether the logs say the file system stopped cleanly, as a problem if not. The
+/// replay itself (`mako_fs::recovery`) happens before this check reads anything: for
+/// `-y` in place, for `-n` as an overlay (`crate::replay`); this only reports what the
+/// log state still says after it (a header left unclean, the descriptor's mount flag),
+/// which the repair's step 0 clears.
+pub fn log_state_problems(l: &Layout, logs: &[LogState], problems: &mut Vec<Problem>) -> bool {
+    let mut unclean = Vec::new();
     if l.desc.mounted {
-        reasons.push("the descriptor says it is mounted (the last stop was not a clean unmount)".to_string());
+        unclean.push("the descriptor says it is mounted".to_string());
     }
     for log in logs {
-        match &log.header {
-            Some(h) if !h.clean => reasons.push(format!(
-                "the recovery log of node {} is not clean (tail LSN {}, head LSN {})",
-                log.node, h.tail_lsn, h.head_lsn
-            )),
-            None if l.desc.mounted => reasons.push(format!("the recovery log header of node {} is unreadable", log.node)),
-            _ => {}
+        if let Some(h) = &log.header {
+            if !h.clean {
+                unclean.push(format!("the recovery log header of node {} is not marked clean", log.node));
+            }
         }
     }
-    if reasons.is_empty() {
-        return Ok(());
+    if unclean.is_empty() {
+        return false;
     }
-    let name = &l.desc.fs_name;
-    Err(FsckError::NeedsReplay(format!(
-        "file system {name}: {}. Its recovery log must be replayed before a check. Mount it once and unmount it \
-         (`mako fs mount {name}` then `mako fs unmount {name}`, or `mako up` then `mako down`), then run fsck again",
-        reasons.join("; ")
-    )))
+    problems.push(Problem::new(
+        ProblemKind::LogReplay,
+        format!("file system {} was not stopped cleanly: {}", l.desc.fs_name, unclean.join("; ")),
+        "mark the logs clean and the file system unmounted (after the replay and the check)",
+    ));
+    true
 }

@@ -28,8 +28,11 @@ pub enum ProblemKind {
     DiskHeader,
     /// A metadata file (inode file, allocation maps, log, root) damaged or misshapen.
     MetadataFile,
-    /// The recovery log header: no valid copy, or fields that disagree.
+    /// The recovery log header: a damaged copy, or fields that disagree.
     LogHeader,
+    /// The file system was not stopped cleanly: committed transactions in the
+    /// recovery log are not yet in place (or the last one is torn). Replayed by -y.
+    LogReplay,
     /// An inode in use that does not decode (checksum, identity, invalid field).
     BadInode,
     /// A free inode slot holding damaged bytes.
@@ -92,6 +95,7 @@ impl ProblemKind {
             DiskHeader => "disk_header",
             MetadataFile => "metadata_file",
             LogHeader => "log_header",
+            LogReplay => "log_replay",
             BadInode => "bad_inode",
             DamagedFreeInode => "damaged_free_inode",
             InodeField => "inode_field",

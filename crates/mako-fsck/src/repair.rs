@@ -35,7 +35,7 @@ use crate::directory_check::inline_room;
 use crate::error::FsckError;
 use crate::layout::{is_dir, Layout, S_IFDIR, S_IFREG};
 use crate::maps;
-use crate::metafiles::{MetaFile, Metafiles, LOG_RECORDS_OFFSET};
+use crate::metafiles::{MetaFile, Metafiles, LOG_HEADER_COPY_OFFSETS, LOG_RECORDS_OFFSET};
 use crate::namespace::{NsPlan, LOST_FOUND_MODE};
 use crate::problem::Problem;
 use crate::progress::{Phase, Progress};
@@ -58,6 +58,9 @@ pub struct Findings {
     pub l: Layout,
     pub rewrite_descriptor: Vec<u32>,
     pub rewrite_header: Vec<u32>,
+    /// The file system was not stopped cleanly (its log was replayed before the
+    /// check): every log header is rewritten clean and the descriptor unmounted.
+    pub mark_clean: bool,
     pub meta: Metafiles,
     pub recs: Vec<InodeRec>,
     /// Every subblock some inode claimed during the scan.
@@ -152,8 +155,15 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
         inode_file: f.meta.inode_file.clone(),
     };
     // 0. Descriptor copies, disk headers.
-    let dbytes = desc.encode().map_err(|e| FsckError::Unusable(format!("the descriptor cannot be encoded: {e}")))?;
-    for &d in &f.rewrite_descriptor {
+    let mut new_desc = desc.clone();
+    let mut rewrite_descriptor: BTreeSet<u32> = f.rewrite_descriptor.iter().copied().collect();
+    if f.mark_clean {
+        new_desc.mounted = false;
+        new_desc.generation += 1;
+        rewrite_descriptor.extend(desc.descriptor_disks.iter().copied());
+    }
+    let dbytes = new_desc.encode().map_err(|e| FsckError::Unusable(format!("the descriptor cannot be encoded: {e}")))?;
+    for &d in &rewrite_descriptor {
         plan.step0.push((descriptor_da(d), dbytes.clone(), BufferType::Descriptor));
     }
     for &d in &f.rewrite_header {
@@ -207,15 +217,33 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
             log_inodes.push(new_meta(&mut file, &mut alloc, &mut plan)?);
             recreated.insert(file.ino);
         }
-        if log.rewrite_header || log.file.blocks.is_none() {
-            let header = LogHeader { node: log.node, log_bytes: desc.log_bytes, tail_lsn: 0, head_lsn: 0, clean: true };
-            let mut area = vec![0u8; LOG_RECORDS_OFFSET as usize];
-            area[..header.encode().len()].copy_from_slice(&header.encode());
-            let da = file.da(l, 0, LOG_RECORDS_OFFSET).map_err(FsckError::Unusable)?;
-            if log.file.blocks.is_none() {
-                plan.new_blocks.push((da, area, BufferType::Log));
-            } else {
-                plan.step0.push((da, area, BufferType::Log));
+        if log.rewrite_header || log.file.blocks.is_none() || f.mark_clean {
+            // An empty log (tail = head: clean, or just replayed) keeps its LSN, and
+            // nothing in it can match the LSN it expects next. Otherwise (no valid
+            // header, a recreated file) the whole log is zeroed: its records are lost
+            // either way, and none may be found by a later replay.
+            let keep = log.header.as_ref().filter(|h| log.file.blocks.is_some() && h.tail_lsn == h.head_lsn);
+            let lsn = log.header.as_ref().map(|h| h.head_lsn.max(h.tail_lsn)).unwrap_or(0);
+            let header = LogHeader { node: log.node, log_bytes: desc.log_bytes, tail_lsn: lsn, head_lsn: lsn, clean: true };
+            let hb = header.encode();
+            let blocks = file.blocks.clone().ok_or_else(|| FsckError::Unusable("a recreated log has no blocks".into()))?;
+            let whole = keep.is_none();
+            for (b, &da) in blocks.iter().enumerate() {
+                if b > 0 && !whole {
+                    break;
+                }
+                let len = if whole { l.block_bytes } else { LOG_RECORDS_OFFSET };
+                let mut area = vec![0u8; len as usize];
+                if b == 0 {
+                    for off in LOG_HEADER_COPY_OFFSETS {
+                        area[off as usize..off as usize + hb.len()].copy_from_slice(&hb);
+                    }
+                }
+                if log.file.blocks.is_none() {
+                    plan.new_blocks.push((da, area, BufferType::Log));
+                } else {
+                    plan.step0.push((da, area, BufferType::Log));
+                }
             }
         }
     }

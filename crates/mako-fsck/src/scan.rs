@@ -534,26 +534,11 @@ impl Scanner<'_> {
             );
             fixes.push(Fix::Subblocks(held));
         }
-        // A fragment must hold the last block's bytes: reads stop at its end.
-        if !dir && lbs != 0 {
-            if let Some(lu) = last {
-                let valid = inode.size - lu * unit_bytes;
-                let holds = lbs as u64 * l.sb_bytes;
-                if w.units.iter().any(|u| u.0 == lu) && holds < valid {
-                    let size = lu * unit_bytes + holds;
-                    out.problems.push(
-                        Problem::new(
-                            ProblemKind::InodeField,
-                            format!("size {} needs {valid} bytes in the last block, its fragment holds {holds}", inode.size),
-                            format!("set the size to {size}, the end of the fragment"),
-                        )
-                        .ino(ino)
-                        .at(slot),
-                    );
-                    fixes.push(Fix::Size(size));
-                }
-            }
-        }
+        // A fragment may hold fewer bytes than the size gives the last block: the rest
+        // reads as zeros (mako-fs reads what is allocated and zero-fills), which is
+        // what a crash leaves when a file grew and its fragment was not yet written
+        // back (write-behind grows the fragment; the size was committed with an fsync
+        // of anything). Not a problem.
         Some(w)
     }
 }

@@ -7,7 +7,8 @@ use common::*;
 use mako_disk::nsd::IoTag;
 use mako_disk::{BufferType, DiskError, LocalNsd, Nsd};
 use mako_format::DiskAddress;
-use mako_fsck::{check_through, MetadataReader, NoProgress, Options, Phase, Progress, EXIT_CLEAN};
+use mako_fs::fs::ROOT_INO;
+use mako_fsck::{check_through, MetadataReader, NoProgress, Options, Phase, ProblemKind, Progress, EXIT_CLEAN};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -84,20 +85,58 @@ fn a_check_through_another_reader_is_the_same_check() {
 }
 
 #[test]
-fn an_unclean_file_system_is_refused_until_its_log_is_replayed() {
+fn an_unclean_file_system_is_checked_as_its_log_says_and_replayed_by_a_repair() {
     let fx = fixture();
     let disks = fx.restore();
-    // A mount marks the descriptor; dropping without unmount is a crash.
+    // Changes committed to the log (fsync) but not written in place; dropping the
+    // mount without an unmount is a crash.
     let m = disks.mount(config());
+    let fs = &m.fs;
+    let d = fs.mkdir(C, ROOT_INO, b"after", 0o755, 0).unwrap().ino;
+    let mut files = Vec::new();
+    for i in 0..40u64 {
+        let name = format!("f{i}");
+        let f = fs.create(C, d, name.as_bytes(), 0o644, 0, true).unwrap().ino;
+        fs.write(f, 0, &pattern(100 + i, 3000 + 500 * i as usize), false).unwrap();
+        files.push((name, f, pattern(100 + i, 3000 + 500 * i as usize)));
+    }
+    fs.unlink(ROOT_INO, b"tiny").unwrap();
+    fs.rename(ROOT_INO, b"frag5000", d, b"moved", 0).unwrap();
+    fs.fsync(files[0].1, false).unwrap();
+    assert!(m.core().journal.durable_seq() > 0);
     drop(m);
-    let e = mako_fsck::check_offline(disks.as_dyn(), &Options::check(), &NoProgress).unwrap_err();
-    assert_eq!(e.exit_code(), mako_fsck::EXIT_OPERATIONAL);
-    let text = e.to_string();
-    assert!(text.contains("replayed") && text.contains("mount") && text.contains("unmount"), "{text}");
-    // Mount once and unmount: clean again.
-    disks.mount(config()).unmount().unwrap();
+    // -n reads the disks with the log laid over them: the only problem is the log
+    // itself (the structure on disk alone would disagree with itself), and nothing is
+    // written.
+    let before = snapshot(&disks);
+    let r = fsck(&disks, false);
+    assert_eq!(r.exit_code, mako_fsck::EXIT_UNCORRECTED, "{}", r.render());
+    assert!(r.problems.iter().all(|p| p.kind == ProblemKind::LogReplay), "only the log state:\n{}", r.render());
+    assert!(r.of_kind(ProblemKind::LogReplay).any(|p| p.what.contains("committed transaction")), "{}", r.render());
+    assert!(snapshot(&disks) == before, "fsck -n wrote");
+    // -y replays and marks the file system clean; then it is clean, mounts, and holds
+    // everything that was committed.
+    let r = fsck(&disks, true);
+    assert_eq!(r.exit_code, mako_fsck::EXIT_CORRECTED, "{}", r.render());
+    assert!(r.of_kind(ProblemKind::LogReplay).all(|p| p.fixed), "{}", r.render());
+    assert!(r.of_kind(ProblemKind::LogReplay).any(|p| p.repair.contains("replayed in place")), "{}", r.render());
     let r = fsck(&disks, false);
     assert!(r.is_clean(), "{}", r.render());
+    let m = disks.mount(config());
+    assert!(m.recovery.transactions == 0 && m.recovery.was_clean, "fsck -y left nothing to replay: {}", m.recovery.summary());
+    let d = lookup(&m.fs, "/after").unwrap();
+    // Every name committed; the fsynced file's data exact; the others' data was never
+    // written back (write-behind allocates at write-back), so it reads as a hole.
+    for (k, (name, ino, data)) in files.iter().enumerate() {
+        assert_eq!(m.fs.lookup(d, name.as_bytes()).unwrap().ino, *ino);
+        let got = read_all(&m.fs, *ino);
+        assert_eq!(got.len(), data.len(), "{name}");
+        assert!(got == *data || (k > 0 && got.iter().all(|&b| b == 0)), "{name}: neither its data nor a hole");
+    }
+    assert!(read_all(&m.fs, files[0].1) == files[0].2, "the fsynced file");
+    assert!(lookup(&m.fs, "/tiny").is_none() && lookup(&m.fs, "/after/moved").is_some() && lookup(&m.fs, "/frag5000").is_none());
+    m.unmount().unwrap();
+    assert!(fsck(&disks, false).is_clean());
 }
 
 #[test]
@@ -128,17 +167,20 @@ fn the_valid_log_header_copy_with_the_greater_tail_wins() {
     let ins = Inspect::open(&disks);
     let log = ins.desc.metadata_inodes.log_first;
     let clean = LogHeader { node: 0, log_bytes: ins.desc.log_bytes, tail_lsn: 40, head_lsn: 40, clean: true };
-    // Copy 1 valid and newer, copy 0 torn: a torn header write, nothing wrong.
+    // Copy 1 valid and newer, copy 0 damaged: the check runs on copy 1 and reports
+    // copy 0, which the repair rewrites.
     put_log_header(&ins, 1, &clean);
     ins.flip(ins.metafile_da(log, 0), 30, 0x01);
     let r = fsck(&disks, false);
-    assert!(r.is_clean(), "one valid copy is enough:\n{}", r.render());
-    // A newer copy that is not clean outranks an older clean one: replay first.
+    assert!(r.problems.iter().all(|p| p.kind == ProblemKind::LogHeader) && r.exit_code == mako_fsck::EXIT_UNCORRECTED, "{}", r.render());
+    assert_eq!(fsck(&disks, true).exit_code, mako_fsck::EXIT_CORRECTED);
+    assert!(fsck(&disks, false).is_clean());
+    // A newer copy that is not clean outranks an older clean one: an unclean stop.
     put_log_header(&ins, 0, &LogHeader { tail_lsn: 10, head_lsn: 10, ..clean.clone() });
-    put_log_header(&ins, 1, &LogHeader { tail_lsn: 50, head_lsn: 70, clean: false, ..clean.clone() });
-    let e = mako_fsck::check_offline(disks.as_dyn(), &Options::check(), &NoProgress).unwrap_err();
-    assert!(e.to_string().contains("tail LSN 50"), "{e}");
-    // The newer copy clean, the older one not: the newer wins, the check runs.
+    put_log_header(&ins, 1, &LogHeader { tail_lsn: 50, head_lsn: 50, clean: false, ..clean.clone() });
+    let r = fsck(&disks, false);
+    assert!(r.of_kind(ProblemKind::LogReplay).any(|p| p.what.contains("not marked clean")), "{}", r.render());
+    // The newer copy clean, the older one not: the newer wins, the check is clean.
     put_log_header(&ins, 0, &LogHeader { tail_lsn: 10, head_lsn: 30, clean: false, ..clean.clone() });
     put_log_header(&ins, 1, &clean);
     assert!(fsck(&disks, false).is_clean());

@@ -679,3 +679,32 @@ fn cross_linked_block_with_no_space_left() {
         },
     );
 }
+
+#[test]
+fn torn_log_tail() {
+    run(
+        "a crash with the last log transaction torn",
+        |ins, _| {
+            // Two committed transactions, then a crash (drop without unmount), then the
+            // second one torn: a sector of its payload never reached the disk.
+            let disks = mako_fs::test_util::MemDisks { disks: ins.disks.clone() };
+            let m = disks.mount(config());
+            let a = m.fs.create(C, ROOT_INO, b"committed", 0o644, 0, true).unwrap().ino;
+            m.fs.fsync(a, false).unwrap();
+            let lsn = m.core().journal.head_lsn();
+            let b = m.fs.create(C, ROOT_INO, b"torn", 0o644, 0, true).unwrap().ino;
+            m.fs.fsync(b, false).unwrap();
+            assert!(m.core().journal.head_lsn() > lsn + 1024, "the second transaction is in the log");
+            drop(m);
+            let log = ins.desc.metadata_inodes.log_first;
+            let capacity = mako_fs::journal::log_capacity(ins.desc.log_bytes);
+            let off = mako_format::log_header::LOG_RECORDS_OFFSET + (lsn + 600) % capacity;
+            ins.write(ins.metafile_da(log, off), &[0xa5; 512]);
+            case(ProblemKind::LogReplay, Some(log), &[])
+        },
+        |fs, _| {
+            assert!(lookup(fs, "/committed").is_some(), "the whole transaction before the torn one is replayed");
+            assert!(lookup(fs, "/torn").is_none(), "the torn transaction is discarded");
+        },
+    );
+}
