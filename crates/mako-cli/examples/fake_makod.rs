@@ -91,6 +91,11 @@ impl ControlHandler for Fake {
                 Response::ok("makod shutting down")
             }
             Request::Sync => Response::ok("synced 0 dirty blocks"),
+            Request::Fsck { fs, threads } => Response::Fsck(mako_control::FsckView {
+                exit_code: 4,
+                text: format!("mako fsck {fs}: check only (-n) with {threads} threads (fake makod)\n"),
+                json: format!("{{\"fs_name\":\"{fs}\"}}"),
+            }),
             Request::ClearCache { .. } => Response::ok("cache cleared"),
             Request::ConfigSet { name, value, .. } => Response::ok(format!("{name} = {value} applied")),
             Request::DiagIohist { last } => {

@@ -42,7 +42,7 @@ pub enum Command {
     /// Create and show disks.
     #[command(subcommand)]
     Disk(DiskCommand),
-    /// Check a file system, and repair it with -y (like e2fsck; it must be unmounted).
+    /// Check a file system, and repair it with -y (like e2fsck; unmounted, or --online).
     /// Exit 0 clean, 1 errors corrected, 4 errors left, 8 operational error,
     /// 16 usage error, 32 cancelled.
     Fsck(FsckArgs),
@@ -182,7 +182,8 @@ pub struct FsckArgs {
     /// Print the report as JSON on stdout (progress stays on stderr)
     #[arg(long)]
     pub json: bool,
-    /// Check while makod has the file system mounted (read-only; not supported yet)
+    /// Check while makod has the file system mounted: read-only, of its committed
+    /// state; new commits (fsync) wait until the check ends, other work goes on
     #[arg(long, conflicts_with = "yes")]
     pub online: bool,
 }

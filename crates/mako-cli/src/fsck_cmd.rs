@@ -1,5 +1,6 @@
 //! `mako fsck FS [-n|-y] [--threads N] [--json] [--online]`: check a file system and,
-//! with `-y`, repair it (mako-fsck). Offline: it finds the disks through cluster.toml
+//! with `-y`, repair it (mako-fsck). Online (`--online`): makod checks the mounted
+//! file system's committed state and sends the report. Offline: it finds the disks through cluster.toml
 //! like `mako fs show`, and refuses while a running makod has the file system
 //! mounted. Progress goes to stderr: a bar with ETA on a terminal, JSON lines
 //! otherwise; the report goes to stdout (`--json`: as JSON). Exit codes as e2fsck.
@@ -37,12 +38,7 @@ fn check(context: &Context, args: &FsckArgs) -> Result<ExitCode> {
     let cluster = context.cluster()?;
     let fs = cluster.filesystem(&args.name).ok_or_else(|| no_such_fs(&cluster, &args.name))?;
     if args.online {
-        bail!(
-            "`mako fsck --online` is not supported yet: it needs makod to hand the checker a reader of the \
-             committed state of the mounted file system (what the recovery log says, before write-back), which is \
-             being built with the recovery log. For now unmount {0} (`mako fs unmount {0}`) and run `mako fsck {0}`",
-            fs.name
-        );
+        return online(context, &fs.name, args);
     }
     refuse_if_mounted(context, &fs.name)?;
     let disks: Vec<DiskDef> = cluster.disks_of(fs).into_iter().cloned().collect();
@@ -70,6 +66,33 @@ fn check(context: &Context, args: &FsckArgs) -> Result<ExitCode> {
             eprintln!("mako fsck {}: {error}", fs.name);
             Ok(exit(error.exit_code()))
         }
+    }
+}
+
+/// `--online`: makod checks the mounted file system's committed state (commits are
+/// held off meanwhile: operations go on, an fsync waits) and sends the report.
+fn online(context: &Context, name: &str, args: &FsckArgs) -> Result<ExitCode> {
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let mut client = crate::daemon::try_connect(&context.data)?.ok_or_else(|| {
+        anyhow!("makod is not running; `mako fsck {name} --online` needs {name} mounted by a running makod — without one, run `mako fsck {name}`")
+    })?;
+    // A check of a big file system takes a while (about 10 s per million files).
+    client.set_timeout(std::time::Duration::from_secs(3600));
+    eprintln!("mako fsck {name}: online check of the committed state (commits are held until it ends)");
+    match client.call(&mako_control::Request::Fsck { fs: name.to_string(), threads })? {
+        mako_control::Response::Fsck(view) => {
+            if args.json {
+                println!("{}", view.json);
+            } else {
+                print!("{}", view.text);
+            }
+            Ok(exit(view.exit_code))
+        }
+        mako_control::Response::Error { message } => {
+            eprintln!("mako fsck {name}: {message}");
+            Ok(exit(EXIT_OPERATIONAL))
+        }
+        other => bail!("makod answered {} to an fsck request", other.name()),
     }
 }
 

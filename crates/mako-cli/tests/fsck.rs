@@ -84,10 +84,12 @@ fn fsck_exit_codes_and_refusal_while_mounted() {
     assert_eq!(code(&out), 8, "{t}");
     assert!(t.contains("mounted") && t.contains("pid") && t.contains("mako fs unmount fs1") && t.contains("--online"), "{t}");
 
-    // The online mode says it is not there yet, and why.
-    let out = mako(&s, &["fsck", "fs1", "--online"]);
-    assert_eq!(code(&out), 8, "{}", text(&out));
-    assert!(text(&out).contains("not supported yet"), "{}", text(&out));
+    // The online mode asks the daemon, prints its report and exits with its code.
+    let out = mako(&s, &["fsck", "fs1", "--online", "--threads", "3"]);
+    assert_eq!(code(&out), 4, "{}", text(&out));
+    assert!(text(&out).contains("with 3 threads"), "{}", text(&out));
+    let out = mako(&s, &["fsck", "fs1", "--online", "--json"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"fs_name\":\"fs1\""), "{}", text(&out));
 
     // Usage errors exit 16.
     for args in [&["fsck", "fs1", "-n", "-y"][..], &["fsck"], &["fsck", "fs1", "--threads", "0"], &["fsck", "fs1", "--online", "-y"]] {

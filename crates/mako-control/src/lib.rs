@@ -25,7 +25,7 @@ pub use cluster::{
     DISK_USAGES,
 };
 pub use protocol::{
-    ConfigRowView, DaemonStatus, DiskCountersView, DiskStatusView, FsCountersView, FsStatus,
+    ConfigRowView, DaemonStatus, DiskCountersView, DiskStatusView, FsCountersView, FsStatus, FsckView,
     IoRecordView, LockCounterView, ProtocolError, Request, Response, StatsView, TokenView,
     WaiterView, PROTOCOL_VERSION,
 };

@@ -58,6 +58,8 @@ pub enum Request {
     DiagTokens,
     /// Effective configuration of the daemon → `Config`.
     DiagConfig,
+    /// Check a mounted file system read-only (`mako fsck --online`) → `Fsck`.
+    Fsck { fs: String, threads: usize },
 }
 
 impl Request {
@@ -77,6 +79,7 @@ impl Request {
             Request::DiagStats => "diag_stats",
             Request::DiagTokens => "diag_tokens",
             Request::DiagConfig => "diag_config",
+            Request::Fsck { .. } => "fsck",
         }
     }
 }
@@ -96,6 +99,16 @@ pub enum Response {
     Stats(StatsView),
     Tokens(Vec<TokenView>),
     Config(Vec<ConfigRowView>),
+    Fsck(FsckView),
+}
+
+/// What an online check found: its e2fsck-style exit code and the report, as text and
+/// as JSON (the CLI prints one of them).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FsckView {
+    pub exit_code: i32,
+    pub text: String,
+    pub json: String,
 }
 
 impl Response {
@@ -111,6 +124,7 @@ impl Response {
             Response::Stats(_) => "stats",
             Response::Tokens(_) => "tokens",
             Response::Config(_) => "config",
+            Response::Fsck(_) => "fsck",
         }
     }
 
@@ -423,6 +437,7 @@ mod tests {
             Request::DiagStats,
             Request::DiagTokens,
             Request::DiagConfig,
+            Request::Fsck { fs: "fs1".into(), threads: 2 },
         ]
     }
 
@@ -430,6 +445,7 @@ mod tests {
         vec![
             Response::ok("done"),
             Response::error("no such file system `fs9`"),
+            Response::Fsck(FsckView { exit_code: 0, text: "No problems found.\n".into(), json: "{}".into() }),
             Response::Status(sample_status()),
             Response::Iohist(vec![IoRecordView {
                 start_unix_micros: 1_700_000_000_123_456,

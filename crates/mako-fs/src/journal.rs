@@ -373,6 +373,23 @@ impl Journal {
     pub fn commit(&self, core: &Core) -> FsResult<()> {
         assert!(!holds_handle(self.inbox.id), "commit with a transaction handle open on this thread would wait for itself");
         let _c = self.commit_lock.lock();
+        self.commit_locked(core)
+    }
+
+    /// Commit everything so far, then hold off every further commit until the guard
+    /// is dropped: the disks with the overlay (`Core::read_metadata`) then show one
+    /// committed state that does not change, while operations go on in memory (an
+    /// fsync, or a full log, waits). This is what an online check reads.
+    pub fn hold_commits(&self, core: &Core) -> FsResult<parking_lot::MutexGuard<'_, ()>> {
+        assert!(!holds_handle(self.inbox.id), "hold_commits with a transaction handle open on this thread would wait for itself");
+        let c = self.commit_lock.lock();
+        if !core.read_only.load(Ordering::Relaxed) {
+            self.commit_locked(core)?;
+        }
+        Ok(c)
+    }
+
+    fn commit_locked(&self, core: &Core) -> FsResult<()> {
         core.check_writable()?;
         // 1. Close the gate: no operation in flight, so memory is consistent.
         self.close_gate();

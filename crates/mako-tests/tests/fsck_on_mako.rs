@@ -98,6 +98,16 @@ fn fsck_of_file_systems_written_by_makod() {
     let t = c.mount().join("t");
     std::fs::create_dir(&t).unwrap();
     let keep = build(&t);
+    // Online, while mounted: the committed state checks clean, and the file system
+    // keeps working (an fsync after the check returns).
+    let out = c.mako(&["fsck", "fs1", "--online"]).unwrap();
+    assert_eq!(out.code, Some(0), "an online check of a mounted file system:\n{}", out.text());
+    assert!(out.stdout.contains("No problems found"), "{}", out.text());
+    let out = c.mako(&["fsck", "fs1", "--online", "--json"]).unwrap();
+    assert_eq!(out.code, Some(0), "{}", out.text());
+    assert!(out.stdout.trim_start().starts_with('{') && out.stdout.contains("\"exit_code\""), "{}", out.text());
+    write(&t.join("after-online"), b"still writable");
+    std::fs::File::open(t.join("after-online")).unwrap().sync_all().unwrap();
     c.down().unwrap();
 
     let out = c.mako(&["fsck", "fs1", "-n", "--threads", "2"]).unwrap();

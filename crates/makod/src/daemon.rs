@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use mako_config::{ConfigStore, EffectiveConfig};
 use mako_control::{ClusterConfig, ControlHandler, DataDir, Request, Response};
-use mako_control::{ConfigRowView, DaemonStatus, DiskCountersView, DiskStatusView, FsCountersView, FsStatus, IoRecordView, LockCounterView, StatsView, TokenView, WaiterView};
+use mako_control::{ConfigRowView, DaemonStatus, DiskCountersView, DiskStatusView, FsCountersView, FsStatus, FsckView, IoRecordView, LockCounterView, StatsView, TokenView, WaiterView};
 use mako_format::disk_header::DiskUsage;
 use mako_fs::{DiskSpec, FsConfig, Mounted};
 use parking_lot::{Mutex, RwLock};
@@ -301,6 +301,35 @@ impl Daemon {
         StatsView { filesystems: fss, disks }
     }
 
+    /// `mako fsck --online`: the checker reads the committed state of the mounted file
+    /// system (disks with the log's overlay) while commits are held off, so what it
+    /// reads cannot change under it; operations go on in memory meanwhile, and an fsync
+    /// waits until the check ends.
+    fn fsck_online(&self, name: &str, threads: usize) -> Result<FsckView> {
+        let core = {
+            let mounts = self.mounts.lock();
+            let m = mounts.get(name).ok_or_else(|| {
+                anyhow::anyhow!("file system {name} is not mounted by this makod; check it offline with `mako fsck {name}`")
+            })?;
+            m.mounted.core().clone()
+        };
+        let started = Instant::now();
+        let hold = core.journal.hold_commits(&core).with_context(|| format!("committing {name} before the check"))?;
+        let desc = core.desc.lock().clone();
+        let reader = OnlineReader { core: &core };
+        let opts = mako_fsck::Options::check().threads(threads.max(1));
+        let result = mako_fsck::check_through(&desc, &reader, &opts, &mako_fsck::NoProgress);
+        drop(hold);
+        let report = result.map_err(|e| anyhow::anyhow!("online check of {name}: {e}"))?;
+        tracing::info!(
+            "online fsck of {name}: {} problems, exit {}, commits held for {:.2} s",
+            report.problems.len(),
+            report.exit_code,
+            started.elapsed().as_secs_f64()
+        );
+        Ok(FsckView { exit_code: report.exit_code, text: report.render(), json: report.to_json() })
+    }
+
     fn config_set(&self, name: &str, value: &str, immediate: bool) -> Result<String> {
         if !immediate {
             // Re-read the saved file so the next mount uses it.
@@ -396,6 +425,7 @@ impl ControlHandler for Daemon {
                     }
                     Response::Tokens(out)
                 }
+                Request::Fsck { fs, threads } => Response::Fsck(self.fsck_online(&fs, threads)?),
                 Request::DiagConfig => Response::Config(
                     self.config
                         .read()
@@ -488,4 +518,17 @@ pub fn run(root: &Path) -> Result<()> {
         bail!("stopped with errors: {}", errors.join("; "));
     }
     Ok(())
+}
+
+/// The committed state of a mounted file system, as `mako_fsck` reads it online.
+struct OnlineReader<'a> {
+    core: &'a mako_fs::core::Core,
+}
+
+impl mako_fsck::MetadataReader for OnlineReader<'_> {
+    fn read(&self, da: mako_format::DiskAddress, buf: &mut [u8], what: mako_disk::BufferType, ino: u64) -> Result<(), mako_disk::DiskError> {
+        self.core.nsd.read(da, buf, mako_disk::nsd::IoTag { buffer_type: what, ino })?;
+        self.core.journal.overlay(da, buf);
+        Ok(())
+    }
 }
