@@ -17,6 +17,8 @@ pub struct FsStats {
     pub inode_misses: AtomicU64,
     pub stat_cache_hits: AtomicU64,
     pub dir_splits: AtomicU64,
+    /// Entries moved back into a freed cookie to keep a probe chain whole.
+    pub dir_entries_moved: AtomicU64,
     pub corruptions: AtomicU64,
     pub background_errors: AtomicU64,
     pub direct_reads: AtomicU64,
@@ -41,6 +43,7 @@ impl FsStats {
             f("inode_cache_misses", &self.inode_misses),
             f("stat_cache_hits", &self.stat_cache_hits),
             f("dir_splits", &self.dir_splits),
+            f("dir_entries_moved", &self.dir_entries_moved),
             f("corruptions_detected", &self.corruptions),
             f("background_errors", &self.background_errors),
             f("direct_reads", &self.direct_reads),
