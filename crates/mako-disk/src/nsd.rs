@@ -56,12 +56,16 @@ pub struct LocalNsd {
     disks: Vec<Arc<dyn Disk>>,
     counters: Vec<Counters>,
     history: IoHistory,
+    /// Per disk: written since its last sync (a barrier syncs only these; true at
+    /// first, so the first barrier also covers whatever was written before this NSD).
+    unsynced: Vec<std::sync::atomic::AtomicBool>,
 }
 
 impl LocalNsd {
     pub fn new(disks: Vec<Arc<dyn Disk>>, iohist_size: usize) -> Self {
         let counters = disks.iter().map(|_| Counters::default()).collect();
-        LocalNsd { disks, counters, history: IoHistory::new(iohist_size) }
+        let unsynced = disks.iter().map(|_| std::sync::atomic::AtomicBool::new(true)).collect();
+        LocalNsd { disks, counters, history: IoHistory::new(iohist_size), unsynced }
     }
     fn disk(&self, index: u32) -> Result<&Arc<dyn Disk>, DiskError> {
         self.disks.get(index as usize).ok_or(DiskError::NoSuchDisk { index, count: self.disks.len() })
@@ -145,14 +149,25 @@ impl Nsd for LocalNsd {
         let wait = WaitGuard::new(wait_for_io(da, buf.len(), true, tag));
         test_delay(tag);
         let r = self.disk(da.disk())?.write_at(buf, da.byte_offset());
+        // After the write: a barrier that clears the flag before this point syncs the
+        // disk anyway, one that clears it after sees it set.
+        self.unsynced[da.disk() as usize].store(true, Ordering::Release);
         drop(wait);
         self.account(da, buf.len(), true, tag, start, r.is_ok());
         r
     }
+    /// Syncs the disks written since their last sync: a disk with nothing new has
+    /// nothing to make durable (a commit that wrote one log block syncs one disk, not
+    /// all of them).
     fn sync_all(&self) -> Result<(), DiskError> {
         let _wait = WaitGuard::new(Wait::DiskSync);
-        for d in &self.disks {
-            d.sync()?;
+        for (d, unsynced) in self.disks.iter().zip(&self.unsynced) {
+            if unsynced.swap(false, Ordering::AcqRel) {
+                if let Err(e) = d.sync() {
+                    unsynced.store(true, Ordering::Release);
+                    return Err(e);
+                }
+            }
         }
         Ok(())
     }
@@ -195,5 +210,45 @@ mod tests {
         assert!(h.iter().all(|r| r.write && r.sectors == 8 && r.ino == 9));
         assert_eq!(nsd.stats()[0].writes, 6);
         assert!(nsd.read(DiskAddress::new(3, 0), &mut [0u8; 512], tag).is_err());
+    }
+
+    /// A disk that counts its syncs.
+    struct Counting(MemDisk, std::sync::atomic::AtomicU64);
+    impl Disk for Counting {
+        fn name(&self) -> &str {
+            self.0.name()
+        }
+        fn size_bytes(&self) -> u64 {
+            self.0.size_bytes()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
+            self.0.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
+            self.0.write_at(buf, offset)
+        }
+        fn sync(&self) -> Result<(), DiskError> {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            self.0.sync()
+        }
+    }
+
+    #[test]
+    fn a_barrier_syncs_exactly_the_disks_written_since_the_last() {
+        let disks: Vec<Arc<Counting>> = (0..3).map(|i| Arc::new(Counting(MemDisk::new(&format!("d{i}"), 1 << 20), Default::default()))).collect();
+        let nsd = LocalNsd::new(disks.iter().map(|d| d.clone() as Arc<dyn Disk>).collect(), 4);
+        let syncs = || disks.iter().map(|d| d.1.load(Ordering::Relaxed)).collect::<Vec<_>>();
+        nsd.sync_all().unwrap();
+        assert_eq!(syncs(), vec![1, 1, 1], "the first barrier covers writes made before the NSD");
+        nsd.sync_all().unwrap();
+        assert_eq!(syncs(), vec![1, 1, 1], "nothing written, nothing synced");
+        let tag = IoTag { buffer_type: BufferType::Log, ino: 4 };
+        nsd.write(DiskAddress::new(1, 8), &[7u8; 512], tag).unwrap();
+        nsd.sync_all().unwrap();
+        assert_eq!(syncs(), vec![1, 2, 1]);
+        nsd.write(DiskAddress::new(0, 8), &[7u8; 512], tag).unwrap();
+        nsd.write(DiskAddress::new(2, 8), &[7u8; 512], tag).unwrap();
+        nsd.sync_all().unwrap();
+        assert_eq!(syncs(), vec![2, 2, 2]);
     }
 }
