@@ -1,63 +1,13 @@
 //! Real processes: `mako fsck` against a file system made by `mako up` (with the
 //! `fake_makod` example as the daemon): refusal while mounted, the online mode's
-//! explicit refusal, usage errors, JSON progress and report, and the exit codes of a
+//! report from the daemon, usage errors, JSON progress and report, and the exit codes of a
 //! check, a repair and the clean check after it.
 
 use std::io::{Read, Seek, SeekFrom, Write};
+mod common;
+
+use common::{code, mako, setup, text};
 use std::path::PathBuf;
-use std::process::{Command, Output};
-
-fn built(relative: &str) -> PathBuf {
-    let mako = PathBuf::from(env!("CARGO_BIN_EXE_mako"));
-    mako.parent().unwrap().join(relative)
-}
-
-struct Setup {
-    _dir: tempfile::TempDir,
-    bin: PathBuf,
-    data: PathBuf,
-    mountpoint: PathBuf,
-    home: PathBuf,
-}
-
-fn setup() -> Option<Setup> {
-    let fake = built("examples/fake_makod");
-    if !fake.exists() {
-        eprintln!("skipped: {} not built (cargo test builds it)", fake.display());
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let bin = dir.path().join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    std::fs::copy(env!("CARGO_BIN_EXE_mako"), bin.join("mako")).unwrap();
-    std::fs::copy(&fake, bin.join("makod")).unwrap();
-    Some(Setup {
-        data: dir.path().join("data"),
-        mountpoint: dir.path().join("mnt/fs1"),
-        home: dir.path().join("home"),
-        bin,
-        _dir: dir,
-    })
-}
-
-fn mako(s: &Setup, args: &[&str]) -> Output {
-    Command::new(s.bin.join("mako"))
-        .arg("--data-dir")
-        .arg(&s.data)
-        .args(args)
-        .env("HOME", &s.home)
-        .env_remove("MAKO_DATA_DIR")
-        .output()
-        .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().expect("exited")
-}
 
 /// Flip one byte of a disk image file.
 fn flip(path: &PathBuf, offset: u64) {
@@ -73,7 +23,7 @@ fn flip(path: &PathBuf, offset: u64) {
 
 #[test]
 fn fsck_exit_codes_and_refusal_while_mounted() {
-    let Some(s) = setup() else { return };
+    let Some(s) = setup(None) else { return };
     let mp = s.mountpoint.display().to_string();
     let out = mako(&s, &["up", "--disks", "3", "--disk-size", "256M", "--mountpoint", &mp]);
     assert!(out.status.success(), "{}", text(&out));

@@ -3,73 +3,9 @@
 //! directory. The `mako` binary and the example are copied side by side so that
 //! `mako up` finds `makod` next to itself.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn built(relative: &str) -> PathBuf {
-    let mako = PathBuf::from(env!("CARGO_BIN_EXE_mako"));
-    mako.parent().unwrap().join(relative)
-}
-
-struct Setup {
-    _dir: tempfile::TempDir,
-    bin: PathBuf,
-    data: PathBuf,
-    mountpoint: PathBuf,
-    home: PathBuf,
-}
-
-fn setup(makod: Option<&str>) -> Option<Setup> {
-    let fake = built("examples/fake_makod");
-    if !fake.exists() {
-        eprintln!("skipped: {} not built (cargo test builds it)", fake.display());
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let bin = dir.path().join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    std::fs::copy(env!("CARGO_BIN_EXE_mako"), bin.join("mako")).unwrap();
-    match makod {
-        None => {
-            std::fs::copy(&fake, bin.join("makod")).unwrap();
-        }
-        Some(script) => {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::write(bin.join("makod"), script).unwrap();
-            std::fs::set_permissions(bin.join("makod"), std::fs::Permissions::from_mode(0o755))
-                .unwrap();
-        }
-    }
-    let data = dir.path().join("data");
-    let mountpoint = dir.path().join("mnt/fs1");
-    let home = dir.path().join("home");
-    Some(Setup {
-        bin,
-        data,
-        mountpoint,
-        home,
-        _dir: dir,
-    })
-}
-
-fn mako(setup: &Setup, args: &[&str]) -> Output {
-    Command::new(setup.bin.join("mako"))
-        .arg("--data-dir")
-        .arg(&setup.data)
-        .args(args)
-        .env("HOME", &setup.home)
-        .env_remove("MAKO_DATA_DIR")
-        .output()
-        .unwrap()
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
+use common::{mako, setup, text, Setup};
 
 fn mountpoint_arg(setup: &Setup) -> String {
     setup.mountpoint.display().to_string()
