@@ -80,3 +80,16 @@ pub fn small_params() -> MkfsParams {
 pub fn small_config() -> FsConfig {
     FsConfig { pagepool_bytes: 8 << 20, sync_interval_secs: 3600, prefetch_threads: 2, writebehind_threads: 1, ..FsConfig::default() }
 }
+
+/// Deterministic test data: `len` bytes of an xorshift stream seeded by `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}

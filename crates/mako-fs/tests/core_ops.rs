@@ -1,22 +1,11 @@
 //! File system core tests on in-memory disks: data paths, directories, remount.
 
+use mako_fs::test_util::pattern;
 use mako_fs::fs::{Ctx, SetAttr, ROOT_INO};
 use mako_fs::test_util::{small_config, small_params, MemDisks};
 use mako_fs::FsError;
 
 const C: Ctx = Ctx { uid: 0, gid: 0, pid: 1 };
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 #[test]
 fn write_read_remount_across_inline_fragment_full_and_indirect() {

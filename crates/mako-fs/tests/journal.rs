@@ -6,6 +6,7 @@
 //! The crash here keeps every write that reached the disks; lost and torn unsynced
 //! writes are the crash-test backend's (tests/crash_consistency.rs).
 
+use mako_fs::test_util::pattern;
 use mako_disk::{Disk, MemDisk};
 use mako_fs::fs::{Ctx, SetAttr, ROOT_INO};
 use mako_fs::test_util::{small_config, small_params, MemDisks};
@@ -13,18 +14,6 @@ use mako_fs::{FsConfig, FsError};
 use std::sync::Arc;
 
 const C: Ctx = Ctx { uid: 0, gid: 0, pid: 1 };
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// No background threads: only fsync/sync write, so the test knows what is durable.
 fn quiet() -> FsConfig {

@@ -11,3 +11,16 @@ pub mod sys;
 
 pub use fsx::{run_fsx, FsxFailure, FsxOptions, FsxStats};
 pub use posix::{run_posix_suite, Outcome, Report};
+
+/// Deterministic test data: `len` bytes of an xorshift stream seeded by `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}

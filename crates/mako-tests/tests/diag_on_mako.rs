@@ -20,6 +20,7 @@
 //!
 //! JSON is read by a minimal parser below (this crate has no JSON dependency).
 
+use mako_tests::pattern;
 use mako_tests::cluster::{fuse_available_or_skip, run_cmd, ClusterOptions, TestCluster};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -222,18 +223,6 @@ fn now_micros() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_micros() as u64
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
 }
 
 /// `mako diag stats --json` counters of fs1 by name.

@@ -14,6 +14,7 @@
 //!     `mako fs create … -B 3M` are refused (non-zero exit) naming the parameter and its
 //!     allowed range, and change nothing.
 
+use mako_tests::pattern;
 use mako_tests::cluster::{fuse_available_or_skip, is_mounted, process_alive, ClusterOptions, TestCluster};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -22,18 +23,6 @@ use std::process::Command;
 use std::time::Duration;
 
 const MIB: usize = 1 << 20;
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
 
 /// Files written before the faults: (path relative to the mount, contents).
 fn keep_files() -> Vec<(String, Vec<u8>)> {

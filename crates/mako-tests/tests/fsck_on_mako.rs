@@ -5,22 +5,11 @@
 //! found (exit 4), repaired (exit 1), and the file system then checks clean, mounts and
 //! reads back every file the damage did not hit.
 
+use mako_tests::pattern;
 use mako_tests::cluster::{fuse_available_or_skip, ClusterOptions, TestCluster};
 use mako_tests::sys;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
 
 fn write(p: &Path, data: &[u8]) {
     std::fs::write(p, data).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));

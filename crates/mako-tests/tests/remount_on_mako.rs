@@ -16,6 +16,7 @@
 //! last 64 KiB up to EOF and 4 KiB probes in the hole (reading 1 TiB of zeros through FUSE is
 //! not practical), plus size and allocated blocks.
 
+use mako_tests::pattern;
 use mako_tests::cluster::{fuse_available_or_skip, is_mounted, kernel_mounts, ClusterOptions, TestCluster};
 use mako_tests::sys;
 use std::collections::hash_map::DefaultHasher;
@@ -27,18 +28,6 @@ use std::path::{Path, PathBuf};
 
 const TIB: u64 = 1 << 40;
 const BIG_DIR_ENTRIES: usize = 20_000;
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
 
 fn write(p: &Path, data: &[u8]) {
     std::fs::write(p, data).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));

@@ -15,6 +15,7 @@ use mako_format::inode::{Inode, InodeContent};
 use mako_format::inode_map_segment::InodeMapSegment;
 use mako_format::DiskAddress;
 use mako_fs::fs::{Ctx, FileSystem, ROOT_INO};
+pub use mako_fs::test_util::pattern;
 use mako_fs::test_util::{small_config, small_params, MemDisks};
 use mako_fs::FsConfig;
 use mako_fsck::{check_offline, NoProgress, Options, Report};
@@ -28,18 +29,6 @@ pub const DISK_BYTES: u64 = 32 << 20;
 pub const BIGDIR_ENTRIES: usize = 4000;
 /// Entries of /fragdir: out of the inode, in one fragment.
 pub const FRAGDIR_ENTRIES: usize = 200;
-
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// What a path held when the image was built.
 #[derive(Debug, Clone)]
