@@ -83,6 +83,24 @@ impl LogImage {
     pub fn encoded_len(&self) -> usize {
         RECORD_HEADER_BYTES + self.bytes.len()
     }
+    /// Lay this image over `buf`, just read from `da`: the part of the image the
+    /// buffer covers replaces what was read (stored bytes, then the implied zeros).
+    /// Nothing happens where they do not overlap (or are on different disks).
+    pub fn apply(&self, da: DiskAddress, buf: &mut [u8]) {
+        if self.da.disk() != da.disk() {
+            return;
+        }
+        let (blo, ilo) = (da.byte_offset(), self.da.byte_offset());
+        let (lo, hi) = (ilo.max(blo), (ilo + self.length as u64).min(blo + buf.len() as u64));
+        if lo >= hi {
+            return;
+        }
+        let stored_hi = (ilo + self.bytes.len() as u64).clamp(lo, hi);
+        if stored_hi > lo {
+            buf[(lo - blo) as usize..(stored_hi - blo) as usize].copy_from_slice(&self.bytes[(lo - ilo) as usize..(stored_hi - ilo) as usize]);
+        }
+        buf[(stored_hi - blo) as usize..(hi - blo) as usize].fill(0);
+    }
 }
 
 /// Round up to a whole sector.

@@ -645,24 +645,10 @@ impl Journal {
         let end = da.sector() + (buf.len() as u64).div_ceil(512);
         let from = DiskAddress::new(da.disk(), start);
         let to = DiskAddress::new(da.disk(), end);
-        let blo = da.byte_offset();
-        let bhi = blo + buf.len() as u64;
-        for (ida, v) in pending.range(from..to) {
-            let Some(p) = v.last() else { continue };
-            let img = &p.image;
-            let ilo = ida.byte_offset();
-            let ihi = ilo + img.length as u64;
-            let lo = ilo.max(blo);
-            let hi = ihi.min(bhi);
-            if lo >= hi {
-                continue;
+        for v in pending.range(from..to).map(|(_, v)| v) {
+            if let Some(p) = v.last() {
+                p.image.apply(da, buf);
             }
-            // The stored bytes, then the implied trailing zeros.
-            let stored_hi = (ilo + img.bytes.len() as u64).clamp(lo, hi);
-            if stored_hi > lo {
-                buf[(lo - blo) as usize..(stored_hi - blo) as usize].copy_from_slice(&img.bytes[(lo - ilo) as usize..(stored_hi - ilo) as usize]);
-            }
-            buf[(stored_hi - blo) as usize..(hi - blo) as usize].fill(0);
         }
     }
 

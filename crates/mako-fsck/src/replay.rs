@@ -131,21 +131,8 @@ impl MetadataReader for Overlay<'_> {
         }
         let from = DiskAddress::new(da.disk(), da.sector().saturating_sub(self.max_sectors));
         let to = DiskAddress::new(da.disk(), da.sector() + (buf.len() as u64).div_ceil(512));
-        let blo = da.byte_offset();
-        let bhi = blo + buf.len() as u64;
-        for (ida, img) in self.images.range(from..to) {
-            let ilo = ida.byte_offset();
-            let ihi = ilo + img.length as u64;
-            let (lo, hi) = (ilo.max(blo), ihi.min(bhi));
-            if lo >= hi {
-                continue;
-            }
-            // The stored bytes, then the implied trailing zeros.
-            let stored_hi = (ilo + img.bytes.len() as u64).clamp(lo, hi);
-            if stored_hi > lo {
-                buf[(lo - blo) as usize..(stored_hi - blo) as usize].copy_from_slice(&img.bytes[(lo - ilo) as usize..(stored_hi - ilo) as usize]);
-            }
-            buf[(stored_hi - blo) as usize..(hi - blo) as usize].fill(0);
+        for img in self.images.range(from..to).map(|(_, img)| img) {
+            img.apply(da, buf);
         }
         Ok(())
     }
