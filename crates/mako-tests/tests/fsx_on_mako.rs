@@ -7,7 +7,8 @@
 //! so everything written must have reached the disks.
 //!
 //! Env: `MAKO_FSX_SEEDS` (comma-separated; default 3 fixed seeds + 1 random one, printed),
-//! `MAKO_FSX_OPS` (default 100000). Each seed runs on its own fresh cluster; on failure the
+//! `MAKO_FSX_OPS` (default 100000), `MAKO_FSX_PARALLEL` (seeds run at once, default 2). Each
+//! seed runs on its own fresh cluster; on failure the
 //! seed, failing op and a reproduction line are printed.
 
 use mako_tests::cluster::{fuse_available_or_skip, ClusterOptions, TestCluster};
@@ -40,33 +41,43 @@ fn fsx_with_remounts_on_mako() {
         .ok()
         .map(|s| s.parse().expect("MAKO_FSX_OPS: integer"))
         .unwrap_or(100_000);
+    // Seeds run side by side, each on its own cluster (`MAKO_FSX_PARALLEL`, default 2):
+    // fsx waits mostly on fsync, so two runs overlap well on two cores.
+    let parallel: usize = std::env::var("MAKO_FSX_PARALLEL").ok().and_then(|s| s.parse().ok()).unwrap_or(2).max(1);
+    let seeds = seeds();
     let mut failed = Vec::new();
-    for seed in seeds() {
-        println!("fsx: seed {seed}, {ops} ops, remount every {REMOUNT_EVERY}");
-        let cluster = TestCluster::up(ClusterOptions::default()).expect("mako up");
-        let dir = cluster.mount().join("fsx");
-        std::fs::create_dir(&dir).expect("mkdir fsx");
-        let mut o = FsxOptions::new(&dir, seed, ops);
-        o.remount = Some(cluster.remount_fn());
-        o.remount_cmd = Some(cluster.remount_cmd_text());
-        o.remount_every = REMOUNT_EVERY;
-        o.keep_on_failure = false; // the cluster is removed anyway
-        match run_fsx(&mut o) {
-            Ok(stats) => {
-                println!("{stats}");
-                assert!(
-                    stats.remounts >= ops / REMOUNT_EVERY - 1,
-                    "seed {seed}: expected remounts, got {}",
-                    stats.remounts
-                );
-            }
-            Err(f) => {
-                eprintln!("{f}");
-                eprintln!("fsx: seed {seed}: FAILED at op #{}", f.op);
-                eprintln!("makod.log tail:\n{}", cluster.log_tail(30));
-                failed.push(seed);
-            }
-        }
+    for batch in seeds.chunks(parallel) {
+        let results: Vec<(u64, bool)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = batch.iter().map(|&seed| scope.spawn(move || (seed, run_seed(seed, ops)))).collect();
+            handles.into_iter().map(|h| h.join().expect("fsx thread panicked")).collect()
+        });
+        failed.extend(results.into_iter().filter(|(_, ok)| !ok).map(|(seed, _)| seed));
     }
     assert!(failed.is_empty(), "fsx failed for seed(s) {failed:?} (see above)");
+}
+
+/// One seed on a fresh cluster; false if fsx found a difference (printed).
+fn run_seed(seed: u64, ops: u64) -> bool {
+    println!("fsx: seed {seed}, {ops} ops, remount every {REMOUNT_EVERY}");
+    let cluster = TestCluster::up(ClusterOptions::default()).expect("mako up");
+    let dir = cluster.mount().join("fsx");
+    std::fs::create_dir(&dir).expect("mkdir fsx");
+    let mut o = FsxOptions::new(&dir, seed, ops);
+    o.remount = Some(cluster.remount_fn());
+    o.remount_cmd = Some(cluster.remount_cmd_text());
+    o.remount_every = REMOUNT_EVERY;
+    o.keep_on_failure = false; // the cluster is removed anyway
+    match run_fsx(&mut o) {
+        Ok(stats) => {
+            println!("fsx: seed {seed}: {stats}");
+            assert!(stats.remounts >= ops / REMOUNT_EVERY - 1, "seed {seed}: expected remounts, got {}", stats.remounts);
+            true
+        }
+        Err(f) => {
+            eprintln!("fsx: seed {seed}: {f}");
+            eprintln!("fsx: seed {seed}: FAILED at op #{}", f.op);
+            eprintln!("makod.log tail:\n{}", cluster.log_tail(30));
+            false
+        }
+    }
 }
