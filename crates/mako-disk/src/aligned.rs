@@ -15,6 +15,26 @@ pub const IO_ALIGN: usize = 4096;
 /// which let RSS grow to several times the pagepool.)
 pub const MMAP_BYTES_MIN: usize = 256 * 1024;
 
+/// Freed mapped buffers kept for reuse, so a streaming reader or writer does not pay a
+/// fresh mapping (a page fault and a zeroed page per 4 KiB) for every block. Bounded by
+/// a byte budget ([`AlignedBuf::set_spare_budget`]); what does not fit is unmapped.
+struct Spares {
+    budget: usize,
+    bytes: usize,
+    /// (address, capacity); few distinct capacities in practice (the block size).
+    bufs: Vec<(usize, usize)>,
+}
+
+static SPARES: std::sync::Mutex<Spares> = std::sync::Mutex::new(Spares { budget: DEFAULT_SPARE_BUDGET, bytes: 0, bufs: Vec::new() });
+
+/// Spare budget before anyone sets one (a mount sets it from its pagepool).
+pub const DEFAULT_SPARE_BUDGET: usize = 16 << 20;
+
+fn spares() -> std::sync::MutexGuard<'static, Spares> {
+    // A panic while holding this lock leaves the list consistent (plain pushes/pops).
+    SPARES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
@@ -59,11 +79,50 @@ impl AlignedBuf {
         Layout::from_size_align(cap, IO_ALIGN).expect("buffer layout")
     }
 
+    /// Keep at most `bytes` of freed mapped buffers for reuse (memory the daemon holds
+    /// beyond its pagepool). Shrinking unmaps spares over the new budget.
+    pub fn set_spare_budget(bytes: usize) {
+        let freed: Vec<(usize, usize)> = {
+            let mut sp = spares();
+            sp.budget = bytes;
+            let mut out = Vec::new();
+            while sp.bytes > sp.budget {
+                let Some((addr, cap)) = sp.bufs.pop() else { break };
+                sp.bytes -= cap;
+                out.push((addr, cap));
+            }
+            out
+        };
+        for (addr, cap) in freed {
+            // SAFETY: a spare is a live mapping of `cap` bytes that nothing else owns.
+            unsafe { libc::munmap(addr as *mut libc::c_void, cap) };
+        }
+    }
+
+    /// Bytes held in spare buffers right now.
+    pub fn spare_bytes() -> usize {
+        spares().bytes
+    }
+
     /// Allocate `cap` bytes (a multiple of IO_ALIGN), mapped when large.
     fn raw_alloc(cap: usize) -> NonNull<u8> {
         if cap >= MMAP_BYTES_MIN {
-            // SAFETY: an anonymous private mapping; checked for failure below.
-            let p = unsafe { libc::mmap(std::ptr::null_mut(), cap, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+            let reused = {
+                let mut sp = spares();
+                match sp.bufs.iter().rposition(|&(_, c)| c == cap) {
+                    Some(i) => {
+                        sp.bytes -= cap;
+                        Some(sp.bufs.swap_remove(i).0)
+                    }
+                    None => None,
+                }
+            };
+            if let Some(addr) = reused {
+                return NonNull::new(addr as *mut u8).expect("spare buffer address");
+            }
+            // SAFETY: an anonymous private mapping; checked for failure below. Populated
+            // at once: one call instead of a page fault per 4 KiB as it is first written.
+            let p = unsafe { libc::mmap(std::ptr::null_mut(), cap, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE, -1, 0) };
             if p == libc::MAP_FAILED {
                 std::alloc::handle_alloc_error(Self::layout(cap));
             }
@@ -78,6 +137,14 @@ impl AlignedBuf {
     /// Free what `raw_alloc(cap)` returned.
     unsafe fn raw_free(ptr: NonNull<u8>, cap: usize) {
         if cap >= MMAP_BYTES_MIN {
+            {
+                let mut sp = spares();
+                if sp.bytes + cap <= sp.budget {
+                    sp.bytes += cap;
+                    sp.bufs.push((ptr.as_ptr() as usize, cap));
+                    return;
+                }
+            }
             libc::munmap(ptr.as_ptr() as *mut libc::c_void, cap);
         } else {
             dealloc(ptr.as_ptr(), Self::layout(cap));
@@ -132,6 +199,22 @@ impl AlignedBuf {
         }
         self.len = len;
     }
+    /// Grow or shrink to `len` bytes for a caller that overwrites all of them (a disk
+    /// read): mapped storage is not zeroed first — its bytes are zeros from the kernel
+    /// or what a reused buffer held, never uninitialised memory. Small buffers are zeroed.
+    pub fn resize_for_overwrite(&mut self, len: usize) {
+        if len > self.len {
+            if len > self.cap {
+                self.grow_to(len);
+            }
+            if self.cap < MMAP_BYTES_MIN {
+                // SAFETY: len <= cap; allocator memory must be initialised before use.
+                unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(self.len), 0, len - self.len) };
+            }
+        }
+        self.len = len;
+    }
+
     pub fn extend_from_slice(&mut self, s: &[u8]) {
         let old = self.len;
         if old + s.len() > self.cap {
@@ -176,6 +259,32 @@ impl std::fmt::Debug for AlignedBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spare_buffers_are_reused_within_budget() {
+        // Other tests in this binary allocate too, so look only at what this one can see.
+        let a = AlignedBuf::zeroed(3 << 20);
+        let addr = a.as_ptr() as usize;
+        drop(a);
+        let b = AlignedBuf::with_capacity(3 << 20);
+        let reused = b.as_ptr() as usize == addr;
+        drop(b);
+        assert!(reused || AlignedBuf::spare_bytes() > 0, "a freed mapped buffer is kept for reuse");
+        let mut r = AlignedBuf::with_capacity(3 << 20);
+        r.resize_for_overwrite(1 << 20);
+        assert_eq!(r.len(), 1 << 20);
+        let mut small = AlignedBuf::new();
+        small.resize_for_overwrite(100);
+        assert!(small.iter().all(|&x| x == 0), "small buffers are zeroed");
+        drop(r);
+        // Budget 0: everything held is unmapped and nothing freed is kept.
+        AlignedBuf::set_spare_budget(0);
+        assert_eq!(AlignedBuf::spare_bytes(), 0);
+        drop(AlignedBuf::zeroed(2 << 20));
+        assert_eq!(AlignedBuf::spare_bytes(), 0);
+        AlignedBuf::set_spare_budget(DEFAULT_SPARE_BUDGET);
+    }
+
     #[test]
     fn aligned_and_behaves_like_a_vec() {
         let mut b = AlignedBuf::new();
@@ -197,6 +306,13 @@ mod tests {
         big.resize(8 << 20, 0);
         assert_eq!(big[4 << 20 - 1], 1, "mapped buffers keep their content when they grow");
         assert_eq!(big.as_ptr() as usize % IO_ALIGN, 0);
+        drop(big);
+        // A reused mapping comes back zeroed by `zeroed` even though it held data.
+        let mut dirty = AlignedBuf::zeroed(8 << 20);
+        dirty.iter_mut().for_each(|x| *x = 0xa5);
+        drop(dirty);
+        let again = AlignedBuf::zeroed(8 << 20);
+        assert!(again.iter().all(|&x| x == 0), "zeroed() clears a reused buffer");
         let z = AlignedBuf::zeroed(4096);
         assert!(z.iter().all(|&x| x == 0));
         b.clear();

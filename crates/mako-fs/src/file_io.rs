@@ -45,7 +45,8 @@ fn read_disk_block(core: &Core, st: &InodeState, b: u64, valid: usize) -> FsResu
     }
     let alloc = block_map::allocated_subblocks(core, st, b) as usize * core.geo.subblock_bytes() as usize;
     let len = valid.next_multiple_of(512).min(alloc);
-    out.resize(len, 0);
+    // The read overwrites all of it; zeroing first would only cost page faults.
+    out.resize_for_overwrite(len);
     core.nsd.read(da, &mut out, tag(st.inode.ino))?;
     out.resize(valid, 0);
     Ok(out)
@@ -275,7 +276,11 @@ fn write_locked(core: &Core, h: &InodeHandle, mut st: parking_lot::RwLockWriteGu
                 let have = buf.bytes.len();
                 buf.bytes.reserve_exact(bb as usize - have);
             }
-            buf.bytes.resize(hi, 0);
+            // Zeros up to `lo`; `lo..hi` is overwritten just below.
+            if buf.bytes.len() < lo {
+                buf.bytes.resize(lo, 0);
+            }
+            buf.bytes.resize_for_overwrite(hi);
         }
         buf.bytes[lo..hi].copy_from_slice(src);
         buf.add_dirty(lo as u32, hi as u32);
@@ -302,14 +307,14 @@ fn write_locked(core: &Core, h: &InodeHandle, mut st: parking_lot::RwLockWriteGu
 
 /// Read up to `size` bytes at `offset`. `sequential` says the caller saw a sequential
 /// pattern, so whole blocks are worth caching.
-pub fn read(core: &Core, st: &InodeState, offset: u64, size: usize, sequential: bool) -> FsResult<Vec<u8>> {
+pub fn read(core: &Core, st: &InodeState, offset: u64, size: usize, sequential: bool) -> FsResult<AlignedBuf> {
     let fsize = st.inode.size;
     if offset >= fsize || size == 0 {
-        return Ok(Vec::new());
+        return Ok(AlignedBuf::new());
     }
     let end = fsize.min(offset + size as u64);
     if let InodeContent::InlineData(d) = &st.inode.content {
-        let mut out = vec![0u8; (end - offset) as usize];
+        let mut out = AlignedBuf::zeroed((end - offset) as usize);
         let have = (d.len() as u64).min(end);
         if have > offset {
             out[..(have - offset) as usize].copy_from_slice(&d[offset as usize..have as usize]);
@@ -318,7 +323,8 @@ pub fn read(core: &Core, st: &InodeState, offset: u64, size: usize, sequential: 
     }
     let bb = core.block_bytes();
     let ino = st.inode.ino;
-    let mut out = Vec::with_capacity((end - offset) as usize);
+    // An AlignedBuf: a block-sized one is a reused mapping, not fresh pages to fault in.
+    let mut out = AlignedBuf::with_capacity((end - offset) as usize);
     let mut b = offset / bb;
     while b * bb < end {
         let bs = b * bb;
@@ -361,7 +367,7 @@ pub fn read(core: &Core, st: &InodeState, offset: u64, size: usize, sequential: 
 }
 
 /// Append bytes `lo..hi` of block `b` to `out`, read from disk without caching.
-fn read_uncached(core: &Core, st: &InodeState, b: u64, lo: usize, hi: usize, out: &mut Vec<u8>) -> FsResult<()> {
+fn read_uncached(core: &Core, st: &InodeState, b: u64, lo: usize, hi: usize, out: &mut AlignedBuf) -> FsResult<()> {
     let da = block_map::lookup(core, st, b)?;
     let start = out.len();
     out.resize(start + (hi - lo), 0);
@@ -370,7 +376,8 @@ fn read_uncached(core: &Core, st: &InodeState, b: u64, lo: usize, hi: usize, out
         let alo = lo / 512 * 512;
         let ahi = hi.next_multiple_of(512).min(alloc);
         if ahi > alo && alloc > lo {
-            let mut tmp = AlignedBuf::zeroed(ahi - alo);
+            let mut tmp = AlignedBuf::new();
+            tmp.resize_for_overwrite(ahi - alo);
             core.nsd.read(da.offset_by(alo as u64), &mut tmp, tag(st.inode.ino))?;
             let n = hi.min(ahi) - lo;
             out[start..start + n].copy_from_slice(&tmp[lo - alo..lo - alo + n]);
@@ -380,17 +387,17 @@ fn read_uncached(core: &Core, st: &InodeState, b: u64, lo: usize, hi: usize, out
 }
 
 /// O_DIRECT read: straight from disk (the caller flushed dirty buffers in the range).
-pub fn read_direct(core: &Core, st: &InodeState, offset: u64, size: usize) -> FsResult<Vec<u8>> {
+pub fn read_direct(core: &Core, st: &InodeState, offset: u64, size: usize) -> FsResult<AlignedBuf> {
     let fsize = st.inode.size;
     if offset >= fsize || size == 0 {
-        return Ok(Vec::new());
+        return Ok(AlignedBuf::new());
     }
     if matches!(st.inode.content, InodeContent::InlineData(_)) {
         return read(core, st, offset, size, false);
     }
     let end = fsize.min(offset + size as u64);
     let bb = core.block_bytes();
-    let mut out = Vec::with_capacity((end - offset) as usize);
+    let mut out = AlignedBuf::with_capacity((end - offset) as usize);
     let mut b = offset / bb;
     while b * bb < end {
         let bs = b * bb;
@@ -484,7 +491,7 @@ pub fn read_with<R>(core: &Core, st: &InodeState, offset: u64, size: usize, sequ
     Ok(f(&v))
 }
 
-fn copy_out(bytes: &[u8], lo: usize, hi: usize, out: &mut Vec<u8>) {
+fn copy_out(bytes: &[u8], lo: usize, hi: usize, out: &mut AlignedBuf) {
     let have = bytes.len().min(hi);
     if have > lo {
         out.extend_from_slice(&bytes[lo..have]);

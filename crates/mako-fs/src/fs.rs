@@ -302,7 +302,7 @@ impl FileSystem {
         if st.inode.mode & S_IFMT != S_IFLNK {
             return Err(FsError::Invalid(format!("inode {ino} is not a symlink")));
         }
-        file_io::read(&self.core, &st, 0, st.inode.size as usize, true)
+        Ok(file_io::read(&self.core, &st, 0, st.inode.size as usize, true)?.to_vec())
     }
 
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> FsResult<Attr> {
@@ -735,10 +735,21 @@ impl FileSystem {
         self.core.stats.reads.fetch_add(1, Ordering::Relaxed);
         let h = self.handle(ino)?;
         let sequential = {
+            let bb = self.core.block_bytes();
             let mut p = h.pattern.lock();
-            let seq = offset == p.next_offset || (offset < p.next_offset && offset + self.core.block_bytes() > p.next_offset);
+            // The kernel's readahead sends several requests of a window at once and our
+            // threads serve them in any order, so "sequential" means near where the
+            // stream is: within a block behind it or two blocks ahead of it.
+            let seq = offset + bb > p.next_offset && offset <= p.next_offset.saturating_add(2 * bb) && p.next_offset > 0 || offset == p.next_offset;
             p.run = if seq { p.run.saturating_add(1) } else { 0 };
-            p.next_offset = offset + size as u64;
+            if seq {
+                p.next_offset = p.next_offset.max(offset + size as u64);
+            } else {
+                // A new pass (a re-read from the start, a seek): what was prefetched
+                // for the last one says nothing about this one.
+                p.prefetched_upto = 0;
+                p.next_offset = offset + size as u64;
+            }
             p.run >= 2
         };
         let bb = self.core.block_bytes();
@@ -795,6 +806,10 @@ impl FileSystem {
         let first = from / bb;
         let last_block = if fsize == 0 { return } else { (fsize - 1) / bb };
         let mut p = h.pattern.lock();
+        if p.prefetched_upto > first + window {
+            // Stale: left by an earlier pass further into the file.
+            p.prefetched_upto = 0;
+        }
         let start = first.max(p.prefetched_upto);
         let end = (first + window).min(last_block + 1);
         for b in start..end {
@@ -864,7 +879,7 @@ impl FileSystem {
         }
         self.core.stats.direct_reads.fetch_add(1, Ordering::Relaxed);
         let st = h.state.read();
-        file_io::read_direct(&self.core, &st, offset, size as usize)
+        Ok(file_io::read_direct(&self.core, &st, offset, size as usize)?.to_vec())
     }
 
     /// O_DIRECT write: aligned overwrites of allocated full blocks go straight to disk;

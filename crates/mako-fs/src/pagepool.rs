@@ -89,7 +89,14 @@ pub struct PagePool {
 }
 
 impl PagePool {
+    /// Freed block buffers kept for reuse beside a pagepool of `limit` bytes: 1/16 of it,
+    /// between 16 MiB and 256 MiB (part of makod's documented overhead).
+    pub fn spare_budget(limit: u64) -> usize {
+        (limit / 16).clamp(16 << 20, 256 << 20) as usize
+    }
+
     pub fn new(limit_bytes: u64) -> PagePool {
+        mako_disk::AlignedBuf::set_spare_budget(Self::spare_budget(limit_bytes));
         PagePool {
             map: CountedMutex::new(&PAGEPOOL_MAP_LOCK, BTreeMap::new()),
             clock: CountedMutex::new(&PAGEPOOL_CLOCK_LOCK, VecDeque::new()),
@@ -313,6 +320,7 @@ impl PagePool {
 
     pub fn set_limit(&self, bytes: u64) {
         self.limit.store(bytes, Ordering::Relaxed);
+        mako_disk::AlignedBuf::set_spare_budget(Self::spare_budget(bytes));
     }
 }
 

@@ -844,6 +844,9 @@ impl Drop for FuseMount {
     }
 }
 
+/// Largest read request the kernel sends (the `max_read` mount option); see `mount`.
+pub const MAX_READ_REQUEST: u32 = 1 << 20;
+
 /// Mount `fs` at `mountpoint` and serve it from a pool of threads.
 pub fn mount(fs: FileSystem, mountpoint: &Path, opts: &FuseOptions) -> std::io::Result<FuseMount> {
     use fuser::MountOption;
@@ -857,6 +860,14 @@ pub fn mount(fs: FileSystem, mountpoint: &Path, opts: &FuseOptions) -> std::io::
         MountOption::Suid,
         MountOption::Atime,
     ];
+    // Read requests of at most 1 MiB. The kernel's readahead windows (max_readahead,
+    // a whole block) start wherever the reader's first read put them, so 4 MiB requests
+    // mostly straddle two blocks, and a reply must be one contiguous buffer: each
+    // straddling request cost a 4 MiB copy. 1 MiB requests (on 1 MiB boundaries) lie in
+    // one block and go out straight from the pagepool buffer; four requests in flight
+    // instead of one also spread the copies over the FUSE threads. Measured on a 2 GiB
+    // streaming read: ~2.0 CPU-s instead of ~2.9, 1.0-1.5 GB/s instead of 0.64-0.83.
+    config.mount_options.push(MountOption::CUSTOM(format!("max_read={MAX_READ_REQUEST}")));
     if opts.allow_other {
         config.acl = fuser::SessionACL::All;
     }
