@@ -92,6 +92,11 @@ pub struct BenchArgs {
     /// Run the same phases (same sizes) on this reference directory and compare.
     #[arg(long)]
     pub compare: Option<PathBuf>,
+    /// With --compare: run target then reference this many times and compare the
+    /// medians (each phase's ratio is the median of the per-pair ratios, with its
+    /// range). Use it where the disk's speed varies from minute to minute (VMs).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=99))]
+    pub repeat: u32,
     /// Executable to start as worker process (default: this one).
     #[arg(long, hide = true)]
     pub worker_exe: Option<PathBuf>,
@@ -224,8 +229,42 @@ pub struct BenchReport {
     pub config: BenchConfig,
     pub target: BenchRun,
     pub reference: Option<BenchRun>,
+    /// With `--repeat N`: the median of the N per-pair ratios of each phase (and the
+    /// median values); otherwise the one pair's ratios.
     pub ratios: Vec<PhaseRatio>,
+    /// With `--repeat N` (N > 1): every pair's ratios, in run order.
+    #[serde(default)]
+    pub repeats: Vec<Vec<PhaseRatio>>,
     pub verify_errors: u64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Phase by phase, the median target and reference values and the median ratio of
+/// several (target, reference) pairs.
+pub fn median_ratios(pairs: &[Vec<PhaseRatio>]) -> Vec<PhaseRatio> {
+    let Some(first) = pairs.first() else { return Vec::new() };
+    first
+        .iter()
+        .map(|r| {
+            let same: Vec<&PhaseRatio> = pairs.iter().filter_map(|p| p.iter().find(|x| x.phase == r.phase)).collect();
+            let ratios: Vec<f64> = same.iter().filter_map(|x| x.ratio).collect();
+            PhaseRatio {
+                phase: r.phase.clone(),
+                unit: r.unit.clone(),
+                target: median(same.iter().map(|x| x.target).collect()),
+                reference: median(same.iter().map(|x| x.reference).collect()),
+                ratio: (!ratios.is_empty()).then(|| median(ratios)),
+            }
+        })
+        .collect()
 }
 
 /// Removes the benchmark's private directory when dropped (also on error), unless
@@ -793,20 +832,33 @@ pub fn format_compare_table(report: &BenchReport) -> String {
     };
     let _ = writeln!(out, "target    = {}", report.target.dir.display());
     let _ = writeln!(out, "reference = {}", reference.dir.display());
+    let n = report.repeats.len();
+    if n > 1 {
+        let _ = writeln!(out, "medians of {n} (target, reference) pairs; range = lowest..highest pair ratio");
+    }
     let _ = writeln!(
         out,
-        "{:<20} {:>14} {:>14} {:>8}  unit",
-        "phase", "target", "reference", "ratio"
+        "{:<20} {:>14} {:>14} {:>8}  {:<6}{}",
+        "phase", "target", "reference", "ratio", "unit", if n > 1 { "  range" } else { "" }
     );
     for ratio in &report.ratios {
+        let range = if n > 1 {
+            let all: Vec<f64> = report.repeats.iter().filter_map(|p| p.iter().find(|x| x.phase == ratio.phase)?.ratio).collect();
+            let lo = all.iter().cloned().fold(f64::INFINITY, f64::min);
+            let hi = all.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            if all.is_empty() { String::new() } else { format!("  {lo:.3}..{hi:.3}") }
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "{:<20} {:>14.4} {:>14.4} {:>8}  {}",
+            "{:<20} {:>14.4} {:>14.4} {:>8}  {:<6}{}",
             ratio.phase,
             ratio.target,
             ratio.reference,
             ratio.ratio.map_or("n/a".to_string(), |r| format!("{r:.3}")),
-            ratio.unit
+            ratio.unit,
+            range
         );
     }
     out
@@ -828,27 +880,39 @@ pub fn run_bench(args: &BenchArgs, hooks: &BenchHooks) -> anyhow::Result<BenchRe
     }
     let executable = worker_executable(args.worker_exe.as_ref())?;
     let mut pool = WorkerPool::start(config.procs as usize, &executable)?;
-    let target = run_on(&args.dir, &config, args, hooks, &mut pool)?;
-    let reference = match &args.compare {
-        Some(dir) => Some(run_on(dir, &config, args, hooks, &mut pool)?),
-        None => None,
-    };
+    let repeat = if args.compare.is_some() { args.repeat.max(1) } else { 1 };
+    let mut pairs = Vec::new();
+    let mut verify_errors = 0;
+    let mut last = None;
+    for i in 0..repeat {
+        if repeat > 1 {
+            println!("=== pair {} of {repeat} ===", i + 1);
+        }
+        let target = run_on(&args.dir, &config, args, hooks, &mut pool)?;
+        let reference = match &args.compare {
+            Some(dir) => Some(run_on(dir, &config, args, hooks, &mut pool)?),
+            None => None,
+        };
+        verify_errors += target
+            .phases
+            .iter()
+            .chain(reference.iter().flat_map(|r| r.phases.iter()))
+            .map(|p| p.verify_errors)
+            .sum::<u64>();
+        if let Some(r) = &reference {
+            pairs.push(ratios(&target, r));
+        }
+        last = Some((target, reference));
+    }
     drop(pool);
-    let ratios = reference
-        .as_ref()
-        .map(|r| ratios(&target, r))
-        .unwrap_or_default();
-    let verify_errors = target
-        .phases
-        .iter()
-        .chain(reference.iter().flat_map(|r| r.phases.iter()))
-        .map(|p| p.verify_errors)
-        .sum();
+    let (target, reference) = last.expect("at least one run");
+    let ratios = median_ratios(&pairs);
     let report = BenchReport {
         config,
         target,
         reference,
         ratios,
+        repeats: if pairs.len() > 1 { pairs } else { Vec::new() },
         verify_errors,
     };
     if report.reference.is_some() {
@@ -874,4 +938,32 @@ pub fn run_bench(args: &BenchArgs, hooks: &BenchHooks) -> anyhow::Result<BenchRe
         ));
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod repeat_tests {
+    use super::*;
+
+    fn pr(phase: &str, t: f64, r: f64) -> PhaseRatio {
+        PhaseRatio { phase: phase.into(), unit: "GiB/s".into(), target: t, reference: r, ratio: (r > 0.0).then(|| t / r) }
+    }
+
+    #[test]
+    fn medians_of_pairs_per_phase() {
+        let pairs = vec![
+            vec![pr("ior-easy-read", 1.0, 2.0), pr("find", 5.0, 0.0)],
+            vec![pr("ior-easy-read", 3.0, 3.0), pr("find", 7.0, 0.0)],
+            vec![pr("ior-easy-read", 0.5, 5.0), pr("find", 6.0, 0.0)],
+        ];
+        let m = median_ratios(&pairs);
+        assert_eq!(m[0].phase, "ior-easy-read");
+        assert_eq!(m[0].target, 1.0);
+        assert_eq!(m[0].reference, 3.0);
+        // ratios 0.5, 1.0, 0.1: the median ratio, not the ratio of medians.
+        assert_eq!(m[0].ratio, Some(0.5));
+        assert_eq!(m[1].target, 6.0);
+        assert_eq!(m[1].ratio, None, "no ratio when every reference is 0");
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median_ratios(&[]).is_empty());
+    }
 }

@@ -201,7 +201,11 @@ impl MakoFuse {
 
     fn open_flags(&self, flags: i32) -> (u64, FopenFlags) {
         let mut fh = 0;
-        let mut out = FopenFlags::empty();
+        // close() promises nothing on a parallel file system (write-behind and fsync
+        // do; POSIX locks are the kernel's), so the kernel need not send FLUSH: one
+        // round trip less per close — a quarter of what creating an empty file costs.
+        // (With the writeback cache the kernel still writes its dirty pages back first.)
+        let mut out = FopenFlags::FOPEN_NOFLUSH;
         if flags & libc::O_DIRECT != 0 {
             fh |= FH_DIRECT;
             out |= FopenFlags::FOPEN_DIRECT_IO;
@@ -542,7 +546,8 @@ impl Filesystem for MakoFuse {
         reply: ReplyEmpty,
     ) {
         self.guard("flush", move || {
-            // close() does not promise durability; write-behind and fsync do.
+            // close() does not promise durability; write-behind and fsync do. Opens
+            // say FOPEN_NOFLUSH, so this comes only with the writeback cache.
             reply.ok();
         })
     }
