@@ -12,7 +12,7 @@ use crate::block_map;
 use crate::core::{now, Core, InodeHandle, InodeState};
 use crate::error::{FsError, FsResult};
 use crate::pagepool::DataBuffer;
-use mako_disk::AlignedBuf;
+use mako_disk::{AlignedBuf, IO_ALIGN};
 use mako_disk::nsd::IoTag;
 use mako_disk::BufferType;
 use mako_format::inode::{payload_bytes, pointers_in_inode, xattrs_encoded_len, InodeContent};
@@ -68,6 +68,7 @@ pub fn load_buffer(core: &Core, st: &InodeState, b: u64, buf: &mut DataBuffer) -
     }
     buf.bytes = disk;
     buf.loaded = true;
+    buf.on_disk = true;
     Ok(())
 }
 
@@ -94,6 +95,7 @@ pub fn convert_inline(core: &Core, st: &mut InodeState) -> FsResult<()> {
         let n = data.len() as u32;
         buf.bytes = AlignedBuf::from_slice(&data);
         buf.loaded = true;
+        buf.on_disk = false;
         buf.reserved += core.geo.subblocks_per_block;
         buf.add_dirty(0, n);
         core.pool.account(&mut buf, was);
@@ -248,6 +250,7 @@ fn write_locked(core: &Core, h: &InodeHandle, mut st: parking_lot::RwLockWriteGu
                 if old_valid == 0 || buf.dirty.is_none() {
                     buf.bytes.clear();
                     buf.loaded = true;
+                    buf.on_disk = false;
                 } else {
                     load_buffer(core, &st, b, &mut buf)?;
                 }
@@ -260,6 +263,7 @@ fn write_locked(core: &Core, h: &InodeHandle, mut st: parking_lot::RwLockWriteGu
                 }
                 buf.bytes = z;
                 buf.loaded = true;
+                buf.on_disk = false;
             } else {
                 match buf.dirty {
                     // Partial write to a block on disk: keep only the dirty range, read
@@ -581,7 +585,29 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
     let ino = h.ino;
     drop(st);
     let write_len = desired as usize * sb;
-    if buf.loaded {
+    let in_place = target == cur && buf.on_disk;
+    if buf.loaded && in_place {
+        // The block stays where it is and the disk holds everything outside the dirty
+        // range: write just the dirty pages (an fsync after a small write must not cost
+        // a whole-block write).
+        let (lo, hi) = buf.dirty.map(|(a, b)| (a as usize, b as usize)).expect("dirty");
+        let alo = (lo / IO_ALIGN * IO_ALIGN).min(write_len);
+        // Bytes past the buffer's end read as zero (a truncate cut them): the disk may
+        // still hold old bytes there, so the write runs to the end of the allocation.
+        let ahi = if buf.bytes.len() < write_len { write_len } else { hi.next_multiple_of(IO_ALIGN).min(write_len) };
+        if ahi > alo {
+            if buf.bytes.len() >= ahi {
+                core.nsd.write(target.offset_by(alo as u64), &buf.bytes[alo..ahi], tag(ino))?;
+            } else {
+                let mut padded = AlignedBuf::with_capacity(ahi - alo);
+                if buf.bytes.len() > alo {
+                    padded.extend_from_slice(&buf.bytes[alo..]);
+                }
+                padded.resize(ahi - alo, 0);
+                core.nsd.write(target.offset_by(alo as u64), &padded, tag(ino))?;
+            }
+        }
+    } else if buf.loaded {
         if buf.bytes.len() >= write_len {
             core.nsd.write(target, &buf.bytes[..write_len], tag(ino))?;
         } else {
@@ -603,6 +629,8 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
         core.nsd.write(target.offset_by(alo as u64), &tmp, tag(ino))?;
     }
     core.journal.note_ordered_write();
+    // A loaded buffer now matches its disk copy (what the write skipped already did).
+    buf.on_disk = buf.loaded;
     buf.dirty = None;
     buf.written_since_clean = 0;
     core.pool.account(&mut buf, true);

@@ -26,6 +26,10 @@ pub struct DataBuffer {
     pub bytes: AlignedBuf,
     /// The bytes reflect the whole block (disk content merged with writes).
     pub loaded: bool,
+    /// Outside the dirty range the bytes are what the block's disk copy holds (read
+    /// from it, or written to it): a write-back may then write just the dirty range.
+    /// False for a buffer built without reading (new data over a hole or past EOF).
+    pub on_disk: bool,
     /// Dirty byte range within the block. When not `loaded`, only these bytes are valid.
     pub dirty: Option<(u32, u32)>,
     /// Bytes written since the buffer was last clean (overwrites count again). When it
@@ -214,6 +218,7 @@ impl PagePool {
             b.charged = 0;
             b.bytes = AlignedBuf::new();
             b.loaded = false;
+            b.on_disk = false;
             self.stats.evictions.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -249,6 +254,7 @@ impl PagePool {
             b.dirty = None;
             b.bytes = AlignedBuf::new();
             b.loaded = false;
+            b.on_disk = false;
             released += b.reserved as u64;
             b.reserved = 0;
             self.account(&mut b, was_dirty);
@@ -287,6 +293,7 @@ impl PagePool {
             b.charged = 0;
             b.bytes = AlignedBuf::new();
             b.loaded = false;
+            b.on_disk = false;
         }
         self.clock.lock().retain(|_| true);
     }

@@ -231,7 +231,11 @@ impl Filesystem for MakoFuse {
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
             | InitFlags::FUSE_ASYNC_DIO
-            | InitFlags::FUSE_MAX_PAGES;
+            | InitFlags::FUSE_MAX_PAGES
+            // When a file's mtime changes under the kernel's cached pages (utimensat,
+            // another node's write), the kernel drops them, so the next read reaches
+            // Mako — which keeps atime (relatime) and serves current data.
+            | InitFlags::FUSE_AUTO_INVAL_DATA;
         let want = if self.writeback_cache {
             want | InitFlags::FUSE_WRITEBACK_CACHE
         } else {

@@ -184,6 +184,10 @@ fn atime_relatime(c: &Ctx) -> CheckResult {
     )
     .ctx("set atime old, mtime now")?;
     pread(&fd, &mut buf, 0).ctx("read after mtime moved")?;
+    // Outlive the kernel's attribute cache (FUSE entry/attr TTL, 2 s on Mako), so the
+    // stat asks the file system, which must have seen the read: a read the kernel
+    // served from its page cache would leave the stored atime old.
+    std::thread::sleep(std::time::Duration::from_millis(2100));
     let a3 = stat(&f).ctx("stat")?;
     ensure(
         a3.st_atime > 1_500_000_000,
