@@ -585,36 +585,29 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
     let ino = h.ino;
     drop(st);
     let write_len = desired as usize * sb;
-    let in_place = target == cur && buf.on_disk;
-    if buf.loaded && in_place {
-        // The block stays where it is and the disk holds everything outside the dirty
-        // range: write just the dirty pages (an fsync after a small write must not cost
-        // a whole-block write).
-        let (lo, hi) = buf.dirty.map(|(a, b)| (a as usize, b as usize)).expect("dirty");
-        let alo = (lo / IO_ALIGN * IO_ALIGN).min(write_len);
-        // Bytes past the buffer's end read as zero (a truncate cut them): the disk may
-        // still hold old bytes there, so the write runs to the end of the allocation.
-        let ahi = if buf.bytes.len() < write_len { write_len } else { hi.next_multiple_of(IO_ALIGN).min(write_len) };
+    if buf.loaded {
+        // A block that stays where it is, with the disk holding everything outside the
+        // dirty range, gets just its dirty pages (an fsync after a small write must not
+        // cost a whole-block write); otherwise the whole allocation. Bytes past the
+        // buffer's end read as zero (a truncate cut them) while the disk may still hold
+        // old bytes there, so then the write runs to the end of the allocation.
+        let (alo, ahi) = match buf.dirty {
+            Some((lo, hi)) if target == cur && buf.on_disk => {
+                let alo = (lo as usize / IO_ALIGN * IO_ALIGN).min(write_len);
+                let ahi = if buf.bytes.len() < write_len { write_len } else { (hi as usize).next_multiple_of(IO_ALIGN).min(write_len) };
+                (alo, ahi)
+            }
+            _ => (0, write_len),
+        };
         if ahi > alo {
             if buf.bytes.len() >= ahi {
                 core.nsd.write(target.offset_by(alo as u64), &buf.bytes[alo..ahi], tag(ino))?;
             } else {
                 let mut padded = AlignedBuf::with_capacity(ahi - alo);
-                if buf.bytes.len() > alo {
-                    padded.extend_from_slice(&buf.bytes[alo..]);
-                }
+                padded.extend_from_slice(&buf.bytes[alo.min(buf.bytes.len())..]);
                 padded.resize(ahi - alo, 0);
                 core.nsd.write(target.offset_by(alo as u64), &padded, tag(ino))?;
             }
-        }
-    } else if buf.loaded {
-        if buf.bytes.len() >= write_len {
-            core.nsd.write(target, &buf.bytes[..write_len], tag(ino))?;
-        } else {
-            let mut padded = AlignedBuf::with_capacity(write_len);
-            padded.extend_from_slice(&buf.bytes);
-            padded.resize(write_len, 0);
-            core.nsd.write(target, &padded, tag(ino))?;
         }
     } else {
         // Only a dirty range is valid: write its sectors, reading the edge sectors.

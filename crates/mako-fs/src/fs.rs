@@ -5,6 +5,7 @@
 //! renames that change parents hold `rename_lock`, lock the two parents ancestor
 //! first, then the inodes involved in inode-number order.
 
+use mako_disk::AlignedBuf;
 use crate::acl;
 use crate::block_map;
 use crate::core::{now, Core, InodeHandle, InodeState};
@@ -734,13 +735,14 @@ impl FileSystem {
     pub fn read_with<R>(&self, ino: u64, offset: u64, size: u32, f: impl FnOnce(&[u8]) -> R) -> FsResult<R> {
         self.core.stats.reads.fetch_add(1, Ordering::Relaxed);
         let h = self.handle(ino)?;
+        let bb = self.core.block_bytes();
         let sequential = {
-            let bb = self.core.block_bytes();
             let mut p = h.pattern.lock();
             // The kernel's readahead sends several requests of a window at once and our
             // threads serve them in any order, so "sequential" means near where the
             // stream is: within a block behind it or two blocks ahead of it.
-            let seq = offset + bb > p.next_offset && offset <= p.next_offset.saturating_add(2 * bb) && p.next_offset > 0 || offset == p.next_offset;
+            let near = p.next_offset > 0 && offset + bb > p.next_offset && offset <= p.next_offset.saturating_add(2 * bb);
+            let seq = near || offset == p.next_offset;
             p.run = if seq { p.run.saturating_add(1) } else { 0 };
             if seq {
                 p.next_offset = p.next_offset.max(offset + size as u64);
@@ -752,7 +754,6 @@ impl FileSystem {
             }
             p.run >= 2
         };
-        let bb = self.core.block_bytes();
         self.core.coherence.data(ino, TokenMode::Ro, block_range(offset, size as u64, bb))?;
         let (out, atime_due) = {
             let st = h.state.read();
@@ -867,9 +868,9 @@ impl FileSystem {
     }
 
     /// O_DIRECT read: aligned requests bypass the pagepool.
-    pub fn read_direct(&self, ino: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+    pub fn read_direct(&self, ino: u64, offset: u64, size: u32) -> FsResult<AlignedBuf> {
         if offset % 512 != 0 || size % 512 != 0 {
-            return self.read(ino, offset, size);
+            return self.read_with(ino, offset, size, AlignedBuf::from_slice);
         }
         let h = self.handle(ino)?;
         // Dirty buffers under the range go to disk first so the disk is current.
@@ -879,7 +880,7 @@ impl FileSystem {
         }
         self.core.stats.direct_reads.fetch_add(1, Ordering::Relaxed);
         let st = h.state.read();
-        Ok(file_io::read_direct(&self.core, &st, offset, size as usize)?.to_vec())
+        file_io::read_direct(&self.core, &st, offset, size as usize)
     }
 
     /// O_DIRECT write: aligned overwrites of allocated full blocks go straight to disk;

@@ -128,17 +128,9 @@ impl Op {
     }
 }
 
-/// Deterministic bytes for a write (never all zero, so a lost write shows).
+/// Deterministic bytes for a write (no zero byte, so a lost write shows).
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x as u8) | 1
-        })
-        .collect()
+    mako_fs::test_util::pattern(seed, len).into_iter().map(|b| b | 1).collect()
 }
 
 /// A seed's whole run: the operations and the model state after each (state `i` is
