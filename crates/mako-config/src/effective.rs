@@ -338,6 +338,11 @@ impl EffectiveConfig {
         self.flag(ParamId::FuseWritebackCache)
     }
 
+    /// `fuseDirectIoFileSize`: files at least this large open with FUSE direct I/O.
+    pub fn fuse_direct_io_file_size(&self) -> u64 {
+        self.bytes(ParamId::FuseDirectIoFileSize)
+    }
+
     /// `fuseMaxWrite`: FUSE `max_write` in bytes (a multiple of 4 KiB).
     pub fn fuse_max_write_bytes(&self) -> u32 {
         u32::try_from(self.bytes(ParamId::FuseMaxWrite))

@@ -17,7 +17,10 @@ pub const MMAP_BYTES_MIN: usize = 256 * 1024;
 
 /// Freed mapped buffers kept for reuse, so a streaming reader or writer does not pay a
 /// fresh mapping (a page fault and a zeroed page per 4 KiB) for every block. Bounded by
-/// a byte budget ([`AlignedBuf::set_spare_budget`]); what does not fit is unmapped.
+/// a byte budget ([`AlignedBuf::set_spare_budget`]); what does not fit is unmapped. A
+/// new mapping first unmaps spares of other sizes (at least its own size of them), so
+/// live buffers and spares together never exceed the most that was ever live at once:
+/// memory the pagepool once used stays mapped for it, as GPFS pins its pagepool.
 struct Spares {
     budget: usize,
     bytes: usize,
@@ -107,18 +110,34 @@ impl AlignedBuf {
     /// Allocate `cap` bytes (a multiple of IO_ALIGN), mapped when large.
     fn raw_alloc(cap: usize) -> NonNull<u8> {
         if cap >= MMAP_BYTES_MIN {
-            let reused = {
+            let (reused, unmap) = {
                 let mut sp = spares();
                 match sp.bufs.iter().rposition(|&(_, c)| c == cap) {
                     Some(i) => {
                         sp.bytes -= cap;
-                        Some(sp.bufs.swap_remove(i).0)
+                        (Some(sp.bufs.swap_remove(i).0), Vec::new())
                     }
-                    None => None,
+                    None => {
+                        // Spares of other sizes give way to the new mapping, so spares and
+                        // live buffers together never exceed the most ever live at once.
+                        let mut out = Vec::new();
+                        let mut freed = 0;
+                        while freed < cap {
+                            let Some((addr, c)) = sp.bufs.pop() else { break };
+                            sp.bytes -= c;
+                            freed += c;
+                            out.push((addr, c));
+                        }
+                        (None, out)
+                    }
                 }
             };
             if let Some(addr) = reused {
                 return NonNull::new(addr as *mut u8).expect("spare buffer address");
+            }
+            for (addr, c) in unmap {
+                // SAFETY: a spare is a live mapping of `c` bytes that nothing else owns.
+                unsafe { libc::munmap(addr as *mut libc::c_void, c) };
             }
             // SAFETY: an anonymous private mapping; checked for failure below. Populated
             // at once: one call instead of a page fault per 4 KiB as it is first written.

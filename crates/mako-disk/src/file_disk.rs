@@ -5,6 +5,14 @@
 //! double caching in) the host page cache, and fdatasync has little left to flush.
 //! Buffers that are not aligned for direct I/O (small metadata encodings) go through an
 //! aligned bounce buffer. `MAKO_BUFFERED_DISKS=1` turns direct I/O off.
+//!
+//! A disk that is a sparse file gets its space from the host file system one write at a
+//! time, so blocks written side by side by different streams end up interleaved in small
+//! extents all over the host disk, and a later streaming read is slow (measured on ext4:
+//! 4 images of 4 MiB writes read back at 0.84–0.93 GB/s, preallocated ones at 1.05–1.30).
+//! So the first large write (a streaming data block) into a [`PREALLOC_CHUNK`] of the
+//! file preallocates that whole chunk (`fallocate`, keeping the size). The image stays
+//! sparse where only metadata and small files live; `MAKO_SPARSE_DISKS=1` turns it off.
 
 use crate::aligned::{AlignedBuf, IO_ALIGN};
 use crate::disk::{check_range, Disk};
@@ -12,9 +20,66 @@ use crate::DiskError;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Offsets and lengths of every Mako disk I/O are multiples of this.
 const SECTOR: u64 = 512;
+
+/// A disk file is preallocated in chunks of this size, aligned to it.
+pub const PREALLOC_CHUNK: u64 = 64 << 20;
+/// Writes at least this long (streaming data blocks) preallocate their chunk.
+pub const PREALLOC_MIN_WRITE: usize = 1 << 20;
+
+/// Which chunks of a sparse disk file are known to be preallocated.
+struct Prealloc {
+    /// One bit per chunk.
+    done: Vec<AtomicU64>,
+    /// Cleared when the host file system cannot preallocate.
+    enabled: AtomicBool,
+}
+
+impl Prealloc {
+    fn new(size: u64) -> Prealloc {
+        let chunks = size.div_ceil(PREALLOC_CHUNK);
+        Prealloc { done: (0..chunks.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(), enabled: AtomicBool::new(true) }
+    }
+
+    /// Preallocate the chunks `[offset, offset + len)` touches that are not yet known
+    /// to be. Best effort: a failure leaves the write to allocate as it goes.
+    fn cover(&self, file: &File, offset: u64, len: u64, size: u64) {
+        use std::os::fd::AsRawFd;
+        if !self.enabled.load(Ordering::Relaxed) {
+            return;
+        }
+        let first = offset / PREALLOC_CHUNK;
+        let last = (offset + len - 1) / PREALLOC_CHUNK;
+        for c in first..=last {
+            let (word, bit) = ((c / 64) as usize, 1u64 << (c % 64));
+            if self.done[word].load(Ordering::Relaxed) & bit != 0 {
+                continue;
+            }
+            let start = c * PREALLOC_CHUNK;
+            let n = PREALLOC_CHUNK.min(size - start);
+            // SAFETY: fallocate on a descriptor we own; no memory is passed.
+            let r = unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, start as i64, n as i64) };
+            if r == 0 {
+                self.done[word].fetch_or(bit, Ordering::Relaxed);
+            } else {
+                let e = std::io::Error::last_os_error();
+                if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL)) {
+                    self.enabled.store(false, Ordering::Relaxed);
+                }
+                // ENOSPC and the rest: the write itself will allocate or report.
+                return;
+            }
+        }
+    }
+
+    /// Chunks known to be preallocated.
+    fn chunks(&self) -> u64 {
+        self.done.iter().map(|w| w.load(Ordering::Relaxed).count_ones() as u64).sum()
+    }
+}
 
 pub struct FileDisk {
     name: String,
@@ -24,6 +89,16 @@ pub struct FileDisk {
     /// aligned direct I/O.
     direct: Option<File>,
     size: u64,
+    /// Chunk preallocation, for regular files (not block devices).
+    prealloc: Option<Prealloc>,
+}
+
+fn prealloc_for(file: &File, size: u64) -> Option<Prealloc> {
+    if std::env::var("MAKO_SPARSE_DISKS").is_ok_and(|v| v == "1") {
+        return None;
+    }
+    let regular = file.metadata().map(|m| m.file_type().is_file()).unwrap_or(false);
+    (regular && size > 0).then(|| Prealloc::new(size))
 }
 
 /// Open `path` with O_DIRECT and check that a 512-byte aligned read works.
@@ -48,7 +123,8 @@ impl FileDisk {
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(err)?;
         file.set_len(size_bytes).map_err(err)?;
         let direct = open_direct(path);
-        Ok(FileDisk { name: name.into(), path: path.into(), file, direct, size: size_bytes })
+        let prealloc = prealloc_for(&file, size_bytes);
+        Ok(FileDisk { name: name.into(), path: path.into(), file, direct, size: size_bytes, prealloc })
     }
 
     /// Open an existing disk file read-write. A missing, read-only or too small
@@ -65,7 +141,8 @@ impl FileDisk {
             (&file).seek(std::io::SeekFrom::End(0)).map_err(err)?
         };
         let direct = open_direct(path);
-        Ok(FileDisk { name: name.into(), path: path.into(), file, direct, size })
+        let prealloc = prealloc_for(&file, size);
+        Ok(FileDisk { name: name.into(), path: path.into(), file, direct, size, prealloc })
     }
 
     pub fn path(&self) -> &Path {
@@ -75,6 +152,11 @@ impl FileDisk {
     /// True when I/O bypasses the host page cache.
     pub fn is_direct(&self) -> bool {
         self.direct.is_some()
+    }
+
+    /// Chunks of [`PREALLOC_CHUNK`] bytes this disk has preallocated since it was opened.
+    pub fn preallocated_chunks(&self) -> u64 {
+        self.prealloc.as_ref().map_or(0, |p| p.chunks())
     }
 }
 
@@ -106,6 +188,11 @@ impl Disk for FileDisk {
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
         check_range(&self.name, "write", offset, buf.len(), self.size)?;
         let err = io_err(&self.name, "write", offset, buf.len());
+        if buf.len() >= PREALLOC_MIN_WRITE {
+            if let Some(p) = &self.prealloc {
+                p.cover(&self.file, offset, buf.len() as u64, self.size);
+            }
+        }
         match &self.direct {
             Some(d) if aligned(buf, offset) => d.write_all_at(buf, offset).map_err(err),
             Some(d) if offset % SECTOR == 0 && buf.len() as u64 % SECTOR == 0 => {
@@ -151,5 +238,50 @@ mod tests {
         assert_eq!(small, vec![9u8; 100]);
         let e = FileDisk::open("d9", &dir.path().join("missing.img")).err().unwrap();
         assert!(e.to_string().contains("disk d9") && e.to_string().contains("missing.img"), "{e}");
+    }
+
+    /// Allocated bytes of a file on the host (st_blocks).
+    fn host_bytes(p: &Path) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).unwrap().blocks() * 512
+    }
+
+    #[test]
+    fn large_writes_preallocate_their_chunk_small_ones_stay_sparse() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("d0.img");
+        let size = 4 * PREALLOC_CHUNK;
+        let d = FileDisk::create("d0", &p, size).unwrap();
+        // Small (metadata-sized) writes anywhere: the file stays sparse.
+        d.write_at(&AlignedBuf::zeroed(4096), 0).unwrap();
+        d.write_at(&AlignedBuf::zeroed(4096), 3 * PREALLOC_CHUNK).unwrap();
+        assert!(host_bytes(&p) < PREALLOC_CHUNK / 4, "{} bytes allocated", host_bytes(&p));
+        assert_eq!(d.preallocated_chunks(), 0);
+        // A streaming block straddling chunks 1 and 2 preallocates both, and the data
+        // and the untouched rest of the chunk read back right.
+        let mut block = AlignedBuf::zeroed(PREALLOC_MIN_WRITE * 2);
+        block.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8 + 1);
+        let at = 2 * PREALLOC_CHUNK - PREALLOC_MIN_WRITE as u64;
+        d.write_at(&block, at).unwrap();
+        let supported = d.preallocated_chunks() > 0;
+        if supported {
+            assert_eq!(d.preallocated_chunks(), 2);
+            assert!(host_bytes(&p) >= 2 * PREALLOC_CHUNK, "{} bytes allocated", host_bytes(&p));
+        }
+        let mut back = AlignedBuf::zeroed(block.len());
+        d.read_at(&mut back, at).unwrap();
+        assert!(back[..] == block[..]);
+        let mut rest = AlignedBuf::zeroed(1 << 20);
+        d.read_at(&mut rest, PREALLOC_CHUNK + 4096).unwrap();
+        assert!(rest.iter().all(|&b| b == 0));
+        // The size never changes.
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), size);
+        // Chunk 3 only saw a small write: still sparse there.
+        drop(d);
+        let d = FileDisk::open("d0", &p).unwrap();
+        d.write_at(&AlignedBuf::zeroed(8192), 3 * PREALLOC_CHUNK + 8192).unwrap();
+        if supported {
+            assert!(host_bytes(&p) < 3 * PREALLOC_CHUNK, "{} bytes allocated", host_bytes(&p));
+        }
     }
 }

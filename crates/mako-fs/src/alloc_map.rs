@@ -378,8 +378,15 @@ impl AllocMap {
         }
         .max(1);
         let nregions = self.regions.len();
-        // Start in this thread's region so concurrent allocators rarely meet.
-        let start_region = self.next_region.fetch_add(1, Ordering::Relaxed) % nregions;
+        // Data starts in the file's home region and takes the next free block after the
+        // region's cursor, so a file's blocks on each disk lie one after another (a
+        // streaming read is then sequential on every disk) and two files written at once
+        // rarely share a region (no interleaving, no lock contention). Metadata blocks go
+        // round the regions.
+        let start_region = match kind {
+            AllocKind::Data => (splitmix(ino) % nregions as u64) as usize,
+            AllocKind::Metadata => self.next_region.fetch_add(1, Ordering::Relaxed) % nregions,
+        };
         for attempt in 0..ndisks {
             let disk = self.pick_disk(kind, ino, unit, attempt)?;
             for k in 0..nregions {
@@ -664,6 +671,33 @@ mod tests {
         assert_eq!(map.free_subblocks(), total);
         assert_eq!(map.quarantined_subblocks(), 0);
         assert!(map.free(allocs[0].0, allocs[0].1).is_err(), "double free refused");
+    }
+
+    #[test]
+    fn two_files_written_at_once_each_get_consecutive_blocks_per_disk() {
+        let desc = test_descriptor(4, 256 << 20, 1 << 20);
+        let map = AllocMap::new(&desc, AllocMap::fresh_segments(&desc)).unwrap();
+        assert!(map.region_count() > 1, "the test needs several regions");
+        let spb = desc.geometry.subblocks_per_block;
+        let spbk = desc.geometry.sectors_per_block();
+        // Two inodes whose home regions differ.
+        let home = |ino: u64| splitmix(ino) % map.region_count() as u64;
+        let a = 100u64;
+        let b = (101..).find(|&i| home(i) != home(a)).unwrap();
+        let mut by_file_disk: std::collections::BTreeMap<(u64, u32), Vec<u64>> = Default::default();
+        for unit in 0..16u64 {
+            for ino in [a, b] {
+                let da = map.allocate(AllocKind::Data, spb, ino, unit).unwrap();
+                by_file_disk.entry((ino, da.disk())).or_default().push(da.sector() / spbk);
+            }
+        }
+        assert_eq!(by_file_disk.len(), 8, "each file stripes over all 4 disks");
+        for ((ino, disk), blocks) in by_file_disk {
+            assert!(
+                blocks.windows(2).all(|w| w[1] == w[0] + 1),
+                "inode {ino} on disk {disk}: blocks {blocks:?} are not one after another"
+            );
+        }
     }
 
     #[test]

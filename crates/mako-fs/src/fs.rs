@@ -21,6 +21,7 @@ pub const S_IFMT: u32 = 0o170000;
 pub const S_IFDIR: u32 = 0o040000;
 pub const S_IFREG: u32 = 0o100000;
 pub const S_IFLNK: u32 = 0o120000;
+pub const S_ISUID: u32 = 0o4000;
 pub const S_ISGID: u32 = 0o2000;
 pub const ROOT_INO: u64 = 1;
 /// Longest symlink target (PATH_MAX - 1).
@@ -620,6 +621,33 @@ impl FileSystem {
         Ok(())
     }
 
+    /// Before a write by a caller without CAP_FSETID: clear S_ISUID, and S_ISGID when
+    /// the group may execute, as the kernel does itself for writes through its page
+    /// cache. Writes that bypass the page cache (FUSE direct I/O) leave it to us.
+    pub fn kill_setid_for_write(&self, ino: u64) -> FsResult<()> {
+        let h = self.handle(ino)?;
+        let kill = |mode: u32| {
+            let mut k = mode & S_ISUID;
+            if mode & S_ISGID != 0 && mode & 0o010 != 0 {
+                k |= S_ISGID;
+            }
+            k
+        };
+        if kill(h.state.read().inode.mode) == 0 {
+            return Ok(());
+        }
+        self.core.check_writable()?;
+        let _tx = self.core.begin();
+        let mut st = h.state.write();
+        let k = kill(st.inode.mode);
+        if k != 0 && !st.deleted {
+            st.inode.mode &= !k;
+            st.inode.ctime = now();
+            st.mark_dirty();
+        }
+        Ok(())
+    }
+
     pub fn setattr(&self, ino: u64, set: SetAttr) -> FsResult<Attr> {
         self.core.check_writable()?;
         let _tx = self.core.begin();
@@ -792,9 +820,10 @@ impl FileSystem {
         }
         let bb = self.core.block_bytes();
         let by_pool = (self.core.pool.limit() / bb / 8).max(1);
+        // Automatic (-1) is level 2: on the test VM two 1 MiB readers got 1.00-1.15 GB/s
+        // with 4 blocks ahead and 0.95-1.00 with 8 (4 alternating pairs, `-i` switches).
         let window = match aggr {
             1 => 2,
-            2 => 4,
             3 => 8,
             _ => 4,
         }

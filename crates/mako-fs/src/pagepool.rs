@@ -93,10 +93,13 @@ pub struct PagePool {
 }
 
 impl PagePool {
-    /// Freed block buffers kept for reuse beside a pagepool of `limit` bytes: 1/16 of it,
-    /// between 16 MiB and 256 MiB (part of makod's documented overhead).
+    /// Freed block buffers kept for reuse beside a pagepool of `limit` bytes: up to the
+    /// pagepool itself. This adds nothing to the peak: spares are memory that buffers
+    /// used before and give back to the next buffer (`AlignedBuf` unmaps spares before
+    /// it maps anew), so makod's data memory stays at most the pagepool's peak use, and
+    /// streaming never pays for fresh zeroed pages once the pagepool has filled.
     pub fn spare_budget(limit: u64) -> usize {
-        (limit / 16).clamp(16 << 20, 256 << 20) as usize
+        limit.max(16 << 20) as usize
     }
 
     pub fn new(limit_bytes: u64) -> PagePool {

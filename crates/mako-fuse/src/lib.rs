@@ -21,6 +21,7 @@ use mako_fs::{FsError, KernelInvalidator};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -39,6 +40,9 @@ pub struct FuseOptions {
     pub threads: usize,
     /// Largest read/write request (`fuseMaxWrite`).
     pub max_write: u32,
+    /// Files at least this large when opened, and write-only opens, bypass the kernel
+    /// page cache (`fuseDirectIoFileSize`); shared so a config change reaches new opens.
+    pub direct_io_file_size: Arc<AtomicU64>,
     /// Let every user reach the mount (needs root or user_allow_other).
     pub allow_other: bool,
     pub fs_name: String,
@@ -48,6 +52,7 @@ pub struct MakoFuse {
     fs: FileSystem,
     max_write: u32,
     writeback_cache: bool,
+    direct_io_file_size: Arc<AtomicU64>,
 }
 
 fn ts(t: Timestamp) -> SystemTime {
@@ -165,11 +170,12 @@ impl MakoFuse {
         }
     }
 
-    pub fn new(fs: FileSystem, max_write: u32, writeback_cache: bool) -> MakoFuse {
+    pub fn new(fs: FileSystem, max_write: u32, writeback_cache: bool, direct_io_file_size: Arc<AtomicU64>) -> MakoFuse {
         MakoFuse {
             fs,
             max_write,
             writeback_cache,
+            direct_io_file_size,
         }
     }
 
@@ -199,7 +205,9 @@ impl MakoFuse {
         }
     }
 
-    fn open_flags(&self, flags: i32) -> (u64, FopenFlags) {
+    /// File handle bits and open flags for an open with `flags` of a file of `size`
+    /// bytes.
+    fn open_flags(&self, flags: i32, size: u64) -> (u64, FopenFlags) {
         let mut fh = 0;
         // close() promises nothing on a parallel file system (write-behind and fsync
         // do; POSIX locks are the kernel's), so the kernel need not send FLUSH: one
@@ -208,6 +216,13 @@ impl MakoFuse {
         let mut out = FopenFlags::FOPEN_NOFLUSH;
         if flags & libc::O_DIRECT != 0 {
             fh |= FH_DIRECT;
+            out |= FopenFlags::FOPEN_DIRECT_IO;
+        } else if self.bypass_page_cache(flags, size) {
+            // Served through the pagepool as usual (no FH_DIRECT), but the kernel copies
+            // straight between the caller's buffer and makod: one copy instead of two
+            // and no page cache pages to allocate (`fuseDirectIoFileSize`). mmap still
+            // works: FUSE_DIRECT_IO_ALLOW_MMAP, and the kernel writes back and drops its
+            // mapped pages around each direct read and write.
             out |= FopenFlags::FOPEN_DIRECT_IO;
         }
         // No FOPEN_KEEP_CACHE: as in GPFS, the pagepool is the data cache. The kernel's
@@ -219,6 +234,18 @@ impl MakoFuse {
             fh |= FH_APPEND;
         }
         (fh, out)
+    }
+}
+
+impl MakoFuse {
+    /// Whether an open (without O_DIRECT) goes past the kernel page cache: never with the
+    /// writeback cache (its point is the page cache); always for write-only opens (no
+    /// read can use the pages, and each write saves a copy); else by file size.
+    fn bypass_page_cache(&self, flags: i32, size: u64) -> bool {
+        if self.writeback_cache {
+            return false;
+        }
+        flags & libc::O_ACCMODE == libc::O_WRONLY || size >= self.direct_io_file_size.load(Ordering::Relaxed)
     }
 }
 
@@ -461,7 +488,7 @@ impl Filesystem for MakoFuse {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.guard("open", move || {
             match self.fs.open(ino.0) {
-                Ok(_) => {
+                Ok(attr) => {
                     if flags.0 & libc::O_TRUNC != 0 {
                         // Only with FUSE_ATOMIC_O_TRUNC, which Mako does not ask for; kept
                         // for kernels that send it anyway.
@@ -476,7 +503,8 @@ impl Filesystem for MakoFuse {
                             return reply.error(errno(&e));
                         }
                     }
-                    let (fh, out) = self.open_flags(flags.0);
+                    let size = if flags.0 & libc::O_TRUNC != 0 { 0 } else { attr.size };
+                    let (fh, out) = self.open_flags(flags.0, size);
                     reply.opened(FileHandle(fh), out);
                 }
                 Err(e) => reply.error(errno(&e)),
@@ -518,7 +546,7 @@ impl Filesystem for MakoFuse {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -528,7 +556,13 @@ impl Filesystem for MakoFuse {
         _lock: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let uid = req.uid();
         self.guard("write", move || {
+            if uid != 0 {
+                if let Err(e) = self.fs.kill_setid_for_write(ino.0) {
+                    return reply.error(errno(&e));
+                }
+            }
             let r = if fh.0 & FH_DIRECT != 0 {
                 self.fs.write_direct(ino.0, offset, data)
             } else {
@@ -759,7 +793,7 @@ impl Filesystem for MakoFuse {
                         a
                     };
                     self.fs.add_lookup(a.ino);
-                    let (fh, out) = self.open_flags(flags);
+                    let (fh, out) = self.open_flags(flags, a.size);
                     reply.created(
                         &TTL,
                         &file_attr(&a),
@@ -887,7 +921,7 @@ pub fn mount(fs: FileSystem, mountpoint: &Path, opts: &FuseOptions) -> std::io::
         notifier: notifier.clone(),
     }));
     let session = fuser::spawn_mount(
-        MakoFuse::new(fs, opts.max_write, opts.writeback_cache),
+        MakoFuse::new(fs, opts.max_write, opts.writeback_cache, opts.direct_io_file_size.clone()),
         mountpoint,
         &config,
     )?;

@@ -4,7 +4,9 @@
 //! punch hole / zero range / fallocate, mmap reads and writes, fsync, close/reopen) leave file
 //! contents and sizes exactly equal to fsx's in-memory model — including across a full
 //! `mako down` / `mako up` (daemon restart, FUSE remount, pagepool dropped) every 25,000 ops,
-//! so everything written must have reached the disks.
+//! so everything written must have reached the disks. Every other seed runs with
+//! `fuseDirectIoFileSize=0`: reads and writes bypass the kernel page cache while mmap
+//! uses it, so the kernel's coherence between the two is checked too.
 //!
 //! Env: `MAKO_FSX_SEEDS` (comma-separated; default 3 fixed seeds + 1 random one, printed),
 //! `MAKO_FSX_OPS` (default 100000), `MAKO_FSX_PARALLEL` (seeds run at once, default 4). Each
@@ -49,7 +51,11 @@ fn fsx_with_remounts_on_mako() {
     let mut failed = Vec::new();
     for batch in seeds.chunks(parallel) {
         let results: Vec<(u64, bool)> = std::thread::scope(|scope| {
-            let handles: Vec<_> = batch.iter().map(|&seed| scope.spawn(move || (seed, run_seed(seed, ops)))).collect();
+            let handles: Vec<_> = batch
+                .iter()
+                .enumerate()
+                .map(|(i, &seed)| scope.spawn(move || (seed, run_seed(seed, ops, i % 2 == 1))))
+                .collect();
             handles.into_iter().map(|h| h.join().expect("fsx thread panicked")).collect()
         });
         failed.extend(results.into_iter().filter(|(_, ok)| !ok).map(|(seed, _)| seed));
@@ -57,10 +63,16 @@ fn fsx_with_remounts_on_mako() {
     assert!(failed.is_empty(), "fsx failed for seed(s) {failed:?} (see above)");
 }
 
-/// One seed on a fresh cluster; false if fsx found a difference (printed).
-fn run_seed(seed: u64, ops: u64) -> bool {
-    println!("fsx: seed {seed}, {ops} ops, remount every {REMOUNT_EVERY}");
+/// One seed on a fresh cluster; false if fsx found a difference (printed). With
+/// `direct_io`, every open bypasses the kernel page cache (`fuseDirectIoFileSize=0`).
+fn run_seed(seed: u64, ops: u64, direct_io: bool) -> bool {
+    let mode = if direct_io { "page cache bypassed (fuseDirectIoFileSize=0)" } else { "through the page cache" };
+    println!("fsx: seed {seed}, {ops} ops, remount every {REMOUNT_EVERY}, {mode}");
     let cluster = TestCluster::up(ClusterOptions::default()).expect("mako up");
+    if direct_io {
+        let out = cluster.mako(&["config", "set", "fuseDirectIoFileSize=0", "-i"]).expect("mako config set");
+        assert!(out.success(), "mako config set fuseDirectIoFileSize=0: {}", out.text());
+    }
     let dir = cluster.mount().join("fsx");
     std::fs::create_dir(&dir).expect("mkdir fsx");
     let mut o = FsxOptions::new(&dir, seed, ops);

@@ -20,8 +20,9 @@ const PAGEPOOL: u64 = 256 * MIB;
 /// max_write (1 MiB) + header plus a reply buffer, and their stacks (a few MiB per thread
 /// for the default worker count); the inode, directory and stat caches (maxFilesToCache /
 /// maxStatCache entries), allocation maps and recovery-log buffers of a mounted file system;
-/// write-behind/prefetch thread stacks; freed block buffers kept for reuse (1/16 of the
-/// pagepool, at least 16 MiB: `PagePool::spare_budget`); and allocator slack.
+/// write-behind/prefetch thread stacks; and allocator slack. (Freed block buffers kept
+/// for reuse, `PagePool::spare_budget`, are memory the pagepool used before: they never
+/// raise the peak.)
 const OVERHEAD: u64 = 160 * MIB;
 const FILE_BYTES: u64 = 4 * PAGEPOOL;
 

@@ -9,13 +9,15 @@ use mako_fs::{DiskSpec, FsConfig, Mounted};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 struct MountedFs {
     mounted: Mounted,
     fuse: mako_fuse::FuseMount,
+    /// `fuseDirectIoFileSize` as the FUSE adapter reads it at each open.
+    direct_io_file_size: Arc<AtomicU64>,
     mountpoint: PathBuf,
     disk_paths: Vec<(String, PathBuf)>,
 }
@@ -112,7 +114,9 @@ impl Daemon {
         let mounted = mako_fs::mount(&specs, fs_config(&cfg), cluster.node_id).with_context(|| format!("mounting file system {name}"))?;
         std::fs::create_dir_all(&fsdef.mountpoint).with_context(|| format!("creating mount point {}", fsdef.mountpoint.display()))?;
         let max_write = cfg.fuse_max_write_bytes();
+        let direct_io_file_size = Arc::new(AtomicU64::new(cfg.fuse_direct_io_file_size()));
         let opts = mako_fuse::FuseOptions {
+            direct_io_file_size: direct_io_file_size.clone(),
             writeback_cache: cfg.fuse_writeback_cache(),
             threads: cfg.worker_threads(),
             max_write,
@@ -134,7 +138,7 @@ impl Daemon {
         }
         tracing::info!("mounted {name} on {}", fsdef.mountpoint.display());
         let disk_paths = specs.iter().map(|s| (s.name.clone(), s.path.clone())).collect();
-        self.mounts.lock().insert(name.to_string(), MountedFs { mounted, fuse, mountpoint: fsdef.mountpoint.clone(), disk_paths });
+        self.mounts.lock().insert(name.to_string(), MountedFs { mounted, fuse, direct_io_file_size, mountpoint: fsdef.mountpoint.clone(), disk_paths });
         Ok(format!("{name} mounted on {}", fsdef.mountpoint.display()))
     }
 
@@ -339,6 +343,7 @@ impl Daemon {
         let old = self.config.write().apply_immediate(name, value)?;
         let c = self.config.read().clone();
         for (_, m) in self.mounts.lock().iter() {
+            m.direct_io_file_size.store(c.fuse_direct_io_file_size(), Ordering::Relaxed);
             let core = m.mounted.core();
             let mut fc = core.cfg.write();
             let new = fs_config(&c);
