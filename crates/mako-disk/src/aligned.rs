@@ -33,6 +33,14 @@ static SPARES: std::sync::Mutex<Spares> = std::sync::Mutex::new(Spares { budget:
 /// Spare budget before anyone sets one (a mount sets it from its pagepool).
 pub const DEFAULT_SPARE_BUDGET: usize = 16 << 20;
 
+/// Give spares taken off the list back to the system.
+fn unmap_spares(spares: Vec<(usize, usize)>) {
+    for (addr, cap) in spares {
+        // SAFETY: a spare is a live mapping of `cap` bytes that nothing else owns.
+        unsafe { libc::munmap(addr as *mut libc::c_void, cap) };
+    }
+}
+
 fn spares() -> std::sync::MutexGuard<'static, Spares> {
     // A panic while holding this lock leaves the list consistent (plain pushes/pops).
     SPARES.lock().unwrap_or_else(|e| e.into_inner())
@@ -96,10 +104,7 @@ impl AlignedBuf {
             }
             out
         };
-        for (addr, cap) in freed {
-            // SAFETY: a spare is a live mapping of `cap` bytes that nothing else owns.
-            unsafe { libc::munmap(addr as *mut libc::c_void, cap) };
-        }
+        unmap_spares(freed);
     }
 
     /// Bytes held in spare buffers right now.
@@ -135,10 +140,7 @@ impl AlignedBuf {
             if let Some(addr) = reused {
                 return NonNull::new(addr as *mut u8).expect("spare buffer address");
             }
-            for (addr, c) in unmap {
-                // SAFETY: a spare is a live mapping of `c` bytes that nothing else owns.
-                unsafe { libc::munmap(addr as *mut libc::c_void, c) };
-            }
+            unmap_spares(unmap);
             // SAFETY: an anonymous private mapping; checked for failure below. Populated
             // at once: one call instead of a page fault per 4 KiB as it is first written.
             let p = unsafe { libc::mmap(std::ptr::null_mut(), cap, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE, -1, 0) };

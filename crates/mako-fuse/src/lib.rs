@@ -235,9 +235,7 @@ impl MakoFuse {
         }
         (fh, out)
     }
-}
 
-impl MakoFuse {
     /// Whether an open (without O_DIRECT) goes past the kernel page cache: never with the
     /// writeback cache (its point is the page cache); always for write-only opens (no
     /// read can use the pages, and each write saves a copy); else by file size.
