@@ -250,11 +250,16 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Phase by phase, the median target and reference values and the median ratio of
 /// several (target, reference) pairs.
 pub fn median_ratios(pairs: &[Vec<PhaseRatio>]) -> Vec<PhaseRatio> {
-    let Some(first) = pairs.first() else { return Vec::new() };
+    let Some(first) = pairs.first() else {
+        return Vec::new();
+    };
     first
         .iter()
         .map(|r| {
-            let same: Vec<&PhaseRatio> = pairs.iter().filter_map(|p| p.iter().find(|x| x.phase == r.phase)).collect();
+            let same: Vec<&PhaseRatio> = pairs
+                .iter()
+                .filter_map(|p| p.iter().find(|x| x.phase == r.phase))
+                .collect();
             let ratios: Vec<f64> = same.iter().filter_map(|x| x.ratio).collect();
             PhaseRatio {
                 phase: r.phase.clone(),
@@ -834,19 +839,35 @@ pub fn format_compare_table(report: &BenchReport) -> String {
     let _ = writeln!(out, "reference = {}", reference.dir.display());
     let n = report.repeats.len();
     if n > 1 {
-        let _ = writeln!(out, "medians of {n} (target, reference) pairs; range = lowest..highest pair ratio");
+        let _ = writeln!(
+            out,
+            "medians of {n} (target, reference) pairs; range = lowest..highest pair ratio"
+        );
     }
     let _ = writeln!(
         out,
         "{:<20} {:>14} {:>14} {:>8}  {:<6}{}",
-        "phase", "target", "reference", "ratio", "unit", if n > 1 { "  range" } else { "" }
+        "phase",
+        "target",
+        "reference",
+        "ratio",
+        "unit",
+        if n > 1 { "  range" } else { "" }
     );
     for ratio in &report.ratios {
         let range = if n > 1 {
-            let all: Vec<f64> = report.repeats.iter().filter_map(|p| p.iter().find(|x| x.phase == ratio.phase)?.ratio).collect();
+            let all: Vec<f64> = report
+                .repeats
+                .iter()
+                .filter_map(|p| p.iter().find(|x| x.phase == ratio.phase)?.ratio)
+                .collect();
             let lo = all.iter().cloned().fold(f64::INFINITY, f64::min);
             let hi = all.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            if all.is_empty() { String::new() } else { format!("  {lo:.3}..{hi:.3}") }
+            if all.is_empty() {
+                String::new()
+            } else {
+                format!("  {lo:.3}..{hi:.3}")
+            }
         } else {
             String::new()
         };
@@ -880,7 +901,11 @@ pub fn run_bench(args: &BenchArgs, hooks: &BenchHooks) -> anyhow::Result<BenchRe
     }
     let executable = worker_executable(args.worker_exe.as_ref())?;
     let mut pool = WorkerPool::start(config.procs as usize, &executable)?;
-    let repeat = if args.compare.is_some() { args.repeat.max(1) } else { 1 };
+    let repeat = if args.compare.is_some() {
+        args.repeat.max(1)
+    } else {
+        1
+    };
     let mut pairs = Vec::new();
     let mut verify_errors = 0;
     let mut last = None;
@@ -945,7 +970,13 @@ mod repeat_tests {
     use super::*;
 
     fn pr(phase: &str, t: f64, r: f64) -> PhaseRatio {
-        PhaseRatio { phase: phase.into(), unit: "GiB/s".into(), target: t, reference: r, ratio: (r > 0.0).then(|| t / r) }
+        PhaseRatio {
+            phase: phase.into(),
+            unit: "GiB/s".into(),
+            target: t,
+            reference: r,
+            ratio: (r > 0.0).then(|| t / r),
+        }
     }
 
     #[test]

@@ -93,13 +93,20 @@ impl ControlHandler for Fake {
             Request::Sync => Response::ok("synced 0 dirty blocks"),
             Request::Fsck { fs, threads } => Response::Fsck(mako_control::FsckView {
                 exit_code: 4,
-                text: format!("mako fsck {fs}: check only (-n) with {threads} threads (fake makod)\n"),
+                text: format!(
+                    "mako fsck {fs}: check only (-n) with {threads} threads (fake makod)\n"
+                ),
                 json: format!("{{\"fs_name\":\"{fs}\"}}"),
             }),
             Request::ClearCache { .. } => Response::ok("cache cleared"),
-            Request::ConfigSet { name, value, .. } => Response::ok(format!("{name} = {value} applied")),
+            Request::ConfigSet { name, value, .. } => {
+                Response::ok(format!("{name} = {value} applied"))
+            }
             Request::DiagIohist { last } => {
-                let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as u64;
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap()
+                    .as_micros() as u64;
                 Response::Iohist(
                     (0..last.min(5))
                         .map(|i| IoRecordView {
@@ -180,16 +187,28 @@ fn main() {
         data_dir: data_dir.clone(),
         started: Instant::now(),
         mounted: Mutex::new(
-            cluster.filesystems.iter().filter(|f| f.automount).map(|f| f.name.clone()).collect(),
+            cluster
+                .filesystems
+                .iter()
+                .filter(|f| f.automount)
+                .map(|f| f.name.clone())
+                .collect(),
         ),
         stop: Arc::clone(&stop),
     });
-    eprintln!("fake makod: serving {}", DataDir::new(&data_dir).socket_file().display());
-    let handle = serve(&DataDir::new(&data_dir).socket_file(), fake, Arc::clone(&stop))
-        .unwrap_or_else(|e| {
-            eprintln!("fake makod: {e}");
-            std::process::exit(1);
-        });
+    eprintln!(
+        "fake makod: serving {}",
+        DataDir::new(&data_dir).socket_file().display()
+    );
+    let handle = serve(
+        &DataDir::new(&data_dir).socket_file(),
+        fake,
+        Arc::clone(&stop),
+    )
+    .unwrap_or_else(|e| {
+        eprintln!("fake makod: {e}");
+        std::process::exit(1);
+    });
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -117,16 +117,37 @@ pub struct FsCreateArgs {
     /// File system name
     pub name: String,
     /// Disks: NAME[:POOL[:FAILUREGROUP[:USAGE]]], comma-separated or repeated
-    #[arg(short = 'd', long = "disks", value_name = "DISKSPEC", required = true, value_delimiter = ',')]
+    #[arg(
+        short = 'd',
+        long = "disks",
+        value_name = "DISKSPEC",
+        required = true,
+        value_delimiter = ','
+    )]
     pub disks: Vec<String>,
     /// Block size, a power of two from 64K to 16M
-    #[arg(short = 'B', long = "block-size", value_name = "SIZE", default_value = "4M")]
+    #[arg(
+        short = 'B',
+        long = "block-size",
+        value_name = "SIZE",
+        default_value = "4M"
+    )]
     pub block_size: String,
     /// Indirect block size, a power of two from 4K to min(block size, 256K)
-    #[arg(short = 'I', long = "indirect-size", value_name = "SIZE", default_value = "32K")]
+    #[arg(
+        short = 'I',
+        long = "indirect-size",
+        value_name = "SIZE",
+        default_value = "32K"
+    )]
     pub indirect_size: String,
     /// Inode size: 512, 1K or 4K
-    #[arg(short = 'i', long = "inode-size", value_name = "SIZE", default_value = "4K")]
+    #[arg(
+        short = 'i',
+        long = "inode-size",
+        value_name = "SIZE",
+        default_value = "4K"
+    )]
     pub inode_size: String,
     /// Default metadata replicas (1..3)
     #[arg(short = 'm', value_name = "N", default_value_t = 1)]
@@ -311,7 +332,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     let root = cli
         .data_dir
         .clone()
-        .or_else(|| std::env::var_os("MAKO_DATA_DIR").filter(|v| !v.is_empty()).map(PathBuf::from))
+        .or_else(|| {
+            std::env::var_os("MAKO_DATA_DIR")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
         .unwrap_or_else(mako_control::default_data_dir);
     let context = Context {
         data: DataDir::new(root),
@@ -339,7 +364,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Sync { drop_caches } => {
-            let request = if drop_caches { Request::ClearCache { fs: None } } else { Request::Sync };
+            let request = if drop_caches {
+                Request::ClearCache { fs: None }
+            } else {
+                Request::Sync
+            };
             let message = daemon::call_ok(&context, &request)?;
             println!("{message}");
             Ok(ExitCode::SUCCESS)
@@ -366,9 +395,9 @@ fn bench_hooks(context: &Context, dir: &std::path::Path) -> mako_bench::BenchHoo
                 fs: Some(fs_name.clone()),
             })? {
                 mako_control::Response::Ok { .. } => Ok(()),
-                mako_control::Response::Error { message } => {
-                    Err(anyhow::anyhow!("makod could not clear the cache of {fs_name}: {message}"))
-                }
+                mako_control::Response::Error { message } => Err(anyhow::anyhow!(
+                    "makod could not clear the cache of {fs_name}: {message}"
+                )),
                 other => Err(anyhow::anyhow!(
                     "makod answered clear_cache with `{}`",
                     other.name()
@@ -446,9 +475,8 @@ mod tests {
 
     #[test]
     fn perf_accepts_gpfsperf_options() {
-        let args = mako_bench::normalize_args(
-            "mako perf write seq /tmp/x -th 4".split_whitespace(),
-        );
+        let args =
+            mako_bench::normalize_args("mako perf write seq /tmp/x -th 4".split_whitespace());
         assert!(Cli::try_parse_from(args).is_ok());
     }
 

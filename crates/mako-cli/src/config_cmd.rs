@@ -33,8 +33,14 @@ pub fn run(context: &Context, command: ConfigCommand) -> Result<ExitCode> {
                 }
                 None => rows,
             };
-            let mut table =
-                Table::new(&["Parameter", "Value", "Source", "Default", "Range", "Changes"]);
+            let mut table = Table::new(&[
+                "Parameter",
+                "Value",
+                "Source",
+                "Default",
+                "Range",
+                "Changes",
+            ]);
             for row in rows {
                 table.row(vec![
                     row.name.to_string(),

@@ -247,7 +247,13 @@ fn host_name() -> String {
         .unwrap_or_default();
     let name: String = name
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
         .take(mako_control::cluster::NAME_BYTES_MAX)
         .collect();
     let name = name.trim_start_matches(['-', '.']).to_string();
@@ -308,8 +314,12 @@ pub fn up(context: &Context, args: &UpArgs) -> Result<ExitCode> {
         create_cluster(data, args)?
     };
     start_and_wait(data, &created)?;
-    let status = query_status(data)?
-        .ok_or_else(|| anyhow!("makod stopped right after starting; see {}", data.log_file().display()))?;
+    let status = query_status(data)?.ok_or_else(|| {
+        anyhow!(
+            "makod stopped right after starting; see {}",
+            data.log_file().display()
+        )
+    })?;
     print_up_summary(data, &created, &status);
     Ok(ExitCode::SUCCESS)
 }
@@ -477,9 +487,10 @@ fn start_and_wait(data: &DataDir, cluster: &ClusterConfig) -> Result<()> {
     }
     // 2.
     let running = query_status(data).ok().flatten();
-    let existing_pid = running.as_ref().map(|s| s.pid).or_else(|| {
-        read_pid(data).filter(|&pid| process_alive(pid) && pid_is_makod(pid))
-    });
+    let existing_pid = running
+        .as_ref()
+        .map(|s| s.pid)
+        .or_else(|| read_pid(data).filter(|&pid| process_alive(pid) && pid_is_makod(pid)));
     let mut child = None;
     let pid = match existing_pid {
         Some(pid) => pid,
@@ -548,7 +559,12 @@ fn start_and_wait(data: &DataDir, cluster: &ClusterConfig) -> Result<()> {
                     .filesystems
                     .iter()
                     .filter(|f| f.automount)
-                    .filter(|f| !status.filesystems.iter().any(|s| s.name == f.name && s.mounted))
+                    .filter(|f| {
+                        !status
+                            .filesystems
+                            .iter()
+                            .any(|s| s.name == f.name && s.mounted)
+                    })
                     .collect();
                 if missing.is_empty() {
                     spinner.finish();
@@ -558,7 +574,9 @@ fn start_and_wait(data: &DataDir, cluster: &ClusterConfig) -> Result<()> {
                     // A daemon that was already running: ask it to mount what is missing.
                     mount_requested = true;
                     for fs in &missing {
-                        let request = Request::Mount { fs: fs.name.clone() };
+                        let request = Request::Mount {
+                            fs: fs.name.clone(),
+                        };
                         let mut client = connect(data)?;
                         client.set_timeout(MOUNT_TIMEOUT);
                         spinner.finish();
@@ -569,7 +587,10 @@ fn start_and_wait(data: &DataDir, cluster: &ClusterConfig) -> Result<()> {
                     spinner = Spinner::new();
                 }
                 let names: Vec<&str> = missing.iter().map(|f| f.name.as_str()).collect();
-                format!("waiting for makod (pid {pid}) to mount {}", names.join(", "))
+                format!(
+                    "waiting for makod (pid {pid}) to mount {}",
+                    names.join(", ")
+                )
             }
             Ok(None) => format!("waiting for makod (pid {pid}) to start"),
             Err(e) => format!("waiting for makod (pid {pid}): {e}"),
@@ -663,7 +684,10 @@ pub fn down(context: &Context) -> Result<ExitCode> {
             );
         }
         let _ = fs::remove_file(data.pid_file());
-        println!("makod is not running (data dir {}); nothing to stop.", data.root.display());
+        println!(
+            "makod is not running (data dir {}); nothing to stop.",
+            data.root.display()
+        );
         let stale: Vec<&PathBuf> = mountpoints.iter().filter(|m| is_mounted(m)).collect();
         for m in stale {
             println!(

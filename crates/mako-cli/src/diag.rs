@@ -76,14 +76,25 @@ fn ms(value: f64) -> String {
 
 /// iohist in the mmdiag layout.
 pub fn render_iohist(records: &[IoRecordView]) -> String {
-    let mut out = format!("=== mmdiag: iohist ===\n\nI/O history: {} most recent I/Os\n\n", records.len());
+    let mut out = format!(
+        "=== mmdiag: iohist ===\n\nI/O history: {} most recent I/Os\n\n",
+        records.len()
+    );
     if records.is_empty() {
         out.push_str("No I/O recorded (iohistSize=0 turns the history off).\n");
         return out;
     }
     let mut table = Table::new(&[
-        "I/O start time", "RW", "Buf type", "disk:sectorNum", "nSec", "time ms", "queue ms",
-        "thread", "inode", "result",
+        "I/O start time",
+        "RW",
+        "Buf type",
+        "disk:sectorNum",
+        "nSec",
+        "time ms",
+        "queue ms",
+        "thread",
+        "inode",
+        "result",
     ])
     .right_align(&[3, 4, 5, 6, 8]);
     for r in records {
@@ -113,7 +124,9 @@ pub fn render_iohist(records: &[IoRecordView]) -> String {
 pub fn render_waiters(waiters: &[WaiterView], threshold_ms: u64) -> String {
     let mut out = String::from("=== mmdiag: waiters ===\n");
     if waiters.is_empty() {
-        out.push_str(&format!("No thread has waited {threshold_ms} ms or more.\n"));
+        out.push_str(&format!(
+            "No thread has waited {threshold_ms} ms or more.\n"
+        ));
         return out;
     }
     let mut sorted: Vec<&WaiterView> = waiters.iter().collect();
@@ -131,7 +144,12 @@ pub fn render_waiters(waiters: &[WaiterView], threshold_ms: u64) -> String {
 
 pub fn render_counters(counters: &[LockCounterView]) -> String {
     let mut table = Table::new(&[
-        "Lock", "Acquisitions", "Contended", "Contended%", "Wait total ms", "Wait max ms",
+        "Lock",
+        "Acquisitions",
+        "Contended",
+        "Contended%",
+        "Wait total ms",
+        "Wait max ms",
     ])
     .right_align(&[1, 2, 3, 4, 5]);
     let mut sorted: Vec<&LockCounterView> = counters.iter().collect();
@@ -151,7 +169,10 @@ pub fn render_counters(counters: &[LockCounterView]) -> String {
             ms(c.wait_max_ms),
         ]);
     }
-    format!("=== mmdiag: lock counters (most waited first) ===\n{}", table.render())
+    format!(
+        "=== mmdiag: lock counters (most waited first) ===\n{}",
+        table.render()
+    )
 }
 
 pub fn render_stats(stats: &StatsView) -> String {
@@ -165,7 +186,14 @@ pub fn render_stats(stats: &StatsView) -> String {
         out.push_str(&table.render());
     }
     let mut table = Table::new(&[
-        "Disk", "Reads", "Writes", "Read", "Written", "Read ms avg", "Write ms avg", "Errors",
+        "Disk",
+        "Reads",
+        "Writes",
+        "Read",
+        "Written",
+        "Read ms avg",
+        "Write ms avg",
+        "Errors",
     ])
     .right_align(&[1, 2, 3, 4, 5, 6, 7]);
     for d in &stats.disks {
@@ -193,11 +221,22 @@ pub fn render_tokens(tokens: &[TokenView]) -> String {
     for t in tokens {
         table.row(vec![t.resource.clone(), t.holders.join(", ")]);
     }
-    format!("=== mmdiag: tokens ({} held) ===\n{}", tokens.len(), table.render())
+    format!(
+        "=== mmdiag: tokens ({} held) ===\n{}",
+        tokens.len(),
+        table.render()
+    )
 }
 
 pub fn render_config(rows: &[ConfigRowView]) -> String {
-    let mut table = Table::new(&["Parameter", "Value", "Source", "Default", "Range", "Changes"]);
+    let mut table = Table::new(&[
+        "Parameter",
+        "Value",
+        "Source",
+        "Default",
+        "Range",
+        "Changes",
+    ]);
     for r in rows {
         table.row(vec![
             r.name.clone(),
@@ -241,8 +280,16 @@ mod tests {
     fn waiters_sorted_longest_first() {
         let text = render_waiters(
             &[
-                WaiterView { thread: "a".into(), waiting_ms: 5.0, what: "x".into() },
-                WaiterView { thread: "b".into(), waiting_ms: 1500.0, what: "token".into() },
+                WaiterView {
+                    thread: "a".into(),
+                    waiting_ms: 5.0,
+                    what: "x".into(),
+                },
+                WaiterView {
+                    thread: "b".into(),
+                    waiting_ms: 1500.0,
+                    what: "token".into(),
+                },
             ],
             0,
         );

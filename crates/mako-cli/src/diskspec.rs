@@ -104,7 +104,10 @@ mod tests {
             ("d1:a:1:dataOnly:x", "too many `:` fields"),
             ("d1:system:x", "failure group `x` must be a whole number"),
             ("d1:system:-1", "failure group `-1`"),
-            ("d1:system:1:everything", "usage `everything` is not one of dataAndMetadata"),
+            (
+                "d1:system:1:everything",
+                "usage `everything` is not one of dataAndMetadata",
+            ),
             ("bad name", "disk name `bad name` is not valid"),
             ("d1:sys tem", "pool name `sys tem` is not valid"),
         ];

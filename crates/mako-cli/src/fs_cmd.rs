@@ -97,8 +97,12 @@ pub fn create_sparse_file(path: &Path, size_bytes: u64) -> Result<()> {
         .create_new(true)
         .open(path)
         .with_context(|| format!("cannot create disk file {}", path.display()))?;
-    file.set_len(size_bytes)
-        .with_context(|| format!("cannot size disk file {} to {size_bytes} bytes", path.display()))?;
+    file.set_len(size_bytes).with_context(|| {
+        format!(
+            "cannot size disk file {} to {size_bytes} bytes",
+            path.display()
+        )
+    })?;
     file.sync_all()
         .with_context(|| format!("cannot fsync disk file {}", path.display()))?;
     Ok(())
@@ -131,7 +135,8 @@ pub fn disk_specs(disks: &[DiskDef]) -> Result<Vec<DiskSpec>> {
 /// Default mount point of file system `name`: beside `default_mountpoint()`.
 fn default_mountpoint_for(name: &str) -> PathBuf {
     let fs1 = mako_control::default_mountpoint();
-    fs1.parent().map_or_else(|| PathBuf::from("/mako").join(name), |p| p.join(name))
+    fs1.parent()
+        .map_or_else(|| PathBuf::from("/mako").join(name), |p| p.join(name))
 }
 
 /// `mako fs create`.
@@ -165,13 +170,21 @@ pub fn create(context: &Context, args: &FsCreateArgs) -> Result<ExitCode> {
         "Formatting {} on {} disks ({}) …",
         args.name,
         chosen.len(),
-        chosen.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ")
+        chosen
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let descriptor = mako_fs::mkfs::format(&specs, &params)
         .map_err(|e| anyhow!("cannot create file system {}: {e}", args.name))?;
 
     for chosen_disk in &chosen {
-        if let Some(disk) = cluster.disks.iter_mut().find(|d| d.name == chosen_disk.name) {
+        if let Some(disk) = cluster
+            .disks
+            .iter_mut()
+            .find(|d| d.name == chosen_disk.name)
+        {
             *disk = chosen_disk.clone();
             disk.fs = Some(args.name.clone());
         }
@@ -227,7 +240,11 @@ pub fn plan_create(
     let indirect_bytes = parse_indirect_size(&args.indirect_size, block_bytes)?;
     let inode_bytes = parse_inode_size(&args.inode_size)?;
     check_replicas("-m", "default metadata replicas", args.metadata_replicas)?;
-    check_replicas("-M", "maximum metadata replicas", args.max_metadata_replicas)?;
+    check_replicas(
+        "-M",
+        "maximum metadata replicas",
+        args.max_metadata_replicas,
+    )?;
     check_replicas("-r", "default data replicas", args.data_replicas)?;
     check_replicas("-R", "maximum data replicas", args.max_data_replicas)?;
     if args.metadata_replicas > args.max_metadata_replicas {
@@ -394,51 +411,159 @@ pub fn render_descriptor(descriptor: &Descriptor, fs: &FsDef, mounted: &str) -> 
             .map_or_else(|| format!("#{index}"), |d| d.name.clone())
     };
     let rows: Vec<(&str, String, String)> = vec![
-        ("-f", bytes(u64::from(g.subblock_bytes())), format!(
-            "Minimum fragment (subblock) size in bytes ({})",
-            human_bytes(u64::from(g.subblock_bytes()))
-        )),
-        ("-i", bytes(u64::from(g.inode_bytes)), "Inode size in bytes".into()),
-        ("-I", bytes(u64::from(g.indirect_bytes)), "Indirect block size in bytes".into()),
-        ("-m", descriptor.default_metadata_replicas.to_string(), "Default number of metadata replicas".into()),
-        ("-M", descriptor.max_metadata_replicas.to_string(), "Maximum number of metadata replicas".into()),
-        ("-r", descriptor.default_data_replicas.to_string(), "Default number of data replicas".into()),
-        ("-R", descriptor.max_data_replicas.to_string(), "Maximum number of data replicas".into()),
-        ("-j", descriptor.layout.name().to_string(), "Block allocation type".into()),
-        ("-B", bytes(u64::from(g.block_bytes)), format!(
-            "Block size ({})",
-            human_bytes(u64::from(g.block_bytes))
-        )),
-        ("--subblocks-per-full-block", g.subblocks_per_block.to_string(), "Number of subblocks per full block".into()),
-        ("--inode-limit", descriptor.inodes_max.to_string(), "Maximum number of inodes".into()),
-        ("-L", bytes(descriptor.log_bytes), format!(
-            "Recovery log size per node ({})",
-            human_bytes(descriptor.log_bytes)
-        )),
-        ("--avoid-dir-fragments", yes_no(descriptor.avoid_dir_fragments), "avoidDirFragments: directories skip fragments".into()),
-        ("--pre-split-levels", descriptor.dir_pre_split_levels.to_string(), "DirPreSplitLevels: new directories pre-split to this level".into()),
-        ("--regions", descriptor.regions.to_string(), "Allocation regions".into()),
-        ("-d", descriptor.disks.iter().map(|d| d.name.clone()).collect::<Vec<_>>().join(";"), "Disks in file system".into()),
-        ("--desc-disks", descriptor.descriptor_disks.iter().map(|&i| disk_name(i)).collect::<Vec<_>>().join(";"), format!(
-            "Disks holding a descriptor replica ({} copies)",
-            descriptor.descriptor_disks.len()
-        )),
-        ("--generation", descriptor.generation.to_string(), "Descriptor generation".into()),
-        ("-V", descriptor.version.to_string(), "On-disk format version".into()),
-        ("--uid", uuid_text(&descriptor.fs_uuid), "File system UUID".into()),
-        ("--create-time", local_date_time(descriptor.created_unix), "File system creation time".into()),
-        ("-T", fs.mountpoint.display().to_string(), "Default mount point".into()),
-        ("-A", yes_no(fs.automount), "Automatic mount when makod starts".into()),
+        (
+            "-f",
+            bytes(u64::from(g.subblock_bytes())),
+            format!(
+                "Minimum fragment (subblock) size in bytes ({})",
+                human_bytes(u64::from(g.subblock_bytes()))
+            ),
+        ),
+        (
+            "-i",
+            bytes(u64::from(g.inode_bytes)),
+            "Inode size in bytes".into(),
+        ),
+        (
+            "-I",
+            bytes(u64::from(g.indirect_bytes)),
+            "Indirect block size in bytes".into(),
+        ),
+        (
+            "-m",
+            descriptor.default_metadata_replicas.to_string(),
+            "Default number of metadata replicas".into(),
+        ),
+        (
+            "-M",
+            descriptor.max_metadata_replicas.to_string(),
+            "Maximum number of metadata replicas".into(),
+        ),
+        (
+            "-r",
+            descriptor.default_data_replicas.to_string(),
+            "Default number of data replicas".into(),
+        ),
+        (
+            "-R",
+            descriptor.max_data_replicas.to_string(),
+            "Maximum number of data replicas".into(),
+        ),
+        (
+            "-j",
+            descriptor.layout.name().to_string(),
+            "Block allocation type".into(),
+        ),
+        (
+            "-B",
+            bytes(u64::from(g.block_bytes)),
+            format!("Block size ({})", human_bytes(u64::from(g.block_bytes))),
+        ),
+        (
+            "--subblocks-per-full-block",
+            g.subblocks_per_block.to_string(),
+            "Number of subblocks per full block".into(),
+        ),
+        (
+            "--inode-limit",
+            descriptor.inodes_max.to_string(),
+            "Maximum number of inodes".into(),
+        ),
+        (
+            "-L",
+            bytes(descriptor.log_bytes),
+            format!(
+                "Recovery log size per node ({})",
+                human_bytes(descriptor.log_bytes)
+            ),
+        ),
+        (
+            "--avoid-dir-fragments",
+            yes_no(descriptor.avoid_dir_fragments),
+            "avoidDirFragments: directories skip fragments".into(),
+        ),
+        (
+            "--pre-split-levels",
+            descriptor.dir_pre_split_levels.to_string(),
+            "DirPreSplitLevels: new directories pre-split to this level".into(),
+        ),
+        (
+            "--regions",
+            descriptor.regions.to_string(),
+            "Allocation regions".into(),
+        ),
+        (
+            "-d",
+            descriptor
+                .disks
+                .iter()
+                .map(|d| d.name.clone())
+                .collect::<Vec<_>>()
+                .join(";"),
+            "Disks in file system".into(),
+        ),
+        (
+            "--desc-disks",
+            descriptor
+                .descriptor_disks
+                .iter()
+                .map(|&i| disk_name(i))
+                .collect::<Vec<_>>()
+                .join(";"),
+            format!(
+                "Disks holding a descriptor replica ({} copies)",
+                descriptor.descriptor_disks.len()
+            ),
+        ),
+        (
+            "--generation",
+            descriptor.generation.to_string(),
+            "Descriptor generation".into(),
+        ),
+        (
+            "-V",
+            descriptor.version.to_string(),
+            "On-disk format version".into(),
+        ),
+        (
+            "--uid",
+            uuid_text(&descriptor.fs_uuid),
+            "File system UUID".into(),
+        ),
+        (
+            "--create-time",
+            local_date_time(descriptor.created_unix),
+            "File system creation time".into(),
+        ),
+        (
+            "-T",
+            fs.mountpoint.display().to_string(),
+            "Default mount point".into(),
+        ),
+        (
+            "-A",
+            yes_no(fs.automount),
+            "Automatic mount when makod starts".into(),
+        ),
         ("--mounted", mounted.to_string(), "Mounted now".into()),
     ];
     let mut table = Table::new(&["flag", "value", "description"]);
     for (flag, value, description) in rows {
         table.row(vec![format!(" {flag}"), value, description]);
     }
-    format!("File system {} (device {})\n{}", descriptor.fs_name, fs.name, table.render())
+    format!(
+        "File system {} (device {})\n{}",
+        descriptor.fs_name,
+        fs.name,
+        table.render()
+    )
 }
 
-fn mounted_text(status: Option<&DaemonStatus>, fs: &FsDef, descriptor: Option<&Descriptor>) -> String {
+fn mounted_text(
+    status: Option<&DaemonStatus>,
+    fs: &FsDef,
+    descriptor: Option<&Descriptor>,
+) -> String {
     match status {
         Some(status) => match status.filesystems.iter().find(|s| s.name == fs.name) {
             Some(s) if s.mounted => format!("yes, on {}", s.mountpoint),
@@ -446,7 +571,8 @@ fn mounted_text(status: Option<&DaemonStatus>, fs: &FsDef, descriptor: Option<&D
             None => "no (unknown to the running makod)".to_string(),
         },
         None if descriptor.is_some_and(|d| d.mounted) => {
-            "no (makod down; last stop was not clean: the log is replayed at the next mount)".to_string()
+            "no (makod down; last stop was not clean: the log is replayed at the next mount)"
+                .to_string()
         }
         None => "no (makod not running)".to_string(),
     }
@@ -460,7 +586,11 @@ fn read_descriptor(cluster: &ClusterConfig, fs: &FsDef) -> Result<Descriptor> {
         anyhow!(
             "cannot read the descriptor of {} from its disks ({}): {e}",
             fs.name,
-            disks.iter().map(|d| d.path.display().to_string()).collect::<Vec<_>>().join(", ")
+            disks
+                .iter()
+                .map(|d| d.path.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     })
 }
@@ -469,7 +599,9 @@ fn read_descriptor(cluster: &ClusterConfig, fs: &FsDef) -> Result<Descriptor> {
 pub fn show(context: &Context, name: Option<&str>) -> Result<ExitCode> {
     let cluster = context.cluster()?;
     let filesystems: Vec<&FsDef> = match name {
-        Some(name) => vec![cluster.filesystem(name).ok_or_else(|| no_such_fs(&cluster, name))?],
+        Some(name) => vec![cluster
+            .filesystem(name)
+            .ok_or_else(|| no_such_fs(&cluster, name))?],
         None => cluster.filesystems.iter().collect(),
     };
     if filesystems.is_empty() {
@@ -493,11 +625,19 @@ pub fn show(context: &Context, name: Option<&str>) -> Result<ExitCode> {
             }
         }
     }
-    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 pub fn no_such_fs(cluster: &ClusterConfig, name: &str) -> anyhow::Error {
-    let names: Vec<&str> = cluster.filesystems.iter().map(|f| f.name.as_str()).collect();
+    let names: Vec<&str> = cluster
+        .filesystems
+        .iter()
+        .map(|f| f.name.as_str())
+        .collect();
     anyhow!(
         "no file system `{name}` in this cluster; {}",
         if names.is_empty() {
@@ -521,9 +661,13 @@ pub fn mount(context: &Context, name: &str, mount: bool) -> Result<ExitCode> {
             std::fs::create_dir_all(&fs.mountpoint).with_context(|| {
                 format!("cannot create mount point {}", fs.mountpoint.display())
             })?;
-            Request::Mount { fs: name.to_string() }
+            Request::Mount {
+                fs: name.to_string(),
+            }
         } else {
-            Request::Unmount { fs: name.to_string() }
+            Request::Unmount {
+                fs: name.to_string(),
+            }
         };
         let message = daemon::call_ok(context, &request)?;
         if !message.is_empty() {
@@ -565,17 +709,30 @@ pub fn disk_create(context: &Context, args: &DiskCreateArgs) -> Result<ExitCode>
     let mut cluster = context.cluster()?;
     mako_control::cluster::validate_name("disk name", &args.name).map_err(|p| anyhow!(p))?;
     if cluster.disk(&args.name).is_some() {
-        bail!("disk {} exists already (`mako disk show`); choose another name", args.name);
+        bail!(
+            "disk {} exists already (`mako disk show`); choose another name",
+            args.name
+        );
     }
     let size_bytes = parse_size_flag("--size", &args.size)?;
     let size_min = 2 * u64::from(BLOCK_BYTES_MAX);
     if size_bytes < size_min {
-        bail!("--size {}: a disk must be at least {}", args.size, short_bytes(size_min));
+        bail!(
+            "--size {}: a disk must be at least {}",
+            args.size,
+            short_bytes(size_min)
+        );
     }
     let usage = DISK_USAGES
         .iter()
         .find(|u| u.eq_ignore_ascii_case(&args.usage))
-        .ok_or_else(|| anyhow!("--usage {}: must be one of {}", args.usage, DISK_USAGES.join(", ")))?;
+        .ok_or_else(|| {
+            anyhow!(
+                "--usage {}: must be one of {}",
+                args.usage,
+                DISK_USAGES.join(", ")
+            )
+        })?;
     let path = match &args.path {
         Some(path) => daemon::absolute(path)?,
         None => context.data.disks_dir().join(format!("{}.img", args.name)),
@@ -588,7 +745,13 @@ pub fn disk_create(context: &Context, args: &DiskCreateArgs) -> Result<ExitCode>
         );
     }
     let failure_group = args.failure_group.unwrap_or_else(|| {
-        cluster.disks.iter().map(|d| d.failure_group).max().unwrap_or(0) + 1
+        cluster
+            .disks
+            .iter()
+            .map(|d| d.failure_group)
+            .max()
+            .unwrap_or(0)
+            + 1
     });
     let disk = DiskDef {
         name: args.name.clone(),
@@ -621,12 +784,24 @@ pub fn disk_create(context: &Context, args: &DiskCreateArgs) -> Result<ExitCode>
 pub fn disk_show(context: &Context, fs_name: Option<&str>) -> Result<ExitCode> {
     let cluster = context.cluster()?;
     if let Some(name) = fs_name {
-        cluster.filesystem(name).ok_or_else(|| no_such_fs(&cluster, name))?;
+        cluster
+            .filesystem(name)
+            .ok_or_else(|| no_such_fs(&cluster, name))?;
     }
     let status = query_status(&context.data).ok().flatten();
     let mut table = Table::new(&[
-        "Disk", "File system", "Path", "Size", "Used", "Free", "Use%", "Pool", "FG", "Usage",
-        "Status", "Desc",
+        "Disk",
+        "File system",
+        "Path",
+        "Size",
+        "Used",
+        "Free",
+        "Use%",
+        "Pool",
+        "FG",
+        "Usage",
+        "Status",
+        "Desc",
     ])
     .right_align(&[3, 4, 5, 6, 8]);
     let mut notes: Vec<String> = Vec::new();
@@ -653,7 +828,11 @@ pub fn disk_show(context: &Context, fs_name: Option<&str>) -> Result<ExitCode> {
                 .and_then(|d| d.disks.iter().find(|e| e.name == disk.name));
             let holds_descriptor = match (&descriptor, entry) {
                 (Some(d), Some(e)) => {
-                    if d.descriptor_disks.contains(&e.index) { "yes" } else { "no" }
+                    if d.descriptor_disks.contains(&e.index) {
+                        "yes"
+                    } else {
+                        "no"
+                    }
                 }
                 _ => "?",
             };
@@ -760,26 +939,52 @@ mod tests {
     }
 
     fn plan_error(cluster: &ClusterConfig, line: &str) -> String {
-        plan_create(cluster, &fs_create_args(line)).unwrap_err().to_string()
+        plan_create(cluster, &fs_create_args(line))
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]
     fn out_of_range_values_name_the_flag_and_range() {
         let c = cluster_with_disks(Path::new("/tmp"), 3);
         let cases = [
-            ("-B 3M", "-B 3M: block size must be a power of two from 64K to 16M"),
-            ("-B 32M", "-B 32M: block size must be a power of two from 64K to 16M"),
+            (
+                "-B 3M",
+                "-B 3M: block size must be a power of two from 64K to 16M",
+            ),
+            (
+                "-B 32M",
+                "-B 32M: block size must be a power of two from 64K to 16M",
+            ),
             ("-B 32K", "from 64K to 16M"),
-            ("-B 1M -I 512K", "-I 512K: indirect block size must be a power of two from 4K to 256K"),
+            (
+                "-B 1M -I 512K",
+                "-I 512K: indirect block size must be a power of two from 4K to 256K",
+            ),
             ("-B 64K -I 128K", "from 4K to 64K"),
-            ("-I 4K", "-I 4K: indirect block size must be at least the subblock size, 8K for -B 4M"),
+            (
+                "-I 4K",
+                "-I 4K: indirect block size must be at least the subblock size, 8K for -B 4M",
+            ),
             ("-i 2K", "-i 2K: inode size must be 512, 1K or 4K"),
-            ("-m 4", "-m 4: default metadata replicas must be from 1 to 3"),
+            (
+                "-m 4",
+                "-m 4: default metadata replicas must be from 1 to 3",
+            ),
             ("-R 0", "-R 0: maximum data replicas must be from 1 to 3"),
-            ("-m 2 -M 1", "-m 2 -M 1: default metadata replicas cannot exceed the maximum"),
+            (
+                "-m 2 -M 1",
+                "-m 2 -M 1: default metadata replicas cannot exceed the maximum",
+            ),
             ("-j round", "-j round: layout must be scatter or cluster"),
-            ("--log-size 4K", "--log-size 4K: recovery log size must be from 1M to 16G"),
-            ("--pre-split-levels 11", "--pre-split-levels 11: must be from 0 to 10"),
+            (
+                "--log-size 4K",
+                "--log-size 4K: recovery log size must be from 1M to 16G",
+            ),
+            (
+                "--pre-split-levels 11",
+                "--pre-split-levels 11: must be from 0 to 10",
+            ),
             ("--inodes lots", "--inodes lots: cannot read a number"),
             ("-B 4Q", "-B 4Q: cannot read a size"),
         ];
@@ -800,19 +1005,31 @@ mod tests {
             automount: true,
         });
         let message = plan_error(&c, "mako fs create fs2 -d d0,d2");
-        assert!(message.contains("disk d2 already belongs to file system fs1"), "{message}");
+        assert!(
+            message.contains("disk d2 already belongs to file system fs1"),
+            "{message}"
+        );
         let message = plan_error(&c, "mako fs create fs2 -d d0,d9");
-        assert!(message.contains("no disk `d9` in cluster.toml"), "{message}");
+        assert!(
+            message.contains("no disk `d9` in cluster.toml"),
+            "{message}"
+        );
         let message = plan_error(&c, "mako fs create fs2 -d d0,d0");
         assert!(message.contains("given twice"), "{message}");
         let message = plan_error(&c, "mako fs create fs1 -d d0");
         assert!(message.contains("exists already"), "{message}");
         let message = plan_error(&c, "mako fs create fs2 -d d0:system:1,d1:system:1 -m 2");
-        assert!(message.contains("-m 2: each metadata replica needs its own failure group"), "{message}");
+        assert!(
+            message.contains("-m 2: each metadata replica needs its own failure group"),
+            "{message}"
+        );
         let message = plan_error(&c, "mako fs create fs2 -d d0:::dataOnly");
         assert!(message.contains("no disk holds metadata"), "{message}");
         let message = plan_error(&c, "mako fs create fs2 -d d0 -T /mako/fs1");
-        assert!(message.contains("file system fs1 is mounted there already"), "{message}");
+        assert!(
+            message.contains("file system fs1 is mounted there already"),
+            "{message}"
+        );
 
         let (params, chosen, mountpoint) = plan_create(
             &c,
@@ -883,6 +1100,9 @@ mod tests {
 
         // The disks now belong to fs2.
         let again = plan_create(&cluster, &fs_create_args("mako fs create fs3 -d d1"));
-        assert!(again.unwrap_err().to_string().contains("already belongs to file system fs2"));
+        assert!(again
+            .unwrap_err()
+            .to_string()
+            .contains("already belongs to file system fs2"));
     }
 }

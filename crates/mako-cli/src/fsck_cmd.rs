@@ -36,21 +36,31 @@ fn exit(code: i32) -> ExitCode {
 
 fn check(context: &Context, args: &FsckArgs) -> Result<ExitCode> {
     let cluster = context.cluster()?;
-    let fs = cluster.filesystem(&args.name).ok_or_else(|| no_such_fs(&cluster, &args.name))?;
+    let fs = cluster
+        .filesystem(&args.name)
+        .ok_or_else(|| no_such_fs(&cluster, &args.name))?;
     if args.online {
         return online(context, &fs.name, args);
     }
     refuse_if_mounted(context, &fs.name)?;
     let disks: Vec<DiskDef> = cluster.disks_of(fs).into_iter().cloned().collect();
     let specs = disk_specs(&disks)?;
-    let opened = mako_fs::mount::open_disk_files(&specs).map_err(|e| anyhow!("opening the disks of {}: {e}", fs.name))?;
-    let mut opts = if args.yes { Options::repair() } else { Options::check() };
+    let opened = mako_fs::mount::open_disk_files(&specs)
+        .map_err(|e| anyhow!("opening the disks of {}: {e}", fs.name))?;
+    let mut opts = if args.yes {
+        Options::repair()
+    } else {
+        Options::check()
+    };
     if let Some(n) = args.threads {
         opts = opts.threads(n);
     }
     opts.cancel = cancel_on_signals();
-    let progress: Box<dyn Progress> =
-        if std::io::stderr().is_terminal() { Box::new(Bar::new()) } else { Box::new(JsonLines::new(std::io::stderr())) };
+    let progress: Box<dyn Progress> = if std::io::stderr().is_terminal() {
+        Box::new(Bar::new())
+    } else {
+        Box::new(JsonLines::new(std::io::stderr()))
+    };
     match mako_fsck::check_offline(opened, &opts, progress.as_ref()) {
         Ok(report) => {
             progress.finish();
@@ -72,14 +82,23 @@ fn check(context: &Context, args: &FsckArgs) -> Result<ExitCode> {
 /// `--online`: makod checks the mounted file system's committed state (commits are
 /// held off meanwhile: operations go on, an fsync waits) and sends the report.
 fn online(context: &Context, name: &str, args: &FsckArgs) -> Result<ExitCode> {
-    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let threads = args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
     let mut client = crate::daemon::try_connect(&context.data)?.ok_or_else(|| {
         anyhow!("makod is not running; `mako fsck {name} --online` needs {name} mounted by a running makod — without one, run `mako fsck {name}`")
     })?;
     // A check of a big file system takes a while (about 10 s per million files).
     client.set_timeout(std::time::Duration::from_secs(3600));
-    eprintln!("mako fsck {name}: online check of the committed state (commits are held until it ends)");
-    match client.call(&mako_control::Request::Fsck { fs: name.to_string(), threads })? {
+    eprintln!(
+        "mako fsck {name}: online check of the committed state (commits are held until it ends)"
+    );
+    match client.call(&mako_control::Request::Fsck {
+        fs: name.to_string(),
+        threads,
+    })? {
         mako_control::Response::Fsck(view) => {
             if args.json {
                 println!("{}", view.json);
@@ -110,7 +129,11 @@ fn refuse_if_mounted(context: &Context, name: &str) -> Result<()> {
         },
     };
     let Some(status) = status else { return Ok(()) };
-    if let Some(fs) = status.filesystems.iter().find(|f| f.name == name && f.mounted) {
+    if let Some(fs) = status
+        .filesystems
+        .iter()
+        .find(|f| f.name == name && f.mounted)
+    {
         bail!(
             "file system {name} is mounted on {} by makod (pid {}); an offline check needs it unmounted: run \
              `mako fs unmount {name}` (or `mako down`) and try again, or check it mounted with `mako fsck {name} --online`",
@@ -161,11 +184,16 @@ impl Bar {
     fn new() -> Bar {
         let bar = ProgressBar::new(0);
         bar.set_style(
-            ProgressStyle::with_template("{msg:>28} [{bar:32}] {pos}/{len} {per_sec:>12} ETA {eta}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
+            ProgressStyle::with_template(
+                "{msg:>28} [{bar:32}] {pos}/{len} {per_sec:>12} ETA {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
         );
-        Bar { bar, phase: Mutex::new(None) }
+        Bar {
+            bar,
+            phase: Mutex::new(None),
+        }
     }
 }
 

@@ -104,7 +104,16 @@ pub fn render_status(cluster: &ClusterConfig, status: &DaemonStatus, data: &Data
     }
 
     let mut disks = Table::new(&[
-        "Disk", "File system", "Path", "Size", "Free", "Use%", "Pool", "FG", "Usage", "Status",
+        "Disk",
+        "File system",
+        "Path",
+        "Size",
+        "Free",
+        "Use%",
+        "Pool",
+        "FG",
+        "Usage",
+        "Status",
     ])
     .right_align(&[3, 4, 5, 7]);
     for fs in &status.filesystems {
@@ -115,8 +124,16 @@ pub fn render_status(cluster: &ClusterConfig, status: &DaemonStatus, data: &Data
                 fs.name.clone(),
                 disk.path.clone(),
                 human_bytes(disk.size_bytes),
-                if fs.mounted { human_bytes(disk.free_bytes) } else { "-".into() },
-                if fs.mounted { format!("{}%", percent(used, disk.size_bytes)) } else { "-".into() },
+                if fs.mounted {
+                    human_bytes(disk.free_bytes)
+                } else {
+                    "-".into()
+                },
+                if fs.mounted {
+                    format!("{}%", percent(used, disk.size_bytes))
+                } else {
+                    "-".into()
+                },
                 disk.pool.clone(),
                 disk.failure_group.to_string(),
                 disk.usage.clone(),
@@ -176,8 +193,13 @@ pub fn render_offline(cluster: &ClusterConfig, data: &DataDir) -> String {
         data.root.display(),
         data.log_file().display()
     ));
-    let mut filesystems =
-        Table::new(&["File system", "Mount point", "Automount", "Disks", "Kernel mount"]);
+    let mut filesystems = Table::new(&[
+        "File system",
+        "Mount point",
+        "Automount",
+        "Disks",
+        "Kernel mount",
+    ]);
     let mut stale = Vec::new();
     for fs in &cluster.filesystems {
         let mounted = is_mounted(&fs.mountpoint);
@@ -297,7 +319,16 @@ mod tests {
         assert!(text.contains("running, pid 4242, up 1h 02m"), "{text}");
         assert!(text.contains("/data/makod.log"), "{text}");
         let fs_line = text.lines().find(|l| l.starts_with("fs1 ")).unwrap();
-        for cell in ["mounted", "8.0 GiB", "2.0 GiB", "6.0 GiB", "25%", "12", "65536", "10.0 MiB / 1.0 GiB"] {
+        for cell in [
+            "mounted",
+            "8.0 GiB",
+            "2.0 GiB",
+            "6.0 GiB",
+            "25%",
+            "12",
+            "65536",
+            "10.0 MiB / 1.0 GiB",
+        ] {
             assert!(fs_line.contains(cell), "{cell} missing: {fs_line}");
         }
         let disk_line = text.lines().find(|l| l.starts_with("d0 ")).unwrap();
@@ -319,7 +350,10 @@ mod tests {
     #[test]
     fn renders_a_stopped_daemon() {
         let text = render_offline(&cluster(), &DataDir::new("/data"));
-        assert!(text.contains("NOT RUNNING: start it with `mako up`"), "{text}");
+        assert!(
+            text.contains("NOT RUNNING: start it with `mako up`"),
+            "{text}"
+        );
         assert!(text.contains("/nonexistent/mako/fs1"), "{text}");
         assert!(text.contains("8.0 GiB"), "{text}");
     }

@@ -19,7 +19,9 @@ pub fn parse_count_flag(flag: &str, text: &str) -> Result<u64> {
     match mako_config::value::parse_whole(text) {
         Ok(n) if n >= 0 => Ok(n.unsigned_abs()),
         Ok(_) => bail!("{flag} {text}: must not be negative"),
-        Err(problem) => bail!("{flag} {text}: cannot read a number ({problem}); use e.g. 1000000 or 1M"),
+        Err(problem) => {
+            bail!("{flag} {text}: cannot read a number ({problem}); use e.g. 1000000 or 1M")
+        }
     }
 }
 
@@ -78,9 +80,17 @@ pub fn local_time_micros(unix_micros: u64, with_date: bool) -> String {
     if !ok {
         return format!("{unix_micros}us");
     }
-    let time = format!("{:02}:{:02}:{:02}.{micros:06}", tm.tm_hour, tm.tm_min, tm.tm_sec);
+    let time = format!(
+        "{:02}:{:02}:{:02}.{micros:06}",
+        tm.tm_hour, tm.tm_min, tm.tm_sec
+    );
     if with_date {
-        format!("{:04}-{:02}-{:02} {time}", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday)
+        format!(
+            "{:04}-{:02}-{:02} {time}",
+            tm.tm_year + 1900,
+            tm.tm_mon + 1,
+            tm.tm_mday
+        )
     } else {
         time
     }
@@ -121,12 +131,22 @@ mod tests {
     fn sizes() {
         assert_eq!(parse_size_flag("--disk-size", "8G").unwrap(), 8 << 30);
         assert_eq!(parse_size_flag("-B", "64K").unwrap(), 64 << 10);
-        let message = parse_size_flag("--disk-size", "8Q").unwrap_err().to_string();
-        assert!(message.starts_with("--disk-size 8Q: cannot read a size"), "{message}");
-        let message = parse_size_flag("--pagepool", "lots").unwrap_err().to_string();
+        let message = parse_size_flag("--disk-size", "8Q")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.starts_with("--disk-size 8Q: cannot read a size"),
+            "{message}"
+        );
+        let message = parse_size_flag("--pagepool", "lots")
+            .unwrap_err()
+            .to_string();
         assert!(message.starts_with("--pagepool lots:"), "{message}");
         assert_eq!(parse_count_flag("--inodes", "1M").unwrap(), 1 << 20);
-        assert!(parse_count_flag("--inodes", "-5").unwrap_err().to_string().starts_with("--inodes -5"));
+        assert!(parse_count_flag("--inodes", "-5")
+            .unwrap_err()
+            .to_string()
+            .starts_with("--inodes -5"));
     }
 
     #[test]

@@ -15,7 +15,20 @@ fn mountpoint_arg(setup: &Setup) -> String {
 fn up_status_diag_down() {
     let Some(s) = setup(None) else { return };
     let mp = mountpoint_arg(&s);
-    let out = mako(&s, &["up", "--disks", "2", "--disk-size", "512M", "--mountpoint", &mp, "--pagepool", "1G"]);
+    let out = mako(
+        &s,
+        &[
+            "up",
+            "--disks",
+            "2",
+            "--disk-size",
+            "512M",
+            "--mountpoint",
+            &mp,
+            "--pagepool",
+            "1G",
+        ],
+    );
     assert!(out.status.success(), "{}", text(&out));
     let t = text(&out);
     assert!(t.contains("Mako is up."), "{t}");
@@ -23,7 +36,9 @@ fn up_status_diag_down() {
     assert!(t.contains("mako status"), "{t}");
     assert!(s.mountpoint.is_dir());
     assert!(s.data.join("disks/d1.img").exists());
-    assert!(std::fs::read_to_string(s.data.join("config.toml")).unwrap().contains("pagepool"));
+    assert!(std::fs::read_to_string(s.data.join("config.toml"))
+        .unwrap()
+        .contains("pagepool"));
 
     let out = mako(&s, &["up"]);
     assert!(out.status.success(), "{}", text(&out));
@@ -65,7 +80,11 @@ fn up_status_diag_down() {
     assert!(text(&out).contains("NOT RUNNING"), "{}", text(&out));
     let out = mako(&s, &["diag", "iohist"]);
     assert!(!out.status.success());
-    assert!(text(&out).contains("start it with `mako up`"), "{}", text(&out));
+    assert!(
+        text(&out).contains("start it with `mako up`"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]
@@ -73,7 +92,18 @@ fn a_daemon_that_dies_at_start_shows_its_log() {
     let script = "#!/bin/sh\necho 'makod: cannot open /dev/fuse' >&2\nexit 3\n";
     let Some(s) = setup(Some(script)) else { return };
     let mp = mountpoint_arg(&s);
-    let out = mako(&s, &["up", "--disks", "1", "--disk-size", "256M", "--mountpoint", &mp]);
+    let out = mako(
+        &s,
+        &[
+            "up",
+            "--disks",
+            "1",
+            "--disk-size",
+            "256M",
+            "--mountpoint",
+            &mp,
+        ],
+    );
     assert!(!out.status.success());
     let t = text(&out);
     assert!(t.contains("exited during start-up"), "{t}");

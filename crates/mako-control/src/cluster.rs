@@ -543,7 +543,12 @@ mod tests {
 
     #[test]
     fn syntax_errors_name_the_file() {
-        for text in ["cluster_name = ", "cluster_name = \"c\"\n", "node_id = \"x\"", "\0"] {
+        for text in [
+            "cluster_name = ",
+            "cluster_name = \"c\"\n",
+            "node_id = \"x\"",
+            "\0",
+        ] {
             let message = ClusterConfig::from_toml(Path::new("/d/cluster.toml"), text)
                 .unwrap_err()
                 .to_string();

@@ -25,8 +25,8 @@ pub use cluster::{
     DISK_USAGES,
 };
 pub use protocol::{
-    ConfigRowView, DaemonStatus, DiskCountersView, DiskStatusView, FsCountersView, FsStatus, FsckView,
-    IoRecordView, LockCounterView, ProtocolError, Request, Response, StatsView, TokenView,
-    WaiterView, PROTOCOL_VERSION,
+    ConfigRowView, DaemonStatus, DiskCountersView, DiskStatusView, FsCountersView, FsStatus,
+    FsckView, IoRecordView, LockCounterView, ProtocolError, Request, Response, StatsView,
+    TokenView, WaiterView, PROTOCOL_VERSION,
 };
 pub use server::{serve, ControlHandler};

@@ -89,9 +89,13 @@ impl Request {
 #[serde(rename_all = "snake_case")]
 pub enum Response {
     /// Done; `message` is shown to the administrator.
-    Ok { message: String },
+    Ok {
+        message: String,
+    },
     /// Refused or failed; `message` says what, where and what to do.
-    Error { message: String },
+    Error {
+        message: String,
+    },
     Status(DaemonStatus),
     Iohist(Vec<IoRecordView>),
     Waiters(Vec<WaiterView>),
@@ -354,8 +358,8 @@ fn decode_body<T: serde::de::DeserializeOwned>(
     field: &str,
 ) -> Result<T, ProtocolError> {
     let malformed = |detail: String| ProtocolError::Malformed { detail };
-    let value: serde_json::Value = serde_json::from_str(line.trim_end())
-        .map_err(|e| malformed(format!("not JSON ({e})")))?;
+    let value: serde_json::Value =
+        serde_json::from_str(line.trim_end()).map_err(|e| malformed(format!("not JSON ({e})")))?;
     let serde_json::Value::Object(mut object) = value else {
         return Err(malformed("expected a JSON object".to_string()));
     };
@@ -437,7 +441,10 @@ mod tests {
             Request::DiagStats,
             Request::DiagTokens,
             Request::DiagConfig,
-            Request::Fsck { fs: "fs1".into(), threads: 2 },
+            Request::Fsck {
+                fs: "fs1".into(),
+                threads: 2,
+            },
         ]
     }
 
@@ -445,7 +452,11 @@ mod tests {
         vec![
             Response::ok("done"),
             Response::error("no such file system `fs9`"),
-            Response::Fsck(FsckView { exit_code: 0, text: "No problems found.\n".into(), json: "{}".into() }),
+            Response::Fsck(FsckView {
+                exit_code: 0,
+                text: "No problems found.\n".into(),
+                json: "{}".into(),
+            }),
             Response::Status(sample_status()),
             Response::Iohist(vec![IoRecordView {
                 start_unix_micros: 1_700_000_000_123_456,

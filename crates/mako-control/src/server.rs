@@ -133,7 +133,9 @@ fn serve_connection(
             Err(e)
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
                 ) =>
             {
                 continue
@@ -241,8 +243,12 @@ mod tests {
         assert_eq!(answer, Response::ok("fs2 mounted"));
 
         // A second daemon on the same socket is refused.
-        let error = serve(&socket, Arc::new(TestHandler), Arc::new(AtomicBool::new(false)))
-            .unwrap_err();
+        let error = serve(
+            &socket,
+            Arc::new(TestHandler),
+            Arc::new(AtomicBool::new(false)),
+        )
+        .unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::AddrInUse);
 
         stop.store(true, Ordering::SeqCst);

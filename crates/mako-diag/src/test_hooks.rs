@@ -31,5 +31,11 @@ pub const PANIC_ON_LOOKUP_ENV: &str = "MAKO_TEST_PANIC_ON_LOOKUP";
 #[inline]
 pub fn panic_on_lookup() -> Option<&'static [u8]> {
     static NAME: OnceLock<Option<Vec<u8>>> = OnceLock::new();
-    NAME.get_or_init(|| std::env::var(PANIC_ON_LOOKUP_ENV).ok().filter(|n| !n.is_empty()).map(String::into_bytes)).as_deref()
+    NAME.get_or_init(|| {
+        std::env::var(PANIC_ON_LOOKUP_ENV)
+            .ok()
+            .filter(|n| !n.is_empty())
+            .map(String::into_bytes)
+    })
+    .as_deref()
 }

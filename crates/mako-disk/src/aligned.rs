@@ -28,7 +28,11 @@ struct Spares {
     bufs: Vec<(usize, usize)>,
 }
 
-static SPARES: std::sync::Mutex<Spares> = std::sync::Mutex::new(Spares { budget: DEFAULT_SPARE_BUDGET, bytes: 0, bufs: Vec::new() });
+static SPARES: std::sync::Mutex<Spares> = std::sync::Mutex::new(Spares {
+    budget: DEFAULT_SPARE_BUDGET,
+    bytes: 0,
+    bufs: Vec::new(),
+});
 
 /// Spare budget before anyone sets one (a mount sets it from its pagepool).
 pub const DEFAULT_SPARE_BUDGET: usize = 16 << 20;
@@ -64,7 +68,11 @@ impl Default for AlignedBuf {
 
 impl AlignedBuf {
     pub const fn new() -> AlignedBuf {
-        AlignedBuf { ptr: NonNull::dangling(), len: 0, cap: 0 }
+        AlignedBuf {
+            ptr: NonNull::dangling(),
+            len: 0,
+            cap: 0,
+        }
     }
 
     pub fn with_capacity(cap: usize) -> AlignedBuf {
@@ -98,7 +106,9 @@ impl AlignedBuf {
             sp.budget = bytes;
             let mut out = Vec::new();
             while sp.bytes > sp.budget {
-                let Some((addr, cap)) = sp.bufs.pop() else { break };
+                let Some((addr, cap)) = sp.bufs.pop() else {
+                    break;
+                };
                 sp.bytes -= cap;
                 out.push((addr, cap));
             }
@@ -128,7 +138,9 @@ impl AlignedBuf {
                         let mut out = Vec::new();
                         let mut freed = 0;
                         while freed < cap {
-                            let Some((addr, c)) = sp.bufs.pop() else { break };
+                            let Some((addr, c)) = sp.bufs.pop() else {
+                                break;
+                            };
                             sp.bytes -= c;
                             freed += c;
                             out.push((addr, c));
@@ -143,7 +155,16 @@ impl AlignedBuf {
             unmap_spares(unmap);
             // SAFETY: an anonymous private mapping; checked for failure below. Populated
             // at once: one call instead of a page fault per 4 KiB as it is first written.
-            let p = unsafe { libc::mmap(std::ptr::null_mut(), cap, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE, -1, 0) };
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    cap,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                    -1,
+                    0,
+                )
+            };
             if p == libc::MAP_FAILED {
                 std::alloc::handle_alloc_error(Self::layout(cap));
             }
@@ -216,7 +237,9 @@ impl AlignedBuf {
                 self.grow_to(len.max(self.cap * 2));
             }
             // SAFETY: len <= cap after growing.
-            unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(self.len), value, len - self.len) };
+            unsafe {
+                std::ptr::write_bytes(self.ptr.as_ptr().add(self.len), value, len - self.len)
+            };
         }
         self.len = len;
     }
@@ -230,7 +253,9 @@ impl AlignedBuf {
             }
             if self.cap < MMAP_BYTES_MIN {
                 // SAFETY: len <= cap; allocator memory must be initialised before use.
-                unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(self.len), 0, len - self.len) };
+                unsafe {
+                    std::ptr::write_bytes(self.ptr.as_ptr().add(self.len), 0, len - self.len)
+                };
             }
         }
         self.len = len;
@@ -290,7 +315,10 @@ mod tests {
         let b = AlignedBuf::with_capacity(3 << 20);
         let reused = b.as_ptr() as usize == addr;
         drop(b);
-        assert!(reused || AlignedBuf::spare_bytes() > 0, "a freed mapped buffer is kept for reuse");
+        assert!(
+            reused || AlignedBuf::spare_bytes() > 0,
+            "a freed mapped buffer is kept for reuse"
+        );
         let mut r = AlignedBuf::with_capacity(3 << 20);
         r.resize_for_overwrite(1 << 20);
         assert_eq!(r.len(), 1 << 20);
@@ -321,11 +349,19 @@ mod tests {
         b.truncate(3);
         assert_eq!(&b[..], b"hel");
         b.resize(6, 0);
-        assert_eq!(&b[..], b"hel\0\0\0", "resize zero-fills what truncate dropped");
+        assert_eq!(
+            &b[..],
+            b"hel\0\0\0",
+            "resize zero-fills what truncate dropped"
+        );
         let mut big = AlignedBuf::zeroed(4 << 20);
         big[4 << 20 - 1] = 1;
         big.resize(8 << 20, 0);
-        assert_eq!(big[4 << 20 - 1], 1, "mapped buffers keep their content when they grow");
+        assert_eq!(
+            big[4 << 20 - 1],
+            1,
+            "mapped buffers keep their content when they grow"
+        );
         assert_eq!(big.as_ptr() as usize % IO_ALIGN, 0);
         drop(big);
         // A reused mapping comes back zeroed by `zeroed` even though it held data.
@@ -333,7 +369,10 @@ mod tests {
         dirty.iter_mut().for_each(|x| *x = 0xa5);
         drop(dirty);
         let again = AlignedBuf::zeroed(8 << 20);
-        assert!(again.iter().all(|&x| x == 0), "zeroed() clears a reused buffer");
+        assert!(
+            again.iter().all(|&x| x == 0),
+            "zeroed() clears a reused buffer"
+        );
         let z = AlignedBuf::zeroed(4096);
         assert!(z.iter().all(|&x| x == 0));
         b.clear();

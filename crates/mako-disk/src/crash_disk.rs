@@ -64,8 +64,14 @@ impl fmt::Display for CrashAt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CrashAt::Sync(k) => write!(f, "sync:{k}"),
-            CrashAt::Write { index, torn_seed: None } => write!(f, "write:{index}"),
-            CrashAt::Write { index, torn_seed: Some(s) } => write!(f, "torn:{index}:{s}"),
+            CrashAt::Write {
+                index,
+                torn_seed: None,
+            } => write!(f, "write:{index}"),
+            CrashAt::Write {
+                index,
+                torn_seed: Some(s),
+            } => write!(f, "torn:{index}:{s}"),
         }
     }
 }
@@ -75,12 +81,23 @@ impl std::str::FromStr for CrashAt {
     /// `sync:K`, `write:K` or `torn:K:SEED` (the form `Display` prints).
     fn from_str(s: &str) -> Result<Self, String> {
         let parts: Vec<&str> = s.split(':').collect();
-        let num = |p: &str| p.parse::<u64>().map_err(|e| format!("crash point {s:?}: {p:?} is not a number: {e}"));
+        let num = |p: &str| {
+            p.parse::<u64>()
+                .map_err(|e| format!("crash point {s:?}: {p:?} is not a number: {e}"))
+        };
         match parts.as_slice() {
             ["sync", k] => Ok(CrashAt::Sync(num(k)?)),
-            ["write", k] => Ok(CrashAt::Write { index: num(k)?, torn_seed: None }),
-            ["torn", k, seed] => Ok(CrashAt::Write { index: num(k)?, torn_seed: Some(num(seed)?) }),
-            _ => Err(format!("crash point {s:?}: expected sync:K, write:K or torn:K:SEED")),
+            ["write", k] => Ok(CrashAt::Write {
+                index: num(k)?,
+                torn_seed: None,
+            }),
+            ["torn", k, seed] => Ok(CrashAt::Write {
+                index: num(k)?,
+                torn_seed: Some(num(seed)?),
+            }),
+            _ => Err(format!(
+                "crash point {s:?}: expected sync:K, write:K or torn:K:SEED"
+            )),
         }
     }
 }
@@ -116,7 +133,9 @@ impl std::str::FromStr for LossPolicy {
             "drop-all" => Ok(LossPolicy::DropAll),
             _ => match s.strip_prefix("random:").map(str::parse::<u64>) {
                 Some(Ok(seed)) => Ok(LossPolicy::Random { seed }),
-                _ => Err(format!("loss policy {s:?}: expected keep-all, drop-all or random:SEED")),
+                _ => Err(format!(
+                    "loss policy {s:?}: expected keep-all, drop-all or random:SEED"
+                )),
             },
         }
     }
@@ -125,8 +144,17 @@ impl std::str::FromStr for LossPolicy {
 /// What happened at the crash, for reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CrashPoint {
-    Sync { index: u64, disk: String },
-    Write { index: u64, disk: String, offset: u64, len: usize, torn_sectors_written: Option<(usize, usize)> },
+    Sync {
+        index: u64,
+        disk: String,
+    },
+    Write {
+        index: u64,
+        disk: String,
+        offset: u64,
+        len: usize,
+        torn_sectors_written: Option<(usize, usize)>,
+    },
     Immediate,
 }
 
@@ -154,7 +182,11 @@ impl fmt::Display for CrashRecord {
             }
             CrashPoint::Immediate => write!(f, "crash between two I/Os")?,
         }
-        write!(f, " after {} writes and {} syncs, {} writes unsynced", self.writes, self.sync_points, self.unsynced_writes)
+        write!(
+            f,
+            " after {} writes and {} syncs, {} writes unsynced",
+            self.writes, self.sync_points, self.unsynced_writes
+        )
     }
 }
 
@@ -235,7 +267,9 @@ fn sector_spans(offset: u64, len: usize) -> Vec<(usize, usize)> {
 /// the write spans two sectors or more; a single sector is atomic (all or nothing).
 fn torn_mask(seed: u64, index: u64, sectors: usize) -> Vec<bool> {
     let base = mix(seed ^ mix(index));
-    let mut mask: Vec<bool> = (0..sectors).map(|i| mix(base ^ i as u64) & 1 == 1).collect();
+    let mut mask: Vec<bool> = (0..sectors)
+        .map(|i| mix(base ^ i as u64) & 1 == 1)
+        .collect();
     if sectors >= 2 {
         let pick = (mix(base ^ 0xdead_beef) % sectors as u64) as usize;
         if mask.iter().all(|&k| k) {
@@ -253,9 +287,12 @@ impl Unsynced {
         match &self.sectors {
             None => image[off..off + self.data.len()].copy_from_slice(&self.data),
             Some(mask) => {
-                for (&(start, n), &kept) in sector_spans(self.offset, self.data.len()).iter().zip(mask) {
+                for (&(start, n), &kept) in
+                    sector_spans(self.offset, self.data.len()).iter().zip(mask)
+                {
                     if kept {
-                        image[off + start..off + start + n].copy_from_slice(&self.data[start..start + n]);
+                        image[off + start..off + start + n]
+                            .copy_from_slice(&self.data[start..start + n]);
                     }
                 }
             }
@@ -266,17 +303,37 @@ impl Unsynced {
 impl CrashController {
     pub fn new() -> Arc<CrashController> {
         Arc::new(CrashController {
-            state: Mutex::new(State { disks: Vec::new(), unsynced: Vec::new(), writes: 0, sync_points: 0, armed: None, crashed: None, shape: 0 }),
+            state: Mutex::new(State {
+                disks: Vec::new(),
+                unsynced: Vec::new(),
+                writes: 0,
+                sync_points: 0,
+                armed: None,
+                crashed: None,
+                shape: 0,
+            }),
         })
     }
 
     /// Crash at `at`. Arming a point already passed is a bug of the test.
     pub fn arm(&self, at: CrashAt) {
         let mut s = self.state.lock();
-        assert!(s.crashed.is_none(), "arming a crash controller that already crashed ({})", s.crashed.as_ref().expect("crashed"));
+        assert!(
+            s.crashed.is_none(),
+            "arming a crash controller that already crashed ({})",
+            s.crashed.as_ref().expect("crashed")
+        );
         match at {
-            CrashAt::Sync(k) => assert!(k >= s.sync_points, "crash at sync point {k} armed after {} syncs", s.sync_points),
-            CrashAt::Write { index, .. } => assert!(index >= s.writes, "crash at write {index} armed after {} writes", s.writes),
+            CrashAt::Sync(k) => assert!(
+                k >= s.sync_points,
+                "crash at sync point {k} armed after {} syncs",
+                s.sync_points
+            ),
+            CrashAt::Write { index, .. } => assert!(
+                index >= s.writes,
+                "crash at write {index} armed after {} writes",
+                s.writes
+            ),
         }
         s.armed = Some(at);
     }
@@ -286,7 +343,12 @@ impl CrashController {
         let mut s = self.state.lock();
         if s.crashed.is_none() {
             let unsynced = s.unsynced.len();
-            s.crashed = Some(CrashRecord { point: CrashPoint::Immediate, writes: s.writes, sync_points: s.sync_points, unsynced_writes: unsynced });
+            s.crashed = Some(CrashRecord {
+                point: CrashPoint::Immediate,
+                writes: s.writes,
+                sync_points: s.sync_points,
+                unsynced_writes: unsynced,
+            });
         }
     }
 
@@ -323,7 +385,12 @@ impl CrashController {
 
     /// Names of the disks, in the order they were attached (the order of the images).
     pub fn disk_names(&self) -> Vec<String> {
-        self.state.lock().disks.iter().map(|d| d.name.clone()).collect()
+        self.state
+            .lock()
+            .disks
+            .iter()
+            .map(|d| d.name.clone())
+            .collect()
     }
 
     /// The durable images (what survives with [`LossPolicy::DropAll`]); any time.
@@ -345,7 +412,12 @@ impl CrashController {
 
     /// What reads see (durable plus every completed unsynced write); any time.
     pub fn written_images(&self) -> Vec<Vec<u8>> {
-        self.state.lock().disks.iter().map(|d| d.written.clone()).collect()
+        self.state
+            .lock()
+            .disks
+            .iter()
+            .map(|d| d.written.clone())
+            .collect()
     }
 
     /// The disk images after the crash, one per disk in attach order: the durable
@@ -355,7 +427,10 @@ impl CrashController {
     /// (use [`CrashController::durable_images`]).
     pub fn crash_images(&self, policy: LossPolicy) -> Vec<Vec<u8>> {
         let s = self.state.lock();
-        assert!(s.crashed.is_some(), "crash_images before a crash: arm the controller or call crash_now first");
+        assert!(
+            s.crashed.is_some(),
+            "crash_images before a crash: arm the controller or call crash_now first"
+        );
         let mut images = Self::durable_of(&s);
         for w in &s.unsynced {
             let keep = match policy {
@@ -373,15 +448,34 @@ impl CrashController {
     fn attach(self: &Arc<Self>, name: &str, image: Vec<u8>) -> CrashDisk {
         let size = image.len() as u64;
         let mut s = self.state.lock();
-        assert!(s.crashed.is_none(), "attaching disk {name} to a crash controller that already crashed");
+        assert!(
+            s.crashed.is_none(),
+            "attaching disk {name} to a crash controller that already crashed"
+        );
         let index = s.disks.len();
-        s.disks.push(DiskImage { name: name.to_string(), written: image });
-        CrashDisk { controller: self.clone(), index, name: name.to_string(), size }
+        s.disks.push(DiskImage {
+            name: name.to_string(),
+            written: image,
+        });
+        CrashDisk {
+            controller: self.clone(),
+            index,
+            name: name.to_string(),
+            size,
+        }
     }
 
     fn crashed_error(s: &State, disk: &str, op: &'static str) -> DiskError {
-        let crash = s.crashed.as_ref().map(|c| c.to_string()).unwrap_or_default();
-        DiskError::Crashed { disk: disk.to_string(), op, crash }
+        let crash = s
+            .crashed
+            .as_ref()
+            .map(|c| c.to_string())
+            .unwrap_or_default();
+        DiskError::Crashed {
+            disk: disk.to_string(),
+            op,
+            crash,
+        }
     }
 }
 
@@ -434,7 +528,11 @@ impl Disk for CrashDisk {
         }
         check_range(&self.name, "write", offset, buf.len(), self.size)?;
         let index = s.writes;
-        if let Some(CrashAt::Write { index: k, torn_seed }) = s.armed {
+        if let Some(CrashAt::Write {
+            index: k,
+            torn_seed,
+        }) = s.armed
+        {
             if k == index {
                 // The crash happens during this write: it does not complete. A torn
                 // write left some of its sectors on the medium, unsynced.
@@ -442,12 +540,25 @@ impl Disk for CrashDisk {
                     let nsect = sector_spans(offset, buf.len()).len();
                     let mask = torn_mask(seed, index, nsect);
                     let kept = mask.iter().filter(|&&k| k).count();
-                    s.unsynced.push(Unsynced { index, disk: self.index, offset, data: buf.to_vec(), replaced: None, sectors: Some(mask) });
+                    s.unsynced.push(Unsynced {
+                        index,
+                        disk: self.index,
+                        offset,
+                        data: buf.to_vec(),
+                        replaced: None,
+                        sectors: Some(mask),
+                    });
                     (kept, nsect)
                 });
                 s.armed = None;
                 s.crashed = Some(CrashRecord {
-                    point: CrashPoint::Write { index, disk: self.name.clone(), offset, len: buf.len(), torn_sectors_written: torn },
+                    point: CrashPoint::Write {
+                        index,
+                        disk: self.name.clone(),
+                        offset,
+                        len: buf.len(),
+                        torn_sectors_written: torn,
+                    },
                     writes: s.writes,
                     sync_points: s.sync_points,
                     unsynced_writes: s.unsynced.len(),
@@ -459,7 +570,14 @@ impl Disk for CrashDisk {
         let view = &mut s.disks[self.index].written[off..off + buf.len()];
         let replaced = view.to_vec();
         view.copy_from_slice(buf);
-        s.unsynced.push(Unsynced { index, disk: self.index, offset, data: buf.to_vec(), replaced: Some(replaced), sectors: None });
+        s.unsynced.push(Unsynced {
+            index,
+            disk: self.index,
+            offset,
+            data: buf.to_vec(),
+            replaced: Some(replaced),
+            sectors: None,
+        });
         s.writes += 1;
         s.shape = mix(s.shape ^ mix(self.index as u64 ^ mix(offset ^ mix(buf.len() as u64))));
         Ok(())
@@ -475,7 +593,10 @@ impl Disk for CrashDisk {
         if s.armed == Some(CrashAt::Sync(index)) {
             s.armed = None;
             s.crashed = Some(CrashRecord {
-                point: CrashPoint::Sync { index, disk: self.name.clone() },
+                point: CrashPoint::Sync {
+                    index,
+                    disk: self.name.clone(),
+                },
                 writes: s.writes,
                 sync_points: s.sync_points,
                 unsynced_writes: s.unsynced.len(),
@@ -499,7 +620,9 @@ mod tests {
 
     fn disks(n: usize, bytes: u64) -> (Arc<CrashController>, Vec<CrashDisk>) {
         let c = CrashController::new();
-        let d = (0..n).map(|i| CrashDisk::new(&c, &format!("d{i}"), bytes)).collect();
+        let d = (0..n)
+            .map(|i| CrashDisk::new(&c, &format!("d{i}"), bytes))
+            .collect();
         (c, d)
     }
 
@@ -509,8 +632,13 @@ mod tests {
         b
     }
 
-    const ALL_POLICIES: [LossPolicy; 5] =
-        [LossPolicy::KeepAll, LossPolicy::DropAll, LossPolicy::Random { seed: 1 }, LossPolicy::Random { seed: 2 }, LossPolicy::Random { seed: 99 }];
+    const ALL_POLICIES: [LossPolicy; 5] = [
+        LossPolicy::KeepAll,
+        LossPolicy::DropAll,
+        LossPolicy::Random { seed: 1 },
+        LossPolicy::Random { seed: 2 },
+        LossPolicy::Random { seed: 99 },
+    ];
 
     #[test]
     fn reads_see_unsynced_writes_in_order() {
@@ -519,7 +647,11 @@ mod tests {
         d[0].write_at(&[2u8; 512], 512).unwrap();
         let got = read(&d[0], 0, 1024);
         assert_eq!(&got[..512], &[1u8; 512][..]);
-        assert_eq!(&got[512..], &[2u8; 512][..], "the later write wins in the written view");
+        assert_eq!(
+            &got[512..],
+            &[2u8; 512][..],
+            "the later write wins in the written view"
+        );
     }
 
     #[test]
@@ -537,11 +669,23 @@ mod tests {
             c.crash_now();
             let img = c.crash_images(policy);
             assert_eq!(img.len(), 2);
-            assert!(img[0][..4096].iter().all(|&b| b == 0xaa || b == 0xcc), "{policy}: synced range holds old or new data only");
-            assert!(img[1][8192..8704].iter().all(|&b| b == 0xbb || b == 0xdd), "{policy}");
+            assert!(
+                img[0][..4096].iter().all(|&b| b == 0xaa || b == 0xcc),
+                "{policy}: synced range holds old or new data only"
+            );
+            assert!(
+                img[1][8192..8704].iter().all(|&b| b == 0xbb || b == 0xdd),
+                "{policy}"
+            );
             let durable = c.durable_images();
-            assert!(durable[0][..4096].iter().all(|&b| b == 0xaa), "{policy}: the durable image holds the synced data");
-            assert!(durable[1][8192..8704].iter().all(|&b| b == 0xbb), "{policy}");
+            assert!(
+                durable[0][..4096].iter().all(|&b| b == 0xaa),
+                "{policy}: the durable image holds the synced data"
+            );
+            assert!(
+                durable[1][8192..8704].iter().all(|&b| b == 0xbb),
+                "{policy}"
+            );
         }
         // A synced write that was not overwritten survives every policy byte for byte.
         for policy in ALL_POLICIES {
@@ -550,7 +694,11 @@ mod tests {
             d[0].sync().unwrap();
             d[0].write_at(&[8u8; 512], 8192).unwrap();
             c.crash_now();
-            assert_eq!(&c.crash_images(policy)[0][1024..3072], &[7u8; 2048][..], "{policy}");
+            assert_eq!(
+                &c.crash_images(policy)[0][1024..3072],
+                &[7u8; 2048][..],
+                "{policy}"
+            );
         }
     }
 
@@ -574,7 +722,11 @@ mod tests {
         let drop = c.crash_images(LossPolicy::DropAll);
         assert_eq!(drop, c.durable_images(), "drop-all is the durable image");
         assert!(drop[1].iter().all(|&b| b == 0), "disk 1 was never synced");
-        assert_eq!(&drop[0][..512], &[2u8; 512][..], "synced by the second sync");
+        assert_eq!(
+            &drop[0][..512],
+            &[2u8; 512][..],
+            "synced by the second sync"
+        );
         assert_eq!(&drop[0][512..1024], &[4u8; 512][..]);
         assert!(drop[0][1024..1536].iter().all(|&b| b == 0));
     }
@@ -595,16 +747,31 @@ mod tests {
         }
         c.crash_now();
         let a = c.crash_images(LossPolicy::Random { seed: 42 });
-        assert_eq!(a, c.crash_images(LossPolicy::Random { seed: 42 }), "same seed, same images");
-        assert_ne!(a, c.crash_images(LossPolicy::Random { seed: 43 }), "another seed, other images");
-        let kept = (0..64usize).filter(|&i| a[0][i * 512] == i as u8 + 1).count();
+        assert_eq!(
+            a,
+            c.crash_images(LossPolicy::Random { seed: 42 }),
+            "same seed, same images"
+        );
+        assert_ne!(
+            a,
+            c.crash_images(LossPolicy::Random { seed: 43 }),
+            "another seed, other images"
+        );
+        let kept = (0..64usize)
+            .filter(|&i| a[0][i * 512] == i as u8 + 1)
+            .count();
         let dropped = (0..64usize).filter(|&i| a[0][i * 512] == 0).count();
         assert_eq!(kept + dropped, 64, "a write is kept or dropped whole");
-        assert!(kept > 10 && dropped > 10, "both outcomes occur ({kept} kept)");
+        assert!(
+            kept > 10 && dropped > 10,
+            "both outcomes occur ({kept} kept)"
+        );
         let mut seen = [false; 3];
         for i in 0..64usize {
             let v = a[0][65536 + i * 512];
-            assert!(a[0][65536 + i * 512..65536 + (i + 1) * 512].iter().all(|&b| b == v));
+            assert!(a[0][65536 + i * 512..65536 + (i + 1) * 512]
+                .iter()
+                .all(|&b| b == v));
             seen[match v {
                 0 => 0,
                 9 => 1,
@@ -614,7 +781,10 @@ mod tests {
         }
         // Dropping the new write and keeping the old one is a legal outcome (the disk
         // cache reordered them); keeping both must show the new one.
-        assert!(seen.iter().all(|&s| s), "none, old only, new (alone or over old) all occur: {seen:?}");
+        assert!(
+            seen.iter().all(|&s| s),
+            "none, old only, new (alone or over old) all occur: {seen:?}"
+        );
     }
 
     #[test]
@@ -623,23 +793,44 @@ mod tests {
         d[0].write_at(&[0xaa; 8192], 0).unwrap();
         d[0].sync().unwrap();
         d[1].sync().unwrap();
-        c.arm(CrashAt::Write { index: 1, torn_seed: Some(5) });
+        c.arm(CrashAt::Write {
+            index: 1,
+            torn_seed: Some(5),
+        });
         let err = d[0].write_at(&[0xbb; 8192], 0).unwrap_err();
         assert!(matches!(err, DiskError::Crashed { .. }), "{err}");
         let rec = c.crash_record().unwrap();
-        let CrashPoint::Write { index: 1, torn_sectors_written: Some((kept, 16)), .. } = rec.point else { panic!("{rec}") };
-        assert!(kept > 0 && kept < 16, "a proper subset of the 16 sectors: {kept}");
+        let CrashPoint::Write {
+            index: 1,
+            torn_sectors_written: Some((kept, 16)),
+            ..
+        } = rec.point
+        else {
+            panic!("{rec}")
+        };
+        assert!(
+            kept > 0 && kept < 16,
+            "a proper subset of the 16 sectors: {kept}"
+        );
         assert_eq!(c.writes(), 1, "the torn write did not complete");
         let img = c.crash_images(LossPolicy::KeepAll);
         let mut new = 0;
         for s in 0..16 {
             let sector = &img[0][s * 512..(s + 1) * 512];
-            assert!(sector.iter().all(|&b| b == sector[0]), "sector {s} is one write's data, not a mix");
+            assert!(
+                sector.iter().all(|&b| b == sector[0]),
+                "sector {s} is one write's data, not a mix"
+            );
             assert!(sector[0] == 0xaa || sector[0] == 0xbb);
             new += (sector[0] == 0xbb) as usize;
         }
         assert_eq!(new, kept, "exactly the recorded sectors reached the disk");
-        assert!(c.crash_images(LossPolicy::DropAll)[0][..8192].iter().all(|&b| b == 0xaa), "drop-all loses the torn write");
+        assert!(
+            c.crash_images(LossPolicy::DropAll)[0][..8192]
+                .iter()
+                .all(|&b| b == 0xaa),
+            "drop-all loses the torn write"
+        );
         // Another seed tears differently; the same seed the same way.
         let mask = |seed| torn_mask(seed, 1, 16);
         assert_eq!(mask(5), mask(5));
@@ -649,16 +840,28 @@ mod tests {
     #[test]
     fn torn_write_splits_at_disk_sector_boundaries() {
         let (c, d) = disks(1, 1 << 16);
-        c.arm(CrashAt::Write { index: 0, torn_seed: Some(3) });
+        c.arm(CrashAt::Write {
+            index: 0,
+            torn_seed: Some(3),
+        });
         // 1024 bytes at byte 256: spans 256..512, 512..1024, 1024..1280.
         assert!(d[0].write_at(&[1u8; 1024], 256).is_err());
         let img = &c.crash_images(LossPolicy::KeepAll)[0];
         let pieces = [(256, 512), (512, 1024), (1024, 1280)];
-        let written: Vec<bool> = pieces.iter().map(|&(a, b)| img[a..b].iter().all(|&x| x == 1)).collect();
+        let written: Vec<bool> = pieces
+            .iter()
+            .map(|&(a, b)| img[a..b].iter().all(|&x| x == 1))
+            .collect();
         for (&(a, b), &w) in pieces.iter().zip(&written) {
-            assert!(w || img[a..b].iter().all(|&x| x == 0), "bytes {a}..{b} are all or nothing");
+            assert!(
+                w || img[a..b].iter().all(|&x| x == 0),
+                "bytes {a}..{b} are all or nothing"
+            );
         }
-        assert!(written.iter().any(|&w| w) && !written.iter().all(|&w| w), "torn: {written:?}");
+        assert!(
+            written.iter().any(|&w| w) && !written.iter().all(|&w| w),
+            "torn: {written:?}"
+        );
         assert!(img[..256].iter().all(|&x| x == 0) && img[1280..].iter().all(|&x| x == 0));
     }
 
@@ -666,7 +869,10 @@ mod tests {
     fn single_sector_torn_write_is_atomic() {
         for seed in 0..16 {
             let (c, d) = disks(1, 4096);
-            c.arm(CrashAt::Write { index: 0, torn_seed: Some(seed) });
+            c.arm(CrashAt::Write {
+                index: 0,
+                torn_seed: Some(seed),
+            });
             assert!(d[0].write_at(&[3u8; 512], 512).is_err());
             let img = &c.crash_images(LossPolicy::KeepAll)[0];
             let s = &img[512..1024];
@@ -682,13 +888,25 @@ mod tests {
         let before = (c.crash_images(LossPolicy::KeepAll), c.durable_images());
         for disk in &d {
             let mut b = [0u8; 512];
-            assert!(matches!(disk.read_at(&mut b, 0), Err(DiskError::Crashed { op: "read", .. })));
+            assert!(matches!(
+                disk.read_at(&mut b, 0),
+                Err(DiskError::Crashed { op: "read", .. })
+            ));
             let e = disk.write_at(&[9u8; 512], 0).unwrap_err();
             assert!(matches!(e, DiskError::Crashed { op: "write", .. }), "{e}");
-            assert!(e.to_string().contains(disk.name()), "the error names the disk: {e}");
-            assert!(matches!(disk.sync(), Err(DiskError::Crashed { op: "sync", .. })));
+            assert!(
+                e.to_string().contains(disk.name()),
+                "the error names the disk: {e}"
+            );
+            assert!(matches!(
+                disk.sync(),
+                Err(DiskError::Crashed { op: "sync", .. })
+            ));
         }
-        assert_eq!((c.crash_images(LossPolicy::KeepAll), c.durable_images()), before);
+        assert_eq!(
+            (c.crash_images(LossPolicy::KeepAll), c.durable_images()),
+            before
+        );
         assert_eq!(c.writes(), 1);
         assert_eq!(c.sync_points(), 0);
         assert_eq!(c.crash_record().unwrap().point, CrashPoint::Immediate);
@@ -716,14 +934,23 @@ mod tests {
             assert_eq!(completed, k, "syncs 0..{k} happen, sync {k} does not");
             assert_eq!(c.sync_points(), k);
             let rec = c.crash_record().unwrap();
-            assert_eq!(rec.point, CrashPoint::Sync { index: k, disk: format!("d{}", k % 2) });
+            assert_eq!(
+                rec.point,
+                CrashPoint::Sync {
+                    index: k,
+                    disk: format!("d{}", k % 2)
+                }
+            );
             let img = c.crash_images(LossPolicy::DropAll);
             for i in 0..=k {
                 let got = img[(i % 2) as usize][i as usize * 512];
                 if i < k {
                     assert_eq!(got, i as u8 + 1, "write {i} was synced by sync {i}");
                 } else {
-                    assert_eq!(got, 0, "write {i} waited for sync {k}, which did not happen");
+                    assert_eq!(
+                        got, 0,
+                        "write {i} waited for sync {k}, which did not happen"
+                    );
                 }
             }
         }
@@ -732,7 +959,10 @@ mod tests {
     #[test]
     fn crash_at_write_k_stops_exactly_there() {
         let (c, d) = disks(1, 1 << 16);
-        c.arm(CrashAt::Write { index: 3, torn_seed: None });
+        c.arm(CrashAt::Write {
+            index: 3,
+            torn_seed: None,
+        });
         for i in 0..3u64 {
             d[0].write_at(&[1u8; 512], i * 512).unwrap();
         }
@@ -742,7 +972,10 @@ mod tests {
         assert_eq!(c.writes(), 3);
         let img = &c.crash_images(LossPolicy::KeepAll)[0];
         assert!(img[..3 * 512].iter().all(|&b| b == 1));
-        assert!(img[3 * 512..].iter().all(|&b| b == 0), "an untorn crashed write leaves nothing");
+        assert!(
+            img[3 * 512..].iter().all(|&b| b == 0),
+            "an untorn crashed write leaves nothing"
+        );
     }
 
     /// Random overlapping writes and syncs on three disks against a reference that keeps
@@ -789,8 +1022,16 @@ mod tests {
                     expect[*dk][*off..*off + data.len()].copy_from_slice(data);
                 }
             }
-            assert_eq!(c.crash_images(LossPolicy::Random { seed }), expect, "round {round}: random policy");
-            assert_eq!(c.crash_images(LossPolicy::KeepAll), written, "round {round}: keep-all");
+            assert_eq!(
+                c.crash_images(LossPolicy::Random { seed }),
+                expect,
+                "round {round}: random policy"
+            );
+            assert_eq!(
+                c.crash_images(LossPolicy::KeepAll),
+                written,
+                "round {round}: keep-all"
+            );
         }
     }
 
@@ -810,7 +1051,10 @@ mod tests {
     #[test]
     fn out_of_range_io_is_refused_and_not_counted() {
         let (c, d) = disks(1, 4096);
-        assert!(matches!(d[0].write_at(&[0u8; 512], 4096), Err(DiskError::OutOfRange { .. })));
+        assert!(matches!(
+            d[0].write_at(&[0u8; 512], 4096),
+            Err(DiskError::OutOfRange { .. })
+        ));
         assert_eq!(c.writes(), 0);
     }
 
@@ -826,10 +1070,24 @@ mod tests {
 
     #[test]
     fn crash_points_print_and_parse() {
-        for at in [CrashAt::Sync(7), CrashAt::Write { index: 12, torn_seed: None }, CrashAt::Write { index: 3, torn_seed: Some(99) }] {
+        for at in [
+            CrashAt::Sync(7),
+            CrashAt::Write {
+                index: 12,
+                torn_seed: None,
+            },
+            CrashAt::Write {
+                index: 3,
+                torn_seed: Some(99),
+            },
+        ] {
             assert_eq!(at.to_string().parse::<CrashAt>().unwrap(), at);
         }
-        for p in [LossPolicy::KeepAll, LossPolicy::DropAll, LossPolicy::Random { seed: 5 }] {
+        for p in [
+            LossPolicy::KeepAll,
+            LossPolicy::DropAll,
+            LossPolicy::Random { seed: 5 },
+        ] {
             assert_eq!(p.to_string().parse::<LossPolicy>().unwrap(), p);
         }
         assert!("sync:x".parse::<CrashAt>().is_err());

@@ -13,9 +13,21 @@ pub trait Disk: Send + Sync {
 }
 
 /// Bounds check shared by implementations.
-pub(crate) fn check_range(name: &str, op: &'static str, offset: u64, len: usize, size: u64) -> Result<(), DiskError> {
+pub(crate) fn check_range(
+    name: &str,
+    op: &'static str,
+    offset: u64,
+    len: usize,
+    size: u64,
+) -> Result<(), DiskError> {
     match offset.checked_add(len as u64) {
         Some(end) if end <= size => Ok(()),
-        _ => Err(DiskError::OutOfRange { disk: name.to_string(), op, offset, len, size }),
+        _ => Err(DiskError::OutOfRange {
+            disk: name.to_string(),
+            op,
+            offset,
+            len,
+            size,
+        }),
     }
 }

@@ -41,7 +41,12 @@ struct Prealloc {
 impl Prealloc {
     fn new(size: u64) -> Prealloc {
         let chunks = size.div_ceil(PREALLOC_CHUNK);
-        Prealloc { done: (0..chunks.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(), enabled: AtomicBool::new(true) }
+        Prealloc {
+            done: (0..chunks.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            enabled: AtomicBool::new(true),
+        }
     }
 
     /// Preallocate the chunks `[offset, offset + len)` touches that are not yet known
@@ -61,12 +66,22 @@ impl Prealloc {
             let start = c * PREALLOC_CHUNK;
             let n = PREALLOC_CHUNK.min(size - start);
             // SAFETY: fallocate on a descriptor we own; no memory is passed.
-            let r = unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, start as i64, n as i64) };
+            let r = unsafe {
+                libc::fallocate(
+                    file.as_raw_fd(),
+                    libc::FALLOC_FL_KEEP_SIZE,
+                    start as i64,
+                    n as i64,
+                )
+            };
             if r == 0 {
                 self.done[word].fetch_or(bit, Ordering::Relaxed);
             } else {
                 let e = std::io::Error::last_os_error();
-                if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL)) {
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL)
+                ) {
                     self.enabled.store(false, Ordering::Relaxed);
                 }
                 // ENOSPC and the rest: the write itself will allocate or report.
@@ -77,7 +92,10 @@ impl Prealloc {
 
     /// Chunks known to be preallocated.
     fn chunks(&self) -> u64 {
-        self.done.iter().map(|w| w.load(Ordering::Relaxed).count_ones() as u64).sum()
+        self.done
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed).count_ones() as u64)
+            .sum()
     }
 }
 
@@ -97,7 +115,10 @@ fn prealloc_for(file: &File, size: u64) -> Option<Prealloc> {
     if std::env::var("MAKO_SPARSE_DISKS").is_ok_and(|v| v == "1") {
         return None;
     }
-    let regular = file.metadata().map(|m| m.file_type().is_file()).unwrap_or(false);
+    let regular = file
+        .metadata()
+        .map(|m| m.file_type().is_file())
+        .unwrap_or(false);
     (regular && size > 0).then(|| Prealloc::new(size))
 }
 
@@ -106,32 +127,73 @@ fn open_direct(path: &Path) -> Option<File> {
     if std::env::var("MAKO_BUFFERED_DISKS").is_ok_and(|v| v == "1") {
         return None;
     }
-    let f = OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(path).ok()?;
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .ok()?;
     let mut probe = AlignedBuf::zeroed(SECTOR as usize);
     f.read_exact_at(&mut probe, SECTOR).ok()?;
     Some(f)
 }
 
-fn io_err<'a>(name: &'a str, op: &'static str, offset: u64, len: usize) -> impl FnOnce(std::io::Error) -> DiskError + 'a {
-    move |source| DiskError::Io { disk: name.to_string(), op, offset, len, source }
+fn io_err<'a>(
+    name: &'a str,
+    op: &'static str,
+    offset: u64,
+    len: usize,
+) -> impl FnOnce(std::io::Error) -> DiskError + 'a {
+    move |source| DiskError::Io {
+        disk: name.to_string(),
+        op,
+        offset,
+        len,
+        source,
+    }
 }
 
 impl FileDisk {
     /// Create (or extend) a sparse file of `size_bytes` to serve as a disk.
     pub fn create(name: &str, path: &Path, size_bytes: u64) -> Result<FileDisk, DiskError> {
-        let err = |source| DiskError::Open { disk: name.into(), path: path.display().to_string(), source };
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(err)?;
+        let err = |source| DiskError::Open {
+            disk: name.into(),
+            path: path.display().to_string(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(err)?;
         file.set_len(size_bytes).map_err(err)?;
         let direct = open_direct(path);
         let prealloc = prealloc_for(&file, size_bytes);
-        Ok(FileDisk { name: name.into(), path: path.into(), file, direct, size: size_bytes, prealloc })
+        Ok(FileDisk {
+            name: name.into(),
+            path: path.into(),
+            file,
+            direct,
+            size: size_bytes,
+            prealloc,
+        })
     }
 
     /// Open an existing disk file read-write. A missing, read-only or too small
     /// file is refused with a message naming the disk.
     pub fn open(name: &str, path: &Path) -> Result<FileDisk, DiskError> {
-        let err = |source| DiskError::Open { disk: name.into(), path: path.display().to_string(), source };
-        let file = OpenOptions::new().read(true).write(true).open(path).map_err(err)?;
+        let err = |source| DiskError::Open {
+            disk: name.into(),
+            path: path.display().to_string(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(err)?;
         let meta = file.metadata().map_err(err)?;
         let size = if meta.file_type().is_file() {
             meta.len()
@@ -142,7 +204,14 @@ impl FileDisk {
         };
         let direct = open_direct(path);
         let prealloc = prealloc_for(&file, size);
-        Ok(FileDisk { name: name.into(), path: path.into(), file, direct, size, prealloc })
+        Ok(FileDisk {
+            name: name.into(),
+            path: path.into(),
+            file,
+            direct,
+            size,
+            prealloc,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -177,7 +246,8 @@ impl Disk for FileDisk {
         match &self.direct {
             Some(d) if aligned(buf, offset) => d.read_exact_at(buf, offset).map_err(err),
             Some(d) if offset % SECTOR == 0 => {
-                let mut bounce = AlignedBuf::zeroed((buf.len() as u64).next_multiple_of(SECTOR) as usize);
+                let mut bounce =
+                    AlignedBuf::zeroed((buf.len() as u64).next_multiple_of(SECTOR) as usize);
                 d.read_exact_at(&mut bounce, offset).map_err(err)?;
                 buf.copy_from_slice(&bounce[..buf.len()]);
                 Ok(())
@@ -204,7 +274,9 @@ impl Disk for FileDisk {
             _ => {
                 self.file.write_all_at(buf, offset).map_err(err)?;
                 if self.direct.is_some() {
-                    self.file.sync_data().map_err(io_err(&self.name, "sync", offset, buf.len()))?;
+                    self.file
+                        .sync_data()
+                        .map_err(io_err(&self.name, "sync", offset, buf.len()))?;
                 }
                 Ok(())
             }
@@ -236,8 +308,13 @@ mod tests {
         let mut small = vec![0u8; 100];
         d.read_at(&mut small, 8192).unwrap();
         assert_eq!(small, vec![9u8; 100]);
-        let e = FileDisk::open("d9", &dir.path().join("missing.img")).err().unwrap();
-        assert!(e.to_string().contains("disk d9") && e.to_string().contains("missing.img"), "{e}");
+        let e = FileDisk::open("d9", &dir.path().join("missing.img"))
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string().contains("disk d9") && e.to_string().contains("missing.img"),
+            "{e}"
+        );
     }
 
     /// Allocated bytes of a file on the host (st_blocks).
@@ -254,19 +331,31 @@ mod tests {
         let d = FileDisk::create("d0", &p, size).unwrap();
         // Small (metadata-sized) writes anywhere: the file stays sparse.
         d.write_at(&AlignedBuf::zeroed(4096), 0).unwrap();
-        d.write_at(&AlignedBuf::zeroed(4096), 3 * PREALLOC_CHUNK).unwrap();
-        assert!(host_bytes(&p) < PREALLOC_CHUNK / 4, "{} bytes allocated", host_bytes(&p));
+        d.write_at(&AlignedBuf::zeroed(4096), 3 * PREALLOC_CHUNK)
+            .unwrap();
+        assert!(
+            host_bytes(&p) < PREALLOC_CHUNK / 4,
+            "{} bytes allocated",
+            host_bytes(&p)
+        );
         assert_eq!(d.preallocated_chunks(), 0);
         // A streaming block straddling chunks 1 and 2 preallocates both, and the data
         // and the untouched rest of the chunk read back right.
         let mut block = AlignedBuf::zeroed(PREALLOC_MIN_WRITE * 2);
-        block.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8 + 1);
+        block
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = (i % 251) as u8 + 1);
         let at = 2 * PREALLOC_CHUNK - PREALLOC_MIN_WRITE as u64;
         d.write_at(&block, at).unwrap();
         let supported = d.preallocated_chunks() > 0;
         if supported {
             assert_eq!(d.preallocated_chunks(), 2);
-            assert!(host_bytes(&p) >= 2 * PREALLOC_CHUNK, "{} bytes allocated", host_bytes(&p));
+            assert!(
+                host_bytes(&p) >= 2 * PREALLOC_CHUNK,
+                "{} bytes allocated",
+                host_bytes(&p)
+            );
         }
         let mut back = AlignedBuf::zeroed(block.len());
         d.read_at(&mut back, at).unwrap();
@@ -279,9 +368,14 @@ mod tests {
         // Chunk 3 only saw a small write: still sparse there.
         drop(d);
         let d = FileDisk::open("d0", &p).unwrap();
-        d.write_at(&AlignedBuf::zeroed(8192), 3 * PREALLOC_CHUNK + 8192).unwrap();
+        d.write_at(&AlignedBuf::zeroed(8192), 3 * PREALLOC_CHUNK + 8192)
+            .unwrap();
         if supported {
-            assert!(host_bytes(&p) < 3 * PREALLOC_CHUNK, "{} bytes allocated", host_bytes(&p));
+            assert!(
+                host_bytes(&p) < 3 * PREALLOC_CHUNK,
+                "{} bytes allocated",
+                host_bytes(&p)
+            );
         }
     }
 }

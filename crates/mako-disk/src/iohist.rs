@@ -58,7 +58,10 @@ pub struct IoHistory {
 
 impl IoHistory {
     pub fn new(capacity: usize) -> Self {
-        IoHistory { ring: Mutex::new(VecDeque::with_capacity(capacity.min(1 << 16))), capacity: Mutex::new(capacity) }
+        IoHistory {
+            ring: Mutex::new(VecDeque::with_capacity(capacity.min(1 << 16))),
+            capacity: Mutex::new(capacity),
+        }
     }
     pub fn set_capacity(&self, capacity: usize) {
         *self.capacity.lock() = capacity;

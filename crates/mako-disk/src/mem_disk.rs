@@ -31,7 +31,8 @@ impl MemDisk {
         }
     }
     pub fn fail_writes_after(&self, n: u64) {
-        self.fail_writes_after.store(self.writes.load(Ordering::SeqCst) + n, Ordering::SeqCst);
+        self.fail_writes_after
+            .store(self.writes.load(Ordering::SeqCst) + n, Ordering::SeqCst);
     }
     pub fn set_fail_reads(&self, on: bool) {
         self.fail_reads.store(on, Ordering::SeqCst);
@@ -62,7 +63,10 @@ impl Disk for MemDisk {
         let data = self.data.lock();
         check_range(&self.name, "read", offset, buf.len(), data.len() as u64)?;
         if self.fail_reads.load(Ordering::SeqCst) {
-            return Err(DiskError::Injected { disk: self.name.clone(), what: format!("read at {offset}") });
+            return Err(DiskError::Injected {
+                disk: self.name.clone(),
+                what: format!("read at {offset}"),
+            });
         }
         buf.copy_from_slice(&data[offset as usize..offset as usize + buf.len()]);
         Ok(())
@@ -71,11 +75,17 @@ impl Disk for MemDisk {
         let mut data = self.data.lock();
         check_range(&self.name, "write", offset, buf.len(), data.len() as u64)?;
         if self.read_only.load(Ordering::SeqCst) {
-            return Err(DiskError::Injected { disk: self.name.clone(), what: "disk is read-only".into() });
+            return Err(DiskError::Injected {
+                disk: self.name.clone(),
+                what: "disk is read-only".into(),
+            });
         }
         let n = self.writes.fetch_add(1, Ordering::SeqCst);
         if n >= self.fail_writes_after.load(Ordering::SeqCst) {
-            return Err(DiskError::Injected { disk: self.name.clone(), what: format!("write {n} at {offset}") });
+            return Err(DiskError::Injected {
+                disk: self.name.clone(),
+                what: format!("write {n} at {offset}"),
+            });
         }
         data[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);
         Ok(())

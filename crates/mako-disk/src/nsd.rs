@@ -64,13 +64,32 @@ pub struct LocalNsd {
 impl LocalNsd {
     pub fn new(disks: Vec<Arc<dyn Disk>>, iohist_size: usize) -> Self {
         let counters = disks.iter().map(|_| Counters::default()).collect();
-        let unsynced = disks.iter().map(|_| std::sync::atomic::AtomicBool::new(true)).collect();
-        LocalNsd { disks, counters, history: IoHistory::new(iohist_size), unsynced }
+        let unsynced = disks
+            .iter()
+            .map(|_| std::sync::atomic::AtomicBool::new(true))
+            .collect();
+        LocalNsd {
+            disks,
+            counters,
+            history: IoHistory::new(iohist_size),
+            unsynced,
+        }
     }
     fn disk(&self, index: u32) -> Result<&Arc<dyn Disk>, DiskError> {
-        self.disks.get(index as usize).ok_or(DiskError::NoSuchDisk { index, count: self.disks.len() })
+        self.disks.get(index as usize).ok_or(DiskError::NoSuchDisk {
+            index,
+            count: self.disks.len(),
+        })
     }
-    fn account(&self, da: DiskAddress, len: usize, write: bool, tag: IoTag, start: (SystemTime, Instant), ok: bool) {
+    fn account(
+        &self,
+        da: DiskAddress,
+        len: usize,
+        write: bool,
+        tag: IoTag,
+        start: (SystemTime, Instant),
+        ok: bool,
+    ) {
         let elapsed = start.1.elapsed();
         if let Some(c) = self.counters.get(da.disk() as usize) {
             let micros = elapsed.as_micros() as u64;
@@ -96,7 +115,10 @@ impl LocalNsd {
             sectors: (len as u64).div_ceil(mako_format::SECTOR_BYTES),
             service: elapsed,
             queue: std::time::Duration::ZERO,
-            thread: std::thread::current().name().unwrap_or("worker").to_string(),
+            thread: std::thread::current()
+                .name()
+                .unwrap_or("worker")
+                .to_string(),
             ino: tag.ino,
             ok,
         });
@@ -133,7 +155,9 @@ impl Nsd for LocalNsd {
         Ok(self.disk(disk)?.size_bytes())
     }
     fn disk_name(&self, disk: u32) -> String {
-        self.disk(disk).map(|d| d.name().to_string()).unwrap_or_else(|_| format!("#{disk}"))
+        self.disk(disk)
+            .map(|d| d.name().to_string())
+            .unwrap_or_else(|_| format!("#{disk}"))
     }
     fn read(&self, da: DiskAddress, buf: &mut [u8], tag: IoTag) -> Result<(), DiskError> {
         let start = (SystemTime::now(), Instant::now());
@@ -200,16 +224,25 @@ mod tests {
     fn iohist_lists_exactly_the_ios() {
         let d: Arc<dyn Disk> = Arc::new(MemDisk::new("d0", 1 << 20));
         let nsd = LocalNsd::new(vec![d], 4);
-        let tag = IoTag { buffer_type: BufferType::Data, ino: 9 };
+        let tag = IoTag {
+            buffer_type: BufferType::Data,
+            ino: 9,
+        };
         for i in 0..6u64 {
-            nsd.write(DiskAddress::new(0, 8 + i * 8), &[1u8; 4096], tag).unwrap();
+            nsd.write(DiskAddress::new(0, 8 + i * 8), &[1u8; 4096], tag)
+                .unwrap();
         }
         let h = nsd.history().last(10);
         assert_eq!(h.len(), 4, "ring keeps iohistSize entries");
-        assert_eq!(h.iter().map(|r| r.sector).collect::<Vec<_>>(), vec![24, 32, 40, 48]);
+        assert_eq!(
+            h.iter().map(|r| r.sector).collect::<Vec<_>>(),
+            vec![24, 32, 40, 48]
+        );
         assert!(h.iter().all(|r| r.write && r.sectors == 8 && r.ino == 9));
         assert_eq!(nsd.stats()[0].writes, 6);
-        assert!(nsd.read(DiskAddress::new(3, 0), &mut [0u8; 512], tag).is_err());
+        assert!(nsd
+            .read(DiskAddress::new(3, 0), &mut [0u8; 512], tag)
+            .is_err());
     }
 
     /// A disk that counts its syncs.
@@ -235,14 +268,36 @@ mod tests {
 
     #[test]
     fn a_barrier_syncs_exactly_the_disks_written_since_the_last() {
-        let disks: Vec<Arc<Counting>> = (0..3).map(|i| Arc::new(Counting(MemDisk::new(&format!("d{i}"), 1 << 20), Default::default()))).collect();
-        let nsd = LocalNsd::new(disks.iter().map(|d| d.clone() as Arc<dyn Disk>).collect(), 4);
-        let syncs = || disks.iter().map(|d| d.1.load(Ordering::Relaxed)).collect::<Vec<_>>();
+        let disks: Vec<Arc<Counting>> = (0..3)
+            .map(|i| {
+                Arc::new(Counting(
+                    MemDisk::new(&format!("d{i}"), 1 << 20),
+                    Default::default(),
+                ))
+            })
+            .collect();
+        let nsd = LocalNsd::new(
+            disks.iter().map(|d| d.clone() as Arc<dyn Disk>).collect(),
+            4,
+        );
+        let syncs = || {
+            disks
+                .iter()
+                .map(|d| d.1.load(Ordering::Relaxed))
+                .collect::<Vec<_>>()
+        };
         nsd.sync_all().unwrap();
-        assert_eq!(syncs(), vec![1, 1, 1], "the first barrier covers writes made before the NSD");
+        assert_eq!(
+            syncs(),
+            vec![1, 1, 1],
+            "the first barrier covers writes made before the NSD"
+        );
         nsd.sync_all().unwrap();
         assert_eq!(syncs(), vec![1, 1, 1], "nothing written, nothing synced");
-        let tag = IoTag { buffer_type: BufferType::Log, ino: 4 };
+        let tag = IoTag {
+            buffer_type: BufferType::Log,
+            ino: 4,
+        };
         nsd.write(DiskAddress::new(1, 8), &[7u8; 512], tag).unwrap();
         nsd.sync_all().unwrap();
         assert_eq!(syncs(), vec![1, 2, 1]);

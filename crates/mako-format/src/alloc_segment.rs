@@ -26,13 +26,24 @@ pub struct AllocSegment {
 
 impl AllocSegment {
     pub fn new(region: u32, slices: Vec<DiskSlice>) -> Self {
-        let bitmaps = slices.iter().map(|s| vec![0u64; s.subblocks.div_ceil(64) as usize]).collect();
-        AllocSegment { region, slices, bitmaps }
+        let bitmaps = slices
+            .iter()
+            .map(|s| vec![0u64; s.subblocks.div_ceil(64) as usize])
+            .collect();
+        AllocSegment {
+            region,
+            slices,
+            bitmaps,
+        }
     }
 
     /// Bytes the encoding of a segment with these slices takes (before sector rounding).
     pub fn encoded_len(slices: &[DiskSlice]) -> usize {
-        ALLOC_HEADER_BYTES + slices.iter().map(|s| 20 + s.subblocks.div_ceil(64) as usize * 8).sum::<usize>()
+        ALLOC_HEADER_BYTES
+            + slices
+                .iter()
+                .map(|s| 20 + s.subblocks.div_ceil(64) as usize * 8)
+                .sum::<usize>()
     }
 
     pub fn encode(&self, slot_bytes: usize) -> Vec<u8> {
@@ -51,31 +62,54 @@ impl AllocSegment {
                 w.u64(*word);
             }
         }
-        assert!(w.len() <= slot_bytes, "allocation segment larger than its slot");
+        assert!(
+            w.len() <= slot_bytes,
+            "allocation segment larger than its slot"
+        );
         w.pad_to(slot_bytes);
         let crc = crate::checksum_with_hole(&w.buf, CRC_OFFSET);
         w.buf[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
         w.buf
     }
 
-    pub fn decode(bytes: &[u8], expected_region: u32, location: Location) -> Result<Self, FormatError> {
+    pub fn decode(
+        bytes: &[u8],
+        expected_region: u32,
+        location: Location,
+    ) -> Result<Self, FormatError> {
         const S: &str = "allocation map segment";
         let mut r = Reader::new(bytes, S, location);
         let magic = r.u32()? as u64;
         let version = r.u16()?;
         let crc = r.u32()?;
-        check_header(bytes, S, location, ALLOC_SEGMENT_MAGIC, magic, version, CRC_OFFSET, crc)?;
+        check_header(
+            bytes,
+            S,
+            location,
+            ALLOC_SEGMENT_MAGIC,
+            magic,
+            version,
+            CRC_OFFSET,
+            crc,
+        )?;
         let region = r.u32()?;
         if region != expected_region {
             return Err(FormatError::new(
                 S,
                 location,
-                FormatErrorKind::WrongIdentity { expected: format!("region {expected_region}"), found: format!("region {region}") },
+                FormatErrorKind::WrongIdentity {
+                    expected: format!("region {expected_region}"),
+                    found: format!("region {region}"),
+                },
             ));
         }
         let n = r.u32()? as usize;
         if n > 65536 {
-            return Err(FormatError::invalid(S, location, format!("{n} disk slices")));
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!("{n} disk slices"),
+            ));
         }
         r.seek(ALLOC_HEADER_BYTES)?;
         let mut slices = Vec::with_capacity(n);
@@ -86,15 +120,27 @@ impl AllocSegment {
             let subblocks = r.u64()?;
             let words = subblocks.div_ceil(64);
             if words as usize * 8 > r.remaining() {
-                return Err(FormatError::invalid(S, location, format!("slice of {subblocks} subblocks overflows")));
+                return Err(FormatError::invalid(
+                    S,
+                    location,
+                    format!("slice of {subblocks} subblocks overflows"),
+                ));
             }
             let mut b = Vec::with_capacity(words as usize);
             for _ in 0..words {
                 b.push(r.u64()?);
             }
-            slices.push(DiskSlice { disk, first_subblock, subblocks });
+            slices.push(DiskSlice {
+                disk,
+                first_subblock,
+                subblocks,
+            });
             bitmaps.push(b);
         }
-        Ok(AllocSegment { region, slices, bitmaps })
+        Ok(AllocSegment {
+            region,
+            slices,
+            bitmaps,
+        })
     }
 }

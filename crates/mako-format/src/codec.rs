@@ -11,7 +11,9 @@ pub struct Writer {
 
 impl Writer {
     pub fn with_capacity(n: usize) -> Self {
-        Writer { buf: Vec::with_capacity(n) }
+        Writer {
+            buf: Vec::with_capacity(n),
+        }
     }
     pub fn u8(&mut self, v: u8) {
         self.buf.push(v);
@@ -58,7 +60,12 @@ pub struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     pub fn new(buf: &'a [u8], structure: &'static str, location: Location) -> Self {
-        Reader { buf, pos: 0, structure, location }
+        Reader {
+            buf,
+            pos: 0,
+            structure,
+            location,
+        }
     }
     pub fn pos(&self) -> usize {
         self.pos
@@ -77,11 +84,17 @@ impl<'a> Reader<'a> {
         FormatError::new(
             self.structure,
             self.location,
-            FormatErrorKind::Truncated { needed, available: self.buf.len() },
+            FormatErrorKind::Truncated {
+                needed,
+                available: self.buf.len(),
+            },
         )
     }
     pub fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
-        let end = self.pos.checked_add(n).ok_or_else(|| self.truncated(usize::MAX))?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .ok_or_else(|| self.truncated(usize::MAX))?;
         if end > self.buf.len() {
             return Err(self.truncated(end));
         }
@@ -115,8 +128,13 @@ impl<'a> Reader<'a> {
     }
     pub fn string16(&mut self, field: &str) -> Result<String, FormatError> {
         let b = self.blob16()?;
-        String::from_utf8(b.to_vec())
-            .map_err(|_| FormatError::invalid(self.structure, self.location, format!("{field} is not UTF-8")))
+        String::from_utf8(b.to_vec()).map_err(|_| {
+            FormatError::invalid(
+                self.structure,
+                self.location,
+                format!("{field} is not UTF-8"),
+            )
+        })
     }
 }
 
@@ -132,18 +150,32 @@ pub fn check_header(
     stored_crc: u32,
 ) -> Result<(), FormatError> {
     if found_magic != magic {
-        return Err(FormatError::new(structure, location, FormatErrorKind::BadMagic { found: found_magic }));
+        return Err(FormatError::new(
+            structure,
+            location,
+            FormatErrorKind::BadMagic { found: found_magic },
+        ));
     }
     if version == 0 || version > crate::FORMAT_VERSION {
         return Err(FormatError::new(
             structure,
             location,
-            FormatErrorKind::UnsupportedVersion { found: version, supported: crate::FORMAT_VERSION },
+            FormatErrorKind::UnsupportedVersion {
+                found: version,
+                supported: crate::FORMAT_VERSION,
+            },
         ));
     }
     let computed = crate::checksum_with_hole(bytes, crc_offset);
     if computed != stored_crc {
-        return Err(FormatError::new(structure, location, FormatErrorKind::BadChecksum { stored: stored_crc, computed }));
+        return Err(FormatError::new(
+            structure,
+            location,
+            FormatErrorKind::BadChecksum {
+                stored: stored_crc,
+                computed,
+            },
+        ));
     }
     Ok(())
 }

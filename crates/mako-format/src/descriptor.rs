@@ -173,7 +173,10 @@ impl Descriptor {
             return Err(FormatError::invalid(
                 "descriptor",
                 Location::Memory,
-                format!("{len} bytes with {} disks exceeds the {DESCRIPTOR_BYTES_MAX}-byte slot", self.disks.len()),
+                format!(
+                    "{len} bytes with {} disks exceeds the {DESCRIPTOR_BYTES_MAX}-byte slot",
+                    self.disks.len()
+                ),
             ));
         }
         w.buf[14..18].copy_from_slice(&(len as u32).to_le_bytes());
@@ -191,12 +194,29 @@ impl Descriptor {
         let crc = r.u32()?;
         let len = r.u32()? as usize;
         if magic != DESCRIPTOR_MAGIC {
-            return Err(FormatError::new(S, location, crate::FormatErrorKind::BadMagic { found: magic }));
+            return Err(FormatError::new(
+                S,
+                location,
+                crate::FormatErrorKind::BadMagic { found: magic },
+            ));
         }
         if !(18..=DESCRIPTOR_BYTES_MAX).contains(&len) || len > bytes.len() {
-            return Err(FormatError::invalid(S, location, format!("length {len} (buffer {})", bytes.len())));
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!("length {len} (buffer {})", bytes.len()),
+            ));
         }
-        check_header(&bytes[..len], S, location, DESCRIPTOR_MAGIC, magic, version, CRC_OFFSET, crc)?;
+        check_header(
+            &bytes[..len],
+            S,
+            location,
+            DESCRIPTOR_MAGIC,
+            magic,
+            version,
+            CRC_OFFSET,
+            crc,
+        )?;
         let mut r = Reader::new(&bytes[..len], S, location);
         r.seek(18)?;
         let generation = r.u64()?;
@@ -209,7 +229,9 @@ impl Descriptor {
             inode_bytes: r.u32()?,
             indirect_bytes: r.u32()?,
         };
-        geometry.validate().map_err(|e| FormatError::invalid(S, location, e))?;
+        geometry
+            .validate()
+            .map_err(|e| FormatError::invalid(S, location, e))?;
         let default_metadata_replicas = r.u8()?;
         let max_metadata_replicas = r.u8()?;
         let default_data_replicas = r.u8()?;
@@ -217,7 +239,13 @@ impl Descriptor {
         let layout = match r.u8()? {
             0 => LayoutMap::Scatter,
             1 => LayoutMap::Cluster,
-            v => return Err(FormatError::invalid(S, location, format!("layout code {v}"))),
+            v => {
+                return Err(FormatError::invalid(
+                    S,
+                    location,
+                    format!("layout code {v}"),
+                ))
+            }
         };
         let avoid_dir_fragments = r.u8()? != 0;
         let dir_pre_split_levels = r.u8()?;
@@ -256,26 +284,54 @@ impl Descriptor {
             let pool = r.string16("pool name")?;
             let failure_group = r.u32()? as i32;
             let usage_raw = r.u8()?;
-            let usage = DiskUsage::from_u8(usage_raw)
-                .ok_or_else(|| FormatError::invalid(S, location, format!("disk usage code {usage_raw}")))?;
+            let usage = DiskUsage::from_u8(usage_raw).ok_or_else(|| {
+                FormatError::invalid(S, location, format!("disk usage code {usage_raw}"))
+            })?;
             let status = match r.u8()? {
                 0 => DiskStatus::Ready,
                 1 => DiskStatus::Suspended,
                 2 => DiskStatus::Down,
-                v => return Err(FormatError::invalid(S, location, format!("disk status code {v}"))),
+                v => {
+                    return Err(FormatError::invalid(
+                        S,
+                        location,
+                        format!("disk status code {v}"),
+                    ))
+                }
             };
-            disks.push(DiskEntry { index, uuid, name, size_bytes, pool, failure_group, usage, status });
+            disks.push(DiskEntry {
+                index,
+                uuid,
+                name,
+                size_bytes,
+                pool,
+                failure_group,
+                usage,
+                status,
+            });
         }
         for (i, d) in disks.iter().enumerate() {
             if d.index as usize != i {
-                return Err(FormatError::invalid(S, location, format!("disk entry {i} has index {}", d.index)));
+                return Err(FormatError::invalid(
+                    S,
+                    location,
+                    format!("disk entry {i} has index {}", d.index),
+                ));
             }
         }
         if regions == 0 || inodes_per_segment == 0 || inodes_per_segment % 64 != 0 {
-            return Err(FormatError::invalid(S, location, "zero regions or bad inode segment size"));
+            return Err(FormatError::invalid(
+                S,
+                location,
+                "zero regions or bad inode segment size",
+            ));
         }
         if inode_file_start.is_null() || inode_file_start.disk() as usize >= disks.len() {
-            return Err(FormatError::invalid(S, location, format!("inode file start {inode_file_start}")));
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!("inode file start {inode_file_start}"),
+            ));
         }
         Ok(Descriptor {
             version,

@@ -61,7 +61,11 @@ pub fn encode_entries(w: &mut Writer, entries: &[DirEntry]) {
 }
 
 /// Decode a run of entries; checks names and that cookies strictly increase.
-pub fn decode_entries(bytes: &[u8], structure: &'static str, location: Location) -> Result<Vec<DirEntry>, FormatError> {
+pub fn decode_entries(
+    bytes: &[u8],
+    structure: &'static str,
+    location: Location,
+) -> Result<Vec<DirEntry>, FormatError> {
     let mut r = Reader::new(bytes, structure, location);
     let mut out: Vec<DirEntry> = Vec::new();
     while r.remaining() > 0 {
@@ -70,18 +74,43 @@ pub fn decode_entries(bytes: &[u8], structure: &'static str, location: Location)
         let kind = r.u8()?;
         let nl = r.u8()? as usize;
         let name = r.take(nl)?.to_vec();
-        if name.is_empty() || name.contains(&b'/') || name.contains(&0) || name == b"." || name == b".." {
-            return Err(FormatError::invalid(structure, location, format!("bad entry name {:?}", String::from_utf8_lossy(&name))));
+        if name.is_empty()
+            || name.contains(&b'/')
+            || name.contains(&0)
+            || name == b"."
+            || name == b".."
+        {
+            return Err(FormatError::invalid(
+                structure,
+                location,
+                format!("bad entry name {:?}", String::from_utf8_lossy(&name)),
+            ));
         }
         if let Some(prev) = out.last() {
             if prev.cookie >= cookie {
-                return Err(FormatError::invalid(structure, location, format!("cookies out of order ({} then {cookie})", prev.cookie)));
+                return Err(FormatError::invalid(
+                    structure,
+                    location,
+                    format!("cookies out of order ({} then {cookie})", prev.cookie),
+                ));
             }
         }
-        if cookie < crate::name_hash::COOKIE_MIN || cookie > crate::name_hash::COOKIE_MAX || ino == 0 {
-            return Err(FormatError::invalid(structure, location, format!("entry cookie {cookie} ino {ino}")));
+        if cookie < crate::name_hash::COOKIE_MIN
+            || cookie > crate::name_hash::COOKIE_MAX
+            || ino == 0
+        {
+            return Err(FormatError::invalid(
+                structure,
+                location,
+                format!("entry cookie {cookie} ino {ino}"),
+            ));
         }
-        out.push(DirEntry { cookie, ino, kind, name });
+        out.push(DirEntry {
+            cookie,
+            ino,
+            kind,
+            name,
+        });
     }
     Ok(out)
 }
@@ -175,7 +204,13 @@ pub fn page_cookie_range(index: u64, depth: u8, capacity: u32, page: u32) -> (u6
 
 /// Encode page `page` of a block: its header and `entries` (sorted by cookie, all
 /// belonging to this page), padded to the page size.
-pub fn encode_page<'a>(id: DirBlockId, depth: u8, capacity: u32, page: u32, entries: impl Iterator<Item = &'a DirEntry> + Clone) -> Vec<u8> {
+pub fn encode_page<'a>(
+    id: DirBlockId,
+    depth: u8,
+    capacity: u32,
+    page: u32,
+    entries: impl Iterator<Item = &'a DirEntry> + Clone,
+) -> Vec<u8> {
     let pb = page_bytes(capacity) as usize;
     let mut w = Writer::with_capacity(pb);
     let count = entries.clone().count();
@@ -211,7 +246,8 @@ impl DirBlock {
     pub fn page_used(&self) -> Vec<usize> {
         let mut used = vec![0usize; pages(self.capacity_bytes) as usize];
         for e in &self.entries {
-            used[page_of(self.id.index, self.depth, self.capacity_bytes, e.cookie) as usize] += e.encoded_len();
+            used[page_of(self.id.index, self.depth, self.capacity_bytes, e.cookie) as usize] +=
+                e.encoded_len();
         }
         used
     }
@@ -230,21 +266,38 @@ impl DirBlock {
         for p in 0..n {
             let (_, phi) = page_cookie_range(self.id.index, self.depth, self.capacity_bytes, p);
             let k = rest.partition_point(|e| e.cookie <= phi);
-            out.extend_from_slice(&encode_page(self.id, self.depth, self.capacity_bytes, p, rest[..k].iter()));
+            out.extend_from_slice(&encode_page(
+                self.id,
+                self.depth,
+                self.capacity_bytes,
+                p,
+                rest[..k].iter(),
+            ));
             rest = &rest[k..];
         }
-        assert!(rest.is_empty(), "directory entries beyond the block's cookie range");
+        assert!(
+            rest.is_empty(),
+            "directory entries beyond the block's cookie range"
+        );
         out
     }
 
     /// Decode a whole block (every page must be valid and agree on the block's shape).
-    pub fn decode(bytes: &[u8], expected: DirBlockId, location: Location) -> Result<Self, FormatError> {
+    pub fn decode(
+        bytes: &[u8],
+        expected: DirBlockId,
+        location: Location,
+    ) -> Result<Self, FormatError> {
         const S: &str = "directory block";
         // The first page says how big the block and its pages are.
         let first = Self::decode_page_header(bytes, expected, 0, location)?;
         let capacity = first.capacity;
         if capacity as usize > bytes.len() {
-            return Err(FormatError::invalid(S, location, format!("capacity {capacity} (buffer {})", bytes.len())));
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!("capacity {capacity} (buffer {})", bytes.len()),
+            ));
         }
         let pb = page_bytes(capacity) as usize;
         let n = pages(capacity);
@@ -257,23 +310,51 @@ impl DirBlock {
             };
             let h = Self::decode_page_header(page_bytes, expected, p, loc)?;
             if h.capacity != capacity || h.depth != first.depth {
-                return Err(FormatError::invalid(S, loc, format!("page {p} says depth {} capacity {}, page 0 says {} {capacity}", h.depth, h.capacity, first.depth)));
+                return Err(FormatError::invalid(
+                    S,
+                    loc,
+                    format!(
+                        "page {p} says depth {} capacity {}, page 0 says {} {capacity}",
+                        h.depth, h.capacity, first.depth
+                    ),
+                ));
             }
             let body = &page_bytes[DIR_BLOCK_HEADER_BYTES..DIR_BLOCK_HEADER_BYTES + h.used];
             let mine = decode_entries(body, S, loc)?;
             if mine.len() != h.count {
-                return Err(FormatError::invalid(S, loc, format!("page {p}: entry count {}, found {}", h.count, mine.len())));
+                return Err(FormatError::invalid(
+                    S,
+                    loc,
+                    format!("page {p}: entry count {}, found {}", h.count, mine.len()),
+                ));
             }
             let (plo, phi) = page_cookie_range(expected.index, first.depth, capacity, p);
             if let Some(e) = mine.iter().find(|e| e.cookie < plo || e.cookie > phi) {
-                return Err(FormatError::invalid(S, loc, format!("page {p}: entry cookie {} outside the page's range {plo}..={phi}", e.cookie)));
+                return Err(FormatError::invalid(
+                    S,
+                    loc,
+                    format!(
+                        "page {p}: entry cookie {} outside the page's range {plo}..={phi}",
+                        e.cookie
+                    ),
+                ));
             }
             entries.extend(mine);
         }
-        Ok(DirBlock { id: expected, depth: first.depth, capacity_bytes: capacity, entries })
+        Ok(DirBlock {
+            id: expected,
+            depth: first.depth,
+            capacity_bytes: capacity,
+            entries,
+        })
     }
 
-    fn decode_page_header(bytes: &[u8], expected: DirBlockId, page: u32, location: Location) -> Result<PageHeader, FormatError> {
+    fn decode_page_header(
+        bytes: &[u8],
+        expected: DirBlockId,
+        page: u32,
+        location: Location,
+    ) -> Result<PageHeader, FormatError> {
         const S: &str = "directory block";
         let mut r = Reader::new(bytes, S, location);
         let magic = r.u32()? as u64;
@@ -289,12 +370,32 @@ impl DirBlock {
         let used = r.u16()? as usize;
         let pb = page_bytes(capacity) as usize;
         if magic != DIR_BLOCK_MAGIC {
-            return Err(FormatError::new(S, location, FormatErrorKind::BadMagic { found: magic }));
+            return Err(FormatError::new(
+                S,
+                location,
+                FormatErrorKind::BadMagic { found: magic },
+            ));
         }
         if capacity < 512 || capacity % 512 != 0 || pb > bytes.len() || npages != pages(capacity) {
-            return Err(FormatError::invalid(S, location, format!("capacity {capacity} with {npages} pages (buffer {})", bytes.len())));
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!(
+                    "capacity {capacity} with {npages} pages (buffer {})",
+                    bytes.len()
+                ),
+            ));
         }
-        check_header(&bytes[..pb], S, location, DIR_BLOCK_MAGIC, magic, version, CRC_OFFSET, crc)?;
+        check_header(
+            &bytes[..pb],
+            S,
+            location,
+            DIR_BLOCK_MAGIC,
+            magic,
+            version,
+            CRC_OFFSET,
+            crc,
+        )?;
         let found = DirBlockId { ino, index };
         if found != expected || found_page != page {
             return Err(FormatError::new(
@@ -307,12 +408,25 @@ impl DirBlock {
             ));
         }
         if depth > 62 || (depth > 0 && index >= (1u64 << depth)) || (depth == 0 && index != 0) {
-            return Err(FormatError::invalid(S, location, format!("index {index} at depth {depth}")));
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!("index {index} at depth {depth}"),
+            ));
         }
         if DIR_BLOCK_HEADER_BYTES + used > pb {
-            return Err(FormatError::invalid(S, location, format!("{used} bytes of entries overflow the page")));
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!("{used} bytes of entries overflow the page"),
+            ));
         }
-        Ok(PageHeader { depth, capacity, count, used })
+        Ok(PageHeader {
+            depth,
+            capacity,
+            count,
+            used,
+        })
     }
 }
 
@@ -366,14 +480,29 @@ mod tests {
     #[test]
     fn a_torn_page_is_caught_and_named() {
         let id = DirBlockId { ino: 9, index: 0 };
-        let entries: Vec<DirEntry> =
-            (0..200u64).map(|k| DirEntry { cookie: 3 + k * (crate::name_hash::COOKIE_MAX / 201), ino: 100 + k, kind: 8, name: format!("n{k}").into_bytes() }).collect();
-        let blk = DirBlock { id, depth: 0, capacity_bytes: 65536, entries };
+        let entries: Vec<DirEntry> = (0..200u64)
+            .map(|k| DirEntry {
+                cookie: 3 + k * (crate::name_hash::COOKIE_MAX / 201),
+                ino: 100 + k,
+                kind: 8,
+                name: format!("n{k}").into_bytes(),
+            })
+            .collect();
+        let blk = DirBlock {
+            id,
+            depth: 0,
+            capacity_bytes: 65536,
+            entries,
+        };
         let mut enc = blk.encode();
         assert_eq!(enc.len(), 65536);
         assert_eq!(DirBlock::decode(&enc, id, Location::Memory).unwrap(), blk);
         enc[5 * 4096 + 100] ^= 1;
-        let e = DirBlock::decode(&enc, id, Location::Disk(crate::DiskAddress::new(1, 8))).unwrap_err();
-        assert!(e.to_string().contains("1:48"), "the damaged page's address is named: {e}");
+        let e =
+            DirBlock::decode(&enc, id, Location::Disk(crate::DiskAddress::new(1, 8))).unwrap_err();
+        assert!(
+            e.to_string().contains("1:48"),
+            "the damaged page's address is named: {e}"
+        );
     }
 }

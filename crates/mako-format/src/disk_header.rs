@@ -37,9 +37,14 @@ impl DiskUsage {
         }
     }
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::DataAndMetadata, Self::DataOnly, Self::MetadataOnly, Self::DescOnly]
-            .into_iter()
-            .find(|u| u.name().eq_ignore_ascii_case(s))
+        [
+            Self::DataAndMetadata,
+            Self::DataOnly,
+            Self::MetadataOnly,
+            Self::DescOnly,
+        ]
+        .into_iter()
+        .find(|u| u.name().eq_ignore_ascii_case(s))
     }
     pub fn holds_data(self) -> bool {
         matches!(self, DiskUsage::DataAndMetadata | DiskUsage::DataOnly)
@@ -95,7 +100,16 @@ impl DiskHeader {
         if bytes.len() < DISK_HEADER_BYTES {
             r.seek(DISK_HEADER_BYTES)?;
         }
-        check_header(&bytes[..DISK_HEADER_BYTES], S, location, DISK_HEADER_MAGIC, magic, version, CRC_OFFSET, crc)?;
+        check_header(
+            &bytes[..DISK_HEADER_BYTES],
+            S,
+            location,
+            DISK_HEADER_MAGIC,
+            magic,
+            version,
+            CRC_OFFSET,
+            crc,
+        )?;
         let mut disk_uuid = [0u8; 16];
         disk_uuid.copy_from_slice(r.take(16)?);
         let mut fs_uuid = [0u8; 16];
@@ -106,12 +120,28 @@ impl DiskHeader {
         let pool = r.string16("pool name")?;
         let failure_group = r.u32()? as i32;
         let usage_raw = r.u8()?;
-        let usage = DiskUsage::from_u8(usage_raw)
-            .ok_or_else(|| FormatError::invalid(S, location, format!("disk usage code {usage_raw}")))?;
+        let usage = DiskUsage::from_u8(usage_raw).ok_or_else(|| {
+            FormatError::invalid(S, location, format!("disk usage code {usage_raw}"))
+        })?;
         let disk_index = r.u32()?;
         if sector_bytes != crate::SECTOR_BYTES as u32 {
-            return Err(FormatError::invalid(S, location, format!("sector size {sector_bytes}, expected 512")));
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!("sector size {sector_bytes}, expected 512"),
+            ));
         }
-        Ok(DiskHeader { version, disk_uuid, fs_uuid, name, size_bytes, sector_bytes, pool, failure_group, usage, disk_index })
+        Ok(DiskHeader {
+            version,
+            disk_uuid,
+            fs_uuid,
+            name,
+            size_bytes,
+            sector_bytes,
+            pool,
+            failure_group,
+            usage,
+            disk_index,
+        })
     }
 }

@@ -53,10 +53,22 @@ pub struct FormatError {
 }
 
 impl FormatError {
-    pub fn new(structure: &'static str, location: impl Into<Location>, kind: FormatErrorKind) -> Self {
-        FormatError { structure, location: location.into(), kind }
+    pub fn new(
+        structure: &'static str,
+        location: impl Into<Location>,
+        kind: FormatErrorKind,
+    ) -> Self {
+        FormatError {
+            structure,
+            location: location.into(),
+            kind,
+        }
     }
-    pub fn invalid(structure: &'static str, location: impl Into<Location>, what: impl Into<String>) -> Self {
+    pub fn invalid(
+        structure: &'static str,
+        location: impl Into<Location>,
+        what: impl Into<String>,
+    ) -> Self {
         Self::new(structure, location, FormatErrorKind::Invalid(what.into()))
     }
     /// Re-label an error with the disk address the bytes came from.

@@ -62,10 +62,15 @@ impl Geometry {
     pub fn validate(&self) -> Result<(), String> {
         let b = self.block_bytes;
         if !(BLOCK_BYTES_MIN..=BLOCK_BYTES_MAX).contains(&b) || !b.is_power_of_two() {
-            return Err(format!("block size (-B) {b} must be a power of two from 64K to 16M"));
+            return Err(format!(
+                "block size (-B) {b} must be a power of two from 64K to 16M"
+            ));
         }
         if !INODE_SIZES.contains(&self.inode_bytes) {
-            return Err(format!("inode size (-i) {} must be one of 512, 1K, 4K", self.inode_bytes));
+            return Err(format!(
+                "inode size (-i) {} must be one of 512, 1K, 4K",
+                self.inode_bytes
+            ));
         }
         let s = self.subblocks_per_block;
         if s == 0 || !s.is_power_of_two() || b / s < 512 || b % s != 0 {
@@ -108,7 +113,12 @@ mod tests {
             (16 << 20, 1024, 16 << 10),
         ];
         for (b, s, sb) in table {
-            let g = Geometry { block_bytes: b, subblocks_per_block: default_subblocks(b).unwrap(), inode_bytes: 4096, indirect_bytes: 32768.min(b) };
+            let g = Geometry {
+                block_bytes: b,
+                subblocks_per_block: default_subblocks(b).unwrap(),
+                inode_bytes: 4096,
+                indirect_bytes: 32768.min(b),
+            };
             assert_eq!(g.subblocks_per_block, s);
             assert_eq!(g.subblock_bytes(), sb, "block {b}");
         }
@@ -116,11 +126,26 @@ mod tests {
     }
     #[test]
     fn validation_names_parameter() {
-        let g = Geometry { block_bytes: 3 << 20, subblocks_per_block: 512, inode_bytes: 4096, indirect_bytes: 32768 };
+        let g = Geometry {
+            block_bytes: 3 << 20,
+            subblocks_per_block: 512,
+            inode_bytes: 4096,
+            indirect_bytes: 32768,
+        };
         assert!(g.validate().unwrap_err().contains("-B"));
-        let g = Geometry { block_bytes: 4 << 20, subblocks_per_block: 512, inode_bytes: 2048, indirect_bytes: 32768 };
+        let g = Geometry {
+            block_bytes: 4 << 20,
+            subblocks_per_block: 512,
+            inode_bytes: 2048,
+            indirect_bytes: 32768,
+        };
         assert!(g.validate().unwrap_err().contains("-i"));
-        let g = Geometry { block_bytes: 4 << 20, subblocks_per_block: 512, inode_bytes: 4096, indirect_bytes: 4096 };
+        let g = Geometry {
+            block_bytes: 4 << 20,
+            subblocks_per_block: 512,
+            inode_bytes: 4096,
+            indirect_bytes: 4096,
+        };
         assert!(g.validate().unwrap_err().contains("-I"));
     }
 }

@@ -27,7 +27,10 @@ pub struct IndirectBlock {
 
 impl IndirectBlock {
     pub fn new(id: IndirectId, pointers_per_block: usize) -> Self {
-        IndirectBlock { id, pointers: vec![DiskAddress::NULL; pointers_per_block] }
+        IndirectBlock {
+            id,
+            pointers: vec![DiskAddress::NULL; pointers_per_block],
+        }
     }
 
     pub fn encode(&self, indirect_bytes: u32) -> Vec<u8> {
@@ -50,17 +53,38 @@ impl IndirectBlock {
         w.buf
     }
 
-    pub fn decode(bytes: &[u8], indirect_bytes: u32, expected: IndirectId, location: Location) -> Result<Self, FormatError> {
+    pub fn decode(
+        bytes: &[u8],
+        indirect_bytes: u32,
+        expected: IndirectId,
+        location: Location,
+    ) -> Result<Self, FormatError> {
         const S: &str = "indirect block";
         if bytes.len() < indirect_bytes as usize {
-            return Err(FormatError::new(S, location, FormatErrorKind::Truncated { needed: indirect_bytes as usize, available: bytes.len() }));
+            return Err(FormatError::new(
+                S,
+                location,
+                FormatErrorKind::Truncated {
+                    needed: indirect_bytes as usize,
+                    available: bytes.len(),
+                },
+            ));
         }
         let bytes = &bytes[..indirect_bytes as usize];
         let mut r = Reader::new(bytes, S, location);
         let magic = r.u32()? as u64;
         let version = r.u16()?;
         let crc = r.u32()?;
-        check_header(bytes, S, location, INDIRECT_MAGIC, magic, version, CRC_OFFSET, crc)?;
+        check_header(
+            bytes,
+            S,
+            location,
+            INDIRECT_MAGIC,
+            magic,
+            version,
+            CRC_OFFSET,
+            crc,
+        )?;
         let level = r.u8()?;
         r.u8()?;
         let ino = r.u64()?;
@@ -70,19 +94,29 @@ impl IndirectBlock {
             return Err(FormatError::new(
                 S,
                 location,
-                FormatErrorKind::WrongIdentity { expected: format!("{expected:?}"), found: format!("{found:?}") },
+                FormatErrorKind::WrongIdentity {
+                    expected: format!("{expected:?}"),
+                    found: format!("{found:?}"),
+                },
             ));
         }
         let n = r.u32()? as usize;
         let max = (indirect_bytes as usize - INDIRECT_HEADER_BYTES) / 8;
         if n != max {
-            return Err(FormatError::invalid(S, location, format!("{n} pointers, expected {max}")));
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!("{n} pointers, expected {max}"),
+            ));
         }
         r.seek(INDIRECT_HEADER_BYTES)?;
         let mut pointers = Vec::with_capacity(n);
         for _ in 0..n {
             pointers.push(DiskAddress::from_raw(r.u64()?));
         }
-        Ok(IndirectBlock { id: found, pointers })
+        Ok(IndirectBlock {
+            id: found,
+            pointers,
+        })
     }
 }

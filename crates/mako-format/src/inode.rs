@@ -124,7 +124,8 @@ impl Inode {
 
     /// True if xattrs and content fit in an inode of `inode_bytes`.
     pub fn fits(&self, inode_bytes: u32) -> bool {
-        xattrs_encoded_len(&self.xattrs) + self.content_len(inode_bytes) <= payload_bytes(inode_bytes)
+        xattrs_encoded_len(&self.xattrs) + self.content_len(inode_bytes)
+            <= payload_bytes(inode_bytes)
     }
 
     pub fn encode(&self, inode_bytes: u32) -> Result<Vec<u8>, FormatError> {
@@ -132,7 +133,10 @@ impl Inode {
             return Err(FormatError::invalid(
                 "inode",
                 Location::Memory,
-                format!("inode {} content does not fit in {inode_bytes} bytes", self.ino),
+                format!(
+                    "inode {} content does not fit in {inode_bytes} bytes",
+                    self.ino
+                ),
             ));
         }
         let mut w = Writer::with_capacity(inode_bytes as usize);
@@ -195,23 +199,47 @@ impl Inode {
     }
 
     /// Decode inode `expected_ino` from `bytes` (exactly one inode's worth).
-    pub fn decode(bytes: &[u8], inode_bytes: u32, expected_ino: u64, location: Location) -> Result<Self, FormatError> {
+    pub fn decode(
+        bytes: &[u8],
+        inode_bytes: u32,
+        expected_ino: u64,
+        location: Location,
+    ) -> Result<Self, FormatError> {
         const S: &str = "inode";
         if bytes.len() < inode_bytes as usize {
-            return Err(FormatError::new(S, location, FormatErrorKind::Truncated { needed: inode_bytes as usize, available: bytes.len() }));
+            return Err(FormatError::new(
+                S,
+                location,
+                FormatErrorKind::Truncated {
+                    needed: inode_bytes as usize,
+                    available: bytes.len(),
+                },
+            ));
         }
         let bytes = &bytes[..inode_bytes as usize];
         let mut r = Reader::new(bytes, S, location);
         let magic = r.u32()? as u64;
         let version = r.u16()?;
         let crc = r.u32()?;
-        check_header(bytes, S, location, INODE_MAGIC, magic, version, CRC_OFFSET, crc)?;
+        check_header(
+            bytes,
+            S,
+            location,
+            INODE_MAGIC,
+            magic,
+            version,
+            CRC_OFFSET,
+            crc,
+        )?;
         let ino = r.u64()?;
         if ino != expected_ino {
             return Err(FormatError::new(
                 S,
                 location,
-                FormatErrorKind::WrongIdentity { expected: format!("inode {expected_ino}"), found: format!("inode {ino}") },
+                FormatErrorKind::WrongIdentity {
+                    expected: format!("inode {expected_ino}"),
+                    found: format!("inode {ino}"),
+                },
             ));
         }
         let generation = r.u32()?;
@@ -226,7 +254,11 @@ impl Inode {
             t.sec = r.i64()?;
             t.nsec = r.u32()?;
             if t.nsec >= 1_000_000_000 {
-                return Err(FormatError::invalid(S, location, format!("inode {ino}: nanoseconds {}", t.nsec)));
+                return Err(FormatError::invalid(
+                    S,
+                    location,
+                    format!("inode {ino}: nanoseconds {}", t.nsec),
+                ));
             }
         }
         let rdev = r.u32()?;
@@ -240,10 +272,18 @@ impl Inode {
         let entries = r.u64()?;
         let parent = r.u64()?;
         if xattr_len + content_len > payload_bytes(inode_bytes) {
-            return Err(FormatError::invalid(S, location, format!("inode {ino}: payload {xattr_len}+{content_len} bytes overflows")));
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!("inode {ino}: payload {xattr_len}+{content_len} bytes overflows"),
+            ));
         }
         if depth > 8 {
-            return Err(FormatError::invalid(S, location, format!("inode {ino}: indirect depth {depth}")));
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!("inode {ino}: indirect depth {depth}"),
+            ));
         }
         r.seek(INODE_HEADER_BYTES)?;
         let xbytes = r.take(xattr_len)?;
@@ -261,7 +301,11 @@ impl Inode {
         let content = if flags & FLAG_POINTERS != 0 {
             let n = pointers_in_inode(inode_bytes);
             if content_len != n * 8 {
-                return Err(FormatError::invalid(S, location, format!("inode {ino}: pointer area {content_len} bytes")));
+                return Err(FormatError::invalid(
+                    S,
+                    location,
+                    format!("inode {ino}: pointer area {content_len} bytes"),
+                ));
             }
             let mut cr = Reader::new(cbytes, S, location);
             let mut p = Vec::with_capacity(n);

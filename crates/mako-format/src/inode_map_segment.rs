@@ -17,7 +17,11 @@ pub struct InodeMapSegment {
 
 impl InodeMapSegment {
     pub fn new(segment: u32, first_ino: u64, inodes: u32) -> Self {
-        InodeMapSegment { segment, first_ino, bitmap: vec![0; inodes.div_ceil(64) as usize] }
+        InodeMapSegment {
+            segment,
+            first_ino,
+            bitmap: vec![0; inodes.div_ceil(64) as usize],
+        }
     }
     pub fn slot_bytes(inodes: u32) -> usize {
         (INODE_MAP_HEADER_BYTES + inodes.div_ceil(64) as usize * 8).div_ceil(512) * 512
@@ -40,24 +44,48 @@ impl InodeMapSegment {
         w.buf[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
         w.buf
     }
-    pub fn decode(bytes: &[u8], expected_segment: u32, inodes: u32, location: Location) -> Result<Self, FormatError> {
+    pub fn decode(
+        bytes: &[u8],
+        expected_segment: u32,
+        inodes: u32,
+        location: Location,
+    ) -> Result<Self, FormatError> {
         const S: &str = "inode map segment";
         let slot = Self::slot_bytes(inodes);
         if bytes.len() < slot {
-            return Err(FormatError::new(S, location, FormatErrorKind::Truncated { needed: slot, available: bytes.len() }));
+            return Err(FormatError::new(
+                S,
+                location,
+                FormatErrorKind::Truncated {
+                    needed: slot,
+                    available: bytes.len(),
+                },
+            ));
         }
         let bytes = &bytes[..slot];
         let mut r = Reader::new(bytes, S, location);
         let magic = r.u32()? as u64;
         let version = r.u16()?;
         let crc = r.u32()?;
-        check_header(bytes, S, location, INODE_MAP_MAGIC, magic, version, CRC_OFFSET, crc)?;
+        check_header(
+            bytes,
+            S,
+            location,
+            INODE_MAP_MAGIC,
+            magic,
+            version,
+            CRC_OFFSET,
+            crc,
+        )?;
         let segment = r.u32()?;
         if segment != expected_segment {
             return Err(FormatError::new(
                 S,
                 location,
-                FormatErrorKind::WrongIdentity { expected: format!("segment {expected_segment}"), found: format!("segment {segment}") },
+                FormatErrorKind::WrongIdentity {
+                    expected: format!("segment {expected_segment}"),
+                    found: format!("segment {segment}"),
+                },
             ));
         }
         let first_ino = r.u64()?;
@@ -66,6 +94,10 @@ impl InodeMapSegment {
         for _ in 0..inodes.div_ceil(64) {
             bitmap.push(r.u64()?);
         }
-        Ok(InodeMapSegment { segment, first_ino, bitmap })
+        Ok(InodeMapSegment {
+            segment,
+            first_ino,
+            bitmap,
+        })
     }
 }

@@ -30,9 +30,15 @@ pub struct LogHeader {
 
 /// The header to trust of the two copies read from a log file: the valid one with the
 /// greater tail LSN. Returns it with the index of the copy, or the errors of both.
-pub fn best_copy(copies: [Result<LogHeader, FormatError>; 2]) -> Result<(LogHeader, usize), [FormatError; 2]> {
+pub fn best_copy(
+    copies: [Result<LogHeader, FormatError>; 2],
+) -> Result<(LogHeader, usize), [FormatError; 2]> {
     match copies {
-        [Ok(a), Ok(b)] => Ok(if b.tail_lsn > a.tail_lsn { (b, 1) } else { (a, 0) }),
+        [Ok(a), Ok(b)] => Ok(if b.tail_lsn > a.tail_lsn {
+            (b, 1)
+        } else {
+            (a, 0)
+        }),
         [Ok(a), Err(_)] => Ok((a, 0)),
         [Err(_), Ok(b)] => Ok((b, 1)),
         [Err(a), Err(b)] => Err([a, b]),
@@ -55,23 +61,46 @@ impl LogHeader {
         w.buf[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
         w.buf
     }
-    pub fn decode(bytes: &[u8], expected_node: u32, location: Location) -> Result<Self, FormatError> {
+    pub fn decode(
+        bytes: &[u8],
+        expected_node: u32,
+        location: Location,
+    ) -> Result<Self, FormatError> {
         const S: &str = "log header";
         if bytes.len() < LOG_HEADER_BYTES {
-            return Err(FormatError::new(S, location, FormatErrorKind::Truncated { needed: LOG_HEADER_BYTES, available: bytes.len() }));
+            return Err(FormatError::new(
+                S,
+                location,
+                FormatErrorKind::Truncated {
+                    needed: LOG_HEADER_BYTES,
+                    available: bytes.len(),
+                },
+            ));
         }
         let bytes = &bytes[..LOG_HEADER_BYTES];
         let mut r = Reader::new(bytes, S, location);
         let magic = r.u64()?;
         let version = r.u16()?;
         let crc = r.u32()?;
-        check_header(bytes, S, location, LOG_HEADER_MAGIC, magic, version, CRC_OFFSET, crc)?;
+        check_header(
+            bytes,
+            S,
+            location,
+            LOG_HEADER_MAGIC,
+            magic,
+            version,
+            CRC_OFFSET,
+            crc,
+        )?;
         let node = r.u32()?;
         if node != expected_node {
             return Err(FormatError::new(
                 S,
                 location,
-                FormatErrorKind::WrongIdentity { expected: format!("log of node {expected_node}"), found: format!("log of node {node}") },
+                FormatErrorKind::WrongIdentity {
+                    expected: format!("log of node {expected_node}"),
+                    found: format!("log of node {node}"),
+                },
             ));
         }
         let log_bytes = r.u64()?;
@@ -79,8 +108,18 @@ impl LogHeader {
         let head_lsn = r.u64()?;
         let clean = r.u8()? != 0;
         if tail_lsn > head_lsn {
-            return Err(FormatError::invalid(S, location, format!("tail LSN {tail_lsn} after head LSN {head_lsn}")));
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!("tail LSN {tail_lsn} after head LSN {head_lsn}"),
+            ));
         }
-        Ok(LogHeader { node, log_bytes, tail_lsn, head_lsn, clean })
+        Ok(LogHeader {
+            node,
+            log_bytes,
+            tail_lsn,
+            head_lsn,
+            clean,
+        })
     }
 }

@@ -65,14 +65,22 @@ impl LogImage {
     /// An image of `full` at `da`, stored without its trailing zeros.
     pub fn trimmed(da: DiskAddress, full: &[u8]) -> LogImage {
         let keep = full.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-        LogImage { da, length: full.len() as u32, bytes: full[..keep].to_vec() }
+        LogImage {
+            da,
+            length: full.len() as u32,
+            bytes: full[..keep].to_vec(),
+        }
     }
     /// An image of `full` at `da`, trimmed in place (no copy).
     pub fn from_vec(da: DiskAddress, mut full: Vec<u8>) -> LogImage {
         let length = full.len() as u32;
         let keep = full.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
         full.truncate(keep);
-        LogImage { da, length, bytes: full }
+        LogImage {
+            da,
+            length,
+            bytes: full,
+        }
     }
     /// The whole image, trailing zeros restored.
     pub fn expanded(&self) -> Vec<u8> {
@@ -91,13 +99,17 @@ impl LogImage {
             return;
         }
         let (blo, ilo) = (da.byte_offset(), self.da.byte_offset());
-        let (lo, hi) = (ilo.max(blo), (ilo + self.length as u64).min(blo + buf.len() as u64));
+        let (lo, hi) = (
+            ilo.max(blo),
+            (ilo + self.length as u64).min(blo + buf.len() as u64),
+        );
         if lo >= hi {
             return;
         }
         let stored_hi = (ilo + self.bytes.len() as u64).clamp(lo, hi);
         if stored_hi > lo {
-            buf[(lo - blo) as usize..(stored_hi - blo) as usize].copy_from_slice(&self.bytes[(lo - ilo) as usize..(stored_hi - ilo) as usize]);
+            buf[(lo - blo) as usize..(stored_hi - blo) as usize]
+                .copy_from_slice(&self.bytes[(lo - ilo) as usize..(stored_hi - ilo) as usize]);
         }
         buf[(stored_hi - blo) as usize..(hi - blo) as usize].fill(0);
     }
@@ -109,7 +121,13 @@ pub fn sector_round(n: usize) -> usize {
 }
 
 /// Encode a whole transaction (header, records, padding to a sector).
-pub fn encode_txn<'a>(node: u32, fs_uuid: [u8; 16], lsn: u64, seq: u64, images: impl Iterator<Item = &'a LogImage> + Clone) -> Vec<u8> {
+pub fn encode_txn<'a>(
+    node: u32,
+    fs_uuid: [u8; 16],
+    lsn: u64,
+    seq: u64,
+    images: impl Iterator<Item = &'a LogImage> + Clone,
+) -> Vec<u8> {
     let payload_len: usize = images.clone().map(|i| i.encoded_len()).sum();
     let count = images.clone().count();
     let mut w = Writer::with_capacity(sector_round(TXN_HEADER_BYTES + payload_len));
@@ -123,7 +141,15 @@ pub fn encode_txn<'a>(node: u32, fs_uuid: [u8; 16], lsn: u64, seq: u64, images: 
         w.bytes(&img.bytes);
     }
     let payload_crc = crc32c::crc32c(&w.buf[TXN_HEADER_BYTES..]);
-    let header = TxnHeader { node, fs_uuid, lsn, seq, records: count as u32, payload_bytes: payload_len as u32, payload_crc };
+    let header = TxnHeader {
+        node,
+        fs_uuid,
+        lsn,
+        seq,
+        records: count as u32,
+        payload_bytes: payload_len as u32,
+        payload_crc,
+    };
     w.buf[..TXN_HEADER_BYTES].copy_from_slice(&header.encode());
     let total = sector_round(w.len());
     w.pad_to(total);
@@ -152,17 +178,32 @@ impl TxnHeader {
     /// Decode the header of the transaction expected at `expected_lsn` of node
     /// `expected_node`'s log in file system `fs_uuid`. An error means the log ends here
     /// (or, for a checksum-valid header of the wrong identity, that it holds an older lap).
-    pub fn decode(bytes: &[u8], expected_node: u32, fs_uuid: [u8; 16], expected_lsn: u64, location: Location) -> Result<Self, FormatError> {
+    pub fn decode(
+        bytes: &[u8],
+        expected_node: u32,
+        fs_uuid: [u8; 16],
+        expected_lsn: u64,
+        location: Location,
+    ) -> Result<Self, FormatError> {
         const S: &str = "log transaction header";
         if bytes.len() < TXN_HEADER_BYTES {
-            return Err(FormatError::new(S, location, FormatErrorKind::Truncated { needed: TXN_HEADER_BYTES, available: bytes.len() }));
+            return Err(FormatError::new(
+                S,
+                location,
+                FormatErrorKind::Truncated {
+                    needed: TXN_HEADER_BYTES,
+                    available: bytes.len(),
+                },
+            ));
         }
         let bytes = &bytes[..TXN_HEADER_BYTES];
         let mut r = Reader::new(bytes, S, location);
         let magic = r.u64()?;
         let version = r.u16()?;
         let crc = r.u32()?;
-        check_header(bytes, S, location, TXN_MAGIC, magic, version, CRC_OFFSET, crc)?;
+        check_header(
+            bytes, S, location, TXN_MAGIC, magic, version, CRC_OFFSET, crc,
+        )?;
         let node = r.u32()?;
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(r.take(16)?);
@@ -171,20 +212,44 @@ impl TxnHeader {
         let records = r.u32()?;
         let payload_bytes = r.u32()?;
         let payload_crc = r.u32()?;
-        let wrong = |expected: String, found: String| FormatError::new(S, location, FormatErrorKind::WrongIdentity { expected, found });
+        let wrong = |expected: String, found: String| {
+            FormatError::new(
+                S,
+                location,
+                FormatErrorKind::WrongIdentity { expected, found },
+            )
+        };
         if node != expected_node {
-            return Err(wrong(format!("a transaction of node {expected_node}"), format!("one of node {node}")));
+            return Err(wrong(
+                format!("a transaction of node {expected_node}"),
+                format!("one of node {node}"),
+            ));
         }
         if uuid != fs_uuid {
-            return Err(wrong("a transaction of this file system".into(), "one of another file system".into()));
+            return Err(wrong(
+                "a transaction of this file system".into(),
+                "one of another file system".into(),
+            ));
         }
         if lsn != expected_lsn {
             return Err(wrong(format!("LSN {expected_lsn}"), format!("LSN {lsn}")));
         }
         if (records as usize).saturating_mul(RECORD_HEADER_BYTES) > payload_bytes as usize {
-            return Err(FormatError::invalid(S, location, format!("{records} records cannot fit in {payload_bytes} payload bytes")));
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!("{records} records cannot fit in {payload_bytes} payload bytes"),
+            ));
         }
-        Ok(TxnHeader { node, fs_uuid: uuid, lsn, seq, records, payload_bytes, payload_crc })
+        Ok(TxnHeader {
+            node,
+            fs_uuid: uuid,
+            lsn,
+            seq,
+            records,
+            payload_bytes,
+            payload_crc,
+        })
     }
 
     /// Bytes the whole transaction occupies in the log (header, payload, padding).
@@ -193,39 +258,81 @@ impl TxnHeader {
     }
 
     /// Check the payload (the bytes right after the header) and decode its records.
-    pub fn decode_payload(&self, payload: &[u8], location: Location) -> Result<Vec<LogImage>, FormatError> {
+    pub fn decode_payload(
+        &self,
+        payload: &[u8],
+        location: Location,
+    ) -> Result<Vec<LogImage>, FormatError> {
         const S: &str = "log transaction payload";
         let n = self.payload_bytes as usize;
         if payload.len() < n {
-            return Err(FormatError::new(S, location, FormatErrorKind::Truncated { needed: n, available: payload.len() }));
+            return Err(FormatError::new(
+                S,
+                location,
+                FormatErrorKind::Truncated {
+                    needed: n,
+                    available: payload.len(),
+                },
+            ));
         }
         let payload = &payload[..n];
         let computed = crc32c::crc32c(payload);
         if computed != self.payload_crc {
-            return Err(FormatError::new(S, location, FormatErrorKind::BadChecksum { stored: self.payload_crc, computed }));
+            return Err(FormatError::new(
+                S,
+                location,
+                FormatErrorKind::BadChecksum {
+                    stored: self.payload_crc,
+                    computed,
+                },
+            ));
         }
         let mut r = Reader::new(payload, S, location);
         let mut out = Vec::with_capacity(self.records as usize);
         for i in 0..self.records {
             let kind = r.u8()?;
             if kind != RECORD_IMAGE {
-                return Err(FormatError::invalid(S, location, format!("record {i} has unknown kind {kind}")));
+                return Err(FormatError::invalid(
+                    S,
+                    location,
+                    format!("record {i} has unknown kind {kind}"),
+                ));
             }
             let disk = r.u32()?;
             let sector = r.u64()?;
             let length = r.u32()?;
             let stored = r.u32()?;
-            if length == 0 || length > IMAGE_BYTES_MAX || length as u64 % crate::SECTOR_BYTES != 0 || stored > length {
-                return Err(FormatError::invalid(S, location, format!("record {i}: image of {length} bytes with {stored} stored")));
+            if length == 0
+                || length > IMAGE_BYTES_MAX
+                || length as u64 % crate::SECTOR_BYTES != 0
+                || stored > length
+            {
+                return Err(FormatError::invalid(
+                    S,
+                    location,
+                    format!("record {i}: image of {length} bytes with {stored} stored"),
+                ));
             }
             if disk > crate::da::DISK_INDEX_MAX || sector > crate::da::SECTOR_MAX {
-                return Err(FormatError::invalid(S, location, format!("record {i}: disk address {disk}:{sector} out of range")));
+                return Err(FormatError::invalid(
+                    S,
+                    location,
+                    format!("record {i}: disk address {disk}:{sector} out of range"),
+                ));
             }
             let bytes = r.take(stored as usize)?.to_vec();
-            out.push(LogImage { da: DiskAddress::new(disk, sector), length, bytes });
+            out.push(LogImage {
+                da: DiskAddress::new(disk, sector),
+                length,
+                bytes,
+            });
         }
         if r.remaining() != 0 {
-            return Err(FormatError::invalid(S, location, format!("{} bytes after the last record", r.remaining())));
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!("{} bytes after the last record", r.remaining()),
+            ));
         }
         Ok(out)
     }
@@ -238,7 +345,10 @@ mod tests {
     fn sample() -> Vec<LogImage> {
         let mut full = vec![0u8; 4096];
         full[..5].copy_from_slice(b"inode");
-        vec![LogImage::trimmed(DiskAddress::new(1, 64), &full), LogImage::trimmed(DiskAddress::new(3, 8), &[7u8; 1024])]
+        vec![
+            LogImage::trimmed(DiskAddress::new(1, 64), &full),
+            LogImage::trimmed(DiskAddress::new(3, 8), &[7u8; 1024]),
+        ]
     }
 
     #[test]
@@ -249,7 +359,9 @@ mod tests {
         let h = TxnHeader::decode(&bytes, 0, uuid, 4096, Location::Memory).unwrap();
         assert_eq!(h.seq, 9);
         assert_eq!(h.total_bytes() as usize, bytes.len());
-        let imgs = h.decode_payload(&bytes[TXN_HEADER_BYTES..], Location::Memory).unwrap();
+        let imgs = h
+            .decode_payload(&bytes[TXN_HEADER_BYTES..], Location::Memory)
+            .unwrap();
         assert_eq!(imgs, sample());
         assert_eq!(imgs[0].bytes.len(), 5, "trailing zeros are not stored");
         assert_eq!(imgs[0].expanded().len(), 4096);
@@ -266,6 +378,8 @@ mod tests {
         let last = bytes.len() - 600;
         bytes[last] ^= 1;
         let h = TxnHeader::decode(&bytes, 0, uuid, 0, Location::Memory).unwrap();
-        assert!(h.decode_payload(&bytes[TXN_HEADER_BYTES..], Location::Memory).is_err());
+        assert!(h
+            .decode_payload(&bytes[TXN_HEADER_BYTES..], Location::Memory)
+            .is_err());
     }
 }

@@ -17,20 +17,30 @@ use mako_format::inode::*;
 use mako_format::inode_map_segment::InodeMapSegment;
 use mako_format::log_header::LogHeader;
 use mako_format::DiskAddress;
-use rand::{Rng, SeedableRng};
 use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 fn iters() -> usize {
-    std::env::var("MAKO_FUZZ_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(3000)
+    std::env::var("MAKO_FUZZ_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3000)
 }
 fn seed() -> u64 {
-    std::env::var("MAKO_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| rand::random())
+    std::env::var("MAKO_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| rand::random())
 }
 const LOC: Location = Location::Memory;
 
-
 fn geometry() -> Geometry {
-    Geometry { block_bytes: 4 << 20, subblocks_per_block: 512, inode_bytes: 4096, indirect_bytes: 32768 }
+    Geometry {
+        block_bytes: 4 << 20,
+        subblocks_per_block: 512,
+        inode_bytes: 4096,
+        indirect_bytes: 32768,
+    }
 }
 
 pub fn sample_descriptor() -> Descriptor {
@@ -90,10 +100,24 @@ fn sample_inode(content: u8) -> Inode {
     i.content = match content {
         0 => InodeContent::InlineData(b"hello world".to_vec()),
         1 => InodeContent::InlineDir(vec![
-            DirEntry { cookie: 10, ino: 17, kind: 8, name: b"a".to_vec() },
-            DirEntry { cookie: 99, ino: 18, kind: 4, name: b"bb".to_vec() },
+            DirEntry {
+                cookie: 10,
+                ino: 17,
+                kind: 8,
+                name: b"a".to_vec(),
+            },
+            DirEntry {
+                cookie: 99,
+                ino: 18,
+                kind: 4,
+                name: b"bb".to_vec(),
+            },
         ]),
-        _ => InodeContent::Pointers((0..64).map(|k| DiskAddress::new(k % 4, 1000 + k as u64)).collect()),
+        _ => InodeContent::Pointers(
+            (0..64)
+                .map(|k| DiskAddress::new(k % 4, 1000 + k as u64))
+                .collect(),
+        ),
     };
     i
 }
@@ -132,9 +156,15 @@ fn mutate(rng: &mut StdRng, valid: &[u8]) -> Vec<u8> {
 
 /// Run one target: decode mutations of `valid`, never panic; a single bit flip that
 /// decodes successfully must decode to the original (impossible for checksummed data).
-fn run_target<T: PartialEq + std::fmt::Debug>(name: &str, valid: Vec<u8>, covered: usize, decode: impl Fn(&[u8]) -> Result<T, mako_format::FormatError>) {
+fn run_target<T: PartialEq + std::fmt::Debug>(
+    name: &str,
+    valid: Vec<u8>,
+    covered: usize,
+    decode: impl Fn(&[u8]) -> Result<T, mako_format::FormatError>,
+) {
     let seed = seed();
-    let original = decode(&valid).unwrap_or_else(|e| panic!("{name}: valid encoding does not decode: {e}"));
+    let original =
+        decode(&valid).unwrap_or_else(|e| panic!("{name}: valid encoding does not decode: {e}"));
     let mut rng = StdRng::seed_from_u64(seed);
     for it in 0..iters() {
         let m = mutate(&mut rng, &valid);
@@ -145,7 +175,10 @@ fn run_target<T: PartialEq + std::fmt::Debug>(name: &str, valid: Vec<u8>, covere
                 // Bytes within the structure changed and it still decoded: only
                 // acceptable if the change was in padding that the checksum covers
                 // identically (impossible) — so it must equal the original.
-                assert_eq!(v, original, "{name}: corruption went undetected (MAKO_FUZZ_SEED={seed}, iteration {it})");
+                assert_eq!(
+                    v, original,
+                    "{name}: corruption went undetected (MAKO_FUZZ_SEED={seed}, iteration {it})"
+                );
             }
             Ok(_) => {}
         }
@@ -174,7 +207,9 @@ fn fuzz_disk_header() {
         usage: DiskUsage::DataAndMetadata,
         disk_index: 0,
     };
-    run_target("disk header", h.encode(), usize::MAX, |b| DiskHeader::decode(b, Location::Memory));
+    run_target("disk header", h.encode(), usize::MAX, |b| {
+        DiskHeader::decode(b, Location::Memory)
+    });
 }
 
 #[test]
@@ -183,53 +218,103 @@ fn fuzz_descriptor() {
     let mut enc = d.encode().unwrap();
     let covered = u32::from_le_bytes(enc[14..18].try_into().unwrap()) as usize;
     enc.resize(DESCRIPTOR_BYTES_MAX.min(8192), 0);
-    run_target("descriptor", enc, covered, |b| Descriptor::decode(b, Location::Memory));
+    run_target("descriptor", enc, covered, |b| {
+        Descriptor::decode(b, Location::Memory)
+    });
 }
 
 #[test]
 fn fuzz_inode() {
     for content in 0..3 {
         let i = sample_inode(content);
-        run_target("inode", i.encode(4096).unwrap(), usize::MAX, |b| Inode::decode(b, 4096, 42, Location::Memory));
+        run_target("inode", i.encode(4096).unwrap(), usize::MAX, |b| {
+            Inode::decode(b, 4096, 42, Location::Memory)
+        });
     }
 }
 
 #[test]
 fn fuzz_indirect_block() {
-    let id = IndirectId { ino: 42, level: 1, index: 3 };
+    let id = IndirectId {
+        ino: 42,
+        level: 1,
+        index: 3,
+    };
     let mut ib = IndirectBlock::new(id, geometry().pointers_per_indirect() as usize);
     ib.pointers[5] = DiskAddress::new(2, 4096);
-    run_target("indirect block", ib.encode(32768), usize::MAX, |b| IndirectBlock::decode(b, 32768, id, Location::Memory));
+    run_target("indirect block", ib.encode(32768), usize::MAX, |b| {
+        IndirectBlock::decode(b, 32768, id, Location::Memory)
+    });
 }
 
 #[test]
 fn fuzz_dir_block() {
     let id = DirBlockId { ino: 42, index: 1 };
     let (lo, _) = cookie_range(1, 1);
-    let entries = (0..50u64).map(|k| DirEntry { cookie: lo + 3 + k * 7, ino: 100 + k, kind: 8, name: format!("file{k}").into_bytes() }).collect();
-    let blk = DirBlock { id, depth: 1, capacity_bytes: 32768, entries };
-    run_target("directory block", blk.encode(), usize::MAX, |b| DirBlock::decode(b, id, Location::Memory));
+    let entries = (0..50u64)
+        .map(|k| DirEntry {
+            cookie: lo + 3 + k * 7,
+            ino: 100 + k,
+            kind: 8,
+            name: format!("file{k}").into_bytes(),
+        })
+        .collect();
+    let blk = DirBlock {
+        id,
+        depth: 1,
+        capacity_bytes: 32768,
+        entries,
+    };
+    run_target("directory block", blk.encode(), usize::MAX, |b| {
+        DirBlock::decode(b, id, Location::Memory)
+    });
 }
 
 #[test]
 fn fuzz_alloc_segment() {
-    let mut s = AllocSegment::new(3, vec![DiskSlice { disk: 0, first_subblock: 128, subblocks: 1000 }, DiskSlice { disk: 1, first_subblock: 128, subblocks: 1000 }]);
+    let mut s = AllocSegment::new(
+        3,
+        vec![
+            DiskSlice {
+                disk: 0,
+                first_subblock: 128,
+                subblocks: 1000,
+            },
+            DiskSlice {
+                disk: 1,
+                first_subblock: 128,
+                subblocks: 1000,
+            },
+        ],
+    );
     s.bitmaps[0][0] = 0xdead_beef;
     let slot = AllocSegment::encoded_len(&s.slices).div_ceil(512) * 512;
-    run_target("allocation map segment", s.encode(slot), usize::MAX, |b| AllocSegment::decode(b, 3, Location::Memory));
+    run_target("allocation map segment", s.encode(slot), usize::MAX, |b| {
+        AllocSegment::decode(b, 3, Location::Memory)
+    });
 }
 
 #[test]
 fn fuzz_inode_map_segment() {
     let mut s = InodeMapSegment::new(2, 65536, 32768);
     s.bitmap[3] = 0xff;
-    run_target("inode map segment", s.encode(), usize::MAX, |b| InodeMapSegment::decode(b, 2, 32768, Location::Memory));
+    run_target("inode map segment", s.encode(), usize::MAX, |b| {
+        InodeMapSegment::decode(b, 2, 32768, Location::Memory)
+    });
 }
 
 #[test]
 fn fuzz_log_header() {
-    let h = LogHeader { node: 0, log_bytes: 32 << 20, tail_lsn: 5, head_lsn: 9, clean: true };
-    run_target("log header", h.encode(), usize::MAX, |b| LogHeader::decode(b, 0, Location::Memory));
+    let h = LogHeader {
+        node: 0,
+        log_bytes: 32 << 20,
+        tail_lsn: 5,
+        head_lsn: 9,
+        clean: true,
+    };
+    run_target("log header", h.encode(), usize::MAX, |b| {
+        LogHeader::decode(b, 0, Location::Memory)
+    });
 }
 
 #[test]
@@ -237,7 +322,10 @@ fn fuzz_log_transaction() {
     use mako_format::log_record::*;
     let mut inode = vec![0u8; 4096];
     inode[..100].copy_from_slice(&[3u8; 100]);
-    let images = vec![LogImage::trimmed(DiskAddress::new(1, 64), &inode), LogImage::trimmed(DiskAddress::new(2, 4096), &[9u8; 512])];
+    let images = vec![
+        LogImage::trimmed(DiskAddress::new(1, 64), &inode),
+        LogImage::trimmed(DiskAddress::new(2, 4096), &[9u8; 512]),
+    ];
     let uuid = [4u8; 16];
     let txn = encode_txn(0, uuid, 8192, 3, images.iter());
     // Header and payload are checked together: what replay does with the bytes it reads.
@@ -255,7 +343,10 @@ fn misdirected_blocks_are_named() {
     let e = Inode::decode(&i.encode(4096).unwrap(), 4096, 43, LOC_DISK()).unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains("inode at 1:77"), "{msg}");
-    assert!(msg.contains("inode 43") && msg.contains("inode 42"), "{msg}");
+    assert!(
+        msg.contains("inode 43") && msg.contains("inode 42"),
+        "{msg}"
+    );
 }
 
 #[allow(non_snake_case)]

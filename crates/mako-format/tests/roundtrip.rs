@@ -7,8 +7,11 @@ use mako_format::DiskAddress;
 use proptest::prelude::*;
 
 fn name_strategy() -> impl Strategy<Value = Vec<u8>> {
-    proptest::collection::vec(any::<u8>().prop_filter("no / or NUL", |b| *b != b'/' && *b != 0), 1..40)
-        .prop_filter("not . or ..", |n| n != b"." && n != b"..")
+    proptest::collection::vec(
+        any::<u8>().prop_filter("no / or NUL", |b| *b != b'/' && *b != 0),
+        1..40,
+    )
+    .prop_filter("not . or ..", |n| n != b"." && n != b"..")
 }
 
 proptest! {

@@ -36,7 +36,9 @@ pub fn decode(bytes: &[u8]) -> Option<Vec<AclEntry>> {
             id: u32::from_le_bytes([c[4], c[5], c[6], c[7]]),
         });
     }
-    let valid_tags = out.iter().all(|e| matches!(e.tag, USER_OBJ | USER | GROUP_OBJ | GROUP | MASK | OTHER) && e.perm <= 7);
+    let valid_tags = out.iter().all(|e| {
+        matches!(e.tag, USER_OBJ | USER | GROUP_OBJ | GROUP | MASK | OTHER) && e.perm <= 7
+    });
     valid_tags.then_some(out)
 }
 
@@ -52,7 +54,9 @@ pub fn encode(entries: &[AclEntry]) -> Vec<u8> {
 
 /// True if the ACL says no more than the mode bits (only the three base entries).
 pub fn is_minimal(entries: &[AclEntry]) -> bool {
-    entries.iter().all(|e| matches!(e.tag, USER_OBJ | GROUP_OBJ | OTHER))
+    entries
+        .iter()
+        .all(|e| matches!(e.tag, USER_OBJ | GROUP_OBJ | OTHER))
 }
 
 /// Apply `mode`'s permission bits to an ACL (chmod): owner, other, and the mask (or
@@ -93,7 +97,11 @@ pub fn inherit(default_acl: &[u8], mode: u32) -> Option<(u32, Option<Vec<u8>>)> 
         }
     }
     let new_mode = (mode & !0o777) | mode_from(&entries)?;
-    let access = if is_minimal(&entries) { None } else { Some(encode(&entries)) };
+    let access = if is_minimal(&entries) {
+        None
+    } else {
+        Some(encode(&entries))
+    };
     Some((new_mode, access))
 }
 
@@ -103,11 +111,31 @@ mod tests {
     #[test]
     fn inherit_masks_with_mode() {
         let acl = vec![
-            AclEntry { tag: USER_OBJ, perm: 7, id: u32::MAX },
-            AclEntry { tag: USER, perm: 7, id: 1000 },
-            AclEntry { tag: GROUP_OBJ, perm: 5, id: u32::MAX },
-            AclEntry { tag: MASK, perm: 7, id: u32::MAX },
-            AclEntry { tag: OTHER, perm: 0, id: u32::MAX },
+            AclEntry {
+                tag: USER_OBJ,
+                perm: 7,
+                id: u32::MAX,
+            },
+            AclEntry {
+                tag: USER,
+                perm: 7,
+                id: 1000,
+            },
+            AclEntry {
+                tag: GROUP_OBJ,
+                perm: 5,
+                id: u32::MAX,
+            },
+            AclEntry {
+                tag: MASK,
+                perm: 7,
+                id: u32::MAX,
+            },
+            AclEntry {
+                tag: OTHER,
+                perm: 0,
+                id: u32::MAX,
+            },
         ];
         let (mode, access) = inherit(&encode(&acl), 0o100640).unwrap();
         assert_eq!(mode, 0o100640);

@@ -14,11 +14,11 @@
 //! again until the transaction that freed them has been checkpointed.
 
 use crate::error::{FsError, FsResult};
+use mako_diag::{CountedMutex, LockClass};
 use mako_format::alloc_segment::{AllocSegment, DiskSlice};
 use mako_format::descriptor::{Descriptor, DiskStatus, LayoutMap, RESERVED_BYTES};
 use mako_format::geometry::Geometry;
 use mako_format::DiskAddress;
-use mako_diag::{CountedMutex, LockClass};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Lock class of `mako diag counters`.
@@ -78,7 +78,10 @@ pub struct AllocMap {
 /// Bytes of the allocation map file slot for one region.
 pub fn segment_slot_bytes(desc: &Descriptor) -> usize {
     // Regions differ by up to a block per disk (integer division): size by the largest.
-    let largest = (0..desc.regions).map(|r| AllocSegment::encoded_len(&region_slices(desc, r))).max().unwrap_or(0);
+    let largest = (0..desc.regions)
+        .map(|r| AllocSegment::encoded_len(&region_slices(desc, r)))
+        .max()
+        .unwrap_or(0);
     largest.div_ceil(4096) * 4096
 }
 
@@ -106,7 +109,11 @@ pub fn region_slices(desc: &Descriptor, region: u32) -> Vec<DiskSlice> {
             let b = boundaries_for(desc, d);
             let lo = b[region as usize];
             let hi = b[region as usize + 1];
-            DiskSlice { disk: d as u32, first_subblock: lo * spb, subblocks: (hi - lo) * spb }
+            DiskSlice {
+                disk: d as u32,
+                first_subblock: lo * spb,
+                subblocks: (hi - lo) * spb,
+            }
         })
         .collect()
 }
@@ -164,7 +171,12 @@ fn count_used(bm: &[u64], len: u64) -> u64 {
 
 impl Region {
     fn from_segment(seg: AllocSegment) -> Region {
-        let free = seg.slices.iter().zip(&seg.bitmaps).map(|(s, b)| s.subblocks - count_used(b, s.subblocks)).collect();
+        let free = seg
+            .slices
+            .iter()
+            .zip(&seg.bitmaps)
+            .map(|(s, b)| s.subblocks - count_used(b, s.subblocks))
+            .collect();
         let cursor = vec![0; seg.slices.len()];
         let mut bitmap_offsets = Vec::new();
         let mut off = mako_format::alloc_segment::ALLOC_HEADER_BYTES;
@@ -174,7 +186,14 @@ impl Region {
             off += s.subblocks.div_ceil(64) as usize * 8;
         }
         let quarantine = vec![Vec::new(); seg.slices.len()];
-        Region { seg, dirty_pages: Default::default(), free, cursor, bitmap_offsets, quarantine }
+        Region {
+            seg,
+            dirty_pages: Default::default(),
+            free,
+            cursor,
+            bitmap_offsets,
+            quarantine,
+        }
     }
 
     /// Mark the pages holding subblocks `start..start+len` of slice `si` dirty; returns
@@ -199,7 +218,8 @@ impl Region {
     }
 
     fn allocatable(&self, si: usize, start: u64, len: u64) -> bool {
-        range_free(&self.seg.bitmaps[si], start, len) && (self.quarantine[si].is_empty() || range_free(&self.quarantine[si], start, len))
+        range_free(&self.seg.bitmaps[si], start, len)
+            && (self.quarantine[si].is_empty() || range_free(&self.quarantine[si], start, len))
     }
 }
 
@@ -208,7 +228,11 @@ impl AllocMap {
     pub fn new(desc: &Descriptor, segments: Vec<AllocSegment>) -> FsResult<AllocMap> {
         let geo = desc.geometry;
         if segments.len() != desc.regions as usize {
-            return Err(FsError::Invalid(format!("{} allocation segments for {} regions", segments.len(), desc.regions)));
+            return Err(FsError::Invalid(format!(
+                "{} allocation segments for {} regions",
+                segments.len(),
+                desc.regions
+            )));
         }
         let mut total = 0;
         let mut free_total = 0;
@@ -227,19 +251,38 @@ impl AllocMap {
             regions.push(CountedMutex::new(&ALLOC_REGION_LOCK, region));
         }
         let usable = |d: &&mako_format::descriptor::DiskEntry| d.status == DiskStatus::Ready;
-        let data_disks = desc.disks.iter().filter(usable).filter(|d| d.usage.holds_data()).map(|d| d.index).collect();
-        let meta_disks = desc.disks.iter().filter(usable).filter(|d| d.usage.holds_metadata()).map(|d| d.index).collect();
+        let data_disks = desc
+            .disks
+            .iter()
+            .filter(usable)
+            .filter(|d| d.usage.holds_data())
+            .map(|d| d.index)
+            .collect();
+        let meta_disks = desc
+            .disks
+            .iter()
+            .filter(usable)
+            .filter(|d| d.usage.holds_metadata())
+            .map(|d| d.index)
+            .collect();
         Ok(AllocMap {
             geo,
             layout: desc.layout,
             regions,
-            boundaries: (0..desc.disks.len()).map(|d| boundaries_for(desc, d)).collect(),
+            boundaries: (0..desc.disks.len())
+                .map(|d| boundaries_for(desc, d))
+                .collect(),
             data_disks,
             meta_disks,
             free_subblocks: AtomicU64::new(free_total),
             reserved_subblocks: AtomicU64::new(0),
             // 1% of the space, at least 16 and at most 1024 full blocks.
-            metadata_reserve: (total / 100).clamp(16 * geo.subblocks_per_block as u64, 1024 * geo.subblocks_per_block as u64).min(total / 4),
+            metadata_reserve: (total / 100)
+                .clamp(
+                    16 * geo.subblocks_per_block as u64,
+                    1024 * geo.subblocks_per_block as u64,
+                )
+                .min(total / 4),
             total_subblocks: total,
             next_region: AtomicUsize::new(0),
             rotor: AtomicUsize::new(0),
@@ -250,7 +293,9 @@ impl AllocMap {
     }
 
     pub fn fresh_segments(desc: &Descriptor) -> Vec<AllocSegment> {
-        (0..desc.regions).map(|r| AllocSegment::new(r, region_slices(desc, r))).collect()
+        (0..desc.regions)
+            .map(|r| AllocSegment::new(r, region_slices(desc, r)))
+            .collect()
     }
 
     pub fn total_subblocks(&self) -> u64 {
@@ -264,7 +309,8 @@ impl AllocMap {
     }
     /// Free subblocks nobody has a claim on (what statfs reports as available).
     pub fn available_subblocks(&self) -> u64 {
-        self.free_subblocks().saturating_sub(self.reserved_subblocks())
+        self.free_subblocks()
+            .saturating_sub(self.reserved_subblocks())
     }
 
     /// Subblocks an allocation of `kind` may use, counting `held` of the reservations
@@ -276,8 +322,14 @@ impl AllocMap {
     /// but never space promised to data.
     fn usable(&self, kind: AllocKind, held: u64) -> u64 {
         let others = self.reserved_subblocks().saturating_sub(held);
-        let floor = if kind == AllocKind::Data && held == 0 { self.metadata_reserve } else { 0 };
-        self.free_subblocks().saturating_sub(others).saturating_sub(floor)
+        let floor = if kind == AllocKind::Data && held == 0 {
+            self.metadata_reserve
+        } else {
+            0
+        };
+        self.free_subblocks()
+            .saturating_sub(others)
+            .saturating_sub(floor)
     }
 
     /// Promise `n` subblocks to dirty data; ENOSPC when they are not there.
@@ -294,7 +346,12 @@ impl AllocMap {
                     self.metadata_reserve
                 )));
             }
-            match self.reserved_subblocks.compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Relaxed) {
+            match self.reserved_subblocks.compare_exchange_weak(
+                cur,
+                cur + n,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return Ok(()),
                 Err(now) => cur = now,
             }
@@ -348,13 +405,26 @@ impl AllocMap {
 
     /// Allocate `subblocks` contiguous subblocks (a full block when equal to the
     /// subblocks per block) for unit `unit` of inode `ino`.
-    pub fn allocate(&self, kind: AllocKind, subblocks: u32, ino: u64, unit: u64) -> FsResult<DiskAddress> {
+    pub fn allocate(
+        &self,
+        kind: AllocKind,
+        subblocks: u32,
+        ino: u64,
+        unit: u64,
+    ) -> FsResult<DiskAddress> {
         self.allocate_reserved(kind, subblocks, ino, unit, 0)
     }
 
     /// Allocate, consuming `held` subblocks the caller reserved earlier (released
     /// whether or not the allocation needs all of them).
-    pub fn allocate_reserved(&self, kind: AllocKind, subblocks: u32, ino: u64, unit: u64, held: u32) -> FsResult<DiskAddress> {
+    pub fn allocate_reserved(
+        &self,
+        kind: AllocKind,
+        subblocks: u32,
+        ino: u64,
+        unit: u64,
+        held: u32,
+    ) -> FsResult<DiskAddress> {
         if self.usable(kind, held as u64) < subblocks as u64 {
             return Err(FsError::NoSpace(format!(
                 "{subblocks} subblocks wanted, {} free of which {} are promised to unwritten data",
@@ -369,9 +439,18 @@ impl AllocMap {
         Ok(da)
     }
 
-    fn allocate_any(&self, kind: AllocKind, subblocks: u32, ino: u64, unit: u64) -> FsResult<DiskAddress> {
+    fn allocate_any(
+        &self,
+        kind: AllocKind,
+        subblocks: u32,
+        ino: u64,
+        unit: u64,
+    ) -> FsResult<DiskAddress> {
         let spb = self.geo.subblocks_per_block;
-        assert!(subblocks >= 1 && subblocks <= spb, "allocation of {subblocks} subblocks");
+        assert!(
+            subblocks >= 1 && subblocks <= spb,
+            "allocation of {subblocks} subblocks"
+        );
         let ndisks = match kind {
             AllocKind::Data => self.data_disks.len(),
             AllocKind::Metadata => self.meta_disks.len(),
@@ -398,7 +477,11 @@ impl AllocMap {
         }
         Err(FsError::NoSpace(format!(
             "no {subblocks} free subblocks on any {} disk ({} of {} subblocks free)",
-            if kind == AllocKind::Data { "data" } else { "metadata" },
+            if kind == AllocKind::Data {
+                "data"
+            } else {
+                "metadata"
+            },
             self.free_subblocks(),
             self.total_subblocks
         )))
@@ -454,7 +537,10 @@ impl AllocMap {
         self.dirty_pages.fetch_add(pages, Ordering::Relaxed);
         self.free_subblocks.fetch_sub(want, Ordering::Relaxed);
         let subblock = slice.first_subblock + at;
-        Some(DiskAddress::new(disk, subblock * self.geo.sectors_per_subblock()))
+        Some(DiskAddress::new(
+            disk,
+            subblock * self.geo.sectors_per_subblock(),
+        ))
     }
 
     fn locate(&self, da: DiskAddress) -> FsResult<(usize, u64)> {
@@ -465,12 +551,16 @@ impl AllocMap {
             .get(da.disk() as usize)
             .ok_or_else(|| FsError::Invalid(format!("disk address {da} names no disk")))?;
         if da.sector() % sps != 0 {
-            return Err(FsError::Invalid(format!("disk address {da} is not subblock aligned")));
+            return Err(FsError::Invalid(format!(
+                "disk address {da} is not subblock aligned"
+            )));
         }
         let block = da.sector() / sps / spb;
         let region = b.partition_point(|&x| x <= block);
         if region == 0 || region > self.regions.len() {
-            return Err(FsError::Invalid(format!("disk address {da} is outside the allocatable area")));
+            return Err(FsError::Invalid(format!(
+                "disk address {da} is outside the allocatable area"
+            )));
         }
         Ok((region - 1, da.sector() / sps))
     }
@@ -482,7 +572,12 @@ impl AllocMap {
     pub fn free(&self, da: DiskAddress, subblocks: u32) -> FsResult<()> {
         let (region, subblock) = self.locate(da)?;
         let mut r = self.regions[region].lock();
-        let si = r.seg.slices.iter().position(|s| s.disk == da.disk()).expect("slice for disk");
+        let si = r
+            .seg
+            .slices
+            .iter()
+            .position(|s| s.disk == da.disk())
+            .expect("slice for disk");
         let off = subblock - r.seg.slices[si].first_subblock;
         let n = subblocks as u64;
         let bm = &r.seg.bitmaps[si];
@@ -528,9 +623,16 @@ impl AllocMap {
             done
         };
         for (_, da, subblocks) in done {
-            let Ok((region, subblock)) = self.locate(da) else { continue };
+            let Ok((region, subblock)) = self.locate(da) else {
+                continue;
+            };
             let mut r = self.regions[region].lock();
-            let si = r.seg.slices.iter().position(|s| s.disk == da.disk()).expect("slice for disk");
+            let si = r
+                .seg
+                .slices
+                .iter()
+                .position(|s| s.disk == da.disk())
+                .expect("slice for disk");
             let off = subblock - r.seg.slices[si].first_subblock;
             let n = subblocks as u64;
             set_range(&mut r.quarantine[si], off, n, false);
@@ -549,11 +651,18 @@ impl AllocMap {
     pub fn mark_used(&self, da: DiskAddress, subblocks: u32) -> FsResult<()> {
         let (region, subblock) = self.locate(da)?;
         let mut r = self.regions[region].lock();
-        let si = r.seg.slices.iter().position(|s| s.disk == da.disk()).expect("slice for disk");
+        let si = r
+            .seg
+            .slices
+            .iter()
+            .position(|s| s.disk == da.disk())
+            .expect("slice for disk");
         let off = subblock - r.seg.slices[si].first_subblock;
         let n = subblocks as u64;
         if !range_free(&r.seg.bitmaps[si], off, n) {
-            return Err(FsError::Invalid(format!("subblocks at {da} already in use")));
+            return Err(FsError::Invalid(format!(
+                "subblocks at {da} already in use"
+            )));
         }
         set_range(&mut r.seg.bitmaps[si], off, n, true);
         r.free[si] -= n;
@@ -566,7 +675,12 @@ impl AllocMap {
     pub fn is_used(&self, da: DiskAddress, subblocks: u32) -> FsResult<bool> {
         let (region, subblock) = self.locate(da)?;
         let r = self.regions[region].lock();
-        let si = r.seg.slices.iter().position(|s| s.disk == da.disk()).expect("slice for disk");
+        let si = r
+            .seg
+            .slices
+            .iter()
+            .position(|s| s.disk == da.disk())
+            .expect("slice for disk");
         let off = subblock - r.seg.slices[si].first_subblock;
         Ok((off..off + subblocks as u64).all(|i| bit(&r.seg.bitmaps[si], i)))
     }
@@ -582,12 +696,18 @@ impl AllocMap {
             }
             let bytes = r.seg.encode(slot_bytes);
             let pages = std::mem::take(&mut r.dirty_pages);
-            self.dirty_pages.fetch_sub(pages.len() as u64, Ordering::Relaxed);
+            self.dirty_pages
+                .fetch_sub(pages.len() as u64, Ordering::Relaxed);
             let v = pages
                 .into_iter()
                 .map(|p| p as usize * MAP_PAGE_BYTES)
                 .filter(|&lo| lo < bytes.len())
-                .map(|lo| (lo as u64, bytes[lo..(lo + MAP_PAGE_BYTES).min(bytes.len())].to_vec()))
+                .map(|lo| {
+                    (
+                        lo as u64,
+                        bytes[lo..(lo + MAP_PAGE_BYTES).min(bytes.len())].to_vec(),
+                    )
+                })
                 .collect();
             out.push((i as u32, v));
         }
@@ -646,10 +766,17 @@ mod tests {
             disks.insert(da.disk());
             let sps = desc.geometry.sectors_per_subblock();
             for k in 0..n as u64 {
-                assert!(seen.insert((da.disk(), da.sector() + k * sps)), "subblock handed out twice");
+                assert!(
+                    seen.insert((da.disk(), da.sector() + k * sps)),
+                    "subblock handed out twice"
+                );
             }
             if n == spb {
-                assert_eq!(da.sector() % desc.geometry.sectors_per_block(), 0, "full block not aligned");
+                assert_eq!(
+                    da.sector() % desc.geometry.sectors_per_block(),
+                    0,
+                    "full block not aligned"
+                );
             } else {
                 let first = da.sector() / desc.geometry.sectors_per_block();
                 let last = (da.sector() + (n as u64 - 1) * sps) / desc.geometry.sectors_per_block();
@@ -664,13 +791,19 @@ mod tests {
         // Freed space is quarantined until its transaction is checkpointed.
         assert_eq!(map.free_subblocks() + map.quarantined_subblocks(), total);
         let again = map.allocate(AllocKind::Data, spb, 99, 1000).unwrap();
-        assert!(!allocs.iter().any(|(da, _)| *da == again), "quarantined space handed out again");
+        assert!(
+            !allocs.iter().any(|(da, _)| *da == again),
+            "quarantined space handed out again"
+        );
         map.free(again, spb).unwrap();
         map.tag_frees(1);
         map.release_frees(1);
         assert_eq!(map.free_subblocks(), total);
         assert_eq!(map.quarantined_subblocks(), 0);
-        assert!(map.free(allocs[0].0, allocs[0].1).is_err(), "double free refused");
+        assert!(
+            map.free(allocs[0].0, allocs[0].1).is_err(),
+            "double free refused"
+        );
     }
 
     #[test]
@@ -688,7 +821,10 @@ mod tests {
         for unit in 0..16u64 {
             for ino in [a, b] {
                 let da = map.allocate(AllocKind::Data, spb, ino, unit).unwrap();
-                by_file_disk.entry((ino, da.disk())).or_default().push(da.sector() / spbk);
+                by_file_disk
+                    .entry((ino, da.disk()))
+                    .or_default()
+                    .push(da.sector() / spbk);
             }
         }
         assert_eq!(by_file_disk.len(), 8, "each file stripes over all 4 disks");

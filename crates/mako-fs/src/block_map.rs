@@ -92,13 +92,28 @@ fn load_indirect(core: &Core, st: &InodeState, id: IndirectId, da: DiskAddress) 
         return Ok(());
     }
     let mut buf = vec![0u8; core.geo.indirect_bytes as usize];
-    core.read_metadata(da, &mut buf, IoTag { buffer_type: BufferType::Indirect, ino: id.ino })?;
-    let block = IndirectBlock::decode(&buf, core.geo.indirect_bytes, id, Location::Disk(da)).map_err(|e| {
-        core.stats.corruptions.fetch_add(1, Ordering::Relaxed);
-        tracing::error!("{e} (inode {})", id.ino);
-        FsError::from(e)
-    })?;
-    cache.insert((id.level, id.index), IndNode { block, da, dirty: false });
+    core.read_metadata(
+        da,
+        &mut buf,
+        IoTag {
+            buffer_type: BufferType::Indirect,
+            ino: id.ino,
+        },
+    )?;
+    let block = IndirectBlock::decode(&buf, core.geo.indirect_bytes, id, Location::Disk(da))
+        .map_err(|e| {
+            core.stats.corruptions.fetch_add(1, Ordering::Relaxed);
+            tracing::error!("{e} (inode {})", id.ino);
+            FsError::from(e)
+        })?;
+    cache.insert(
+        (id.level, id.index),
+        IndNode {
+            block,
+            da,
+            dirty: false,
+        },
+    );
     Ok(())
 }
 
@@ -117,7 +132,11 @@ pub fn lookup(core: &Core, st: &InodeState, unit: u64) -> FsResult<DiskAddress> 
             return Ok(DiskAddress::NULL);
         }
         let index = unit / span(core, level);
-        let id = IndirectId { ino: inode.ino, level, index };
+        let id = IndirectId {
+            ino: inode.ino,
+            level,
+            index,
+        };
         load_indirect(core, st, id, ptr)?;
         let slot = ((unit / span(core, level - 1)) % ppi(core)) as usize;
         ptr = st.indirect.lock()[&(level, index)].block.pointers[slot];
@@ -128,11 +147,17 @@ pub fn lookup(core: &Core, st: &InodeState, unit: u64) -> FsResult<DiskAddress> 
 /// Grow the tree until `unit` fits.
 fn grow_to(core: &Core, st: &mut InodeState, unit: u64) -> FsResult<()> {
     if !matches!(st.inode.content, InodeContent::Pointers(_)) {
-        st.inode.content = InodeContent::Pointers(vec![DiskAddress::NULL; pointers_in_inode(core.inode_bytes())]);
+        st.inode.content = InodeContent::Pointers(vec![
+            DiskAddress::NULL;
+            pointers_in_inode(core.inode_bytes())
+        ]);
     }
     while unit >= capacity(core, st.inode.depth) {
         if st.inode.depth >= DEPTH_MAX {
-            return Err(FsError::TooBig(format!("inode {}: unit {unit} beyond the largest file", st.inode.ino)));
+            return Err(FsError::TooBig(format!(
+                "inode {}: unit {unit} beyond the largest file",
+                st.inode.ino
+            )));
         }
         let new_level = st.inode.depth + 1;
         let ino = st.inode.ino;
@@ -140,12 +165,28 @@ fn grow_to(core: &Core, st: &mut InodeState, unit: u64) -> FsResult<()> {
         let any = old.iter().any(|d| !d.is_null());
         let n = old.len();
         if any {
-            let id = IndirectId { ino, level: new_level, index: 0 };
+            let id = IndirectId {
+                ino,
+                level: new_level,
+                index: 0,
+            };
             let mut block = IndirectBlock::new(id, ppi(core) as usize);
             block.pointers[..n].copy_from_slice(&old);
-            let da = core.alloc.allocate(AllocKind::Metadata, core.geo.indirect_subblocks(), ino, u64::MAX - new_level as u64)?;
+            let da = core.alloc.allocate(
+                AllocKind::Metadata,
+                core.geo.indirect_subblocks(),
+                ino,
+                u64::MAX - new_level as u64,
+            )?;
             st.inode.subblocks += core.geo.indirect_subblocks() as u64;
-            st.indirect.lock().insert((new_level, 0), IndNode { block, da, dirty: true });
+            st.indirect.lock().insert(
+                (new_level, 0),
+                IndNode {
+                    block,
+                    da,
+                    dirty: true,
+                },
+            );
             st.mark_unit_dirty(core.geo.indirect_bytes as u64);
             let mut p = vec![DiskAddress::NULL; n];
             p[0] = da;
@@ -182,9 +223,21 @@ pub fn set(core: &Core, st: &mut InodeState, unit: u64, da: DiskAddress) -> FsRe
             if da.is_null() {
                 return Ok(());
             }
-            let nda = core.alloc.allocate(AllocKind::Metadata, core.geo.indirect_subblocks(), ino, index)?;
+            let nda = core.alloc.allocate(
+                AllocKind::Metadata,
+                core.geo.indirect_subblocks(),
+                ino,
+                index,
+            )?;
             st.inode.subblocks += core.geo.indirect_subblocks() as u64;
-            st.indirect.lock().insert((level, index), IndNode { block: IndirectBlock::new(id, ppi(core) as usize), da: nda, dirty: true });
+            st.indirect.lock().insert(
+                (level, index),
+                IndNode {
+                    block: IndirectBlock::new(id, ppi(core) as usize),
+                    da: nda,
+                    dirty: true,
+                },
+            );
             st.mark_unit_dirty(core.geo.indirect_bytes as u64);
             // Link it into its parent.
             if level == depth {
@@ -196,7 +249,9 @@ pub fn set(core: &Core, st: &mut InodeState, unit: u64, da: DiskAddress) -> FsRe
                 let pslot = ((unit / span(core, level)) % ppi(core)) as usize;
                 let newly = {
                     let mut cache = st.indirect.lock();
-                    let parent = cache.get_mut(&(level + 1, pindex)).expect("parent indirect block cached");
+                    let parent = cache
+                        .get_mut(&(level + 1, pindex))
+                        .expect("parent indirect block cached");
                     parent.block.pointers[pslot] = nda;
                     !std::mem::replace(&mut parent.dirty, true)
                 };
@@ -211,7 +266,9 @@ pub fn set(core: &Core, st: &mut InodeState, unit: u64, da: DiskAddress) -> FsRe
         let slot = ((unit / span(core, level - 1)) % ppi(core)) as usize;
         let newly = {
             let mut cache = st.indirect.lock();
-            let node = cache.get_mut(&(level, index)).expect("indirect block cached");
+            let node = cache
+                .get_mut(&(level, index))
+                .expect("indirect block cached");
             if level == 1 {
                 node.block.pointers[slot] = da;
                 !std::mem::replace(&mut node.dirty, true)
@@ -229,7 +286,12 @@ pub fn set(core: &Core, st: &mut InodeState, unit: u64, da: DiskAddress) -> FsRe
 }
 
 /// Every allocated unit at or after `from`, in order, with its address.
-pub fn allocated_from(core: &Core, st: &InodeState, from: u64, limit: usize) -> FsResult<Vec<(u64, DiskAddress)>> {
+pub fn allocated_from(
+    core: &Core,
+    st: &InodeState,
+    from: u64,
+    limit: usize,
+) -> FsResult<Vec<(u64, DiskAddress)>> {
     let mut out = Vec::new();
     let depth = st.inode.depth;
     let ptrs: Vec<DiskAddress> = inode_pointers(&st.inode).to_vec();
@@ -265,7 +327,11 @@ fn walk(
         }
         return Ok(());
     }
-    let id = IndirectId { ino: st.inode.ino, level, index };
+    let id = IndirectId {
+        ino: st.inode.ino,
+        level,
+        index,
+    };
     load_indirect(core, st, id, ptr)?;
     let children: Vec<DiskAddress> = st.indirect.lock()[&(level, index)].block.pointers.clone();
     let s = span(core, level - 1);
@@ -274,7 +340,17 @@ fn walk(
         if c.is_null() || cbase.saturating_add(s) <= from {
             continue;
         }
-        walk(core, st, level - 1, index * ppi(core) + j as u64, *c, cbase, from, limit, out)?;
+        walk(
+            core,
+            st,
+            level - 1,
+            index * ppi(core) + j as u64,
+            *c,
+            cbase,
+            from,
+            limit,
+            out,
+        )?;
         if out.len() >= limit {
             return Ok(());
         }
@@ -285,7 +361,11 @@ fn walk(
 /// Remove every unit at or after `from` from the map, returning them (with their
 /// allocated subblocks) for the caller to free after dropping cached buffers; also
 /// frees indirect blocks that no longer map anything.
-pub fn cut_from(core: &Core, st: &mut InodeState, from: u64) -> FsResult<Vec<(u64, DiskAddress, u32)>> {
+pub fn cut_from(
+    core: &Core,
+    st: &mut InodeState,
+    from: u64,
+) -> FsResult<Vec<(u64, DiskAddress, u32)>> {
     let mut units = Vec::new();
     loop {
         let batch = allocated_from(core, st, from, 4096)?;
@@ -314,7 +394,17 @@ pub fn prune_indirect(core: &Core, st: &mut InodeState) -> FsResult<()> {
     for (i, p) in ptrs.iter().enumerate() {
         if !p.is_null() {
             let mut sink = Vec::new();
-            walk(core, st, depth, i as u64, *p, i as u64 * span(core, depth), u64::MAX, 0, &mut sink)?;
+            walk(
+                core,
+                st,
+                depth,
+                i as u64,
+                *p,
+                i as u64 * span(core, depth),
+                u64::MAX,
+                0,
+                &mut sink,
+            )?;
         }
     }
     let ino = st.inode.ino;
@@ -329,7 +419,10 @@ pub fn prune_indirect(core: &Core, st: &mut InodeState) -> FsResult<()> {
         for (index, da) in empty {
             st.indirect.lock().remove(&(level, index));
             core.alloc.free(da, core.geo.indirect_subblocks())?;
-            st.inode.subblocks = st.inode.subblocks.saturating_sub(core.geo.indirect_subblocks() as u64);
+            st.inode.subblocks = st
+                .inode
+                .subblocks
+                .saturating_sub(core.geo.indirect_subblocks() as u64);
             if level == depth {
                 if let InodeContent::Pointers(p) = &mut st.inode.content {
                     p[index as usize] = DiskAddress::NULL;
@@ -353,7 +446,10 @@ pub fn prune_indirect(core: &Core, st: &mut InodeState) -> FsResult<()> {
     }
     if inode_pointers(&st.inode).iter().all(|p| p.is_null()) {
         st.inode.depth = 0;
-        debug_assert!(st.indirect.lock().is_empty(), "inode {ino}: indirect blocks left with an empty root");
+        debug_assert!(
+            st.indirect.lock().is_empty(),
+            "inode {ino}: indirect blocks left with an empty root"
+        );
     }
     Ok(())
 }

@@ -4,7 +4,10 @@
 //! calls go to a remote token manager shard in a multi-node cluster.
 
 use crate::error::{FsError, FsResult};
-use mako_token::{ByteRange, NodeId, ResourceId, ResourceKind, RevokeRegistry, TokenClient, TokenClientLimits, TokenManager, TokenManagerLimits, TokenMode};
+use mako_token::{
+    ByteRange, NodeId, ResourceId, ResourceKind, RevokeRegistry, TokenClient, TokenClientLimits,
+    TokenManager, TokenManagerLimits, TokenMode,
+};
 use std::sync::Arc;
 
 pub trait Coherence: Send + Sync {
@@ -27,14 +30,34 @@ pub struct TokenCoherence {
 
 impl TokenCoherence {
     /// A single-node setup: an in-process manager and this node's client.
-    pub fn single_node(fs: u32, node: u32, flush: Arc<dyn mako_token::CacheFlush>) -> TokenCoherence {
-        let manager = Arc::new(TokenManager::new(TokenManagerLimits { tokens_max: 10_000_000 }));
+    pub fn single_node(
+        fs: u32,
+        node: u32,
+        flush: Arc<dyn mako_token::CacheFlush>,
+    ) -> TokenCoherence {
+        let manager = Arc::new(TokenManager::new(TokenManagerLimits {
+            tokens_max: 10_000_000,
+        }));
         let registry = Arc::new(RevokeRegistry::new());
-        let client = TokenClient::new(NodeId(node), manager.clone(), registry, flush, TokenClientLimits::default());
-        TokenCoherence { fs, manager, client }
+        let client = TokenClient::new(
+            NodeId(node),
+            manager.clone(),
+            registry,
+            flush,
+            TokenClientLimits::default(),
+        );
+        TokenCoherence {
+            fs,
+            manager,
+            client,
+        }
     }
     fn res(&self, kind: ResourceKind, ino: u64) -> ResourceId {
-        ResourceId { fs: self.fs, kind, id: ino }
+        ResourceId {
+            fs: self.fs,
+            kind,
+            id: ino,
+        }
     }
 }
 
@@ -47,20 +70,36 @@ impl Coherence for TokenCoherence {
         // Ask for xw whatever the need: on a single node the only holder keeps the
         // strongest mode, so a later change needs no second round trip. A multi-node
         // cluster must ask for `_mode` (and revoke conflicting holders).
-        self.client.acquire_whole(self.res(ResourceKind::Inode, ino), TokenMode::Xw).map(|_| ()).map_err(map_err)
+        self.client
+            .acquire_whole(self.res(ResourceKind::Inode, ino), TokenMode::Xw)
+            .map(|_| ())
+            .map_err(map_err)
     }
     fn data(&self, ino: u64, _mode: TokenMode, required: ByteRange) -> FsResult<()> {
         // As for inodes: xw on one node; `_mode` once there are others.
         self.client
-            .acquire(self.res(ResourceKind::ByteRange, ino), TokenMode::Xw, required, ByteRange::WHOLE)
+            .acquire(
+                self.res(ResourceKind::ByteRange, ino),
+                TokenMode::Xw,
+                required,
+                ByteRange::WHOLE,
+            )
             .map(|_| ())
             .map_err(map_err)
     }
     fn release(&self, ino: u64) {
-        let _ = self.client.release(self.res(ResourceKind::Inode, ino), ByteRange::WHOLE);
-        let _ = self.client.release(self.res(ResourceKind::ByteRange, ino), ByteRange::WHOLE);
+        let _ = self
+            .client
+            .release(self.res(ResourceKind::Inode, ino), ByteRange::WHOLE);
+        let _ = self
+            .client
+            .release(self.res(ResourceKind::ByteRange, ino), ByteRange::WHOLE);
     }
     fn dump(&self) -> Vec<(String, Vec<String>)> {
-        self.manager.dump().into_iter().map(|(r, h)| (r.to_string(), h.iter().map(|x| x.to_string()).collect())).collect()
+        self.manager
+            .dump()
+            .into_iter()
+            .map(|(r, h)| (r.to_string(), h.iter().map(|x| x.to_string()).collect()))
+            .collect()
     }
 }

@@ -8,6 +8,7 @@ use crate::inode_map::InodeMap;
 use crate::journal::{Inbox, Journal, LogStart};
 use crate::pagepool::PagePool;
 use crate::stats::FsStats;
+use mako_diag::{CountedMutex, CountedRwLock, LockClass};
 use mako_disk::nsd::IoTag;
 use mako_disk::{BufferType, Nsd};
 use mako_format::descriptor::Descriptor;
@@ -17,7 +18,6 @@ use mako_format::geometry::Geometry;
 use mako_format::indirect::IndirectBlock;
 use mako_format::inode::{Inode, Timestamp};
 use mako_format::DiskAddress;
-use mako_diag::{CountedMutex, CountedRwLock, LockClass};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -79,8 +79,13 @@ impl Default for FsConfig {
 }
 
 pub fn now() -> Timestamp {
-    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    Timestamp { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Timestamp {
+        sec: d.as_secs() as i64,
+        nsec: d.subsec_nanos(),
+    }
 }
 
 /// A cached indirect block.
@@ -126,17 +131,24 @@ impl DirNode {
         n
     }
     pub fn to_block(&self) -> DirBlock {
-        DirBlock { id: self.id, depth: self.depth, capacity_bytes: self.capacity_bytes, entries: self.entries.values().cloned().collect() }
+        DirBlock {
+            id: self.id,
+            depth: self.depth,
+            capacity_bytes: self.capacity_bytes,
+            entries: self.entries.values().cloned().collect(),
+        }
     }
     pub fn pages(&self) -> u32 {
         mako_format::dir_block::pages(self.capacity_bytes)
     }
     pub fn page_of(&self, cookie: u64) -> usize {
-        mako_format::dir_block::page_of(self.id.index, self.depth, self.capacity_bytes, cookie) as usize
+        mako_format::dir_block::page_of(self.id.index, self.depth, self.capacity_bytes, cookie)
+            as usize
     }
     /// Room for an entry of `extra` bytes with this cookie (in the page it belongs in).
     pub fn has_room(&self, cookie: u64, extra: usize) -> bool {
-        self.page_used[self.page_of(cookie)] + extra <= mako_format::dir_block::page_room(self.capacity_bytes)
+        self.page_used[self.page_of(cookie)] + extra
+            <= mako_format::dir_block::page_room(self.capacity_bytes)
     }
     pub fn insert(&mut self, e: mako_format::dir_block::DirEntry) {
         let p = self.page_of(e.cookie);
@@ -162,7 +174,12 @@ impl DirNode {
     pub fn reshape(&mut self) {
         let mut used = vec![0usize; self.pages() as usize];
         for e in self.entries.values() {
-            used[mako_format::dir_block::page_of(self.id.index, self.depth, self.capacity_bytes, e.cookie) as usize] += e.encoded_len();
+            used[mako_format::dir_block::page_of(
+                self.id.index,
+                self.depth,
+                self.capacity_bytes,
+                e.cookie,
+            ) as usize] += e.encoded_len();
         }
         self.page_used = used;
         self.mark_all_dirty();
@@ -174,8 +191,19 @@ impl DirNode {
     }
     /// Encode page `p`.
     pub fn encode_page(&self, p: u32) -> Vec<u8> {
-        let (lo, hi) = mako_format::dir_block::page_cookie_range(self.id.index, self.depth, self.capacity_bytes, p);
-        mako_format::dir_block::encode_page(self.id, self.depth, self.capacity_bytes, p, self.entries.range(lo..=hi).map(|(_, e)| e))
+        let (lo, hi) = mako_format::dir_block::page_cookie_range(
+            self.id.index,
+            self.depth,
+            self.capacity_bytes,
+            p,
+        );
+        mako_format::dir_block::encode_page(
+            self.id,
+            self.depth,
+            self.capacity_bytes,
+            p,
+            self.entries.range(lo..=hi).map(|(_, e)| e),
+        )
     }
     pub fn page_bytes(&self) -> u32 {
         mako_format::dir_block::page_bytes(self.capacity_bytes)
@@ -235,14 +263,17 @@ impl InodeHandle {
     pub fn new(inode: Inode, inbox: &Arc<Inbox>) -> Arc<InodeHandle> {
         Arc::new(InodeHandle {
             ino: inode.ino,
-            state: CountedRwLock::new(&INODE_LOCK, InodeState {
-                inode,
-                dirty: false,
-                inbox: inbox.clone(),
-                indirect: CountedMutex::new(&INODE_INDIRECT_LOCK, HashMap::new()),
-                dir_blocks: CountedMutex::new(&INODE_DIR_BLOCKS_LOCK, HashMap::new()),
-                deleted: false,
-            }),
+            state: CountedRwLock::new(
+                &INODE_LOCK,
+                InodeState {
+                    inode,
+                    dirty: false,
+                    inbox: inbox.clone(),
+                    indirect: CountedMutex::new(&INODE_INDIRECT_LOCK, HashMap::new()),
+                    dir_blocks: CountedMutex::new(&INODE_DIR_BLOCKS_LOCK, HashMap::new()),
+                    deleted: false,
+                },
+            ),
             pattern: CountedMutex::new(&INODE_READ_PATTERN_LOCK, ReadPattern::default()),
             opens: AtomicU32::new(0),
             last_use: AtomicU64::new(0),
@@ -294,7 +325,10 @@ pub struct Core {
     /// The recovery log: transactions, commits, checkpoints.
     pub journal: Journal,
     /// Inode-file chunks missed recently (a set and its insertion order).
-    chunk_misses: Mutex<(std::collections::HashSet<u64>, std::collections::VecDeque<u64>)>,
+    chunk_misses: Mutex<(
+        std::collections::HashSet<u64>,
+        std::collections::VecDeque<u64>,
+    )>,
 }
 
 /// The mount's read-only state: once set (damage, a failed commit), nothing more is
@@ -346,10 +380,21 @@ impl Core {
         let geo = desc.geometry;
         let log_ino = desc.metadata_inodes.log_first + node as u64;
         let read_only = Arc::new(ReadOnly::default());
-        let journal = Journal::new(node, desc.fs_uuid, log_ino, desc.log_bytes, geo.inode_bytes, log, read_only.clone());
+        let journal = Journal::new(
+            node,
+            desc.fs_uuid,
+            log_ino,
+            desc.log_bytes,
+            geo.inode_bytes,
+            log,
+            read_only.clone(),
+        );
         let alloc_slot_bytes = crate::alloc_map::segment_slot_bytes(&desc);
         let pool = PagePool::new(cfg.pagepool_bytes);
-        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(1);
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as u32)
+            .unwrap_or(1);
         Core {
             nsd,
             desc: CountedMutex::new(&DESCRIPTOR_LOCK, desc),
@@ -371,7 +416,10 @@ impl Core {
             use_tick: AtomicU64::new(0),
             generation: AtomicU32::new(seed),
             node,
-            stat_cache: CountedMutex::new(&STAT_CACHE_LOCK, (HashMap::new(), std::collections::VecDeque::new())),
+            stat_cache: CountedMutex::new(
+                &STAT_CACHE_LOCK,
+                (HashMap::new(), std::collections::VecDeque::new()),
+            ),
             flushq: CountedMutex::new(&WRITEBEHIND_QUEUE_LOCK, std::collections::VecDeque::new()),
             prefetchq: CountedMutex::new(&PREFETCH_QUEUE_LOCK, std::collections::VecDeque::new()),
             prefetch_cv: parking_lot::Condvar::new(),
@@ -418,19 +466,36 @@ impl Core {
     fn ensure_inode_slot(&self, ino: u64) -> FsResult<()> {
         let inode_file = self.metadata_inodes().inode_file;
         let block = ino * self.inode_bytes() as u64 / self.block_bytes();
-        let have = |s: &Self| s.metafile_blocks.read().get(&inode_file).map(|v| v.len() as u64).unwrap_or(0);
+        let have = |s: &Self| {
+            s.metafile_blocks
+                .read()
+                .get(&inode_file)
+                .map(|v| v.len() as u64)
+                .unwrap_or(0)
+        };
         if block < have(self) {
             return Ok(());
         }
         let _g = self.inode_file_grow.lock();
-        let h = self.cached_handle(inode_file).ok_or_else(|| FsError::Invalid("inode file not loaded".into()))?;
+        let h = self
+            .cached_handle(inode_file)
+            .ok_or_else(|| FsError::Invalid("inode file not loaded".into()))?;
         while have(self) <= block {
             let b = have(self);
             let spb = self.geo.subblocks_per_block;
-            let da = self.alloc.allocate(crate::alloc_map::AllocKind::Metadata, spb, inode_file, b)?;
+            let da =
+                self.alloc
+                    .allocate(crate::alloc_map::AllocKind::Metadata, spb, inode_file, b)?;
             // Fresh inode-file blocks are zeroed so an unused slot reads as blank.
             let zeros = vec![0u8; self.block_bytes() as usize];
-            self.nsd.write(da, &zeros, IoTag { buffer_type: BufferType::Inode, ino: inode_file })?;
+            self.nsd.write(
+                da,
+                &zeros,
+                IoTag {
+                    buffer_type: BufferType::Inode,
+                    ino: inode_file,
+                },
+            )?;
             // Written like data: on disk before the log names the block.
             self.journal.note_ordered_write();
             let mut st = h.state.write();
@@ -438,7 +503,11 @@ impl Core {
             st.inode.size = (b + 1) * self.block_bytes();
             st.inode.subblocks += spb as u64;
             st.mark_dirty();
-            self.metafile_blocks.write().entry(inode_file).or_default().push(da);
+            self.metafile_blocks
+                .write()
+                .entry(inode_file)
+                .or_default()
+                .push(da);
         }
         Ok(())
     }
@@ -484,7 +553,12 @@ impl Core {
 
     /// The disk extents of `len` bytes at `offset` of metadata file `ino`, split at its
     /// block boundaries: (address, range within the caller's buffer).
-    pub fn metafile_extents(&self, ino: u64, offset: u64, len: usize) -> FsResult<Vec<(DiskAddress, std::ops::Range<usize>)>> {
+    pub fn metafile_extents(
+        &self,
+        ino: u64,
+        offset: u64,
+        len: usize,
+    ) -> FsResult<Vec<(DiskAddress, std::ops::Range<usize>)>> {
         let bb = self.block_bytes();
         let mut out = Vec::new();
         let mut done = 0usize;
@@ -507,25 +581,56 @@ impl Core {
     }
 
     /// Read a range of a metadata file (through the overlay). Returns where it starts.
-    pub fn metafile_read(&self, ino: u64, offset: u64, buf: &mut [u8], bt: BufferType) -> FsResult<DiskAddress> {
+    pub fn metafile_read(
+        &self,
+        ino: u64,
+        offset: u64,
+        buf: &mut [u8],
+        bt: BufferType,
+    ) -> FsResult<DiskAddress> {
         let extents = self.metafile_extents(ino, offset, buf.len())?;
         for (da, range) in &extents {
-            self.read_metadata(*da, &mut buf[range.clone()], IoTag { buffer_type: bt, ino })?;
+            self.read_metadata(
+                *da,
+                &mut buf[range.clone()],
+                IoTag {
+                    buffer_type: bt,
+                    ino,
+                },
+            )?;
         }
         Ok(extents.first().map(|e| e.0).unwrap_or(DiskAddress::NULL))
     }
 
     /// Write a range of a metadata file in place. Only for what the log does not cover:
     /// the log file itself, and file system creation.
-    pub fn metafile_write(&self, ino: u64, offset: u64, buf: &[u8], bt: BufferType) -> FsResult<()> {
+    pub fn metafile_write(
+        &self,
+        ino: u64,
+        offset: u64,
+        buf: &[u8],
+        bt: BufferType,
+    ) -> FsResult<()> {
         for (da, range) in self.metafile_extents(ino, offset, buf.len())? {
-            self.nsd.write(da, &buf[range], IoTag { buffer_type: bt, ino })?;
+            self.nsd.write(
+                da,
+                &buf[range],
+                IoTag {
+                    buffer_type: bt,
+                    ino,
+                },
+            )?;
         }
         Ok(())
     }
 
     /// Log images of a range of a metadata file, split at its block boundaries.
-    pub fn metafile_images(&self, ino: u64, offset: u64, bytes: &[u8]) -> FsResult<Vec<mako_format::log_record::LogImage>> {
+    pub fn metafile_images(
+        &self,
+        ino: u64,
+        offset: u64,
+        bytes: &[u8],
+    ) -> FsResult<Vec<mako_format::log_record::LogImage>> {
         Ok(self
             .metafile_extents(ino, offset, bytes.len())?
             .into_iter()
@@ -623,7 +728,10 @@ impl Core {
         // a single node; a round trip to the token manager shard in a cluster).
         self.coherence.inode(ino, mako_token::TokenMode::Ro)?;
         let mut map = self.inodes.lock();
-        let h = map.entry(ino).or_insert_with(|| InodeHandle::new(inode, self.journal.inbox())).clone();
+        let h = map
+            .entry(ino)
+            .or_insert_with(|| InodeHandle::new(inode, self.journal.inbox()))
+            .clone();
         h.last_use.store(tick, Ordering::Relaxed);
         Ok(h)
     }
@@ -632,7 +740,10 @@ impl Core {
     pub fn insert_new(&self, inode: Inode) -> Arc<InodeHandle> {
         let h = self.new_handle(inode);
         h.state.write().mark_dirty();
-        h.last_use.store(self.use_tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        h.last_use.store(
+            self.use_tick.fetch_add(1, Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
         self.inodes.lock().insert(h.ino, h.clone());
         h
     }

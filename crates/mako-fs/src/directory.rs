@@ -55,16 +55,29 @@ fn load_block(core: &Core, st: &InodeState, idx: u64) -> FsResult<bool> {
     if da.is_null() {
         return Ok(false);
     }
-    let bytes = block_map::allocated_subblocks(core, st, idx) as usize * core.geo.subblock_bytes() as usize;
+    let bytes =
+        block_map::allocated_subblocks(core, st, idx) as usize * core.geo.subblock_bytes() as usize;
     let mut buf = vec![0u8; bytes];
-    core.read_metadata(da, &mut buf, IoTag { buffer_type: BufferType::Directory, ino: st.inode.ino })?;
-    let id = DirBlockId { ino: st.inode.ino, index: idx };
+    core.read_metadata(
+        da,
+        &mut buf,
+        IoTag {
+            buffer_type: BufferType::Directory,
+            ino: st.inode.ino,
+        },
+    )?;
+    let id = DirBlockId {
+        ino: st.inode.ino,
+        index: idx,
+    };
     let block = DirBlock::decode(&buf, id, Location::Disk(da)).map_err(|e| {
         core.stats.corruptions.fetch_add(1, Ordering::Relaxed);
         tracing::error!("{e} (directory inode {})", st.inode.ino);
         FsError::from(e)
     })?;
-    st.dir_blocks.lock().insert(idx, DirNode::from_block(block, da, false));
+    st.dir_blocks
+        .lock()
+        .insert(idx, DirNode::from_block(block, da, false));
     Ok(true)
 }
 
@@ -76,7 +89,8 @@ fn modify_block<R>(st: &mut InodeState, idx: u64, f: impl FnOnce(&mut DirNode) -
         let node = cache.get_mut(&idx).expect("directory block cached");
         let before = node.dirty_pages.count_ones();
         let r = f(node);
-        let newly = node.dirty_pages.count_ones().saturating_sub(before) as u64 * node.page_bytes() as u64;
+        let newly =
+            node.dirty_pages.count_ones().saturating_sub(before) as u64 * node.page_bytes() as u64;
         (r, newly)
     };
     st.mark_unit_dirty(newly);
@@ -105,7 +119,10 @@ fn locate(core: &Core, st: &InodeState, cookie: u64) -> FsResult<u64> {
                 return Err(FsError::from(mako_format::FormatError::invalid(
                     "directory block",
                     Location::Disk(node.da),
-                    format!("block {idx} at depth {} does not cover cookie {cookie}", node.depth),
+                    format!(
+                        "block {idx} at depth {} does not cover cookie {cookie}",
+                        node.depth
+                    ),
                 )));
             }
             return Ok(idx);
@@ -120,7 +137,10 @@ fn locate(core: &Core, st: &InodeState, cookie: u64) -> FsResult<u64> {
 
 fn entry_at(core: &Core, st: &InodeState, cookie: u64) -> FsResult<Option<DirEntry>> {
     if let InodeContent::InlineDir(e) = &st.inode.content {
-        return Ok(e.binary_search_by_key(&cookie, |x| x.cookie).ok().map(|i| e[i].clone()));
+        return Ok(e
+            .binary_search_by_key(&cookie, |x| x.cookie)
+            .ok()
+            .map(|i| e[i].clone()));
     }
     let idx = locate(core, st, cookie)?;
     let cache = st.dir_blocks.lock();
@@ -136,7 +156,9 @@ fn probe(core: &Core, st: &InodeState, name: &[u8]) -> FsResult<Result<DirEntry,
             Some(e) if e.name == name => return Ok(Ok(e)),
             Some(_) => {
                 if c >= COOKIE_MAX {
-                    return Err(FsError::NoSpace("directory hash space exhausted around this name".into()));
+                    return Err(FsError::NoSpace(
+                        "directory hash space exhausted around this name".into(),
+                    ));
                 }
                 c += 1;
             }
@@ -149,7 +171,10 @@ pub fn check_name(name: &[u8]) -> FsResult<()> {
         return Err(FsError::NameTooLong(name.len()));
     }
     if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
-        return Err(FsError::Invalid(format!("bad name {:?}", String::from_utf8_lossy(name))));
+        return Err(FsError::Invalid(format!(
+            "bad name {:?}",
+            String::from_utf8_lossy(name)
+        )));
     }
     Ok(())
 }
@@ -168,7 +193,16 @@ pub fn insert(core: &Core, st: &mut InodeState, name: &[u8], ino: u64, kind: u8)
         Ok(_) => return Err(FsError::Exists(String::from_utf8_lossy(name).into_owned())),
         Err(c) => c,
     };
-    place(core, st, DirEntry { cookie, ino, kind, name: name.to_vec() })?;
+    place(
+        core,
+        st,
+        DirEntry {
+            cookie,
+            ino,
+            kind,
+            name: name.to_vec(),
+        },
+    )?;
     Ok(cookie)
 }
 
@@ -227,12 +261,19 @@ fn leave_inode(core: &Core, st: &mut InodeState, needed: usize) -> FsResult<()> 
             return Ok(());
         }
     };
-    st.inode.content =
-        InodeContent::Pointers(vec![DiskAddress::NULL; mako_format::inode::pointers_in_inode(core.inode_bytes())]);
+    st.inode.content = InodeContent::Pointers(vec![
+        DiskAddress::NULL;
+        mako_format::inode::pointers_in_inode(
+            core.inode_bytes()
+        )
+    ]);
     let cfg = core.cfg.read().clone();
     let desc = core.desc.lock().clone();
     let avoid = cfg.avoid_dir_fragments.unwrap_or(desc.avoid_dir_fragments);
-    let levels = cfg.dir_pre_split_levels.unwrap_or(desc.dir_pre_split_levels).min(10);
+    let levels = cfg
+        .dir_pre_split_levels
+        .unwrap_or(desc.dir_pre_split_levels)
+        .min(10);
     let sb = core.geo.subblock_bytes() as usize;
     let full_sb = core.geo.dir_block_subblocks();
     let (depth, cap_sb) = if levels > 0 {
@@ -247,11 +288,20 @@ fn leave_inode(core: &Core, st: &mut InodeState, needed: usize) -> FsResult<()> 
     let nblocks = 1u64 << depth;
     for idx in 0..nblocks {
         let (lo, hi) = cookie_range(idx, depth);
-        let mine: Vec<DirEntry> = entries.iter().filter(|e| e.cookie >= lo && e.cookie <= hi).cloned().collect();
+        let mine: Vec<DirEntry> = entries
+            .iter()
+            .filter(|e| e.cookie >= lo && e.cookie <= hi)
+            .cloned()
+            .collect();
         let da = core.alloc.allocate(AllocKind::Metadata, cap_sb, ino, idx)?;
         st.inode.subblocks += cap_sb as u64;
         block_map::set(core, st, idx, da)?;
-        let block = DirBlock { id: DirBlockId { ino, index: idx }, depth, capacity_bytes: cap_sb * sb as u32, entries: mine };
+        let block = DirBlock {
+            id: DirBlockId { ino, index: idx },
+            depth,
+            capacity_bytes: cap_sb * sb as u32,
+            entries: mine,
+        };
         insert_new_block(st, idx, DirNode::from_block(block, da, true));
     }
     if cap_sb < full_sb {
@@ -336,7 +386,9 @@ fn split_or_grow_once(core: &Core, st: &mut InodeState, idx: u64) -> FsResult<()
         return Ok(());
     }
     if depth >= DIR_DEPTH_MAX {
-        return Err(FsError::NoSpace(format!("directory inode {ino}: hash tree at its deepest")));
+        return Err(FsError::NoSpace(format!(
+            "directory inode {ino}: hash tree at its deepest"
+        )));
     }
     // Split: entries whose next cookie bit is set move to block idx + 2^depth.
     let new_depth = depth + 1;
@@ -346,7 +398,9 @@ fn split_or_grow_once(core: &Core, st: &mut InodeState, idx: u64) -> FsResult<()
     if new_depth > g {
         st.inode.size = dir_unit(core) << new_depth;
     }
-    let da = core.alloc.allocate(AllocKind::Metadata, full_sb, ino, right_idx)?;
+    let da = core
+        .alloc
+        .allocate(AllocKind::Metadata, full_sb, ino, right_idx)?;
     st.inode.subblocks += full_sb as u64;
     block_map::set(core, st, right_idx, da)?;
     // Cookies with the bit set are the upper half of the block's range: split there.
@@ -361,7 +415,15 @@ fn split_or_grow_once(core: &Core, st: &mut InodeState, idx: u64) -> FsResult<()
         left.reshape();
         moved
     });
-    let right = DirBlock { id: DirBlockId { ino, index: right_idx }, depth: new_depth, capacity_bytes: full_sb * sb, entries: moved };
+    let right = DirBlock {
+        id: DirBlockId {
+            ino,
+            index: right_idx,
+        },
+        depth: new_depth,
+        capacity_bytes: full_sb * sb,
+        entries: moved,
+    };
     insert_new_block(st, right_idx, DirNode::from_block(right, da, true));
     core.stats.dir_splits.fetch_add(1, Ordering::Relaxed);
     Ok(())
@@ -371,7 +433,11 @@ fn split_or_grow_once(core: &Core, st: &mut InodeState, idx: u64) -> FsResult<()
 pub fn remove(core: &Core, st: &mut InodeState, name: &[u8]) -> FsResult<DirEntry> {
     let entry = match probe(core, st, name)? {
         Ok(e) => e,
-        Err(_) => return Err(FsError::NotFound(String::from_utf8_lossy(name).into_owned())),
+        Err(_) => {
+            return Err(FsError::NotFound(
+                String::from_utf8_lossy(name).into_owned(),
+            ))
+        }
     };
     take(core, st, entry.cookie)?;
     close_gap(core, st, entry.cookie)?;
@@ -392,7 +458,9 @@ fn close_gap(core: &Core, st: &mut InodeState, freed: u64) -> FsResult<()> {
             return Ok(());
         }
         j += 1;
-        let Some(e) = entry_at(core, st, j)? else { return Ok(()) };
+        let Some(e) = entry_at(core, st, j)? else {
+            return Ok(());
+        };
         if home_cookie(&e.name) <= hole {
             take(core, st, j)?;
             place(core, st, DirEntry { cookie: hole, ..e })?;
@@ -403,10 +471,20 @@ fn close_gap(core: &Core, st: &mut InodeState, freed: u64) -> FsResult<()> {
 }
 
 /// Point an existing entry at another inode (rename over an existing name).
-pub fn replace(core: &Core, st: &mut InodeState, name: &[u8], ino: u64, kind: u8) -> FsResult<DirEntry> {
+pub fn replace(
+    core: &Core,
+    st: &mut InodeState,
+    name: &[u8],
+    ino: u64,
+    kind: u8,
+) -> FsResult<DirEntry> {
     let entry = match probe(core, st, name)? {
         Ok(e) => e,
-        Err(_) => return Err(FsError::NotFound(String::from_utf8_lossy(name).into_owned())),
+        Err(_) => {
+            return Err(FsError::NotFound(
+                String::from_utf8_lossy(name).into_owned(),
+            ))
+        }
     };
     let upd = |e: &mut DirEntry| {
         if e.cookie == entry.cookie {

@@ -12,9 +12,9 @@ use crate::block_map;
 use crate::core::{now, Core, InodeHandle, InodeState};
 use crate::error::{FsError, FsResult};
 use crate::pagepool::DataBuffer;
-use mako_disk::{AlignedBuf, IO_ALIGN};
 use mako_disk::nsd::IoTag;
 use mako_disk::BufferType;
+use mako_disk::{AlignedBuf, IO_ALIGN};
 use mako_format::inode::{payload_bytes, pointers_in_inode, xattrs_encoded_len, InodeContent};
 use mako_format::DiskAddress;
 use std::sync::atomic::Ordering;
@@ -23,7 +23,10 @@ use std::sync::atomic::Ordering;
 pub const FILE_BYTES_MAX: u64 = 1 << 62;
 
 fn tag(ino: u64) -> IoTag {
-    IoTag { buffer_type: BufferType::Data, ino }
+    IoTag {
+        buffer_type: BufferType::Data,
+        ino,
+    }
 }
 
 pub fn inline_capacity(core: &Core, st: &InodeState) -> usize {
@@ -43,7 +46,8 @@ fn read_disk_block(core: &Core, st: &InodeState, b: u64, valid: usize) -> FsResu
         out.resize(valid, 0);
         return Ok(out);
     }
-    let alloc = block_map::allocated_subblocks(core, st, b) as usize * core.geo.subblock_bytes() as usize;
+    let alloc =
+        block_map::allocated_subblocks(core, st, b) as usize * core.geo.subblock_bytes() as usize;
     let len = valid.next_multiple_of(512).min(alloc);
     // The read overwrites all of it; zeroing first would only cost page faults.
     out.resize_for_overwrite(len);
@@ -78,7 +82,13 @@ pub fn convert_inline(core: &Core, st: &mut InodeState) -> FsResult<()> {
     if needs_block {
         core.alloc.reserve(core.geo.subblocks_per_block)?;
     }
-    let data = match std::mem::replace(&mut st.inode.content, InodeContent::Pointers(vec![DiskAddress::NULL; pointers_in_inode(core.inode_bytes())])) {
+    let data = match std::mem::replace(
+        &mut st.inode.content,
+        InodeContent::Pointers(vec![
+            DiskAddress::NULL;
+            pointers_in_inode(core.inode_bytes())
+        ]),
+    ) {
         InodeContent::InlineData(d) => d,
         other => {
             st.inode.content = other;
@@ -112,12 +122,18 @@ fn make_full_block(core: &Core, st: &mut InodeState, b: u64) -> FsResult<()> {
     let spb = core.geo.subblocks_per_block;
     let bb = core.block_bytes() as usize;
     let cur = block_map::lookup(core, st, b)?;
-    let cur_sb = if cur.is_null() { 0 } else { block_map::allocated_subblocks(core, st, b) };
+    let cur_sb = if cur.is_null() {
+        0
+    } else {
+        block_map::allocated_subblocks(core, st, b)
+    };
     let slot = core.pool.get_or_create((ino, b));
     let mut buf = slot.buf.lock();
     let was = buf.is_dirty();
     load_buffer(core, st, b, &mut buf)?;
-    let new = core.alloc.allocate_reserved(AllocKind::Data, spb, ino, b, buf.reserved)?;
+    let new = core
+        .alloc
+        .allocate_reserved(AllocKind::Data, spb, ino, b, buf.reserved)?;
     buf.reserved = 0;
     let mut full = AlignedBuf::with_capacity(bb);
     full.extend_from_slice(&buf.bytes[..buf.bytes.len().min(bb)]);
@@ -186,12 +202,21 @@ pub fn write_append(core: &Core, h: &InodeHandle, data: &[u8]) -> FsResult<usize
     write_locked(core, h, st, offset, data)
 }
 
-fn write_locked(core: &Core, h: &InodeHandle, mut st: parking_lot::RwLockWriteGuard<'_, InodeState>, offset: u64, data: &[u8]) -> FsResult<usize> {
+fn write_locked(
+    core: &Core,
+    h: &InodeHandle,
+    mut st: parking_lot::RwLockWriteGuard<'_, InodeState>,
+    offset: u64,
+    data: &[u8],
+) -> FsResult<usize> {
     if st.deleted {
         return Err(FsError::Stale(h.ino));
     }
     let len = data.len() as u64;
-    let mut end = offset.checked_add(len).filter(|e| *e <= FILE_BYTES_MAX).ok_or_else(|| FsError::TooBig(format!("write at {offset}+{len}")))?;
+    let mut end = offset
+        .checked_add(len)
+        .filter(|e| *e <= FILE_BYTES_MAX)
+        .ok_or_else(|| FsError::TooBig(format!("write at {offset}+{len}")))?;
     let t = now();
     if len == 0 {
         return Ok(0);
@@ -259,7 +284,8 @@ fn write_locked(core: &Core, h: &InodeHandle, mut st: parking_lot::RwLockWriteGu
                 let mut z = AlignedBuf::with_capacity(old_valid.max(hi));
                 z.resize(old_valid.max(hi), 0);
                 if let Some((dl, dh)) = buf.dirty {
-                    z[dl as usize..dh as usize].copy_from_slice(&buf.bytes[dl as usize..dh as usize]);
+                    z[dl as usize..dh as usize]
+                        .copy_from_slice(&buf.bytes[dl as usize..dh as usize]);
                 }
                 buf.bytes = z;
                 buf.loaded = true;
@@ -275,7 +301,11 @@ fn write_locked(core: &Core, h: &InodeHandle, mut st: parking_lot::RwLockWriteGu
             }
         }
         if buf.bytes.len() < hi {
-            if buf.bytes.capacity() < hi && hi as u64 <= bb && (lo == 0 || buf.bytes.len() >= lo) && offset / bb != end.saturating_sub(1) / bb {
+            if buf.bytes.capacity() < hi
+                && hi as u64 <= bb
+                && (lo == 0 || buf.bytes.len() >= lo)
+                && offset / bb != end.saturating_sub(1) / bb
+            {
                 // Streaming into this block: reserve it whole once.
                 let have = buf.bytes.len();
                 buf.bytes.reserve_exact(bb as usize - have);
@@ -305,13 +335,21 @@ fn write_locked(core: &Core, h: &InodeHandle, mut st: parking_lot::RwLockWriteGu
         core.queue_flush(ino, b);
     }
     let written = end - offset;
-    core.stats.bytes_written.fetch_add(written, Ordering::Relaxed);
+    core.stats
+        .bytes_written
+        .fetch_add(written, Ordering::Relaxed);
     Ok(written as usize)
 }
 
 /// Read up to `size` bytes at `offset`. `sequential` says the caller saw a sequential
 /// pattern, so whole blocks are worth caching.
-pub fn read(core: &Core, st: &InodeState, offset: u64, size: usize, sequential: bool) -> FsResult<AlignedBuf> {
+pub fn read(
+    core: &Core,
+    st: &InodeState,
+    offset: u64,
+    size: usize,
+    sequential: bool,
+) -> FsResult<AlignedBuf> {
     let fsize = st.inode.size;
     if offset >= fsize || size == 0 {
         return Ok(AlignedBuf::new());
@@ -339,7 +377,9 @@ pub fn read(core: &Core, st: &InodeState, offset: u64, size: usize, sequential: 
         match slot {
             Some(slot) => {
                 let mut buf = slot.buf.lock();
-                let covered = buf.dirty.is_some_and(|(dl, dh)| dl as usize <= lo && dh as usize >= hi);
+                let covered = buf
+                    .dirty
+                    .is_some_and(|(dl, dh)| dl as usize <= lo && dh as usize >= hi);
                 if !buf.loaded && !covered {
                     let was = buf.is_dirty();
                     load_buffer(core, st, b, &mut buf)?;
@@ -347,7 +387,10 @@ pub fn read(core: &Core, st: &InodeState, offset: u64, size: usize, sequential: 
                 }
                 if buf.prefetched {
                     buf.prefetched = false;
-                    core.pool.stats.prefetch_used.fetch_add(1, Ordering::Relaxed);
+                    core.pool
+                        .stats
+                        .prefetch_used
+                        .fetch_add(1, Ordering::Relaxed);
                 }
                 copy_out(&buf.bytes, lo, hi, &mut out);
             }
@@ -366,23 +409,34 @@ pub fn read(core: &Core, st: &InodeState, offset: u64, size: usize, sequential: 
         }
         b += 1;
     }
-    core.stats.bytes_read.fetch_add(out.len() as u64, Ordering::Relaxed);
+    core.stats
+        .bytes_read
+        .fetch_add(out.len() as u64, Ordering::Relaxed);
     Ok(out)
 }
 
 /// Append bytes `lo..hi` of block `b` to `out`, read from disk without caching.
-fn read_uncached(core: &Core, st: &InodeState, b: u64, lo: usize, hi: usize, out: &mut AlignedBuf) -> FsResult<()> {
+fn read_uncached(
+    core: &Core,
+    st: &InodeState,
+    b: u64,
+    lo: usize,
+    hi: usize,
+    out: &mut AlignedBuf,
+) -> FsResult<()> {
     let da = block_map::lookup(core, st, b)?;
     let start = out.len();
     out.resize(start + (hi - lo), 0);
     if !da.is_null() {
-        let alloc = block_map::allocated_subblocks(core, st, b) as usize * core.geo.subblock_bytes() as usize;
+        let alloc = block_map::allocated_subblocks(core, st, b) as usize
+            * core.geo.subblock_bytes() as usize;
         let alo = lo / 512 * 512;
         let ahi = hi.next_multiple_of(512).min(alloc);
         if ahi > alo && alloc > lo {
             let mut tmp = AlignedBuf::new();
             tmp.resize_for_overwrite(ahi - alo);
-            core.nsd.read(da.offset_by(alo as u64), &mut tmp, tag(st.inode.ino))?;
+            core.nsd
+                .read(da.offset_by(alo as u64), &mut tmp, tag(st.inode.ino))?;
             let n = hi.min(ahi) - lo;
             out[start..start + n].copy_from_slice(&tmp[lo - alo..lo - alo + n]);
         }
@@ -416,16 +470,25 @@ pub fn read_direct(core: &Core, st: &InodeState, offset: u64, size: usize) -> Fs
 /// Can this aligned O_DIRECT write go straight to disk? Only overwrites of allocated
 /// full blocks inside the file with no dirty cached data under them.
 pub fn direct_eligible(core: &Core, st: &InodeState, offset: u64, len: usize) -> FsResult<bool> {
-    if !matches!(st.inode.content, InodeContent::Pointers(_)) || len == 0 || offset + len as u64 > st.inode.size {
+    if !matches!(st.inode.content, InodeContent::Pointers(_))
+        || len == 0
+        || offset + len as u64 > st.inode.size
+    {
         return Ok(false);
     }
     let bb = core.block_bytes();
     let spb = core.geo.subblocks_per_block;
     for b in offset / bb..(offset + len as u64).div_ceil(bb) {
-        if block_map::lookup(core, st, b)?.is_null() || block_map::allocated_subblocks(core, st, b) != spb {
+        if block_map::lookup(core, st, b)?.is_null()
+            || block_map::allocated_subblocks(core, st, b) != spb
+        {
             return Ok(false);
         }
-        if core.pool.get((st.inode.ino, b)).is_some_and(|s| s.buf.lock().is_dirty()) {
+        if core
+            .pool
+            .get((st.inode.ino, b))
+            .is_some_and(|s| s.buf.lock().is_dirty())
+        {
             return Ok(false);
         }
     }
@@ -448,23 +511,37 @@ pub fn write_direct(core: &Core, st: &mut InodeState, offset: u64, data: &[u8]) 
     }
     core.journal.note_ordered_write();
     // Clean cached copies of these blocks are now stale.
-    core.alloc.unreserve(core.pool.remove_from_range(ino, offset / bb, end.div_ceil(bb)));
+    core.alloc.unreserve(
+        core.pool
+            .remove_from_range(ino, offset / bb, end.div_ceil(bb)),
+    );
     let t = now();
     st.inode.mtime = t;
     st.inode.ctime = t;
     st.mark_dirty();
-    core.stats.bytes_written.fetch_add(data.len() as u64, Ordering::Relaxed);
+    core.stats
+        .bytes_written
+        .fetch_add(data.len() as u64, Ordering::Relaxed);
     Ok(data.len())
 }
 
 /// Read like `read`, handing the bytes to `f`. When the range lies inside one cached
 /// block, `f` gets a slice of the pagepool buffer itself (no copy; the FUSE reply is
 /// written straight from it).
-pub fn read_with<R>(core: &Core, st: &InodeState, offset: u64, size: usize, sequential: bool, f: impl FnOnce(&[u8]) -> R) -> FsResult<R> {
+pub fn read_with<R>(
+    core: &Core,
+    st: &InodeState,
+    offset: u64,
+    size: usize,
+    sequential: bool,
+    f: impl FnOnce(&[u8]) -> R,
+) -> FsResult<R> {
     let fsize = st.inode.size;
     let bb = core.block_bytes();
     let end = fsize.min(offset.saturating_add(size as u64));
-    let single = offset < end && offset / bb == (end - 1) / bb && matches!(st.inode.content, InodeContent::Pointers(_));
+    let single = offset < end
+        && offset / bb == (end - 1) / bb
+        && matches!(st.inode.content, InodeContent::Pointers(_));
     if single {
         let b = offset / bb;
         let (lo, hi) = ((offset - b * bb) as usize, (end - b * bb) as usize);
@@ -484,9 +561,14 @@ pub fn read_with<R>(core: &Core, st: &InodeState, offset: u64, size: usize, sequ
             if buf.bytes.len() >= hi {
                 if buf.prefetched {
                     buf.prefetched = false;
-                    core.pool.stats.prefetch_used.fetch_add(1, Ordering::Relaxed);
+                    core.pool
+                        .stats
+                        .prefetch_used
+                        .fetch_add(1, Ordering::Relaxed);
                 }
-                core.stats.bytes_read.fetch_add((hi - lo) as u64, Ordering::Relaxed);
+                core.stats
+                    .bytes_read
+                    .fetch_add((hi - lo) as u64, Ordering::Relaxed);
                 return Ok(f(&buf.bytes[lo..hi]));
             }
         }
@@ -507,7 +589,10 @@ fn copy_out(bytes: &[u8], lo: usize, hi: usize, out: &mut AlignedBuf) {
 /// Bring one block into the pagepool ahead of a sequential reader.
 pub fn prefetch_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
     let st = h.state.read();
-    if st.deleted || b * core.block_bytes() >= st.inode.size || !matches!(st.inode.content, InodeContent::Pointers(_)) {
+    if st.deleted
+        || b * core.block_bytes() >= st.inode.size
+        || !matches!(st.inode.content, InodeContent::Pointers(_))
+    {
         return Ok(());
     }
     if core.pool.get((h.ino, b)).is_some() {
@@ -522,7 +607,10 @@ pub fn prefetch_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
     load_buffer(core, &st, b, &mut buf)?;
     buf.prefetched = true;
     core.pool.account(&mut buf, was);
-    core.pool.stats.prefetch_issued.fetch_add(1, Ordering::Relaxed);
+    core.pool
+        .stats
+        .prefetch_issued
+        .fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
 
@@ -536,7 +624,9 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
     if st.deleted {
         return Ok(());
     }
-    let Some(slot) = core.pool.get((h.ino, b)) else { return Ok(()) };
+    let Some(slot) = core.pool.get((h.ino, b)) else {
+        return Ok(());
+    };
     let mut buf = slot.buf.lock();
     if !buf.is_dirty() {
         return Ok(());
@@ -556,9 +646,17 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
     let spb = core.geo.subblocks_per_block;
     let valid = valid_len(core, size, b);
     let is_last = block_map::last_unit(core, &st.inode) == Some(b);
-    let desired = if is_last && (valid as u64) < bb { valid.div_ceil(sb) as u32 } else { spb };
+    let desired = if is_last && (valid as u64) < bb {
+        valid.div_ceil(sb) as u32
+    } else {
+        spb
+    };
     let cur = block_map::lookup(core, &st, b)?;
-    let cur_sb = if cur.is_null() { 0 } else { block_map::allocated_subblocks(core, &st, b) };
+    let cur_sb = if cur.is_null() {
+        0
+    } else {
+        block_map::allocated_subblocks(core, &st, b)
+    };
     // An allocation only grows here (a fragment promoted to a full block); it never
     // shrinks, so space preallocated by fallocate past the end of file stays.
     let desired = desired.max(cur_sb);
@@ -566,7 +664,9 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
         if !buf.loaded {
             load_buffer(core, &st, b, &mut buf)?;
         }
-        let new = core.alloc.allocate_reserved(AllocKind::Data, desired, h.ino, b, buf.reserved)?;
+        let new = core
+            .alloc
+            .allocate_reserved(AllocKind::Data, desired, h.ino, b, buf.reserved)?;
         buf.reserved = 0;
         if !cur.is_null() {
             core.alloc.free(cur, cur_sb)?;
@@ -594,32 +694,43 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
         let (alo, ahi) = match buf.dirty {
             Some((lo, hi)) if target == cur && buf.on_disk => {
                 let alo = (lo as usize / IO_ALIGN * IO_ALIGN).min(write_len);
-                let ahi = if buf.bytes.len() < write_len { write_len } else { (hi as usize).next_multiple_of(IO_ALIGN).min(write_len) };
+                let ahi = if buf.bytes.len() < write_len {
+                    write_len
+                } else {
+                    (hi as usize).next_multiple_of(IO_ALIGN).min(write_len)
+                };
                 (alo, ahi)
             }
             _ => (0, write_len),
         };
         if ahi > alo {
             if buf.bytes.len() >= ahi {
-                core.nsd.write(target.offset_by(alo as u64), &buf.bytes[alo..ahi], tag(ino))?;
+                core.nsd
+                    .write(target.offset_by(alo as u64), &buf.bytes[alo..ahi], tag(ino))?;
             } else {
                 let mut padded = AlignedBuf::with_capacity(ahi - alo);
                 padded.extend_from_slice(&buf.bytes[alo.min(buf.bytes.len())..]);
                 padded.resize(ahi - alo, 0);
-                core.nsd.write(target.offset_by(alo as u64), &padded, tag(ino))?;
+                core.nsd
+                    .write(target.offset_by(alo as u64), &padded, tag(ino))?;
             }
         }
     } else {
         // Only a dirty range is valid: write its sectors, reading the edge sectors.
-        let (lo, hi) = buf.dirty.map(|(a, b)| (a as usize, b as usize)).expect("dirty");
+        let (lo, hi) = buf
+            .dirty
+            .map(|(a, b)| (a as usize, b as usize))
+            .expect("dirty");
         let alo = lo / 512 * 512;
         let ahi = hi.next_multiple_of(512).min(write_len);
         let mut tmp = AlignedBuf::zeroed(ahi - alo);
         if alo < lo || hi < ahi {
-            core.nsd.read(target.offset_by(alo as u64), &mut tmp, tag(ino))?;
+            core.nsd
+                .read(target.offset_by(alo as u64), &mut tmp, tag(ino))?;
         }
         tmp[lo - alo..hi - alo].copy_from_slice(&buf.bytes[lo..hi]);
-        core.nsd.write(target.offset_by(alo as u64), &tmp, tag(ino))?;
+        core.nsd
+            .write(target.offset_by(alo as u64), &tmp, tag(ino))?;
     }
     core.journal.note_ordered_write();
     // A loaded buffer now matches its disk copy (what the write skipped already did).
@@ -729,7 +840,8 @@ pub fn punch_hole(core: &Core, st: &mut InodeState, offset: u64, len: u64) -> Fs
         if lo == 0 && hi >= valid {
             // The whole (valid part of the) block goes.
             let n = block_map::allocated_subblocks(core, st, b);
-            core.alloc.unreserve(core.pool.remove_from_range(ino, b, b + 1));
+            core.alloc
+                .unreserve(core.pool.remove_from_range(ino, b, b + 1));
             let da = block_map::lookup(core, st, b)?;
             if !da.is_null() {
                 block_map::set(core, st, b, DiskAddress::NULL)?;
@@ -762,8 +874,17 @@ pub fn punch_hole(core: &Core, st: &mut InodeState, offset: u64, len: u64) -> Fs
 }
 
 /// Allocate (zeroed) blocks under [offset, offset+len); grows the size unless `keep_size`.
-pub fn allocate_range(core: &Core, st: &mut InodeState, offset: u64, len: u64, keep_size: bool) -> FsResult<()> {
-    let end = offset.checked_add(len).filter(|e| *e <= FILE_BYTES_MAX).ok_or_else(|| FsError::TooBig("fallocate range".into()))?;
+pub fn allocate_range(
+    core: &Core,
+    st: &mut InodeState,
+    offset: u64,
+    len: u64,
+    keep_size: bool,
+) -> FsResult<()> {
+    let end = offset
+        .checked_add(len)
+        .filter(|e| *e <= FILE_BYTES_MAX)
+        .ok_or_else(|| FsError::TooBig("fallocate range".into()))?;
     if !keep_size && end > st.inode.size {
         set_size(core, st, end)?;
     }
@@ -780,7 +901,11 @@ pub fn allocate_range(core: &Core, st: &mut InodeState, offset: u64, len: u64, k
     let mut b = offset / bb;
     while b * bb < end {
         let cur = block_map::lookup(core, st, b)?;
-        let cur_sb = if cur.is_null() { 0 } else { block_map::allocated_subblocks(core, st, b) };
+        let cur_sb = if cur.is_null() {
+            0
+        } else {
+            block_map::allocated_subblocks(core, st, b)
+        };
         if cur_sb < spb {
             if !cur.is_null() || core.pool.get((ino, b)).is_some() {
                 // A fragment, or a hole with cached data: its content moves to the full
@@ -807,7 +932,10 @@ pub fn allocate_range(core: &Core, st: &mut InodeState, offset: u64, len: u64, k
 /// Data, for SEEK_DATA/SEEK_HOLE: an allocated block, or dirty data not yet
 /// allocated. A clean cached copy of a hole is still a hole.
 fn block_has_data(core: &Core, st: &InodeState, b: u64) -> FsResult<bool> {
-    let dirty = core.pool.get((st.inode.ino, b)).is_some_and(|s| s.buf.lock().is_dirty());
+    let dirty = core
+        .pool
+        .get((st.inode.ino, b))
+        .is_some_and(|s| s.buf.lock().is_dirty());
     Ok(dirty || !block_map::lookup(core, st, b)?.is_null())
 }
 
@@ -822,8 +950,15 @@ pub fn seek_data(core: &Core, st: &InodeState, offset: u64) -> FsResult<u64> {
     }
     let bb = core.block_bytes();
     let b = offset / bb;
-    let mapped = block_map::allocated_from(core, st, b, 1)?.first().map(|(u, _)| *u);
-    let cached = core.pool.keys_of(st.inode.ino, true).into_iter().map(|(_, k)| k).find(|&k| k >= b);
+    let mapped = block_map::allocated_from(core, st, b, 1)?
+        .first()
+        .map(|(u, _)| *u);
+    let cached = core
+        .pool
+        .keys_of(st.inode.ino, true)
+        .into_iter()
+        .map(|(_, k)| k)
+        .find(|&k| k >= b);
     let next = match (mapped, cached) {
         (Some(a), Some(c)) => a.min(c),
         (Some(a), None) => a,

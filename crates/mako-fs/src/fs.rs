@@ -5,13 +5,13 @@
 //! renames that change parents hold `rename_lock`, lock the two parents ancestor
 //! first, then the inodes involved in inode-number order.
 
-use mako_disk::AlignedBuf;
 use crate::acl;
 use crate::block_map;
 use crate::core::{now, Core, InodeHandle, InodeState};
 use crate::directory;
 use crate::error::{FsError, FsResult};
 use crate::file_io;
+use mako_disk::AlignedBuf;
 use mako_format::inode::{Inode, InodeContent, Timestamp};
 use mako_token::{ByteRange, TokenMode};
 use std::sync::atomic::Ordering;
@@ -97,7 +97,11 @@ pub struct StatFs {
 /// whole blocks (only one node ever allocates a block), never empty.
 fn block_range(offset: u64, len: u64, block: u64) -> ByteRange {
     let start = offset / block * block;
-    let end = offset.saturating_add(len).div_ceil(block).saturating_mul(block).max(start.saturating_add(block));
+    let end = offset
+        .saturating_add(len)
+        .div_ceil(block)
+        .saturating_mul(block)
+        .max(start.saturating_add(block));
     ByteRange { start, end }
 }
 
@@ -170,20 +174,36 @@ impl FileSystem {
             match name {
                 b"." => dir.ino,
                 b".." => dir.parent,
-                _ => directory::lookup(&self.core, &st, name)?
-                    .ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(name).into_owned()))?
-                    .ino,
+                _ => {
+                    directory::lookup(&self.core, &st, name)?
+                        .ok_or_else(|| {
+                            FsError::NotFound(String::from_utf8_lossy(name).into_owned())
+                        })?
+                        .ino
+                }
             }
         };
         self.getattr(ino)
     }
 
-    fn new_inode(&self, ctx: Ctx, parent: &InodeState, mode: u32, umask: u32, rdev: u32) -> FsResult<(Inode, Vec<(Vec<u8>, Vec<u8>)>)> {
+    fn new_inode(
+        &self,
+        ctx: Ctx,
+        parent: &InodeState,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> FsResult<(Inode, Vec<(Vec<u8>, Vec<u8>)>)> {
         let ino = self.core.allocate_inode()?;
         let t = now();
         let mut mode = mode;
         let mut xattrs = Vec::new();
-        let default_acl = parent.inode.xattrs.iter().find(|(n, _)| n == acl::DEFAULT).map(|(_, v)| v.clone());
+        let default_acl = parent
+            .inode
+            .xattrs
+            .iter()
+            .find(|(n, _)| n == acl::DEFAULT)
+            .map(|(_, v)| v.clone());
         match default_acl.as_deref().and_then(|d| acl::inherit(d, mode)) {
             Some((m, access)) if mode & S_IFMT != S_IFLNK => {
                 mode = m;
@@ -191,7 +211,10 @@ impl FileSystem {
                     xattrs.push((acl::ACCESS.to_vec(), a));
                 }
                 if is_dir_mode(mode) {
-                    xattrs.push((acl::DEFAULT.to_vec(), default_acl.clone().unwrap_or_default()));
+                    xattrs.push((
+                        acl::DEFAULT.to_vec(),
+                        default_acl.clone().unwrap_or_default(),
+                    ));
                 }
             }
             _ => mode &= !(umask & 0o777),
@@ -222,7 +245,17 @@ impl FileSystem {
 
     /// Create a file, directory, device, fifo or socket (and symlinks, with `target`).
     #[allow(clippy::too_many_arguments)]
-    fn make(&self, ctx: Ctx, parent: u64, name: &[u8], mode: u32, umask: u32, rdev: u32, target: Option<&[u8]>, exclusive: bool) -> FsResult<Attr> {
+    fn make(
+        &self,
+        ctx: Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        target: Option<&[u8]>,
+        exclusive: bool,
+    ) -> FsResult<Attr> {
         self.core.check_writable()?;
         let _tx = self.core.begin();
         directory::check_name(name)?;
@@ -267,25 +300,75 @@ impl FileSystem {
         Ok(self.attr_of(&st.inode))
     }
 
-    pub fn create(&self, ctx: Ctx, parent: u64, name: &[u8], mode: u32, umask: u32, exclusive: bool) -> FsResult<Attr> {
-        let a = self.make(ctx, parent, name, S_IFREG | (mode & 0o7777), umask, 0, None, exclusive)?;
+    pub fn create(
+        &self,
+        ctx: Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        exclusive: bool,
+    ) -> FsResult<Attr> {
+        let a = self.make(
+            ctx,
+            parent,
+            name,
+            S_IFREG | (mode & 0o7777),
+            umask,
+            0,
+            None,
+            exclusive,
+        )?;
         if is_dir_mode(a.mode) {
             return Err(FsError::IsDir(String::from_utf8_lossy(name).into_owned()));
         }
         Ok(a)
     }
 
-    pub fn mknod(&self, ctx: Ctx, parent: u64, name: &[u8], mode: u32, umask: u32, rdev: u32) -> FsResult<Attr> {
+    pub fn mknod(
+        &self,
+        ctx: Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> FsResult<Attr> {
         let kind = mode & S_IFMT;
         let kind = if kind == 0 { S_IFREG } else { kind };
         if kind == S_IFDIR || kind == S_IFLNK {
             return Err(FsError::Invalid("mknod of a directory or symlink".into()));
         }
-        self.make(ctx, parent, name, kind | (mode & 0o7777), umask, rdev, None, true)
+        self.make(
+            ctx,
+            parent,
+            name,
+            kind | (mode & 0o7777),
+            umask,
+            rdev,
+            None,
+            true,
+        )
     }
 
-    pub fn mkdir(&self, ctx: Ctx, parent: u64, name: &[u8], mode: u32, umask: u32) -> FsResult<Attr> {
-        self.make(ctx, parent, name, S_IFDIR | (mode & 0o7777), umask, 0, None, true)
+    pub fn mkdir(
+        &self,
+        ctx: Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> FsResult<Attr> {
+        self.make(
+            ctx,
+            parent,
+            name,
+            S_IFDIR | (mode & 0o7777),
+            umask,
+            0,
+            None,
+            true,
+        )
     }
 
     pub fn symlink(&self, ctx: Ctx, parent: u64, name: &[u8], target: &[u8]) -> FsResult<Attr> {
@@ -320,7 +403,9 @@ impl FileSystem {
             return Err(FsError::NotFound(format!("inode {ino}")));
         }
         if is_dir_mode(cst.inode.mode) {
-            return Err(FsError::Perm("hard links to directories are not allowed".into()));
+            return Err(FsError::Perm(
+                "hard links to directories are not allowed".into(),
+            ));
         }
         if cst.inode.nlink >= LINKS_MAX {
             return Err(FsError::TooManyLinks(format!("inode {ino}")));
@@ -356,7 +441,8 @@ impl FileSystem {
         let p = self.handle(parent)?;
         let mut pst = p.state.write();
         self.live_dir(&pst)?;
-        let e = directory::lookup(&self.core, &pst, name)?.ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let e = directory::lookup(&self.core, &pst, name)?
+            .ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(name).into_owned()))?;
         let c = self.handle(e.ino)?;
         let mut cst = c.state.write();
         let is_dir = is_dir_mode(cst.inode.mode);
@@ -367,7 +453,9 @@ impl FileSystem {
             return Err(FsError::IsDir(String::from_utf8_lossy(name).into_owned()));
         }
         if is_dir && cst.inode.entries > 0 {
-            return Err(FsError::NotEmpty(String::from_utf8_lossy(name).into_owned()));
+            return Err(FsError::NotEmpty(
+                String::from_utf8_lossy(name).into_owned(),
+            ));
         }
         directory::remove(&self.core, &mut pst, name)?;
         let t = now();
@@ -422,7 +510,9 @@ impl FileSystem {
             }
             ino = next;
         }
-        Err(FsError::Invalid("directory tree deeper than 100000 levels (loop?)".into()))
+        Err(FsError::Invalid(
+            "directory tree deeper than 100000 levels (loop?)".into(),
+        ))
     }
 
     /// Renaming a file over an existing one is how programs replace a file atomically
@@ -431,15 +521,18 @@ impl FileSystem {
     /// written (zeros) in place of the old one, even without an fsync — as ext4's
     /// auto_da_alloc does.
     fn flush_before_replace(&self, p1: u64, n1: &[u8], p2: u64, n2: &[u8]) -> FsResult<()> {
-        let entry = |parent: u64, name: &[u8]| -> FsResult<Option<mako_format::dir_block::DirEntry>> {
-            let h = self.handle(parent)?;
-            let st = h.state.read();
-            if st.deleted || !is_dir_mode(st.inode.mode) {
-                return Ok(None);
-            }
-            directory::lookup(&self.core, &st, name)
+        let entry =
+            |parent: u64, name: &[u8]| -> FsResult<Option<mako_format::dir_block::DirEntry>> {
+                let h = self.handle(parent)?;
+                let st = h.state.read();
+                if st.deleted || !is_dir_mode(st.inode.mode) {
+                    return Ok(None);
+                }
+                directory::lookup(&self.core, &st, name)
+            };
+        let (Some(src), Some(_)) = (entry(p1, n1)?, entry(p2, n2)?) else {
+            return Ok(());
         };
-        let (Some(src), Some(_)) = (entry(p1, n1)?, entry(p2, n2)?) else { return Ok(()) };
         if src.kind == dtype(S_IFREG) {
             let h = self.handle(src.ino)?;
             file_io::flush_data(&self.core, &h)?;
@@ -453,10 +546,14 @@ impl FileSystem {
         const EXCHANGE: u32 = 2;
         self.core.check_writable()?;
         if flags & !(NOREPLACE | EXCHANGE) != 0 {
-            return Err(FsError::NotSupported(format!("rename flags {flags:#x} (only RENAME_NOREPLACE and RENAME_EXCHANGE)")));
+            return Err(FsError::NotSupported(format!(
+                "rename flags {flags:#x} (only RENAME_NOREPLACE and RENAME_EXCHANGE)"
+            )));
         }
         if flags & NOREPLACE != 0 && flags & EXCHANGE != 0 {
-            return Err(FsError::Invalid("RENAME_NOREPLACE with RENAME_EXCHANGE".into()));
+            return Err(FsError::Invalid(
+                "RENAME_NOREPLACE with RENAME_EXCHANGE".into(),
+            ));
         }
         directory::check_name(n2)?;
         self.flush_before_replace(p1, n1, p2, n2)?;
@@ -493,7 +590,8 @@ impl FileSystem {
         if let Some(s2) = &s2_opt {
             self.live_dir(s2)?;
         }
-        let src = directory::lookup(&self.core, &s1, n1)?.ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(n1).into_owned()))?;
+        let src = directory::lookup(&self.core, &s1, n1)?
+            .ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(n1).into_owned()))?;
         let dst = {
             let s2: &InodeState = s2_opt.as_deref().unwrap_or(&s1);
             directory::lookup(&self.core, s2, n2)?
@@ -506,14 +604,19 @@ impl FileSystem {
         let src_h = self.handle(src.ino)?;
         let src_is_dir = src.kind == dtype(S_IFDIR);
         if src_is_dir && p1 != p2 && up2.contains(&src.ino) {
-            return Err(FsError::Invalid("cannot move a directory into itself".into()));
+            return Err(FsError::Invalid(
+                "cannot move a directory into itself".into(),
+            ));
         }
         let t = now();
         if flags & EXCHANGE != 0 {
-            let d = dst.ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(n2).into_owned()))?;
+            let d =
+                dst.ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(n2).into_owned()))?;
             let dst_is_dir = d.kind == dtype(S_IFDIR);
             if dst_is_dir && p1 != p2 && up1.contains(&d.ino) {
-                return Err(FsError::Invalid("cannot move a directory into itself".into()));
+                return Err(FsError::Invalid(
+                    "cannot move a directory into itself".into(),
+                ));
             }
             directory::replace(&self.core, &mut s1, n1, d.ino, d.kind)?;
             {
@@ -532,7 +635,11 @@ impl FileSystem {
                         s2.inode.nlink -= 1;
                     }
                 }
-                let (a, b) = if src.ino < d.ino { (&src_h, &dst_h) } else { (&dst_h, &src_h) };
+                let (a, b) = if src.ino < d.ino {
+                    (&src_h, &dst_h)
+                } else {
+                    (&dst_h, &src_h)
+                };
                 let mut ga = a.state.write();
                 let mut gb = b.state.write();
                 for g in [&mut ga, &mut gb] {
@@ -662,9 +769,13 @@ impl FileSystem {
                 return Err(FsError::IsDir(format!("inode {ino}")));
             }
             if st.inode.mode & S_IFMT != S_IFREG {
-                return Err(FsError::Invalid(format!("truncate of a special file (inode {ino})")));
+                return Err(FsError::Invalid(format!(
+                    "truncate of a special file (inode {ino})"
+                )));
             }
-            self.core.coherence.data(ino, TokenMode::Xw, ByteRange::WHOLE)?;
+            self.core
+                .coherence
+                .data(ino, TokenMode::Xw, ByteRange::WHOLE)?;
             file_io::set_size(&self.core, &mut st, size)?;
             st.inode.mtime = t;
             st.inode.ctime = t;
@@ -760,7 +871,13 @@ impl FileSystem {
 
     /// Read, handing the bytes to `f` (the FUSE reply) without copying them out of the
     /// pagepool when they lie in one cached block.
-    pub fn read_with<R>(&self, ino: u64, offset: u64, size: u32, f: impl FnOnce(&[u8]) -> R) -> FsResult<R> {
+    pub fn read_with<R>(
+        &self,
+        ino: u64,
+        offset: u64,
+        size: u32,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> FsResult<R> {
         self.core.stats.reads.fetch_add(1, Ordering::Relaxed);
         let h = self.handle(ino)?;
         let bb = self.core.block_bytes();
@@ -769,7 +886,9 @@ impl FileSystem {
             // The kernel's readahead sends several requests of a window at once and our
             // threads serve them in any order, so "sequential" means near where the
             // stream is: within a block behind it or two blocks ahead of it.
-            let near = p.next_offset > 0 && offset + bb > p.next_offset && offset <= p.next_offset.saturating_add(2 * bb);
+            let near = p.next_offset > 0
+                && offset + bb > p.next_offset
+                && offset <= p.next_offset.saturating_add(2 * bb);
             let seq = near || offset == p.next_offset;
             p.run = if seq { p.run.saturating_add(1) } else { 0 };
             if seq {
@@ -782,7 +901,9 @@ impl FileSystem {
             }
             p.run >= 2
         };
-        self.core.coherence.data(ino, TokenMode::Ro, block_range(offset, size as u64, bb))?;
+        self.core
+            .coherence
+            .data(ino, TokenMode::Ro, block_range(offset, size as u64, bb))?;
         let (out, atime_due) = {
             let st = h.state.read();
             if st.deleted {
@@ -802,7 +923,10 @@ impl FileSystem {
                 || (i.atime.sec == i.mtime.sec && i.atime.nsec <= i.mtime.nsec)
                 || i.atime.sec < i.ctime.sec
                 || t.sec - i.atime.sec >= 24 * 3600;
-            (file_io::read_with(&self.core, &st, offset, size as usize, sequential, f)?, due)
+            (
+                file_io::read_with(&self.core, &st, offset, size as usize, sequential, f)?,
+                due,
+            )
         };
         if atime_due && !self.core.read_only.load(Ordering::Relaxed) {
             let _tx = self.core.begin();
@@ -832,7 +956,11 @@ impl FileSystem {
         let s = &self.core.pool.stats;
         let used = s.prefetch_used.load(Ordering::Relaxed);
         let wasted = s.prefetch_wasted.load(Ordering::Relaxed);
-        let window = if wasted > 16 && wasted > used { (window / 2).max(1) } else { window };
+        let window = if wasted > 16 && wasted > used {
+            (window / 2).max(1)
+        } else {
+            window
+        };
         let first = from / bb;
         let last_block = if fsize == 0 { return } else { (fsize - 1) / bb };
         let mut p = h.pattern.lock();
@@ -867,7 +995,9 @@ impl FileSystem {
                 }
             }
         }
-        core.pool.wait_for_room(data.len() as u64, &|| core.read_only.load(Ordering::Relaxed));
+        core.pool.wait_for_room(data.len() as u64, &|| {
+            core.read_only.load(Ordering::Relaxed)
+        });
         match self.write_logged(ino, offset, data, append) {
             // Space freed recently is reusable only after a checkpoint: make one, retry.
             Err(FsError::NoSpace(_)) if core.alloc.quarantined_subblocks() > 0 => {
@@ -888,7 +1018,11 @@ impl FileSystem {
             }
         }
         let bb = self.core.block_bytes();
-        self.core.coherence.data(ino, TokenMode::Xw, block_range(offset, data.len() as u64, bb))?;
+        self.core.coherence.data(
+            ino,
+            TokenMode::Xw,
+            block_range(offset, data.len() as u64, bb),
+        )?;
         if append {
             // O_APPEND: the offset is the size, read under the write's own lock.
             return file_io::write_append(&self.core, &h, data);
@@ -921,7 +1055,10 @@ impl FileSystem {
             let _tx = self.core.begin();
             let mut st = h.state.write();
             if file_io::direct_eligible(&self.core, &st, offset, data.len())? {
-                self.core.stats.direct_writes.fetch_add(1, Ordering::Relaxed);
+                self.core
+                    .stats
+                    .direct_writes
+                    .fetch_add(1, Ordering::Relaxed);
                 return file_io::write_direct(&self.core, &mut st, offset, data);
             }
         }
@@ -950,14 +1087,29 @@ impl FileSystem {
         let dir = self.live_dir(&st)?;
         let mut out = Vec::new();
         if after < 1 {
-            out.push(DirListing { cookie: 1, ino: dir.ino, kind: dtype(S_IFDIR), name: b".".to_vec() });
+            out.push(DirListing {
+                cookie: 1,
+                ino: dir.ino,
+                kind: dtype(S_IFDIR),
+                name: b".".to_vec(),
+            });
         }
         if after < 2 && out.len() < max {
-            out.push(DirListing { cookie: 2, ino: dir.parent, kind: dtype(S_IFDIR), name: b"..".to_vec() });
+            out.push(DirListing {
+                cookie: 2,
+                ino: dir.parent,
+                kind: dtype(S_IFDIR),
+                name: b"..".to_vec(),
+            });
         }
         if out.len() < max {
             for e in directory::list(&self.core, &st, after.max(2), max - out.len())? {
-                out.push(DirListing { cookie: e.cookie, ino: e.ino, kind: e.kind, name: e.name });
+                out.push(DirListing {
+                    cookie: e.cookie,
+                    ino: e.ino,
+                    kind: e.kind,
+                    name: e.name,
+                });
             }
         }
         Ok(out)
@@ -984,11 +1136,16 @@ impl FileSystem {
         if name.is_empty() || name.len() > 255 {
             return Err(FsError::Range(name.len()));
         }
-        let ok = [&b"user."[..], b"trusted.", b"security."].iter().any(|p| name.starts_with(p) && name.len() > p.len())
+        let ok = [&b"user."[..], b"trusted.", b"security."]
+            .iter()
+            .any(|p| name.starts_with(p) && name.len() > p.len())
             || name == acl::ACCESS
             || name == acl::DEFAULT;
         if !ok {
-            return Err(FsError::NotSupported(format!("xattr namespace of {:?}", String::from_utf8_lossy(name))));
+            return Err(FsError::NotSupported(format!(
+                "xattr namespace of {:?}",
+                String::from_utf8_lossy(name)
+            )));
         }
         Ok(())
     }
@@ -998,13 +1155,18 @@ impl FileSystem {
         let _tx = self.core.begin();
         Self::check_xattr_name(name)?;
         if value.len() > XATTR_VALUE_BYTES_MAX {
-            return Err(FsError::TooBig(format!("xattr value of {} bytes (at most {XATTR_VALUE_BYTES_MAX})", value.len())));
+            return Err(FsError::TooBig(format!(
+                "xattr value of {} bytes (at most {XATTR_VALUE_BYTES_MAX})",
+                value.len()
+            )));
         }
         let h = self.handle(ino)?;
         let mut st = h.state.write();
         let kind = st.inode.mode & S_IFMT;
         if name.starts_with(b"user.") && kind != S_IFREG && kind != S_IFDIR {
-            return Err(FsError::Perm("user.* attributes only on files and directories".into()));
+            return Err(FsError::Perm(
+                "user.* attributes only on files and directories".into(),
+            ));
         }
         if (name == acl::ACCESS || name == acl::DEFAULT) && acl::decode(value).is_none() {
             return Err(FsError::Invalid("malformed POSIX ACL".into()));
@@ -1014,7 +1176,9 @@ impl FileSystem {
         }
         let pos = st.inode.xattrs.iter().position(|(n, _)| n == name);
         match (pos, flags) {
-            (Some(_), f) if f & libc::XATTR_CREATE != 0 => return Err(FsError::Exists(String::from_utf8_lossy(name).into_owned())),
+            (Some(_), f) if f & libc::XATTR_CREATE != 0 => {
+                return Err(FsError::Exists(String::from_utf8_lossy(name).into_owned()))
+            }
             (None, f) if f & libc::XATTR_REPLACE != 0 => return Err(FsError::NoAttr),
             _ => {}
         }
@@ -1037,7 +1201,10 @@ impl FileSystem {
                     st.inode.xattrs.push(o);
                 }
                 let room = mako_format::inode::payload_bytes(self.core.inode_bytes())
-                    .saturating_sub(mako_format::inode::xattrs_encoded_len(&st.inode.xattrs) + st.inode.content_len(self.core.inode_bytes()));
+                    .saturating_sub(
+                        mako_format::inode::xattrs_encoded_len(&st.inode.xattrs)
+                            + st.inode.content_len(self.core.inode_bytes()),
+                    );
                 return Err(FsError::NoSpace(format!(
                     "extended attributes live in the inode: {room} bytes free in inode {ino}; use a larger inode size (-i 4K)"
                 )));
@@ -1056,7 +1223,12 @@ impl FileSystem {
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
         let h = self.handle(ino)?;
         let st = h.state.read();
-        st.inode.xattrs.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone()).ok_or(FsError::NoAttr)
+        st.inode
+            .xattrs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .ok_or(FsError::NoAttr)
     }
 
     pub fn listxattr(&self, ino: u64) -> FsResult<Vec<u8>> {
@@ -1075,7 +1247,12 @@ impl FileSystem {
         let _tx = self.core.begin();
         let h = self.handle(ino)?;
         let mut st = h.state.write();
-        let pos = st.inode.xattrs.iter().position(|(n, _)| n == name).ok_or(FsError::NoAttr)?;
+        let pos = st
+            .inode
+            .xattrs
+            .iter()
+            .position(|(n, _)| n == name)
+            .ok_or(FsError::NoAttr)?;
         st.inode.xattrs.remove(pos);
         st.inode.ctime = now();
         st.mark_dirty();
@@ -1091,20 +1268,27 @@ impl FileSystem {
         let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
         let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
         let zero = mode & libc::FALLOC_FL_ZERO_RANGE != 0;
-        let known = libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+        let known =
+            libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
         if mode & !known != 0 {
-            return Err(FsError::NotSupported(format!("fallocate mode {mode:#x} (collapse/insert range are not supported)")));
+            return Err(FsError::NotSupported(format!(
+                "fallocate mode {mode:#x} (collapse/insert range are not supported)"
+            )));
         }
         if len == 0 {
             return Err(FsError::Invalid("fallocate length 0".into()));
         }
         if punch && !keep {
-            return Err(FsError::NotSupported("FALLOC_FL_PUNCH_HOLE needs FALLOC_FL_KEEP_SIZE".into()));
+            return Err(FsError::NotSupported(
+                "FALLOC_FL_PUNCH_HOLE needs FALLOC_FL_KEEP_SIZE".into(),
+            ));
         }
         let h = self.handle(ino)?;
         let mut st = h.state.write();
         if st.inode.mode & S_IFMT != S_IFREG {
-            return Err(FsError::NotSupported(format!("fallocate on a non-regular file (inode {ino})")));
+            return Err(FsError::NotSupported(format!(
+                "fallocate on a non-regular file (inode {ino})"
+            )));
         }
         let t = now();
         if punch {

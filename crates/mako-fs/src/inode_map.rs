@@ -1,8 +1,8 @@
 //! The inode allocation map: which inode numbers are in use, in segments.
 
 use crate::error::{FsError, FsResult};
-use mako_format::inode_map_segment::InodeMapSegment;
 use mako_diag::{CountedMutex, LockClass};
+use mako_format::inode_map_segment::InodeMapSegment;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Lock class of `mako diag counters`.
@@ -30,9 +30,15 @@ impl InodeMap {
     }
 
     pub fn new(segments: Vec<InodeMapSegment>, inodes_max: u64, per_segment: u32) -> InodeMap {
-        let used = segments.iter().map(|s| s.bitmap.iter().map(|w| w.count_ones() as u64).sum::<u64>()).sum();
+        let used = segments
+            .iter()
+            .map(|s| s.bitmap.iter().map(|w| w.count_ones() as u64).sum::<u64>())
+            .sum();
         InodeMap {
-            segments: segments.into_iter().map(|s| CountedMutex::new(&INODE_MAP_SEGMENT_LOCK, (s, false))).collect(),
+            segments: segments
+                .into_iter()
+                .map(|s| CountedMutex::new(&INODE_MAP_SEGMENT_LOCK, (s, false)))
+                .collect(),
             inodes_per_segment: per_segment,
             inodes_max,
             used: AtomicU64::new(used),
@@ -82,7 +88,10 @@ impl InodeMap {
 
     fn slot(&self, ino: u64) -> FsResult<(usize, usize, u64)> {
         if ino >= self.inodes_max {
-            return Err(FsError::Invalid(format!("inode {ino} beyond the inode limit {}", self.inodes_max)));
+            return Err(FsError::Invalid(format!(
+                "inode {ino} beyond the inode limit {}",
+                self.inodes_max
+            )));
         }
         let s = (ino / self.inodes_per_segment as u64) as usize;
         let i = ino % self.inodes_per_segment as u64;
@@ -114,7 +123,9 @@ impl InodeMap {
         let (s, w, b) = self.slot(ino)?;
         let mut g = self.segments[s].lock();
         if g.0.bitmap[w] >> b & 1 == 0 {
-            return Err(FsError::Invalid(format!("inode {ino} freed twice; run `mako fsck`")));
+            return Err(FsError::Invalid(format!(
+                "inode {ino} freed twice; run `mako fsck`"
+            )));
         }
         g.0.bitmap[w] &= !(1 << b);
         crate::journal::note_change();

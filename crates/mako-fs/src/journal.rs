@@ -40,7 +40,9 @@ use crate::error::{FsError, FsResult};
 use mako_diag::{Wait, WaitGuard};
 use mako_disk::nsd::IoTag;
 use mako_disk::BufferType;
-use mako_format::log_header::{LogHeader, LOG_HEADER_BYTES, LOG_HEADER_OFFSETS, LOG_RECORDS_OFFSET};
+use mako_format::log_header::{
+    LogHeader, LOG_HEADER_BYTES, LOG_HEADER_OFFSETS, LOG_RECORDS_OFFSET,
+};
 use mako_format::log_record::{encode_txn, LogImage};
 use mako_format::DiskAddress;
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -149,7 +151,10 @@ impl CheckpointRun {
             None => self.start = Some((image.da, kind)),
             Some((da, _)) => {
                 let end = da.sector() + (self.buf.len() / 512) as u64;
-                if image.da.disk() != da.disk() || image.da.sector() != end || self.buf.len() + len > Self::MAX_BYTES {
+                if image.da.disk() != da.disk()
+                    || image.da.sector() != end
+                    || self.buf.len() + len > Self::MAX_BYTES
+                {
                     return false;
                 }
             }
@@ -161,7 +166,14 @@ impl CheckpointRun {
 
     fn flush(&mut self, core: &Core) -> FsResult<()> {
         if let Some((da, kind)) = self.start.take() {
-            core.nsd.write(da, &self.buf, IoTag { buffer_type: kind, ino: 0 })?;
+            core.nsd.write(
+                da,
+                &self.buf,
+                IoTag {
+                    buffer_type: kind,
+                    ino: 0,
+                },
+            )?;
             self.buf.clear();
         }
         Ok(())
@@ -259,7 +271,15 @@ impl Drop for Tx<'_> {
 }
 
 impl Journal {
-    pub fn new(node: u32, fs_uuid: [u8; 16], log_ino: u64, log_bytes: u64, inode_bytes: u32, start: LogStart, read_only: Arc<crate::core::ReadOnly>) -> Journal {
+    pub fn new(
+        node: u32,
+        fs_uuid: [u8; 16],
+        log_ino: u64,
+        log_bytes: u64,
+        inode_bytes: u32,
+        start: LogStart,
+        read_only: Arc<crate::core::ReadOnly>,
+    ) -> Journal {
         let capacity = log_capacity(log_bytes);
         let id = JOURNAL_IDS.fetch_add(1, Ordering::Relaxed);
         Journal {
@@ -274,7 +294,10 @@ impl Journal {
                 inode_bytes: inode_bytes as u64,
                 stray: AtomicU64::new(0),
             }),
-            gate: Mutex::new(Gate { active: 0, closing: false }),
+            gate: Mutex::new(Gate {
+                active: 0,
+                closing: false,
+            }),
             gate_cv: Condvar::new(),
             extra: Mutex::new(Vec::new()),
             ordered_writes: AtomicBool::new(false),
@@ -282,7 +305,11 @@ impl Journal {
             durable_seq: AtomicU64::new(start.next_seq - 1),
             commit_lock: Mutex::new(()),
             checkpoint_lock: Mutex::new(()),
-            state: Mutex::new(LogState { head_lsn: start.head_lsn, tail_lsn: start.head_lsn, txns: VecDeque::new() }),
+            state: Mutex::new(LogState {
+                head_lsn: start.head_lsn,
+                tail_lsn: start.head_lsn,
+                txns: VecDeque::new(),
+            }),
             pending: RwLock::new(BTreeMap::new()),
             pending_sectors_max: AtomicU64::new(0),
             stats: LogStats::default(),
@@ -314,7 +341,9 @@ impl Journal {
     }
     /// Upper bound of the running transaction's size.
     pub fn running_bytes(&self, core: &Core) -> u64 {
-        self.inbox.bytes.load(Ordering::Relaxed) + core.alloc.dirty_page_bytes() + core.imap.dirty_bytes()
+        self.inbox.bytes.load(Ordering::Relaxed)
+            + core.alloc.dirty_page_bytes()
+            + core.imap.dirty_bytes()
     }
     /// Images waiting to be written in place.
     pub fn pending_images(&self) -> usize {
@@ -356,7 +385,9 @@ impl Journal {
             let mut g = self.gate.lock();
             if g.closing {
                 self.stats.gate_waits.fetch_add(1, Ordering::Relaxed);
-                let _w = WaitGuard::new(Wait::Static("waiting for a recovery log commit to take its snapshot"));
+                let _w = WaitGuard::new(Wait::Static(
+                    "waiting for a recovery log commit to take its snapshot",
+                ));
                 while g.closing {
                     self.gate_cv.wait(&mut g);
                 }
@@ -376,7 +407,10 @@ impl Journal {
     /// Add an image to the running transaction directly (a freed inode, whose handle
     /// leaves the cache). Call with a handle open.
     pub fn add_image(&self, kind: BufferType, image: LogImage) {
-        debug_assert!(holds_handle(self.inbox.id), "add_image without an open handle");
+        debug_assert!(
+            holds_handle(self.inbox.id),
+            "add_image without an open handle"
+        );
         note_change();
         self.inbox.note(image.length as u64);
         self.extra.lock().push((kind, image));
@@ -387,7 +421,9 @@ impl Journal {
         debug_assert!(!g.closing, "two commits at once");
         g.closing = true;
         if g.active > 0 {
-            let _w = WaitGuard::new(Wait::Static("recovery log commit waiting for operations in flight"));
+            let _w = WaitGuard::new(Wait::Static(
+                "recovery log commit waiting for operations in flight",
+            ));
             while g.active > 0 {
                 self.gate_cv.wait(&mut g);
             }
@@ -412,7 +448,10 @@ impl Journal {
     /// Commit the running transaction: snapshot every dirty structure, write it to the
     /// log and make it durable. Must not be called with a handle open on this thread.
     pub fn commit(&self, core: &Core) -> FsResult<()> {
-        assert!(!holds_handle(self.inbox.id), "commit with a transaction handle open on this thread would wait for itself");
+        assert!(
+            !holds_handle(self.inbox.id),
+            "commit with a transaction handle open on this thread would wait for itself"
+        );
         let _c = self.commit_lock.lock();
         self.commit_locked(core)
     }
@@ -422,7 +461,10 @@ impl Journal {
     /// committed state that does not change, while operations go on in memory (an
     /// fsync, or a full log, waits). This is what an online check reads.
     pub fn hold_commits(&self, core: &Core) -> FsResult<parking_lot::MutexGuard<'_, ()>> {
-        assert!(!holds_handle(self.inbox.id), "hold_commits with a transaction handle open on this thread would wait for itself");
+        assert!(
+            !holds_handle(self.inbox.id),
+            "hold_commits with a transaction handle open on this thread would wait for itself"
+        );
         let c = self.commit_lock.lock();
         if !core.read_only.load(Ordering::Relaxed) {
             self.commit_locked(core)?;
@@ -468,23 +510,36 @@ impl Journal {
         }
         let mut images: Vec<(BufferType, LogImage)> = std::mem::take(&mut *self.extra.lock());
         for ino in inos {
-            let Some(h) = core.cached_handle(ino) else { continue };
+            let Some(h) = core.cached_handle(ino) else {
+                continue;
+            };
             let mut st = h.state.write();
             if st.deleted {
                 continue;
             }
             // In key order: the same changes always give the same log (reproducible tests).
             let mut ind = st.indirect.lock();
-            let mut keys: Vec<(u8, u64)> = ind.iter().filter(|(_, n)| n.dirty).map(|(k, _)| *k).collect();
+            let mut keys: Vec<(u8, u64)> = ind
+                .iter()
+                .filter(|(_, n)| n.dirty)
+                .map(|(k, _)| *k)
+                .collect();
             keys.sort_unstable();
             for k in keys {
                 let node = ind.get_mut(&k).expect("dirty indirect block");
-                images.push((BufferType::Indirect, LogImage::from_vec(node.da, node.block.encode(core.geo.indirect_bytes))));
+                images.push((
+                    BufferType::Indirect,
+                    LogImage::from_vec(node.da, node.block.encode(core.geo.indirect_bytes)),
+                ));
                 node.dirty = false;
             }
             drop(ind);
             let mut dirs = st.dir_blocks.lock();
-            let mut keys: Vec<u64> = dirs.iter().filter(|(_, n)| n.dirty).map(|(k, _)| *k).collect();
+            let mut keys: Vec<u64> = dirs
+                .iter()
+                .filter(|(_, n)| n.dirty)
+                .map(|(k, _)| *k)
+                .collect();
             keys.sort_unstable();
             for k in keys {
                 let node = dirs.get_mut(&k).expect("dirty directory block");
@@ -493,7 +548,13 @@ impl Journal {
                     let pb = node.page_bytes() as u64;
                     for p in 0..node.pages() {
                         if node.dirty_pages >> p & 1 == 1 {
-                            images.push((BufferType::Directory, LogImage::from_vec(node.da.offset_by(p as u64 * pb), node.encode_page(p))));
+                            images.push((
+                                BufferType::Directory,
+                                LogImage::from_vec(
+                                    node.da.offset_by(p as u64 * pb),
+                                    node.encode_page(p),
+                                ),
+                            ));
                         }
                     }
                     node.dirty = false;
@@ -508,7 +569,11 @@ impl Journal {
         let m = core.metadata_inodes();
         for (region, pages) in core.alloc.take_dirty_pages(core.alloc_slot_bytes) {
             for (offset, bytes) in pages {
-                for img in core.metafile_images(m.block_alloc_map, region as u64 * core.alloc_slot_bytes as u64 + offset, &bytes)? {
+                for img in core.metafile_images(
+                    m.block_alloc_map,
+                    region as u64 * core.alloc_slot_bytes as u64 + offset,
+                    &bytes,
+                )? {
                     images.push((BufferType::AllocMap, img));
                 }
             }
@@ -521,24 +586,35 @@ impl Journal {
         }
         // Space freed by this transaction becomes reusable once it is checkpointed.
         core.alloc.tag_frees(seq);
-        let images: Vec<(BufferType, Arc<LogImage>)> = images.into_iter().map(|(k, i)| (k, Arc::new(i))).collect();
+        let images: Vec<(BufferType, Arc<LogImage>)> =
+            images.into_iter().map(|(k, i)| (k, Arc::new(i))).collect();
         let mut pending = self.pending.write();
         for (kind, img) in &images {
             let sectors = img.length as u64 / 512;
-            self.pending_sectors_max.fetch_max(sectors, Ordering::Relaxed);
+            self.pending_sectors_max
+                .fetch_max(sectors, Ordering::Relaxed);
             let v = pending.entry(img.da).or_default();
             // Within one transaction a later image of an address replaces an earlier
             // one (a freed inode's slot reused at once).
             if v.last().is_some_and(|p| p.seq == seq) {
                 v.pop();
             }
-            v.push(Pending { seq, kind: *kind, image: img.clone() });
+            v.push(Pending {
+                seq,
+                kind: *kind,
+                image: img.clone(),
+            });
         }
         Ok((seq, images))
     }
 
     /// Write a snapshot to the log and make it durable (steps 4 of the module doc).
-    fn write_txn(&self, core: &Core, seq: u64, images: &[(BufferType, Arc<LogImage>)]) -> FsResult<()> {
+    fn write_txn(
+        &self,
+        core: &Core,
+        seq: u64,
+        images: &[(BufferType, Arc<LogImage>)],
+    ) -> FsResult<()> {
         let ordered = self.ordered_writes.swap(false, Ordering::AcqRel);
         if images.is_empty() {
             if ordered {
@@ -551,10 +627,22 @@ impl Journal {
         if trace_enabled() {
             eprintln!("commit seq {seq} at lsn {lsn} ordered {ordered}:");
             for (k, i) in images {
-                eprintln!("  {:?} {} len {} stored {}", k, i.da, i.length, i.bytes.len());
+                eprintln!(
+                    "  {:?} {} len {} stored {}",
+                    k,
+                    i.da,
+                    i.length,
+                    i.bytes.len()
+                );
             }
         }
-        let bytes = encode_txn(self.node, self.fs_uuid, lsn, seq, images.iter().map(|(_, i)| &**i));
+        let bytes = encode_txn(
+            self.node,
+            self.fs_uuid,
+            lsn,
+            seq,
+            images.iter().map(|(_, i)| &**i),
+        );
         let len = bytes.len() as u64;
         if len > self.capacity {
             return Err(FsError::NoSpace(format!(
@@ -587,7 +675,9 @@ impl Journal {
         self.durable_seq.fetch_max(seq, Ordering::AcqRel);
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         self.stats.commit_bytes.fetch_add(len, Ordering::Relaxed);
-        self.stats.commit_images.fetch_add(images.len() as u64, Ordering::Relaxed);
+        self.stats
+            .commit_images
+            .fetch_add(images.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -600,8 +690,16 @@ impl Journal {
     /// Write `bytes` at `lsn` of the circular area (wrapping, and split at the log
     /// file's block boundaries).
     fn write_log(&self, core: &Core, lsn: u64, bytes: &[u8]) -> FsResult<()> {
-        for (da, range) in log_extents(core, self.log_ino, self.capacity, lsn, bytes.len() as u64)? {
-            core.nsd.write(da, &bytes[range], IoTag { buffer_type: BufferType::Log, ino: self.log_ino })?;
+        for (da, range) in log_extents(core, self.log_ino, self.capacity, lsn, bytes.len() as u64)?
+        {
+            core.nsd.write(
+                da,
+                &bytes[range],
+                IoTag {
+                    buffer_type: BufferType::Log,
+                    ino: self.log_ino,
+                },
+            )?;
         }
         Ok(())
     }
@@ -612,7 +710,12 @@ impl Journal {
         let _k = self.checkpoint_lock.lock();
         let upto = self.durable_seq();
         // The newest durable image of every address.
-        let work: Vec<Pending> = self.pending.read().values().filter_map(|v| v.iter().rev().find(|p| p.seq <= upto).cloned()).collect();
+        let work: Vec<Pending> = self
+            .pending
+            .read()
+            .values()
+            .filter_map(|v| v.iter().rev().find(|p| p.seq <= upto).cloned())
+            .collect();
         let mut bytes = 0u64;
         // 1. Images in place, in address order. Images that follow one another on a disk
         //    (consecutive inodes, the pages of a directory block) go out as one write:
@@ -625,7 +728,14 @@ impl Journal {
             if !run.append(&p.image, p.kind) {
                 run.flush(core)?;
                 if !run.append(&p.image, p.kind) {
-                    core.nsd.write(p.image.da, &p.image.expanded(), IoTag { buffer_type: p.kind, ino: 0 })?;
+                    core.nsd.write(
+                        p.image.da,
+                        &p.image.expanded(),
+                        IoTag {
+                            buffer_type: p.kind,
+                            ino: 0,
+                        },
+                    )?;
                 }
             }
         }
@@ -635,12 +745,20 @@ impl Journal {
         // 3. The new tail: the first transaction not checkpointed, else the head.
         let (tail, head) = {
             let s = self.state.lock();
-            let tail = s.txns.iter().find(|(seq, _)| *seq > upto).map(|(_, lsn)| *lsn).unwrap_or(s.head_lsn);
+            let tail = s
+                .txns
+                .iter()
+                .find(|(seq, _)| *seq > upto)
+                .map(|(_, lsn)| *lsn)
+                .unwrap_or(s.head_lsn);
             (tail, s.head_lsn)
         };
         // 4. The header says so, durably, before the space is reused.
         if trace_enabled() {
-            eprintln!("checkpoint upto seq {upto}: {} images, tail {tail} head {head}", work.len());
+            eprintln!(
+                "checkpoint upto seq {upto}: {} images, tail {tail} head {head}",
+                work.len()
+            );
         }
         self.write_header(core, tail, head, false)?;
         {
@@ -666,7 +784,9 @@ impl Journal {
         core.alloc.release_frees(upto);
         *self.last_checkpoint.lock() = Instant::now();
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
-        self.stats.checkpoint_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.stats
+            .checkpoint_bytes
+            .fetch_add(bytes, Ordering::Relaxed);
         Ok(())
     }
 
@@ -676,7 +796,13 @@ impl Journal {
 
     /// Write both header copies and sync.
     pub fn write_header(&self, core: &Core, tail: u64, head: u64, clean: bool) -> FsResult<()> {
-        let h = LogHeader { node: self.node, log_bytes: core.desc.lock().log_bytes, tail_lsn: tail, head_lsn: head, clean };
+        let h = LogHeader {
+            node: self.node,
+            log_bytes: core.desc.lock().log_bytes,
+            tail_lsn: tail,
+            head_lsn: head,
+            clean,
+        };
         let bytes = h.encode();
         debug_assert_eq!(bytes.len(), LOG_HEADER_BYTES);
         for off in LOG_HEADER_OFFSETS {
@@ -724,7 +850,13 @@ pub fn log_capacity(log_bytes: u64) -> u64 {
 
 /// Disk extents of `len` bytes at `lsn` of the circular area: (address, byte range
 /// within the caller's buffer).
-pub fn log_extents(core: &Core, log_ino: u64, capacity: u64, lsn: u64, len: u64) -> FsResult<Vec<(DiskAddress, std::ops::Range<usize>)>> {
+pub fn log_extents(
+    core: &Core,
+    log_ino: u64,
+    capacity: u64,
+    lsn: u64,
+    len: u64,
+) -> FsResult<Vec<(DiskAddress, std::ops::Range<usize>)>> {
     let bb = core.block_bytes();
     let mut out = Vec::new();
     let mut done = 0u64;
@@ -734,7 +866,10 @@ pub fn log_extents(core: &Core, log_ino: u64, capacity: u64, lsn: u64, len: u64)
         let to_wrap = capacity - pos;
         let to_block = bb - file_off % bb;
         let n = (len - done).min(to_wrap).min(to_block);
-        out.push((core.metafile_da(log_ino, file_off)?, done as usize..(done + n) as usize));
+        out.push((
+            core.metafile_da(log_ino, file_off)?,
+            done as usize..(done + n) as usize,
+        ));
         done += n;
     }
     Ok(out)
@@ -743,7 +878,10 @@ pub fn log_extents(core: &Core, log_ino: u64, capacity: u64, lsn: u64, len: u64)
 impl Core {
     /// The inode's encoding and where it lives; updates the cached inode-file chunk so
     /// that a later miss reads what was committed.
-    pub fn encode_inode(&self, inode: &mako_format::inode::Inode) -> FsResult<(DiskAddress, Vec<u8>)> {
+    pub fn encode_inode(
+        &self,
+        inode: &mako_format::inode::Inode,
+    ) -> FsResult<(DiskAddress, Vec<u8>)> {
         let bytes = inode.encode(self.inode_bytes())?;
         let inode_file = self.metadata_inodes().inode_file;
         let off = inode.ino * self.inode_bytes() as u64;
@@ -775,13 +913,29 @@ mod tests {
     fn checkpoint_runs_gather_only_images_that_follow_one_another() {
         let mut run = CheckpointRun::default();
         assert!(run.append(&image(1, 80, 4096, 1), BufferType::Inode));
-        assert!(run.append(&image(1, 88, 4096, 2), BufferType::Inode), "starts where the run ends");
-        assert!(!run.append(&image(1, 104, 4096, 3), BufferType::Inode), "a gap");
-        assert!(!run.append(&image(2, 96, 4096, 3), BufferType::Inode), "another disk");
-        assert!(!run.append(&image(1, 90, 4096, 3), BufferType::Inode), "overlaps the run");
+        assert!(
+            run.append(&image(1, 88, 4096, 2), BufferType::Inode),
+            "starts where the run ends"
+        );
+        assert!(
+            !run.append(&image(1, 104, 4096, 3), BufferType::Inode),
+            "a gap"
+        );
+        assert!(
+            !run.append(&image(2, 96, 4096, 3), BufferType::Inode),
+            "another disk"
+        );
+        assert!(
+            !run.append(&image(1, 90, 4096, 3), BufferType::Inode),
+            "overlaps the run"
+        );
         assert_eq!(run.buf.len(), 8192);
-        assert!(run.buf[..3996].iter().all(|&b| b == 1) && run.buf[3996..4096].iter().all(|&b| b == 0));
-        assert!(run.buf[4096..8092].iter().all(|&b| b == 2) && run.buf[8092..].iter().all(|&b| b == 0));
+        assert!(
+            run.buf[..3996].iter().all(|&b| b == 1) && run.buf[3996..4096].iter().all(|&b| b == 0)
+        );
+        assert!(
+            run.buf[4096..8092].iter().all(|&b| b == 2) && run.buf[8092..].iter().all(|&b| b == 0)
+        );
         // A run stops growing at MAX_BYTES.
         let mut run = CheckpointRun::default();
         let n = CheckpointRun::MAX_BYTES / 4096;
@@ -790,7 +944,11 @@ mod tests {
         }
         assert!(!run.append(&image(0, 8 + n as u64 * 8, 4096, 7), BufferType::Inode));
         // An image whose length is not whole sectors is never gathered.
-        let odd = LogImage { da: DiskAddress::new(0, 8), length: 700, bytes: vec![1; 700] };
+        let odd = LogImage {
+            da: DiskAddress::new(0, 8),
+            length: 700,
+            bytes: vec![1; 700],
+        };
         assert!(!CheckpointRun::default().append(&odd, BufferType::Inode));
     }
 }

@@ -99,12 +99,27 @@ fn range_err(what: &str, v: impl std::fmt::Display, range: &str) -> FsError {
 pub fn validate(params: &MkfsParams) -> FsResult<Geometry> {
     let spb = match params.subblocks_per_block {
         Some(s) => s,
-        None => default_subblocks(params.block_bytes)
-            .ok_or_else(|| range_err("block size (-B)", params.block_bytes, "a power of two from 64K to 16M"))?,
+        None => default_subblocks(params.block_bytes).ok_or_else(|| {
+            range_err(
+                "block size (-B)",
+                params.block_bytes,
+                "a power of two from 64K to 16M",
+            )
+        })?,
     };
-    let geo = Geometry { block_bytes: params.block_bytes, subblocks_per_block: spb, inode_bytes: params.inode_bytes, indirect_bytes: params.indirect_bytes };
+    let geo = Geometry {
+        block_bytes: params.block_bytes,
+        subblocks_per_block: spb,
+        inode_bytes: params.inode_bytes,
+        indirect_bytes: params.indirect_bytes,
+    };
     geo.validate().map_err(FsError::Invalid)?;
-    for (flag, v) in [("-m", params.default_metadata_replicas), ("-M", params.max_metadata_replicas), ("-r", params.default_data_replicas), ("-R", params.max_data_replicas)] {
+    for (flag, v) in [
+        ("-m", params.default_metadata_replicas),
+        ("-M", params.max_metadata_replicas),
+        ("-r", params.default_data_replicas),
+        ("-R", params.max_data_replicas),
+    ] {
         if !(1..=3).contains(&v) {
             return Err(range_err(&format!("replicas ({flag})"), v, "1..3"));
         }
@@ -115,13 +130,30 @@ pub fn validate(params: &MkfsParams) -> FsResult<Geometry> {
     if params.default_data_replicas > params.max_data_replicas {
         return Err(FsError::Invalid("-r must not exceed -R".into()));
     }
-    if params.name.is_empty() || params.name.len() > 63 || !params.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
-        return Err(FsError::Invalid(format!("file system name {:?}: 1..63 letters, digits, '-' or '_'", params.name)));
+    if params.name.is_empty()
+        || params.name.len() > 63
+        || !params
+            .name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(FsError::Invalid(format!(
+            "file system name {:?}: 1..63 letters, digits, '-' or '_'",
+            params.name
+        )));
     }
     // One transaction must always fit the log: at least 16 directory blocks.
     let log_min = (16 * geo.dir_block_bytes() as u64).max(1 << 20);
     if params.log_bytes < log_min || params.log_bytes > (1 << 30) {
-        return Err(range_err("log size (-L)", params.log_bytes, &format!("{}K..1G for {}K blocks", log_min >> 10, geo.block_bytes >> 10)));
+        return Err(range_err(
+            "log size (-L)",
+            params.log_bytes,
+            &format!(
+                "{}K..1G for {}K blocks",
+                log_min >> 10,
+                geo.block_bytes >> 10
+            ),
+        ));
     }
     // Recovery finds the log's inode in the first block of the inode file.
     if (LOG_FIRST_INO + 1) * params.inode_bytes as u64 > params.block_bytes as u64 {
@@ -131,7 +163,11 @@ pub fn validate(params: &MkfsParams) -> FsResult<Geometry> {
         )));
     }
     if params.dir_pre_split_levels > 10 {
-        return Err(range_err("DirPreSplitLevels", params.dir_pre_split_levels, "0..10"));
+        return Err(range_err(
+            "DirPreSplitLevels",
+            params.dir_pre_split_levels,
+            "0..10",
+        ));
     }
     Ok(geo)
 }
@@ -141,13 +177,22 @@ pub fn format(disks: &[DiskSpec], params: &MkfsParams) -> FsResult<Descriptor> {
     let opened = open_disk_files(disks)?;
     let meta = disks
         .iter()
-        .map(|d| DiskMeta { name: d.name.clone(), pool: d.pool.clone(), failure_group: d.failure_group, usage: d.usage })
+        .map(|d| DiskMeta {
+            name: d.name.clone(),
+            pool: d.pool.clone(),
+            failure_group: d.failure_group,
+            usage: d.usage,
+        })
         .collect::<Vec<_>>();
     format_disks(opened, &meta, params)
 }
 
 /// Format already-open disks (file-backed or in memory).
-pub fn format_disks(disks: Vec<Arc<dyn Disk>>, meta: &[DiskMeta], params: &MkfsParams) -> FsResult<Descriptor> {
+pub fn format_disks(
+    disks: Vec<Arc<dyn Disk>>,
+    meta: &[DiskMeta],
+    params: &MkfsParams,
+) -> FsResult<Descriptor> {
     let geo = validate(params)?;
     if disks.is_empty() {
         return Err(FsError::Invalid("no disks given".into()));
@@ -177,15 +222,29 @@ pub fn format_disks(disks: Vec<Arc<dyn Disk>>, meta: &[DiskMeta], params: &MkfsP
         });
     }
     if !entries.iter().any(|e| e.usage.holds_metadata()) {
-        return Err(FsError::Invalid("no disk may hold metadata (use dataAndMetadata or metadataOnly)".into()));
+        return Err(FsError::Invalid(
+            "no disk may hold metadata (use dataAndMetadata or metadataOnly)".into(),
+        ));
     }
     if !entries.iter().any(|e| e.usage.holds_data()) {
-        return Err(FsError::Invalid("no disk may hold data (use dataAndMetadata or dataOnly)".into()));
+        return Err(FsError::Invalid(
+            "no disk may hold data (use dataAndMetadata or dataOnly)".into(),
+        ));
     }
-    let min_blocks = entries.iter().map(|e| e.size_bytes / bb - first).min().unwrap_or(1);
-    let regions = params.regions.unwrap_or(REGIONS_DEFAULT).clamp(1, min_blocks.min(u32::MAX as u64) as u32);
+    let min_blocks = entries
+        .iter()
+        .map(|e| e.size_bytes / bb - first)
+        .min()
+        .unwrap_or(1);
+    let regions = params
+        .regions
+        .unwrap_or(REGIONS_DEFAULT)
+        .clamp(1, min_blocks.min(u32::MAX as u64) as u32);
     let total: u64 = entries.iter().map(|e| e.size_bytes).sum();
-    let inodes_max = params.inodes_max.unwrap_or((total / (16 << 10)).clamp(65536, 1 << 32)).max(FIRST_USER_INO + 64);
+    let inodes_max = params
+        .inodes_max
+        .unwrap_or((total / (16 << 10)).clamp(65536, 1 << 32))
+        .max(FIRST_USER_INO + 64);
     let desc = Descriptor {
         version: mako_format::FORMAT_VERSION,
         generation: 1,
@@ -220,10 +279,33 @@ pub fn format_disks(disks: Vec<Arc<dyn Disk>>, meta: &[DiskMeta], params: &MkfsP
     };
     let nsd: Arc<dyn Nsd> = Arc::new(LocalNsd::new(disks, 0));
     let alloc = AllocMap::new(&desc, AllocMap::fresh_segments(&desc))?;
-    let imap = InodeMap::new(InodeMap::fresh(inodes_max, INODES_PER_SEGMENT), inodes_max, INODES_PER_SEGMENT);
-    let cfg = FsConfig { pagepool_bytes: 64 << 20, ..FsConfig::default() };
-    let coherence = Arc::new(TokenCoherence::single_node(0, 0, Arc::new(mako_token::NoCache)));
-    let core = Core::new(nsd.clone(), desc, alloc, imap, cfg, coherence, 0, crate::journal::LogStart { head_lsn: 0, next_seq: 1 });
+    let imap = InodeMap::new(
+        InodeMap::fresh(inodes_max, INODES_PER_SEGMENT),
+        inodes_max,
+        INODES_PER_SEGMENT,
+    );
+    let cfg = FsConfig {
+        pagepool_bytes: 64 << 20,
+        ..FsConfig::default()
+    };
+    let coherence = Arc::new(TokenCoherence::single_node(
+        0,
+        0,
+        Arc::new(mako_token::NoCache),
+    ));
+    let core = Core::new(
+        nsd.clone(),
+        desc,
+        alloc,
+        imap,
+        cfg,
+        coherence,
+        0,
+        crate::journal::LogStart {
+            head_lsn: 0,
+            next_seq: 1,
+        },
+    );
     // Creation writes everything in place itself (`write_back_unlogged`); the handle
     // only keeps the journal's bookkeeping of dirty inodes honest.
     let _tx = core.begin();
@@ -249,14 +331,17 @@ pub fn format_disks(disks: Vec<Arc<dyn Disk>>, meta: &[DiskMeta], params: &MkfsP
         inode.mtime = t;
         inode.ctime = t;
         inode.crtime = t;
-        inode.content = InodeContent::Pointers(vec![DiskAddress::NULL; pointers_in_inode(geo.inode_bytes)]);
+        inode.content =
+            InodeContent::Pointers(vec![DiskAddress::NULL; pointers_in_inode(geo.inode_bytes)]);
         let h = core.insert_new(inode);
         let nblocks = bytes.div_ceil(bb);
         let mut das = Vec::new();
         {
             let mut st = h.state.write();
             for b in 0..nblocks {
-                let da = core.alloc.allocate(AllocKind::Metadata, geo.subblocks_per_block, ino, b)?;
+                let da =
+                    core.alloc
+                        .allocate(AllocKind::Metadata, geo.subblocks_per_block, ino, b)?;
                 block_map::set(&core, &mut st, b, da)?;
                 das.push(da);
             }
@@ -271,12 +356,30 @@ pub fn format_disks(disks: Vec<Arc<dyn Disk>>, meta: &[DiskMeta], params: &MkfsP
     // The inode file's first block starts blank; the log starts empty and clean (both
     // header copies; the start of the circular area zeroed, so that nothing left on a
     // reused disk looks like a transaction).
-    core.nsd.write(inode_file_start, &vec![0u8; bb as usize], IoTag { buffer_type: BufferType::Inode, ino: 0 })?;
-    let log = LogHeader { node: 0, log_bytes: params.log_bytes, tail_lsn: 0, head_lsn: 0, clean: true };
+    core.nsd.write(
+        inode_file_start,
+        &vec![0u8; bb as usize],
+        IoTag {
+            buffer_type: BufferType::Inode,
+            ino: 0,
+        },
+    )?;
+    let log = LogHeader {
+        node: 0,
+        log_bytes: params.log_bytes,
+        tail_lsn: 0,
+        head_lsn: 0,
+        clean: true,
+    };
     for off in mako_format::log_header::LOG_HEADER_OFFSETS {
         core.metafile_write(LOG_FIRST_INO, off, &log.encode(), BufferType::Log)?;
     }
-    core.metafile_write(LOG_FIRST_INO, mako_format::log_header::LOG_RECORDS_OFFSET, &[0u8; 4096], BufferType::Log)?;
+    core.metafile_write(
+        LOG_FIRST_INO,
+        mako_format::log_header::LOG_RECORDS_OFFSET,
+        &[0u8; 4096],
+        BufferType::Log,
+    )?;
     // The root directory.
     let mut root = Inode::new(ROOT_INO, 0o040755);
     root.nlink = 2;
@@ -302,7 +405,14 @@ pub fn format_disks(disks: Vec<Arc<dyn Disk>>, meta: &[DiskMeta], params: &MkfsP
             usage: d.usage,
             disk_index: d.index,
         };
-        core.nsd.write(DiskAddress::new(d.index, 0), &header.encode(), IoTag { buffer_type: BufferType::DiskHeader, ino: 0 })?;
+        core.nsd.write(
+            DiskAddress::new(d.index, 0),
+            &header.encode(),
+            IoTag {
+                buffer_type: BufferType::DiskHeader,
+                ino: 0,
+            },
+        )?;
     }
     write_descriptor(core.nsd.as_ref(), &desc)?;
     core.nsd.sync_all()?;
@@ -316,13 +426,34 @@ fn write_back_unlogged(core: &Core, handles: &[Arc<crate::core::InodeHandle>]) -
     for h in handles {
         let st = h.state.read();
         for node in st.indirect.lock().values() {
-            core.nsd.write(node.da, &node.block.encode(core.geo.indirect_bytes), IoTag { buffer_type: BufferType::Indirect, ino: h.ino })?;
+            core.nsd.write(
+                node.da,
+                &node.block.encode(core.geo.indirect_bytes),
+                IoTag {
+                    buffer_type: BufferType::Indirect,
+                    ino: h.ino,
+                },
+            )?;
         }
         for node in st.dir_blocks.lock().values() {
-            core.nsd.write(node.da, &node.to_block().encode(), IoTag { buffer_type: BufferType::Directory, ino: h.ino })?;
+            core.nsd.write(
+                node.da,
+                &node.to_block().encode(),
+                IoTag {
+                    buffer_type: BufferType::Directory,
+                    ino: h.ino,
+                },
+            )?;
         }
         let (da, bytes) = core.encode_inode(&st.inode)?;
-        core.nsd.write(da, &bytes, IoTag { buffer_type: BufferType::Inode, ino: h.ino })?;
+        core.nsd.write(
+            da,
+            &bytes,
+            IoTag {
+                buffer_type: BufferType::Inode,
+                ino: h.ino,
+            },
+        )?;
     }
     let desc = core.desc.lock().clone();
     let m = desc.metadata_inodes;
@@ -332,13 +463,23 @@ fn write_back_unlogged(core: &Core, handles: &[Arc<crate::core::InodeHandle>]) -
     }
     for (r, pages) in core.alloc.take_dirty_pages(slot) {
         for (off, bytes) in pages {
-            core.metafile_write(m.block_alloc_map, r as u64 * slot as u64 + off, &bytes, BufferType::AllocMap)?;
+            core.metafile_write(
+                m.block_alloc_map,
+                r as u64 * slot as u64 + off,
+                &bytes,
+                BufferType::AllocMap,
+            )?;
         }
     }
     core.imap.mark_all_dirty();
     let islot = core.imap.slot_bytes() as u64;
     for (sg, bytes) in core.imap.take_dirty() {
-        core.metafile_write(m.inode_alloc_map, sg as u64 * islot, &bytes, BufferType::InodeMap)?;
+        core.metafile_write(
+            m.inode_alloc_map,
+            sg as u64 * islot,
+            &bytes,
+            BufferType::InodeMap,
+        )?;
     }
     Ok(())
 }

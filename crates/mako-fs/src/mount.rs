@@ -13,7 +13,9 @@ use crate::workers::{self, Workers};
 use mako_disk::nsd::IoTag;
 use mako_disk::{BufferType, Disk, FileDisk, LocalNsd, Nsd};
 use mako_format::alloc_segment::AllocSegment;
-use mako_format::descriptor::{Descriptor, DESCRIPTOR_BYTES_MAX, DESCRIPTOR_OFFSET, RESERVED_BYTES};
+use mako_format::descriptor::{
+    Descriptor, DESCRIPTOR_BYTES_MAX, DESCRIPTOR_OFFSET, RESERVED_BYTES,
+};
 use mako_format::disk_header::{DiskHeader, DISK_HEADER_BYTES};
 use mako_format::error::Location;
 use mako_format::geometry::Geometry;
@@ -43,7 +45,11 @@ pub fn open_disk_files(specs: &[DiskSpec]) -> FsResult<Vec<Arc<dyn Disk>>> {
             s.name,
             s.path.display(),
             d.size_bytes(),
-            if d.is_direct() { "direct I/O" } else { "buffered I/O (the host file system refuses O_DIRECT)" }
+            if d.is_direct() {
+                "direct I/O"
+            } else {
+                "buffered I/O (the host file system refuses O_DIRECT)"
+            }
         );
         out.push(Arc::new(d));
     }
@@ -53,7 +59,14 @@ pub fn open_disk_files(specs: &[DiskSpec]) -> FsResult<Vec<Arc<dyn Disk>>> {
 pub fn write_descriptor(nsd: &dyn Nsd, desc: &Descriptor) -> FsResult<()> {
     let bytes = desc.encode()?;
     for &d in &desc.descriptor_disks {
-        nsd.write(DiskAddress::new(d, DESCRIPTOR_OFFSET / 512), &bytes, IoTag { buffer_type: BufferType::Descriptor, ino: 0 })?;
+        nsd.write(
+            DiskAddress::new(d, DESCRIPTOR_OFFSET / 512),
+            &bytes,
+            IoTag {
+                buffer_type: BufferType::Descriptor,
+                ino: 0,
+            },
+        )?;
     }
     Ok(())
 }
@@ -66,11 +79,18 @@ pub fn find_descriptor(disks: Vec<Arc<dyn Disk>>) -> FsResult<(Descriptor, Vec<A
     for d in &disks {
         let mut buf = vec![0u8; DISK_HEADER_BYTES];
         d.read_at(&mut buf, 0)?;
-        let h = DiskHeader::decode(&buf, Location::Memory)
-            .map_err(|e| FsError::Invalid(format!("disk {}: {e}; is it a Mako disk of this file system?", d.name())))?;
+        let h = DiskHeader::decode(&buf, Location::Memory).map_err(|e| {
+            FsError::Invalid(format!(
+                "disk {}: {e}; is it a Mako disk of this file system?",
+                d.name()
+            ))
+        })?;
         let mut dbuf = vec![0u8; DESCRIPTOR_BYTES_MAX];
         d.read_at(&mut dbuf, DESCRIPTOR_OFFSET)?;
-        match Descriptor::decode(&dbuf, Location::Disk(DiskAddress::new(h.disk_index, DESCRIPTOR_OFFSET / 512))) {
+        match Descriptor::decode(
+            &dbuf,
+            Location::Disk(DiskAddress::new(h.disk_index, DESCRIPTOR_OFFSET / 512)),
+        ) {
             Ok(desc) => copies.push((h.disk_index, desc)),
             Err(e) if e.kind == mako_format::FormatErrorKind::BadMagic { found: 0 } => {}
             Err(e) => tracing::warn!("disk {}: descriptor copy unusable: {e}", d.name()),
@@ -84,7 +104,10 @@ pub fn find_descriptor(disks: Vec<Arc<dyn Disk>>) -> FsResult<(Descriptor, Vec<A
         .map(|(_, c)| c.clone())
         .ok_or_else(|| FsError::Invalid("no valid file system descriptor on any disk".into()))?;
     let expected = best.descriptor_disks.len();
-    let readable = copies.iter().filter(|(i, c)| best.descriptor_disks.contains(i) && c.fs_uuid == best.fs_uuid).count();
+    let readable = copies
+        .iter()
+        .filter(|(i, c)| best.descriptor_disks.contains(i) && c.fs_uuid == best.fs_uuid)
+        .count();
     if readable * 2 <= expected {
         return Err(FsError::Invalid(format!(
             "only {readable} of {expected} descriptor copies are readable; a majority is needed (disks {:?})",
@@ -94,11 +117,17 @@ pub fn find_descriptor(disks: Vec<Arc<dyn Disk>>) -> FsResult<(Descriptor, Vec<A
     let mut ordered: Vec<Option<Arc<dyn Disk>>> = vec![None; best.disks.len()];
     for (h, d) in headers.iter().zip(disks) {
         if h.fs_uuid != best.fs_uuid {
-            return Err(FsError::Invalid(format!("disk {} belongs to another file system", h.name)));
+            return Err(FsError::Invalid(format!(
+                "disk {} belongs to another file system",
+                h.name
+            )));
         }
         let idx = h.disk_index as usize;
         if idx >= ordered.len() || ordered[idx].is_some() {
-            return Err(FsError::Invalid(format!("disk {} claims index {idx}, which is taken or unknown", h.name)));
+            return Err(FsError::Invalid(format!(
+                "disk {} claims index {idx}, which is taken or unknown",
+                h.name
+            )));
         }
         let entry = &best.disks[idx];
         if d.size_bytes() < entry.size_bytes {
@@ -113,7 +142,12 @@ pub fn find_descriptor(disks: Vec<Arc<dyn Disk>>) -> FsResult<(Descriptor, Vec<A
     }
     let mut out = Vec::new();
     for (i, d) in ordered.into_iter().enumerate() {
-        out.push(d.ok_or_else(|| FsError::Invalid(format!("disk {} (index {i}) of file system {} is missing", best.disks[i].name, best.fs_name)))?);
+        out.push(d.ok_or_else(|| {
+            FsError::Invalid(format!(
+                "disk {} (index {i}) of file system {} is missing",
+                best.disks[i].name, best.fs_name
+            ))
+        })?);
     }
     Ok((best, out))
 }
@@ -127,11 +161,26 @@ pub fn collect_blocks(nsd: &dyn Nsd, geo: &Geometry, inode: &Inode) -> FsResult<
     let nblocks = inode.size.div_ceil(geo.block_bytes as u64) as usize;
     let ptrs = match &inode.content {
         InodeContent::Pointers(p) => p.clone(),
-        _ => return Err(FsError::Invalid(format!("metadata file {} has no block pointers", inode.ino))),
+        _ => {
+            return Err(FsError::Invalid(format!(
+                "metadata file {} has no block pointers",
+                inode.ino
+            )))
+        }
     };
     let ppi = geo.pointers_per_indirect();
     let mut out = Vec::new();
-    fn walk(nsd: &dyn Nsd, geo: &Geometry, ino: u64, level: u8, index: u64, ptr: DiskAddress, ppi: u64, out: &mut Vec<DiskAddress>, want: usize) -> FsResult<()> {
+    fn walk(
+        nsd: &dyn Nsd,
+        geo: &Geometry,
+        ino: u64,
+        level: u8,
+        index: u64,
+        ptr: DiskAddress,
+        ppi: u64,
+        out: &mut Vec<DiskAddress>,
+        want: usize,
+    ) -> FsResult<()> {
         if out.len() >= want {
             return Ok(());
         }
@@ -140,23 +189,57 @@ pub fn collect_blocks(nsd: &dyn Nsd, geo: &Geometry, inode: &Inode) -> FsResult<
             return Ok(());
         }
         let mut buf = vec![0u8; geo.indirect_bytes as usize];
-        nsd.read(ptr, &mut buf, IoTag { buffer_type: BufferType::Indirect, ino })?;
+        nsd.read(
+            ptr,
+            &mut buf,
+            IoTag {
+                buffer_type: BufferType::Indirect,
+                ino,
+            },
+        )?;
         let id = IndirectId { ino, level, index };
         let blk = IndirectBlock::decode(&buf, geo.indirect_bytes, id, Location::Disk(ptr))?;
         for (j, p) in blk.pointers.iter().enumerate() {
-            walk(nsd, geo, ino, level - 1, index * ppi + j as u64, *p, ppi, out, want)?;
+            walk(
+                nsd,
+                geo,
+                ino,
+                level - 1,
+                index * ppi + j as u64,
+                *p,
+                ppi,
+                out,
+                want,
+            )?;
         }
         Ok(())
     }
-    for (i, p) in ptrs.iter().enumerate().take(pointers_in_inode(geo.inode_bytes)) {
+    for (i, p) in ptrs
+        .iter()
+        .enumerate()
+        .take(pointers_in_inode(geo.inode_bytes))
+    {
         if out.len() >= nblocks {
             break;
         }
-        walk(nsd, geo, inode.ino, inode.depth, i as u64, *p, ppi, &mut out, nblocks)?;
+        walk(
+            nsd,
+            geo,
+            inode.ino,
+            inode.depth,
+            i as u64,
+            *p,
+            ppi,
+            &mut out,
+            nblocks,
+        )?;
     }
     out.truncate(nblocks);
     if out.len() < nblocks || out.iter().any(|d| d.is_null()) {
-        return Err(FsError::Invalid(format!("metadata file {} has holes in its block map; run `mako fsck`", inode.ino)));
+        return Err(FsError::Invalid(format!(
+            "metadata file {} has holes in its block map; run `mako fsck`",
+            inode.ino
+        )));
     }
     Ok(out)
 }
@@ -234,11 +317,18 @@ pub fn mount_disks(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, node: u32) -> FsRes
     let (mut desc, disks) = find_descriptor(disks)?;
     let geo = desc.geometry;
     let nsd: Arc<dyn Nsd> = Arc::new(LocalNsd::new(disks, cfg.iohist_size));
-    let tag = |bt, ino| IoTag { buffer_type: bt, ino };
+    let tag = |bt, ino| IoTag {
+        buffer_type: bt,
+        ino,
+    };
     // 0. Replay the recovery log before anything reads metadata in place.
     let recovery = crate::recovery::replay(nsd.as_ref(), &desc, node)?;
     if recovery.transactions > 0 || !recovery.was_clean || desc.mounted {
-        tracing::warn!("file system {} was not unmounted cleanly: {}", desc.fs_name, recovery.summary());
+        tracing::warn!(
+            "file system {} was not unmounted cleanly: {}",
+            desc.fs_name,
+            recovery.summary()
+        );
     } else {
         tracing::info!("file system {}: {}", desc.fs_name, recovery.summary());
     }
@@ -246,7 +336,12 @@ pub fn mount_disks(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, node: u32) -> FsRes
     let mut buf = vec![0u8; geo.inode_bytes as usize];
     nsd.read(desc.inode_file_start, &mut buf, tag(BufferType::Inode, 0))?;
     let m = desc.metadata_inodes;
-    let inode0 = Inode::decode(&buf, geo.inode_bytes, m.inode_file, Location::Disk(desc.inode_file_start))?;
+    let inode0 = Inode::decode(
+        &buf,
+        geo.inode_bytes,
+        m.inode_file,
+        Location::Disk(desc.inode_file_start),
+    )?;
     let inode_file_blocks = collect_blocks(nsd.as_ref(), &geo, &inode0)?;
     // 2. The other metadata files' inodes, through the inode file.
     let read_meta_inode = |ino: u64| -> FsResult<Inode> {
@@ -268,7 +363,13 @@ pub fn mount_disks(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, node: u32) -> FsRes
     }
     let mut metafiles = vec![(m.inode_file, inode0.clone(), inode_file_blocks.clone())];
     metafiles.extend(others);
-    let blocks_of = |ino: u64| metafiles.iter().find(|(i, _, _)| *i == ino).map(|(_, _, b)| b.clone()).unwrap_or_default();
+    let blocks_of = |ino: u64| {
+        metafiles
+            .iter()
+            .find(|(i, _, _)| *i == ino)
+            .map(|(_, _, b)| b.clone())
+            .unwrap_or_default()
+    };
     // A range of a metadata file, read piece by piece where it crosses block boundaries.
     let read_meta = |ino: u64, off: u64, len: usize, bt| -> FsResult<(Vec<u8>, DiskAddress)> {
         let blocks = blocks_of(ino);
@@ -280,7 +381,9 @@ pub fn mount_disks(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, node: u32) -> FsRes
             let pos = off + done as u64;
             let da = blocks
                 .get((pos / bb) as usize)
-                .ok_or_else(|| FsError::Invalid(format!("metadata file {ino} too short for offset {pos}")))?
+                .ok_or_else(|| {
+                    FsError::Invalid(format!("metadata file {ino} too short for offset {pos}"))
+                })?
                 .offset_by(pos % bb);
             let n = ((bb - pos % bb) as usize).min(len - done);
             nsd.read(da, &mut b[done..done + n], tag(bt, ino))?;
@@ -293,7 +396,12 @@ pub fn mount_disks(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, node: u32) -> FsRes
     let slot = crate::alloc_map::segment_slot_bytes(&desc);
     let mut segs = Vec::new();
     for r in 0..desc.regions {
-        let (b, da) = read_meta(m.block_alloc_map, r as u64 * slot as u64, slot, BufferType::AllocMap)?;
+        let (b, da) = read_meta(
+            m.block_alloc_map,
+            r as u64 * slot as u64,
+            slot,
+            BufferType::AllocMap,
+        )?;
         segs.push(AllocSegment::decode(&b, r, Location::Disk(da))?);
     }
     let alloc = AllocMap::new(&desc, segs)?;
@@ -301,7 +409,12 @@ pub fn mount_disks(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, node: u32) -> FsRes
     let islot = InodeMapSegment::slot_bytes(per);
     let mut isegs = Vec::new();
     for s in 0..InodeMap::segment_count(desc.inodes_max, per) {
-        let (b, da) = read_meta(m.inode_alloc_map, s as u64 * islot as u64, islot, BufferType::InodeMap)?;
+        let (b, da) = read_meta(
+            m.inode_alloc_map,
+            s as u64 * islot as u64,
+            islot,
+            BufferType::InodeMap,
+        )?;
         isegs.push(InodeMapSegment::decode(&b, s, per, Location::Disk(da))?);
     }
     let imap = InodeMap::new(isegs, desc.inodes_max, per);
@@ -312,7 +425,16 @@ pub fn mount_disks(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, node: u32) -> FsRes
     // 5. The in-memory file system.
     let flush = Arc::new(crate::cache_flush::FsCacheFlush::default());
     let coherence = Arc::new(TokenCoherence::single_node(0, node, flush.clone()));
-    let core = Arc::new(Core::new(nsd, desc, alloc, imap, cfg, coherence, node, recovery.start()));
+    let core = Arc::new(Core::new(
+        nsd,
+        desc,
+        alloc,
+        imap,
+        cfg,
+        coherence,
+        node,
+        recovery.start(),
+    ));
     flush.attach(&core);
     for (ino, inode, blocks) in metafiles {
         core.metafile_blocks.write().insert(ino, blocks);
@@ -327,5 +449,10 @@ pub fn mount_disks(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, node: u32) -> FsRes
     fs.getattr(m.root_dir)?;
     let background = core.cfg.read().background_workers;
     let workers = background.then(|| Workers::start(core));
-    Ok(Mounted { fs, recovery, workers, unmounted: false })
+    Ok(Mounted {
+        fs,
+        recovery,
+        workers,
+        unmounted: false,
+    })
 }

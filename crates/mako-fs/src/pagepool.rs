@@ -150,7 +150,10 @@ impl PagePool {
             return s.clone();
         }
         self.stats.misses.fetch_add(1, Ordering::Relaxed);
-        let s = Arc::new(BufferSlot { buf: CountedMutex::new(&BUFFER_LOCK, DataBuffer::default()), referenced: AtomicBool::new(true) });
+        let s = Arc::new(BufferSlot {
+            buf: CountedMutex::new(&BUFFER_LOCK, DataBuffer::default()),
+            referenced: AtomicBool::new(true),
+        });
         map.insert(key, s.clone());
         drop(map);
         self.clock.lock().push_back(key);
@@ -169,9 +172,11 @@ impl PagePool {
         let dirty_before = if was_dirty { buf.charged } else { 0 };
         let dirty_after = if buf.is_dirty() { now } else { 0 };
         if dirty_after > dirty_before {
-            self.dirty_bytes.fetch_add(dirty_after - dirty_before, Ordering::Relaxed);
+            self.dirty_bytes
+                .fetch_add(dirty_after - dirty_before, Ordering::Relaxed);
         } else if dirty_before > dirty_after {
-            self.dirty_bytes.fetch_sub(dirty_before - dirty_after, Ordering::Relaxed);
+            self.dirty_bytes
+                .fetch_sub(dirty_before - dirty_after, Ordering::Relaxed);
             self.room.1.notify_all();
         }
         buf.charged = now;
@@ -244,7 +249,9 @@ impl PagePool {
         }
         let slots: Vec<(BufferKey, Arc<BufferSlot>)> = {
             let map = self.map.lock();
-            map.range((ino, from)..=(ino, to - 1)).map(|(k, v)| (*k, v.clone())).collect()
+            map.range((ino, from)..=(ino, to - 1))
+                .map(|(k, v)| (*k, v.clone()))
+                .collect()
         };
         for (key, slot) in slots {
             let mut b = slot.buf.lock();
@@ -267,25 +274,52 @@ impl PagePool {
 
     /// Keys of `ino`'s buffers in order (dirty only if `dirty_only`).
     pub fn keys_of(&self, ino: u64, dirty_only: bool) -> Vec<BufferKey> {
-        let slots: Vec<(BufferKey, Arc<BufferSlot>)> =
-            self.map.lock().range((ino, 0)..=(ino, u64::MAX)).map(|(k, v)| (*k, v.clone())).collect();
-        slots.into_iter().filter(|(_, s)| !dirty_only || s.buf.lock().is_dirty()).map(|(k, _)| k).collect()
+        let slots: Vec<(BufferKey, Arc<BufferSlot>)> = self
+            .map
+            .lock()
+            .range((ino, 0)..=(ino, u64::MAX))
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        slots
+            .into_iter()
+            .filter(|(_, s)| !dirty_only || s.buf.lock().is_dirty())
+            .map(|(k, _)| k)
+            .collect()
     }
 
     /// First cached block index of `ino` at or after `from`.
     pub fn first_cached_from(&self, ino: u64, from: u64) -> Option<u64> {
-        self.map.lock().range((ino, from)..=(ino, u64::MAX)).next().map(|(k, _)| k.1)
+        self.map
+            .lock()
+            .range((ino, from)..=(ino, u64::MAX))
+            .next()
+            .map(|(k, _)| k.1)
     }
 
     /// Every dirty buffer key, oldest clock position first.
     pub fn dirty_keys(&self, max: usize) -> Vec<BufferKey> {
-        let slots: Vec<(BufferKey, Arc<BufferSlot>)> = self.map.lock().iter().map(|(k, v)| (*k, v.clone())).collect();
-        slots.into_iter().filter(|(_, s)| s.buf.lock().is_dirty()).map(|(k, _)| k).take(max).collect()
+        let slots: Vec<(BufferKey, Arc<BufferSlot>)> = self
+            .map
+            .lock()
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        slots
+            .into_iter()
+            .filter(|(_, s)| s.buf.lock().is_dirty())
+            .map(|(k, _)| k)
+            .take(max)
+            .collect()
     }
 
     /// Drop every clean buffer (`mako bench` cache drop, tests).
     pub fn drop_clean(&self) {
-        let slots: Vec<(BufferKey, Arc<BufferSlot>)> = self.map.lock().iter().map(|(k, v)| (*k, v.clone())).collect();
+        let slots: Vec<(BufferKey, Arc<BufferSlot>)> = self
+            .map
+            .lock()
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
         for (key, slot) in slots {
             let mut b = slot.buf.lock();
             if b.is_dirty() {
@@ -314,7 +348,9 @@ impl PagePool {
             }
             if waited.is_none() {
                 self.stats.writer_waits.fetch_add(1, Ordering::Relaxed);
-                waited = Some(WaitGuard::new(Wait::Static("waiting for write-behind to free pagepool")));
+                waited = Some(WaitGuard::new(Wait::Static(
+                    "waiting for write-behind to free pagepool",
+                )));
             }
             self.wake_flushers();
             let mut g = self.room.0.lock();
@@ -352,7 +388,11 @@ mod tests {
                 pool.account(&mut b, false);
             }
         }
-        assert!(pool.used_bytes() <= (1 << 20) + (128 << 10), "used {}", pool.used_bytes());
+        assert!(
+            pool.used_bytes() <= (1 << 20) + (128 << 10),
+            "used {}",
+            pool.used_bytes()
+        );
         assert!(pool.get((1, 0)).is_some(), "dirty buffer evicted");
         assert_eq!(pool.dirty_bytes(), 128 << 10);
         assert_eq!(pool.remove_from(1, 0), 0);

@@ -22,7 +22,9 @@ use mako_disk::{BufferType, Nsd};
 use mako_format::descriptor::Descriptor;
 use mako_format::error::Location;
 use mako_format::inode::Inode;
-use mako_format::log_header::{best_copy, LogHeader, LOG_HEADER_BYTES, LOG_HEADER_OFFSETS, LOG_RECORDS_OFFSET};
+use mako_format::log_header::{
+    best_copy, LogHeader, LOG_HEADER_BYTES, LOG_HEADER_OFFSETS, LOG_RECORDS_OFFSET,
+};
 use mako_format::log_record::{TxnHeader, TXN_HEADER_BYTES};
 use mako_format::DiskAddress;
 use std::time::{Duration, Instant};
@@ -51,7 +53,10 @@ pub struct ReplayReport {
 
 impl ReplayReport {
     pub fn start(&self) -> LogStart {
-        LogStart { head_lsn: self.head_lsn, next_seq: self.next_seq }
+        LogStart {
+            head_lsn: self.head_lsn,
+            next_seq: self.next_seq,
+        }
     }
     /// One line for the daemon log.
     pub fn summary(&self) -> String {
@@ -71,21 +76,33 @@ impl ReplayReport {
             )
         };
         if let Some(t) = &self.torn_tail {
-            s.push_str(&format!("; the last commit was incomplete and is discarded ({t})"));
+            s.push_str(&format!(
+                "; the last commit was incomplete and is discarded ({t})"
+            ));
         }
         if let Some(h) = &self.header_problem {
-            s.push_str(&format!("; header copy {} unusable: {h}", 1 - self.header_copy));
+            s.push_str(&format!(
+                "; header copy {} unusable: {h}",
+                1 - self.header_copy
+            ));
         }
         s
     }
 }
 
 /// Where the log of `node` is: its block addresses, found from fixed places only.
-pub fn log_blocks(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<(u64, Vec<DiskAddress>)> {
+pub fn log_blocks(
+    nsd: &dyn Nsd,
+    desc: &Descriptor,
+    node: u32,
+) -> FsResult<(u64, Vec<DiskAddress>)> {
     let geo = desc.geometry;
     let m = desc.metadata_inodes;
     if node >= m.log_count {
-        return Err(FsError::Invalid(format!("node {node} has no recovery log: the file system has {} logs", m.log_count)));
+        return Err(FsError::Invalid(format!(
+            "node {node} has no recovery log: the file system has {} logs",
+            m.log_count
+        )));
     }
     let log_ino = m.log_first + node as u64;
     let off = log_ino * geo.inode_bytes as u64;
@@ -96,11 +113,22 @@ pub fn log_blocks(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<(u64,
     }
     let da = desc.inode_file_start.offset_by(off);
     let mut buf = vec![0u8; geo.inode_bytes as usize];
-    nsd.read(da, &mut buf, IoTag { buffer_type: BufferType::Inode, ino: log_ino })?;
+    nsd.read(
+        da,
+        &mut buf,
+        IoTag {
+            buffer_type: BufferType::Inode,
+            ino: log_ino,
+        },
+    )?;
     let inode = Inode::decode(&buf, geo.inode_bytes, log_ino, Location::Disk(da))?;
     let blocks = crate::mount::collect_blocks(nsd, &geo, &inode)?;
     if (blocks.len() as u64) * (geo.block_bytes as u64) < desc.log_bytes {
-        return Err(FsError::Invalid(format!("recovery log {log_ino} has {} blocks, too few for {} bytes", blocks.len(), desc.log_bytes)));
+        return Err(FsError::Invalid(format!(
+            "recovery log {log_ino} has {} blocks, too few for {} bytes",
+            blocks.len(),
+            desc.log_bytes
+        )));
     }
     Ok((log_ino, blocks))
 }
@@ -122,7 +150,14 @@ impl LogReader<'_> {
         while done < buf.len() {
             let off = file_off + done as u64;
             let n = ((self.block_bytes - off % self.block_bytes) as usize).min(buf.len() - done);
-            self.nsd.read(self.da(off), &mut buf[done..done + n], IoTag { buffer_type: BufferType::Log, ino: self.log_ino })?;
+            self.nsd.read(
+                self.da(off),
+                &mut buf[done..done + n],
+                IoTag {
+                    buffer_type: BufferType::Log,
+                    ino: self.log_ino,
+                },
+            )?;
             done += n;
         }
         Ok(())
@@ -132,7 +167,14 @@ impl LogReader<'_> {
         while done < buf.len() {
             let off = file_off + done as u64;
             let n = ((self.block_bytes - off % self.block_bytes) as usize).min(buf.len() - done);
-            self.nsd.write(self.da(off), &buf[done..done + n], IoTag { buffer_type: BufferType::Log, ino: self.log_ino })?;
+            self.nsd.write(
+                self.da(off),
+                &buf[done..done + n],
+                IoTag {
+                    buffer_type: BufferType::Log,
+                    ino: self.log_ino,
+                },
+            )?;
             done += n;
         }
         Ok(())
@@ -155,9 +197,19 @@ impl LogReader<'_> {
 }
 
 /// Read the log header of `node` (both copies; the better one).
-pub fn read_header(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<(LogHeader, usize, Option<String>)> {
+pub fn read_header(
+    nsd: &dyn Nsd,
+    desc: &Descriptor,
+    node: u32,
+) -> FsResult<(LogHeader, usize, Option<String>)> {
     let (log_ino, blocks) = log_blocks(nsd, desc, node)?;
-    let r = LogReader { nsd, blocks, block_bytes: desc.geometry.block_bytes as u64, capacity: log_capacity(desc.log_bytes), log_ino };
+    let r = LogReader {
+        nsd,
+        blocks,
+        block_bytes: desc.geometry.block_bytes as u64,
+        capacity: log_capacity(desc.log_bytes),
+        log_ino,
+    };
     read_header_with(&r, node)
 }
 
@@ -168,8 +220,12 @@ fn read_header_with(r: &LogReader<'_>, node: u32) -> FsResult<(LogHeader, usize,
         r.read_file(*off, &mut b)?;
         copies.push(LogHeader::decode(&b, node, r.header_location(i)));
     }
-    let problems: Vec<Option<String>> = copies.iter().map(|c| c.as_ref().err().map(|e| e.to_string())).collect();
-    let copies: [Result<LogHeader, mako_format::FormatError>; 2] = [copies.remove(0), copies.remove(0)];
+    let problems: Vec<Option<String>> = copies
+        .iter()
+        .map(|c| c.as_ref().err().map(|e| e.to_string()))
+        .collect();
+    let copies: [Result<LogHeader, mako_format::FormatError>; 2] =
+        [copies.remove(0), copies.remove(0)];
     match best_copy(copies) {
         Ok((h, i)) => Ok((h, i, problems[1 - i].clone())),
         Err([a, b]) => Err(FsError::Invalid(format!(
@@ -184,7 +240,13 @@ pub fn replay(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayRep
     let started = Instant::now();
     let (log_ino, blocks) = log_blocks(nsd, desc, node)?;
     let capacity = log_capacity(desc.log_bytes);
-    let r = LogReader { nsd, blocks, block_bytes: desc.geometry.block_bytes as u64, capacity, log_ino };
+    let r = LogReader {
+        nsd,
+        blocks,
+        block_bytes: desc.geometry.block_bytes as u64,
+        capacity,
+        log_ino,
+    };
     let (mut report, header, latest) = scan_with(&r, desc, node)?;
     let lsn = report.head_lsn;
     // 4. In place: the last image of each address, in address order.
@@ -192,14 +254,23 @@ pub fn replay(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayRep
     let mut run: Option<(DiskAddress, Vec<u8>)> = None;
     let flush = |run: &mut Option<(DiskAddress, Vec<u8>)>| -> FsResult<()> {
         if let Some((da, bytes)) = run.take() {
-            nsd.write(da, &bytes, IoTag { buffer_type: BufferType::Log, ino: 0 })?;
+            nsd.write(
+                da,
+                &bytes,
+                IoTag {
+                    buffer_type: BufferType::Log,
+                    ino: 0,
+                },
+            )?;
         }
         Ok(())
     };
     for img in latest.values() {
         report.image_bytes += img.length as u64;
         let contiguous = run.as_ref().is_some_and(|(da, bytes)| {
-            da.disk() == img.da.disk() && da.sector() + bytes.len() as u64 / 512 == img.da.sector() && bytes.len() < (4 << 20)
+            da.disk() == img.da.disk()
+                && da.sector() + bytes.len() as u64 / 512 == img.da.sector()
+                && bytes.len() < (4 << 20)
         });
         if !contiguous {
             flush(&mut run)?;
@@ -221,8 +292,18 @@ pub fn replay(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayRep
         r.write_file(LOG_RECORDS_OFFSET + pos, &vec![0u8; n])?;
     }
     // 5. The log is empty now: say so before anything writes to it.
-    if report.transactions > 0 || header.tail_lsn != header.head_lsn || report.header_problem.is_some() || report.torn_tail.is_some() {
-        let h = LogHeader { node, log_bytes: desc.log_bytes, tail_lsn: lsn, head_lsn: lsn, clean: header.clean };
+    if report.transactions > 0
+        || header.tail_lsn != header.head_lsn
+        || report.header_problem.is_some()
+        || report.torn_tail.is_some()
+    {
+        let h = LogHeader {
+            node,
+            log_bytes: desc.log_bytes,
+            tail_lsn: lsn,
+            head_lsn: lsn,
+            clean: header.clean,
+        };
         let bytes = h.encode();
         for off in LOG_HEADER_OFFSETS {
             r.write_file(off, &bytes)?;
@@ -237,11 +318,21 @@ pub fn replay(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayRep
 /// image of every address the committed transactions changed (no two overlap), in
 /// address order. A read-only check (`mako fsck -n`, `--online`) lays these over
 /// what it reads from the disks to see the file system as its last commit left it.
-pub fn pending(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<(ReplayReport, Vec<mako_format::log_record::LogImage>)> {
+pub fn pending(
+    nsd: &dyn Nsd,
+    desc: &Descriptor,
+    node: u32,
+) -> FsResult<(ReplayReport, Vec<mako_format::log_record::LogImage>)> {
     let started = Instant::now();
     let (log_ino, blocks) = log_blocks(nsd, desc, node)?;
     let capacity = log_capacity(desc.log_bytes);
-    let r = LogReader { nsd, blocks, block_bytes: desc.geometry.block_bytes as u64, capacity, log_ino };
+    let r = LogReader {
+        nsd,
+        blocks,
+        block_bytes: desc.geometry.block_bytes as u64,
+        capacity,
+        log_ino,
+    };
     let (mut report, _, latest) = scan_with(&r, desc, node)?;
     report.image_bytes = latest.values().map(|i| i.length as u64).sum();
     report.duration = started.elapsed();
@@ -251,7 +342,11 @@ pub fn pending(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<(ReplayR
 type Latest = std::collections::BTreeMap<DiskAddress, mako_format::log_record::LogImage>;
 
 /// Steps 2 and 3: the header and every committed transaction after its tail.
-fn scan_with(r: &LogReader<'_>, desc: &Descriptor, node: u32) -> FsResult<(ReplayReport, LogHeader, Latest)> {
+fn scan_with(
+    r: &LogReader<'_>,
+    desc: &Descriptor,
+    node: u32,
+) -> FsResult<(ReplayReport, LogHeader, Latest)> {
     let capacity = r.capacity;
     let (header, copy, header_problem) = read_header_with(r, node)?;
     let mut report = ReplayReport {
@@ -264,7 +359,8 @@ fn scan_with(r: &LogReader<'_>, desc: &Descriptor, node: u32) -> FsResult<(Repla
         ..ReplayReport::default()
     };
     // 3. Scan, transaction by transaction; keep the last image of every address.
-    let mut latest: std::collections::BTreeMap<DiskAddress, mako_format::log_record::LogImage> = std::collections::BTreeMap::new();
+    let mut latest: std::collections::BTreeMap<DiskAddress, mako_format::log_record::LogImage> =
+        std::collections::BTreeMap::new();
     let mut lsn = header.tail_lsn;
     loop {
         if lsn - header.tail_lsn + TXN_HEADER_BYTES as u64 > capacity {
@@ -279,7 +375,11 @@ fn scan_with(r: &LogReader<'_>, desc: &Descriptor, node: u32) -> FsResult<(Repla
                 // middle of one (no header magic). A header with the magic that does
                 // not decode is a damaged or torn commit, reported.
                 let normal = hbytes.iter().all(|&b| b == 0)
-                    || matches!(e.kind, mako_format::FormatErrorKind::WrongIdentity { .. } | mako_format::FormatErrorKind::BadMagic { .. });
+                    || matches!(
+                        e.kind,
+                        mako_format::FormatErrorKind::WrongIdentity { .. }
+                            | mako_format::FormatErrorKind::BadMagic { .. }
+                    );
                 if !normal {
                     report.torn_tail = Some(e.to_string());
                 }
@@ -288,7 +388,9 @@ fn scan_with(r: &LogReader<'_>, desc: &Descriptor, node: u32) -> FsResult<(Repla
         };
         let total = th.total_bytes();
         if lsn - header.tail_lsn + total > capacity {
-            report.torn_tail = Some(format!("transaction at LSN {lsn} claims {total} bytes, more than the log holds"));
+            report.torn_tail = Some(format!(
+                "transaction at LSN {lsn} claims {total} bytes, more than the log holds"
+            ));
             break;
         }
         let all = r.read_lsn(lsn, total as usize)?;
@@ -300,7 +402,11 @@ fn scan_with(r: &LogReader<'_>, desc: &Descriptor, node: u32) -> FsResult<(Repla
             }
         };
         if crate::journal::trace_enabled() {
-            eprintln!("replay seq {} at lsn {lsn}: {} images", th.seq, images.len());
+            eprintln!(
+                "replay seq {} at lsn {lsn}: {} images",
+                th.seq,
+                images.len()
+            );
         }
         report.images += images.len() as u64;
         for img in images {

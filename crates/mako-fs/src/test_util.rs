@@ -28,7 +28,12 @@ pub fn test_descriptor(ndisks: u32, disk_bytes: u64, block_bytes: u32) -> Descri
         generation: 1,
         fs_name: "t".into(),
         fs_uuid: [7; 16],
-        geometry: Geometry { block_bytes, subblocks_per_block: default_subblocks(block_bytes).unwrap(), inode_bytes: 4096, indirect_bytes: 32768.min(block_bytes) },
+        geometry: Geometry {
+            block_bytes,
+            subblocks_per_block: default_subblocks(block_bytes).unwrap(),
+            inode_bytes: 4096,
+            indirect_bytes: 32768.min(block_bytes),
+        },
         default_metadata_replicas: 1,
         max_metadata_replicas: 1,
         default_data_replicas: 1,
@@ -42,7 +47,15 @@ pub fn test_descriptor(ndisks: u32, disk_bytes: u64, block_bytes: u32) -> Descri
         inodes_per_segment: 32768,
         created_unix: 0,
         mounted: false,
-        metadata_inodes: MetadataInodes { inode_file: 0, root_dir: 1, block_alloc_map: 2, inode_alloc_map: 3, log_first: 4, log_count: 1, first_user_inode: 16 },
+        metadata_inodes: MetadataInodes {
+            inode_file: 0,
+            root_dir: 1,
+            block_alloc_map: 2,
+            inode_alloc_map: 3,
+            log_first: 4,
+            log_count: 1,
+            first_user_inode: 16,
+        },
         inode_file_start: DiskAddress::new(0, 128),
         descriptor_disks: Descriptor::choose_descriptor_disks(&disks),
         disks,
@@ -56,14 +69,26 @@ pub struct MemDisks {
 
 impl MemDisks {
     pub fn new(n: usize, bytes: u64) -> MemDisks {
-        MemDisks { disks: (0..n).map(|i| Arc::new(MemDisk::new(&format!("d{i}"), bytes))).collect() }
+        MemDisks {
+            disks: (0..n)
+                .map(|i| Arc::new(MemDisk::new(&format!("d{i}"), bytes)))
+                .collect(),
+        }
     }
     pub fn as_dyn(&self) -> Vec<Arc<dyn Disk>> {
-        self.disks.iter().map(|d| d.clone() as Arc<dyn Disk>).collect()
+        self.disks
+            .iter()
+            .map(|d| d.clone() as Arc<dyn Disk>)
+            .collect()
     }
     pub fn format(&self, params: &MkfsParams) {
         let meta: Vec<DiskMeta> = (0..self.disks.len())
-            .map(|i| DiskMeta { name: format!("d{i}"), pool: "system".into(), failure_group: i as i32 + 1, usage: DiskUsage::DataAndMetadata })
+            .map(|i| DiskMeta {
+                name: format!("d{i}"),
+                pool: "system".into(),
+                failure_group: i as i32 + 1,
+                usage: DiskUsage::DataAndMetadata,
+            })
             .collect();
         format_disks(self.as_dyn(), &meta, params).expect("format");
     }
@@ -74,11 +99,24 @@ impl MemDisks {
 
 /// Small geometry for fast tests: 64 KiB blocks, 2 KiB subblocks.
 pub fn small_params() -> MkfsParams {
-    MkfsParams { block_bytes: 64 << 10, indirect_bytes: 4096, inode_bytes: 4096, inodes_max: Some(200_000), log_bytes: 1 << 20, ..MkfsParams::default() }
+    MkfsParams {
+        block_bytes: 64 << 10,
+        indirect_bytes: 4096,
+        inode_bytes: 4096,
+        inodes_max: Some(200_000),
+        log_bytes: 1 << 20,
+        ..MkfsParams::default()
+    }
 }
 
 pub fn small_config() -> FsConfig {
-    FsConfig { pagepool_bytes: 8 << 20, sync_interval_secs: 3600, prefetch_threads: 2, writebehind_threads: 1, ..FsConfig::default() }
+    FsConfig {
+        pagepool_bytes: 8 << 20,
+        sync_interval_secs: 3600,
+        prefetch_threads: 2,
+        writebehind_threads: 1,
+        ..FsConfig::default()
+    }
 }
 
 /// Deterministic test data: `len` bytes of an xorshift stream seeded by `seed`.

@@ -37,7 +37,10 @@ pub fn sync_all(core: &Core) -> FsResult<()> {
 /// log it as free, and clear it in the inode map. Call with a transaction open.
 pub fn free_inode(core: &Core, st: &mut InodeState) -> FsResult<()> {
     let ino = st.inode.ino;
-    assert_eq!(st.inode.nlink, 0, "freeing inode {ino} that still has links");
+    assert_eq!(
+        st.inode.nlink, 0,
+        "freeing inode {ino} that still has links"
+    );
     core.alloc.unreserve(core.pool.remove_from(ino, 0));
     let units = block_map::cut_from(core, st, 0)?;
     for (_, da, n) in units {
@@ -54,7 +57,10 @@ pub fn free_inode(core: &Core, st: &mut InodeState) -> FsResult<()> {
     st.inode.content = InodeContent::InlineData(Vec::new());
     // The handle leaves the cache: its free image goes to the transaction directly.
     let (da, bytes) = core.encode_inode(&st.inode)?;
-    core.journal.add_image(mako_disk::BufferType::Inode, mako_format::log_record::LogImage::trimmed(da, &bytes));
+    core.journal.add_image(
+        mako_disk::BufferType::Inode,
+        mako_format::log_record::LogImage::trimmed(da, &bytes),
+    );
     st.dirty = false;
     st.deleted = true;
     core.imap.free(ino)?;
@@ -76,7 +82,10 @@ pub fn evict_inodes(core: &Core) -> FsResult<()> {
         if map.len() <= max_files {
             return Ok(());
         }
-        map.values().filter(|h| Arc::strong_count(h) == 1 && h.opens.load(Ordering::SeqCst) == 0).cloned().collect()
+        map.values()
+            .filter(|h| Arc::strong_count(h) == 1 && h.opens.load(Ordering::SeqCst) == 0)
+            .cloned()
+            .collect()
     };
     candidates.retain(|h| {
         let st = h.state.read();
@@ -143,14 +152,29 @@ impl Workers {
         let cfg = core.cfg.read().clone();
         for i in 0..cfg.writebehind_threads.max(1) {
             let c = core.clone();
-            threads.push(std::thread::Builder::new().name(format!("writebehind{i}")).spawn(move || writebehind_loop(&c)).expect("spawn"));
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("writebehind{i}"))
+                    .spawn(move || writebehind_loop(&c))
+                    .expect("spawn"),
+            );
         }
         for i in 0..cfg.prefetch_threads.max(1) {
             let c = core.clone();
-            threads.push(std::thread::Builder::new().name(format!("prefetch{i}")).spawn(move || prefetch_loop(&c)).expect("spawn"));
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("prefetch{i}"))
+                    .spawn(move || prefetch_loop(&c))
+                    .expect("spawn"),
+            );
         }
         let c = core.clone();
-        threads.push(std::thread::Builder::new().name("sync".into()).spawn(move || sync_loop(&c)).expect("spawn"));
+        threads.push(
+            std::thread::Builder::new()
+                .name("sync".into())
+                .spawn(move || sync_loop(&c))
+                .expect("spawn"),
+        );
         Workers { core, threads }
     }
 
@@ -203,7 +227,9 @@ fn writebehind_loop(core: &Core) {
                 if let Some(h) = core.cached_handle(ino) {
                     match writebehind_block(core, &h, b) {
                         Ok(()) => progressed = true,
-                        Err(e) => report(core, &format!("write-behind of inode {ino} block {b}"), e),
+                        Err(e) => {
+                            report(core, &format!("write-behind of inode {ino} block {b}"), e)
+                        }
                     }
                 }
             }
@@ -217,7 +243,10 @@ fn writebehind_loop(core: &Core) {
         }
         let mut w = core.pool.flush_wake.0.lock();
         if !*w {
-            core.pool.flush_wake.1.wait_for(&mut w, Duration::from_millis(100));
+            core.pool
+                .flush_wake
+                .1
+                .wait_for(&mut w, Duration::from_millis(100));
         }
         *w = false;
     }
@@ -228,7 +257,8 @@ fn prefetch_loop(core: &Core) {
         let job = {
             let mut q = core.prefetchq.lock();
             if q.is_empty() && !core.shutting_down.load(Ordering::SeqCst) {
-                core.prefetch_cv.wait_for(&mut q, Duration::from_millis(100));
+                core.prefetch_cv
+                    .wait_for(&mut q, Duration::from_millis(100));
             }
             q.pop_front()
         };

@@ -66,7 +66,10 @@ mod crash;
 
 use crash::check::{Allowed, Violation};
 use crash::model::ROOT;
-use crash::run::{self, base_images, cases_for_seed, count, disks_from, run_case, Case, CrashSpec, Outcome, RecoveryCrash, OPS_PER_SEED_DEFAULT};
+use crash::run::{
+    self, base_images, cases_for_seed, count, disks_from, run_case, Case, CrashSpec, Outcome,
+    RecoveryCrash, OPS_PER_SEED_DEFAULT,
+};
 use crash::workload::{Op, Plan};
 use mako_disk::{CrashAt, LossPolicy};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -92,7 +95,9 @@ fn run_cases(plans: &BTreeMap<u64, Arc<Plan>>, cases: Vec<Case>, threads: usize)
     std::thread::scope(|s| {
         for _ in 0..threads.max(1) {
             s.spawn(|| loop {
-                let Some((i, case)) = queue.lock().unwrap().pop_front() else { return };
+                let Some((i, case)) = queue.lock().unwrap().pop_front() else {
+                    return;
+                };
                 let outcome = run_case(&plans[&case.seed], &case);
                 results.lock().unwrap().push((i, outcome));
             });
@@ -122,7 +127,12 @@ fn summarize(outcomes: &[Outcome]) -> String {
     for (kind, os) in &kinds {
         s += &format!("\n[{kind}] in {} cases\n", os.len());
         for o in os.iter().take(2) {
-            s += &format!("  e.g. {}\n    reproduce: {}\n    {}\n", o.case, o.case.reproduce(o.resolved_recovery, Some(kind)), o.context.replace('\n', "\n    "));
+            s += &format!(
+                "  e.g. {}\n    reproduce: {}\n    {}\n",
+                o.case,
+                o.case.reproduce(o.resolved_recovery, Some(kind)),
+                o.context.replace('\n', "\n    ")
+            );
             for v in o.violations.iter().filter(|v| v.kind == *kind).take(2) {
                 s += &format!("    - {}\n", v.detail.replace('\n', "\n    "));
             }
@@ -134,18 +144,39 @@ fn summarize(outcomes: &[Outcome]) -> String {
 #[test]
 fn crash_consistency_at_sync_and_write_points() {
     let ops: usize = env_parse("MAKO_CRASH_OPS").unwrap_or(OPS_PER_SEED_DEFAULT);
-    let threads: usize = env_parse("MAKO_CRASH_THREADS").unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
+    let threads: usize = env_parse("MAKO_CRASH_THREADS").unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+    });
     let start = Instant::now();
     let _ = base_images();
     // One case, as a failure report prints it.
-    if let (Some(seed), Some(point)) = (env_parse::<u64>("MAKO_CRASH_SEED"), env_parse::<CrashSpec>("MAKO_CRASH_POINT")) {
+    if let (Some(seed), Some(point)) = (
+        env_parse::<u64>("MAKO_CRASH_SEED"),
+        env_parse::<CrashSpec>("MAKO_CRASH_POINT"),
+    ) {
         let policy = env_parse("MAKO_CRASH_POLICY").unwrap_or(LossPolicy::Random { seed: 1 });
-        let recovery_crash = env_parse::<CrashAt>("MAKO_CRASH_RECOVERY_POINT")
-            .map(|at| RecoveryCrash::At(at, env_parse("MAKO_CRASH_RECOVERY_POLICY").unwrap_or(LossPolicy::KeepAll)));
-        let case = Case { seed, ops, crash: point, policy, recovery_crash, post: env_parse::<u32>("MAKO_CRASH_POST") == Some(1) };
+        let recovery_crash = env_parse::<CrashAt>("MAKO_CRASH_RECOVERY_POINT").map(|at| {
+            RecoveryCrash::At(
+                at,
+                env_parse("MAKO_CRASH_RECOVERY_POLICY").unwrap_or(LossPolicy::KeepAll),
+            )
+        });
+        let case = Case {
+            seed,
+            ops,
+            crash: point,
+            policy,
+            recovery_crash,
+            post: env_parse::<u32>("MAKO_CRASH_POST") == Some(1),
+        };
         let plan = Plan::generate(seed, ops);
         if let Ok(c) = count(&plan) {
-            println!("seed {seed}: {} sync points, {} writes without a crash (I/O shape {:016x})", c.sync_points, c.writes, c.io_shape);
+            println!(
+                "seed {seed}: {} sync points, {} writes without a crash (I/O shape {:016x})",
+                c.sync_points, c.writes, c.io_shape
+            );
         }
         // mako-fs flushes dirty inodes in hash-map order, so the order (and the disk
         // addresses) of the writes inside one write-back differ from run to run: a
@@ -154,7 +185,8 @@ fn crash_consistency_at_sync_and_write_points() {
         // failure report prints it), repeat until that kind shows, MAKO_CRASH_REPEAT
         // times at most.
         let expect: Option<String> = std::env::var("MAKO_CRASH_EXPECT").ok();
-        let repeat: usize = env_parse("MAKO_CRASH_REPEAT").unwrap_or(if expect.is_some() { 50 } else { 1 });
+        let repeat: usize =
+            env_parse("MAKO_CRASH_REPEAT").unwrap_or(if expect.is_some() { 50 } else { 1 });
         let mut attempt = 0;
         let o = loop {
             attempt += 1;
@@ -168,13 +200,33 @@ fn crash_consistency_at_sync_and_write_points() {
             }
         };
         // The operations from a little before the last durable state to the crash.
-        println!("{case} (attempt {attempt} of at most {repeat})\n  {}", crash::workload::abbreviate(&o.context));
+        println!(
+            "{case} (attempt {attempt} of at most {repeat})\n  {}",
+            crash::workload::abbreviate(&o.context)
+        );
         let (first, last) = o.allowed;
-        for (i, op) in plan.ops.iter().enumerate().take(last).skip(first.saturating_sub(3)) {
-            let mark = if i + 1 == first { "  <- last durable" } else { "" };
-            println!("    op {i}: {}{mark}", crash::workload::abbreviate(&op.describe(&plan.models[i])));
+        for (i, op) in plan
+            .ops
+            .iter()
+            .enumerate()
+            .take(last)
+            .skip(first.saturating_sub(3))
+        {
+            let mark = if i + 1 == first {
+                "  <- last durable"
+            } else {
+                ""
+            };
+            println!(
+                "    op {i}: {}{mark}",
+                crash::workload::abbreviate(&op.describe(&plan.models[i]))
+            );
         }
-        assert!(o.violations.is_empty(), "\n{}", crash::workload::abbreviate(&o.report()));
+        assert!(
+            o.violations.is_empty(),
+            "\n{}",
+            crash::workload::abbreviate(&o.report())
+        );
         return;
     }
     // Every crash point of a few seeds.
@@ -190,7 +242,10 @@ fn crash_consistency_at_sync_and_write_points() {
         let plan = Arc::new(Plan::generate(seed, ops));
         match count(&plan) {
             Ok(c) => {
-                println!("seed {seed}: {} ops, {} sync points, {} writes", ops, c.sync_points, c.writes);
+                println!(
+                    "seed {seed}: {} ops, {} sync points, {} writes",
+                    ops, c.sync_points, c.writes
+                );
                 cases.extend(cases_for_seed(seed, ops, &c, syncs_max, writes_max));
             }
             Err(v) => setup_failures.push((seed, v)),
@@ -204,14 +259,22 @@ fn crash_consistency_at_sync_and_write_points() {
     assert!(setup_failures.is_empty(), "the workload fails without a crash (a file system bug, or a harness bug):\n{setup_failures:#?}");
     let total = cases.len();
     let outcomes = run_cases(&plans, cases, threads);
-    let failed: Vec<Outcome> = outcomes.into_iter().filter(|o| !o.violations.is_empty()).collect();
+    let failed: Vec<Outcome> = outcomes
+        .into_iter()
+        .filter(|o| !o.violations.is_empty())
+        .collect();
     println!(
         "crash consistency: {total} crash points over {} seeds of {ops} ops on {threads} threads in {:.1} s: {} failed",
         plans.len(),
         start.elapsed().as_secs_f64(),
         failed.len()
     );
-    assert!(failed.is_empty(), "{} of {total} crash cases failed; by kind:{}", failed.len(), summarize(&failed));
+    assert!(
+        failed.is_empty(),
+        "{} of {total} crash cases failed; by kind:{}",
+        failed.len(),
+        summarize(&failed)
+    );
 }
 
 // ---- the harness's own tests (always on) ------------------------------------------
@@ -225,19 +288,54 @@ fn harness_passes_crashes_after_a_clean_unmount() {
         let plan = Plan::generate(seed, 80);
         count(&plan).expect("the workload runs without a crash");
         let mut cases = Vec::new();
-        for (i, policy) in [LossPolicy::KeepAll, LossPolicy::DropAll, LossPolicy::Random { seed: 3 }].into_iter().enumerate() {
+        for (i, policy) in [
+            LossPolicy::KeepAll,
+            LossPolicy::DropAll,
+            LossPolicy::Random { seed: 3 },
+        ]
+        .into_iter()
+        .enumerate()
+        {
             let recovery_crash = match i {
                 0 => None,
-                1 => Some(RecoveryCrash::At(CrashAt::Sync(1), LossPolicy::Random { seed: 9 })),
-                _ => Some(RecoveryCrash::At(CrashAt::Write { index: 0, torn_seed: Some(4) }, LossPolicy::KeepAll)),
+                1 => Some(RecoveryCrash::At(
+                    CrashAt::Sync(1),
+                    LossPolicy::Random { seed: 9 },
+                )),
+                _ => Some(RecoveryCrash::At(
+                    CrashAt::Write {
+                        index: 0,
+                        torn_seed: Some(4),
+                    },
+                    LossPolicy::KeepAll,
+                )),
             };
-            cases.push(Case { seed, ops: 80, crash: CrashSpec::AfterEnd, policy, recovery_crash, post: i != 1 });
+            cases.push(Case {
+                seed,
+                ops: 80,
+                crash: CrashSpec::AfterEnd,
+                policy,
+                recovery_crash,
+                post: i != 1,
+            });
         }
         for case in cases {
             let o = run_case(&plan, &case);
-            assert!(o.violations.is_empty(), "a crash after a clean unmount must pass:\n{}", o.report());
-            assert_eq!(o.allowed, (80, 80), "after a returned unmount only the final state is allowed");
-            assert_eq!(o.resolved_recovery.is_some(), case.recovery_crash.is_some(), "the crash during recovery ran");
+            assert!(
+                o.violations.is_empty(),
+                "a crash after a clean unmount must pass:\n{}",
+                o.report()
+            );
+            assert_eq!(
+                o.allowed,
+                (80, 80),
+                "after a returned unmount only the final state is allowed"
+            );
+            assert_eq!(
+                o.resolved_recovery.is_some(),
+                case.recovery_crash.is_some(),
+                "the crash during recovery ran"
+            );
         }
     }
 }
@@ -252,7 +350,11 @@ fn harness_a_seed_fixes_the_sync_points() {
     assert_eq!(a.sync_points, b.sync_points);
     let syncs = |c: &run::Counts| c.op_start.iter().map(|x| x.0).collect::<Vec<_>>();
     assert_eq!(syncs(&a), syncs(&b), "sync points before each op");
-    assert!(a.sync_points > 8, "the workload syncs ({} sync points)", a.sync_points);
+    assert!(
+        a.sync_points > 8,
+        "the workload syncs ({} sync points)",
+        a.sync_points
+    );
 }
 
 /// Not only the sync points: the same writes, at the same places, in the same order.
@@ -264,24 +366,60 @@ fn harness_a_seed_fixes_the_order_of_writes() {
     let plan = Plan::generate(103, 80);
     let a = count(&plan).expect("run");
     let b = count(&plan).expect("run");
-    assert_eq!(a.io_shape, b.io_shape, "same seed, other I/O positions or order");
+    assert_eq!(
+        a.io_shape, b.io_shape,
+        "same seed, other I/O positions or order"
+    );
 }
 
 /// A hand-made plan whose final state is known, and its clean images after unmount.
 fn known_plan() -> (Plan, Vec<Vec<u8>>) {
     let d = 1;
-    let mut ops = vec![Op::Mkdir { parent: ROOT, name: b"dir".to_vec(), perm: 0o755, new: d }];
+    let mut ops = vec![Op::Mkdir {
+        parent: ROOT,
+        name: b"dir".to_vec(),
+        perm: 0o755,
+        new: d,
+    }];
     let mut next = 2;
     for i in 0..80 {
-        ops.push(Op::Create { parent: d, name: format!("entry-{i:03}-with-a-long-name-for-directory-blocks").into_bytes(), perm: 0o644, new: next });
+        ops.push(Op::Create {
+            parent: d,
+            name: format!("entry-{i:03}-with-a-long-name-for-directory-blocks").into_bytes(),
+            perm: 0o644,
+            new: next,
+        });
         next += 1;
     }
     let f = next;
-    ops.push(Op::Create { parent: ROOT, name: b"f".to_vec(), perm: 0o640, new: f });
-    ops.push(Op::Write { file: f, offset: 0, len: 200_000, seed: 77 });
-    ops.push(Op::SetXattr { node: f, name: b"user.a".to_vec(), value: b"value".to_vec() });
-    ops.push(Op::Link { file: f, parent: d, name: b"f-link".to_vec() });
-    ops.push(Op::Symlink { parent: ROOT, name: b"s".to_vec(), target: b"dir/f-link".to_vec(), new: f + 1 });
+    ops.push(Op::Create {
+        parent: ROOT,
+        name: b"f".to_vec(),
+        perm: 0o640,
+        new: f,
+    });
+    ops.push(Op::Write {
+        file: f,
+        offset: 0,
+        len: 200_000,
+        seed: 77,
+    });
+    ops.push(Op::SetXattr {
+        node: f,
+        name: b"user.a".to_vec(),
+        value: b"value".to_vec(),
+    });
+    ops.push(Op::Link {
+        file: f,
+        parent: d,
+        name: b"f-link".to_vec(),
+    });
+    ops.push(Op::Symlink {
+        parent: ROOT,
+        name: b"s".to_vec(),
+        target: b"dir/f-link".to_vec(),
+        new: f + 1,
+    });
     ops.push(Op::Fsync { node: f });
     ops.push(Op::Sync);
     ops.push(Op::Unmount);
@@ -303,37 +441,75 @@ fn harness_checker_catches_a_wrong_model() {
     let (plan, images) = known_plan();
     let n = plan.ops.len();
     let no_dirty = BTreeSet::new();
-    let right = Allowed { plan: &plan, first: n, last: n, dirty: &no_dirty };
-    assert!(run::check_images(&images, &right).is_empty(), "the right model passes: {:?}", run::check_images(&images, &right));
+    let right = Allowed {
+        plan: &plan,
+        first: n,
+        last: n,
+        dirty: &no_dirty,
+    };
+    assert!(
+        run::check_images(&images, &right).is_empty(),
+        "the right model passes: {:?}",
+        run::check_images(&images, &right)
+    );
     type Mutation = (&'static str, &'static str, fn(&mut crash::model::Model));
     let mutations: [Mutation; 8] = [
-        ("a missing name", "namespace: name present that no allowed state has", |m| {
-            let d = m.lookup(ROOT, b"dir").unwrap();
-            let e = b"entry-005-with-a-long-name-for-directory-blocks".to_vec();
-            let mid = m.lookup(d, &e).unwrap();
-            m.remove(d, &e);
-            assert!(!m.nodes.contains_key(&mid));
-        }),
+        (
+            "a missing name",
+            "namespace: name present that no allowed state has",
+            |m| {
+                let d = m.lookup(ROOT, b"dir").unwrap();
+                let e = b"entry-005-with-a-long-name-for-directory-blocks".to_vec();
+                let mid = m.lookup(d, &e).unwrap();
+                m.remove(d, &e);
+                assert!(!m.nodes.contains_key(&mid));
+            },
+        ),
         ("an extra name", "namespace: durable file missing", |m| {
-            m.create(ROOT, b"extra", 0o644, crash::model::Body::File(Default::default()));
+            m.create(
+                ROOT,
+                b"extra",
+                0o644,
+                crash::model::Body::File(Default::default()),
+            );
         }),
-        ("a rename", "namespace: name present that no allowed state has", |m| m.rename(ROOT, b"f", ROOT, b"g")),
-        ("a mode", "namespace: mode differs from every allowed state", |m| {
-            let f = m.lookup(ROOT, b"f").unwrap();
-            m.chmod(f, 0o600);
-        }),
-        ("a size", "namespace: size differs from every allowed state", |m| {
-            let f = m.lookup(ROOT, b"f").unwrap();
-            m.truncate(f, 199_999);
-        }),
-        ("an xattr", "namespace: xattrs differs from every allowed state", |m| {
-            let f = m.lookup(ROOT, b"f").unwrap();
-            m.set_xattr(f, b"user.a", b"other");
-        }),
-        ("a symlink target", "namespace: symlink target differs from every allowed state", |m| {
-            let s = m.lookup(ROOT, b"s").unwrap();
-            m.node_mut(s).body = crash::model::Body::Symlink(b"dir/f-lonk".to_vec());
-        }),
+        (
+            "a rename",
+            "namespace: name present that no allowed state has",
+            |m| m.rename(ROOT, b"f", ROOT, b"g"),
+        ),
+        (
+            "a mode",
+            "namespace: mode differs from every allowed state",
+            |m| {
+                let f = m.lookup(ROOT, b"f").unwrap();
+                m.chmod(f, 0o600);
+            },
+        ),
+        (
+            "a size",
+            "namespace: size differs from every allowed state",
+            |m| {
+                let f = m.lookup(ROOT, b"f").unwrap();
+                m.truncate(f, 199_999);
+            },
+        ),
+        (
+            "an xattr",
+            "namespace: xattrs differs from every allowed state",
+            |m| {
+                let f = m.lookup(ROOT, b"f").unwrap();
+                m.set_xattr(f, b"user.a", b"other");
+            },
+        ),
+        (
+            "a symlink target",
+            "namespace: symlink target differs from every allowed state",
+            |m| {
+                let s = m.lookup(ROOT, b"s").unwrap();
+                m.node_mut(s).body = crash::model::Body::Symlink(b"dir/f-lonk".to_vec());
+            },
+        ),
         ("file content", "durable file content differs", |m| {
             let f = m.lookup(ROOT, b"f").unwrap();
             m.write(f, 100_000, &[0xee; 3]);
@@ -345,9 +521,18 @@ fn harness_checker_catches_a_wrong_model() {
         let mut wrong = Plan::from_ops(plan.seed, Vec::new());
         wrong.canons[0] = Arc::new(model.canon());
         wrong.models[0] = Arc::new(model);
-        let allowed = Allowed { plan: &wrong, first: 0, last: 0, dirty: &no_dirty };
+        let allowed = Allowed {
+            plan: &wrong,
+            first: 0,
+            last: 0,
+            dirty: &no_dirty,
+        };
         let v = run::check_images(&images, &allowed);
-        assert!(v.iter().any(|x| x.kind.starts_with(expected_kind)), "a model with {what} changed must fail with [{expected_kind}…], got {:#?}", v);
+        assert!(
+            v.iter().any(|x| x.kind.starts_with(expected_kind)),
+            "a model with {what} changed must fail with [{expected_kind}…], got {:#?}",
+            v
+        );
     }
     // A file that was not durable is not compared byte for byte.
     let f_mid = plan.models[n].lookup(ROOT, b"f").unwrap();
@@ -357,7 +542,16 @@ fn harness_checker_catches_a_wrong_model() {
     wrong.canons[0] = Arc::new(model.canon());
     wrong.models[0] = Arc::new(model);
     let dirty = BTreeSet::from([f_mid]);
-    assert!(run::check_images(&images, &Allowed { plan: &wrong, first: 0, last: 0, dirty: &dirty }).is_empty());
+    assert!(run::check_images(
+        &images,
+        &Allowed {
+            plan: &wrong,
+            first: 0,
+            last: 0,
+            dirty: &dirty
+        }
+    )
+    .is_empty());
 }
 
 /// The checker must notice damaged disks: a lost data write of a durable file, a
@@ -367,7 +561,12 @@ fn harness_checker_catches_damaged_images() {
     let (plan, images) = known_plan();
     let n = plan.ops.len();
     let no_dirty = BTreeSet::new();
-    let allowed = Allowed { plan: &plan, first: n, last: n, dirty: &no_dirty };
+    let allowed = Allowed {
+        plan: &plan,
+        first: n,
+        last: n,
+        dirty: &no_dirty,
+    };
     // Where things are: mount a copy and drop it without unmounting (writes nothing
     // to `images`).
     let (f_blocks, dir_blocks, f_inode_da, f_ino) = {
@@ -376,10 +575,21 @@ fn harness_checker_catches_damaged_images() {
         let f = m.fs.lookup(mako_fs::fs::ROOT_INO, b"f").unwrap().ino;
         let d = m.fs.lookup(mako_fs::fs::ROOT_INO, b"dir").unwrap().ino;
         let inode_file = m.core().metadata_inodes().inode_file;
-        let da = m.core().metafile_da(inode_file, f * m.core().inode_bytes() as u64).unwrap();
-        (m.fs.block_list(f).unwrap(), m.fs.block_list(d).unwrap(), da, f)
+        let da = m
+            .core()
+            .metafile_da(inode_file, f * m.core().inode_bytes() as u64)
+            .unwrap();
+        (
+            m.fs.block_list(f).unwrap(),
+            m.fs.block_list(d).unwrap(),
+            da,
+            f,
+        )
     };
-    assert!(!f_blocks.is_empty() && !dir_blocks.is_empty(), "f and dir have blocks: {f_blocks:?} {dir_blocks:?}");
+    assert!(
+        !f_blocks.is_empty() && !dir_blocks.is_empty(),
+        "f and dir have blocks: {f_blocks:?} {dir_blocks:?}"
+    );
     let byte = |da: mako_format::DiskAddress| (da.disk() as usize, da.byte_offset() as usize);
 
     // 1. The second data block of f lost its write (zeros).
@@ -387,31 +597,46 @@ fn harness_checker_catches_damaged_images() {
     let (disk, off) = byte(f_blocks[1].1);
     lost[disk][off..off + 4096].fill(0);
     let v = run::check_images(&lost, &allowed);
-    assert!(kinds(&v).contains(&"durable file content differs"), "{v:#?}");
+    assert!(
+        kinds(&v).contains(&"durable file content differs"),
+        "{v:#?}"
+    );
 
     // 2. A directory block with a flipped byte.
     let mut corrupt = images.clone();
     let (disk, off) = byte(dir_blocks[0].1);
     corrupt[disk][off + 100] ^= 0x40;
     let v = run::check_images(&corrupt, &allowed);
-    assert!(kinds(&v).contains(&"bad metadata (checksum, identity or encoding)"), "a corrupt directory block must be noticed: {v:#?}");
+    assert!(
+        kinds(&v).contains(&"bad metadata (checksum, identity or encoding)"),
+        "a corrupt directory block must be noticed: {v:#?}"
+    );
 
     // 3. The inode of f (two names) says three links.
     let mut nlink = images.clone();
     let (disk, off) = byte(f_inode_da);
     let ib = 4096;
     let loc = mako_format::error::Location::Memory;
-    let mut inode = mako_format::inode::Inode::decode(&nlink[disk][off..off + ib], ib as u32, f_ino, loc).expect("decode inode of f");
+    let mut inode =
+        mako_format::inode::Inode::decode(&nlink[disk][off..off + ib], ib as u32, f_ino, loc)
+            .expect("decode inode of f");
     assert_eq!(inode.nlink, 2);
     inode.nlink = 3;
     nlink[disk][off..off + ib].copy_from_slice(&inode.encode(ib as u32).unwrap());
     let v = run::check_images(&nlink, &allowed);
-    assert!(kinds(&v).contains(&"file nlink differs from the names found"), "{v:#?}");
+    assert!(
+        kinds(&v).contains(&"file nlink differs from the names found"),
+        "{v:#?}"
+    );
 
     // 4. Images from before the last sync (the sync "returned" but its writes are lost):
     // the namespace matches no allowed state.
     let (ctl, disks) = disks_from(base_images().clone());
-    let ran = run::run_workload(&Plan::from_ops(plan.seed, [plan.ops[..2].to_vec(), vec![Op::Sync]].concat()), &ctl, disks);
+    let ran = run::run_workload(
+        &Plan::from_ops(plan.seed, [plan.ops[..2].to_vec(), vec![Op::Sync]].concat()),
+        &ctl,
+        disks,
+    );
     assert!(ran.violations.is_empty());
     ctl.crash_now();
     let v = run::check_images(&ctl.crash_images(LossPolicy::DropAll), &allowed);
@@ -430,23 +655,56 @@ fn harness_workload_reaches_every_layout() {
     for seed in [1u64, 2, 3] {
         let plan = Plan::generate(seed, OPS_PER_SEED_DEFAULT);
         let (_ctl, disks) = disks_from(base_images().clone());
-        let mut exec = crash::workload::Executor::new(mako_fs::mount::mount_disks(disks, run::config(), 0).expect("mount"));
+        let mut exec = crash::workload::Executor::new(
+            mako_fs::mount::mount_disks(disks, run::config(), 0).expect("mount"),
+        );
         for (i, op) in plan.ops.iter().enumerate() {
-            exec.apply(op).unwrap_or_else(|e| panic!("seed {seed}: {}: {e}", op.describe(&plan.models[i])));
-            let Some(m) = exec.mounted.as_ref() else { break };
+            exec.apply(op)
+                .unwrap_or_else(|e| panic!("seed {seed}: {}: {e}", op.describe(&plan.models[i])));
+            let Some(m) = exec.mounted.as_ref() else {
+                break;
+            };
             let fs = &m.fs;
             for &ino in exec.inos.values() {
-                let Ok(inode) = fs.raw_inode(ino) else { continue }; // removed since
+                let Ok(inode) = fs.raw_inode(ino) else {
+                    continue;
+                }; // removed since
                 let kind = crash::model::Kind::from_mode(inode.mode);
                 let class = match (kind, &inode.content) {
-                    (Some(crash::model::Kind::File), InodeContent::InlineData(d)) if !d.is_empty() => "file data in the inode",
-                    (Some(crash::model::Kind::File), InodeContent::Pointers(_)) if inode.depth > 0 => "file behind indirect blocks",
-                    (Some(crash::model::Kind::File), InodeContent::Pointers(_)) if inode.last_block_subblocks > 0 => "file ending in a fragment",
-                    (Some(crash::model::Kind::File), InodeContent::Pointers(_)) if inode.size >= 64 << 10 => "file of full blocks",
-                    (Some(crash::model::Kind::Symlink), InodeContent::InlineData(_)) => "symlink target in the inode",
-                    (Some(crash::model::Kind::Symlink), InodeContent::Pointers(_)) => "symlink target in a block",
-                    (Some(crash::model::Kind::Dir), InodeContent::InlineDir(e)) if !e.is_empty() => "directory in the inode",
-                    (Some(crash::model::Kind::Dir), InodeContent::Pointers(_)) => "directory in blocks",
+                    (Some(crash::model::Kind::File), InodeContent::InlineData(d))
+                        if !d.is_empty() =>
+                    {
+                        "file data in the inode"
+                    }
+                    (Some(crash::model::Kind::File), InodeContent::Pointers(_))
+                        if inode.depth > 0 =>
+                    {
+                        "file behind indirect blocks"
+                    }
+                    (Some(crash::model::Kind::File), InodeContent::Pointers(_))
+                        if inode.last_block_subblocks > 0 =>
+                    {
+                        "file ending in a fragment"
+                    }
+                    (Some(crash::model::Kind::File), InodeContent::Pointers(_))
+                        if inode.size >= 64 << 10 =>
+                    {
+                        "file of full blocks"
+                    }
+                    (Some(crash::model::Kind::Symlink), InodeContent::InlineData(_)) => {
+                        "symlink target in the inode"
+                    }
+                    (Some(crash::model::Kind::Symlink), InodeContent::Pointers(_)) => {
+                        "symlink target in a block"
+                    }
+                    (Some(crash::model::Kind::Dir), InodeContent::InlineDir(e))
+                        if !e.is_empty() =>
+                    {
+                        "directory in the inode"
+                    }
+                    (Some(crash::model::Kind::Dir), InodeContent::Pointers(_)) => {
+                        "directory in blocks"
+                    }
                     _ => continue,
                 };
                 *seen.entry(class).or_default() += 1;
@@ -464,6 +722,9 @@ fn harness_workload_reaches_every_layout() {
         "directory in blocks",
     ];
     for w in want {
-        assert!(seen.contains_key(w), "the workload never reaches: {w} (seen {seen:?})");
+        assert!(
+            seen.contains_key(w),
+            "the workload never reaches: {w} (seen {seen:?})"
+        );
     }
 }

@@ -5,19 +5,29 @@
 //! turns the mount read-only instead of committing half of itself; the disk keeps the
 //! last committed state, so a remount shows the operation not done.
 
+use mako_format::DiskAddress;
 use mako_fs::fs::{Ctx, ROOT_INO};
 use mako_fs::test_util::{small_config, small_params, MemDisks};
 use mako_fs::{FsConfig, FsError};
-use mako_format::DiskAddress;
 
-const C: Ctx = Ctx { uid: 0, gid: 0, pid: 1 };
+const C: Ctx = Ctx {
+    uid: 0,
+    gid: 0,
+    pid: 1,
+};
 
 fn quiet() -> FsConfig {
-    FsConfig { background_workers: false, pagepool_bytes: 64 << 20, ..small_config() }
+    FsConfig {
+        background_workers: false,
+        pagepool_bytes: 64 << 20,
+        ..small_config()
+    }
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u64).wrapping_mul(31).wrapping_add(seed) as u8).collect()
+    (0..len)
+        .map(|i| (i as u64).wrapping_mul(31).wrapping_add(seed) as u8)
+        .collect()
 }
 
 /// Flip one byte at `da` + `byte` in the disk images.
@@ -37,7 +47,15 @@ fn damaged_structures_give_eio_and_the_rest_keeps_working() {
         let a = fs.mkdir(C, ROOT_INO, b"a", 0o755, 0).unwrap();
         let b = fs.mkdir(C, ROOT_INO, b"b", 0o755, 0).unwrap();
         for i in 0..300 {
-            fs.create(C, a.ino, format!("file-with-a-long-name-{i}").as_bytes(), 0o644, 0, true).unwrap();
+            fs.create(
+                C,
+                a.ino,
+                format!("file-with-a-long-name-{i}").as_bytes(),
+                0o644,
+                0,
+                true,
+            )
+            .unwrap();
         }
         let g = fs.create(C, b.ino, b"g", 0o644, 0, true).unwrap();
         fs.write(g.ino, 0, b"small", false).unwrap();
@@ -48,7 +66,9 @@ fn damaged_structures_give_eio_and_the_rest_keeps_working() {
         fs.sync().unwrap();
         f_ino = f.ino;
         let inode_file = core.metadata_inodes().inode_file;
-        file_g_inode = core.metafile_da(inode_file, g.ino * core.inode_bytes() as u64).unwrap();
+        file_g_inode = core
+            .metafile_da(inode_file, g.ino * core.inode_bytes() as u64)
+            .unwrap();
         {
             let ha = core.get(a.ino).unwrap();
             let st = ha.state.read();
@@ -56,7 +76,13 @@ fn damaged_structures_give_eio_and_the_rest_keeps_working() {
             let hf = core.get(f.ino).unwrap();
             let stf = hf.state.read();
             mako_fs::block_map::lookup(&core, &stf, 70).unwrap(); // loads the indirect block
-            file_f_indirect = stf.indirect.lock().values().next().expect("an indirect block").da;
+            file_f_indirect = stf
+                .indirect
+                .lock()
+                .values()
+                .next()
+                .expect("an indirect block")
+                .da;
         }
         assert!(!dir_a_block.is_null());
         m.unmount().unwrap();
@@ -74,7 +100,10 @@ fn damaged_structures_give_eio_and_the_rest_keeps_working() {
     assert!(matches!(e, FsError::Corrupt(_)), "{e}");
     assert_eq!(e.errno(), libc::EIO);
     let msg = e.to_string();
-    assert!(msg.contains("directory block") && msg.contains(&format!("{}:", dir_a_block.disk())), "{msg}");
+    assert!(
+        msg.contains("directory block") && msg.contains(&format!("{}:", dir_a_block.disk())),
+        "{msg}"
+    );
     // The damaged inode.
     let e = fs.lookup(b.ino, b"g").unwrap_err();
     assert!(matches!(e, FsError::Corrupt(_)), "{e}");
@@ -83,28 +112,51 @@ fn damaged_structures_give_eio_and_the_rest_keeps_working() {
     let f = fs.lookup(b.ino, b"f").unwrap();
     assert_eq!(f.size, 6 << 20);
     let e = fs.read(f.ino, 5 << 20, 4096).unwrap_err();
-    assert!(matches!(e, FsError::Corrupt(_)) && e.to_string().contains("indirect block"), "{e}");
+    assert!(
+        matches!(e, FsError::Corrupt(_)) && e.to_string().contains("indirect block"),
+        "{e}"
+    );
     // Everything else works, and changes are committed.
     let h = fs.lookup(b.ino, b"h").unwrap();
     assert_eq!(fs.read(h.ino, 0, 200_000).unwrap(), pattern(1, 100_000));
     let n = fs.create(C, b.ino, b"new", 0o644, 0, true).unwrap();
-    fs.write(n.ino, 0, b"written after the damage", false).unwrap();
+    fs.write(n.ino, 0, b"written after the damage", false)
+        .unwrap();
     fs.fsync(n.ino, false).unwrap();
-    assert!(!core.read_only.load(std::sync::atomic::Ordering::Relaxed), "reads of damage alone keep the mount writable");
-    assert!(core.stats.corruptions.load(std::sync::atomic::Ordering::Relaxed) >= 3);
+    assert!(
+        !core.read_only.load(std::sync::atomic::Ordering::Relaxed),
+        "reads of damage alone keep the mount writable"
+    );
+    assert!(
+        core.stats
+            .corruptions
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 3
+    );
     // Unlinking f removes its name, then meets the damaged indirect block while freeing
     // its blocks: half done, so the mount turns read-only instead of committing it.
     assert_eq!(f.ino, f_ino);
     let e = fs.unlink(b.ino, b"f").unwrap_err();
     assert_eq!(e.errno(), libc::EIO, "{e}");
-    assert!(core.read_only.load(std::sync::atomic::Ordering::Relaxed), "a half-done operation turns the mount read-only");
-    assert_eq!(fs.create(C, b.ino, b"refused", 0o644, 0, true).unwrap_err().errno(), libc::EROFS);
+    assert!(
+        core.read_only.load(std::sync::atomic::Ordering::Relaxed),
+        "a half-done operation turns the mount read-only"
+    );
+    assert_eq!(
+        fs.create(C, b.ino, b"refused", 0o644, 0, true)
+            .unwrap_err()
+            .errno(),
+        libc::EROFS
+    );
     drop(m);
     // The disk holds the last commit: f is still there, the fsynced file too.
     let m = disks.mount(quiet());
     let fs = &m.fs;
     let b = fs.lookup(ROOT_INO, b"b").unwrap();
-    assert!(fs.lookup(b.ino, b"f").is_ok(), "the failed unlink was not committed");
+    assert!(
+        fs.lookup(b.ino, b"f").is_ok(),
+        "the failed unlink was not committed"
+    );
     let n = fs.lookup(b.ino, b"new").unwrap();
     assert_eq!(fs.read(n.ino, 0, 100).unwrap(), b"written after the damage");
 }

@@ -12,14 +12,27 @@ use std::time::Instant;
 
 #[test]
 fn directory_with_many_entries() {
-    let n: usize = std::env::var("MAKO_DIR_ENTRIES").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let n: usize = std::env::var("MAKO_DIR_ENTRIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
     // Default blocks (4 MiB) and directory blocks (256 KiB); 512-byte inodes keep the
     // inode file of a million files small enough for in-memory disks (the directory
     // algorithm does not depend on the inode size).
     let disks = MemDisks::new(2, (1 << 30) + (n as u64) * 1024);
-    disks.format(&MkfsParams { inodes_max: Some(n as u64 + 1000), inode_bytes: 512, ..MkfsParams::default() });
-    let cache: usize = std::env::var("MAKO_DIR_CACHE").ok().and_then(|v| v.parse().ok()).unwrap_or(4000);
-    let m = disks.mount(mako_fs::FsConfig { max_files_to_cache: cache, ..small_config() });
+    disks.format(&MkfsParams {
+        inodes_max: Some(n as u64 + 1000),
+        inode_bytes: 512,
+        ..MkfsParams::default()
+    });
+    let cache: usize = std::env::var("MAKO_DIR_CACHE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4000);
+    let m = disks.mount(mako_fs::FsConfig {
+        max_files_to_cache: cache,
+        ..small_config()
+    });
     let fs = &m.fs;
     let c = Ctx::default();
     let d = fs.mkdir(c, ROOT_INO, b"big", 0o755, 0).unwrap();
@@ -30,7 +43,8 @@ fn directory_with_many_entries() {
     for s in 0..slices {
         let t = Instant::now();
         for i in s * per..(s + 1) * per {
-            fs.create(c, d.ino, name(i).as_bytes(), 0o644, 0, true).unwrap();
+            fs.create(c, d.ino, name(i).as_bytes(), 0o644, 0, true)
+                .unwrap();
         }
         let create = t.elapsed().as_secs_f64() / per as f64;
         // Look up a sample spread over everything created so far.
@@ -44,7 +58,9 @@ fn directory_with_many_entries() {
         rows.push((s, create, lookup));
     }
     let (blocks, depth, size) = fs.dir_shape(d.ino).unwrap();
-    println!("directory of {n} entries: hash depth {depth}, {blocks} blocks cached, size {size} bytes");
+    println!(
+        "directory of {n} entries: hash depth {depth}, {blocks} blocks cached, size {size} bytes"
+    );
     // readdir: every name exactly once.
     let t = Instant::now();
     let mut seen = HashSet::with_capacity(n);
@@ -72,9 +88,18 @@ fn directory_with_many_entries() {
         unlink_rows.push(t.elapsed().as_secs_f64() / per as f64);
     }
     fs.rmdir(ROOT_INO, b"big").unwrap();
-    println!("{:>6} {:>14} {:>14} {:>14}", "slice", "create us/op", "lookup us/op", "unlink us/op");
+    println!(
+        "{:>6} {:>14} {:>14} {:>14}",
+        "slice", "create us/op", "lookup us/op", "unlink us/op"
+    );
     for (i, (s, create, lookup)) in rows.iter().enumerate() {
-        println!("{:>5}0% {:>14.2} {:>14.2} {:>14.2}", s + 1, create * 1e6, lookup * 1e6, unlink_rows[i] * 1e6);
+        println!(
+            "{:>5}0% {:>14.2} {:>14.2} {:>14.2}",
+            s + 1,
+            create * 1e6,
+            lookup * 1e6,
+            unlink_rows[i] * 1e6
+        );
     }
     println!("readdir {:.2} us/entry", readdir * 1e6);
     let first = rows[0].1;

@@ -6,18 +6,25 @@
 //! The crash here keeps every write that reached the disks; lost and torn unsynced
 //! writes are the crash-test backend's (tests/crash_consistency.rs).
 
-use mako_fs::test_util::pattern;
 use mako_disk::{Disk, MemDisk};
 use mako_fs::fs::{Ctx, SetAttr, ROOT_INO};
+use mako_fs::test_util::pattern;
 use mako_fs::test_util::{small_config, small_params, MemDisks};
 use mako_fs::{FsConfig, FsError};
 use std::sync::Arc;
 
-const C: Ctx = Ctx { uid: 0, gid: 0, pid: 1 };
+const C: Ctx = Ctx {
+    uid: 0,
+    gid: 0,
+    pid: 1,
+};
 
 /// No background threads: only fsync/sync write, so the test knows what is durable.
 fn quiet() -> FsConfig {
-    FsConfig { background_workers: false, ..small_config() }
+    FsConfig {
+        background_workers: false,
+        ..small_config()
+    }
 }
 
 /// The disks as a crash leaves them: every completed write, nothing more.
@@ -42,14 +49,23 @@ fn fsynced_files_survive_a_crash_and_replay_is_reported() {
     let disks = MemDisks::new(4, 32 << 20);
     disks.format(&small_params());
     let m = disks.mount(quiet());
-    assert_eq!(m.recovery.transactions, 0, "a fresh file system has nothing to replay");
+    assert_eq!(
+        m.recovery.transactions, 0,
+        "a fresh file system has nothing to replay"
+    );
     let fs = &m.fs;
     let d = fs.mkdir(C, ROOT_INO, b"dir", 0o755, 0).unwrap();
     let mut files = Vec::new();
-    for (i, size) in [0usize, 100, 5000, 64 << 10, 300_000].into_iter().enumerate() {
-        let a = fs.create(C, d.ino, format!("f{i}").as_bytes(), 0o644, 0, true).unwrap();
+    for (i, size) in [0usize, 100, 5000, 64 << 10, 300_000]
+        .into_iter()
+        .enumerate()
+    {
+        let a = fs
+            .create(C, d.ino, format!("f{i}").as_bytes(), 0o644, 0, true)
+            .unwrap();
         fs.write(a.ino, 0, &pattern(i as u64, size), false).unwrap();
-        fs.setxattr(a.ino, b"user.n", format!("{i}").as_bytes(), 0).unwrap();
+        fs.setxattr(a.ino, b"user.n", format!("{i}").as_bytes(), 0)
+            .unwrap();
         files.push((a.ino, size));
     }
     for (ino, _) in &files {
@@ -64,7 +80,11 @@ fn fsynced_files_survive_a_crash_and_replay_is_reported() {
     drop(m);
 
     let m = crashed.mount(quiet());
-    assert!(m.recovery.transactions >= 1, "the fsync's transaction is replayed: {:?}", m.recovery);
+    assert!(
+        m.recovery.transactions >= 1,
+        "the fsync's transaction is replayed: {:?}",
+        m.recovery
+    );
     assert!(m.recovery.images > 0);
     assert!(!m.recovery.was_clean);
     let fs = &m.fs;
@@ -72,15 +92,25 @@ fn fsynced_files_survive_a_crash_and_replay_is_reported() {
     for (i, (_, size)) in files.iter().enumerate() {
         let a = fs.lookup(d.ino, format!("f{i}").as_bytes()).unwrap();
         assert_eq!(a.size, *size as u64, "f{i}");
-        assert_eq!(fs.read(a.ino, 0, *size as u32 + 10).unwrap(), pattern(i as u64, *size), "f{i} content");
-        assert_eq!(fs.getxattr(a.ino, b"user.n").unwrap(), format!("{i}").into_bytes());
+        assert_eq!(
+            fs.read(a.ino, 0, *size as u32 + 10).unwrap(),
+            pattern(i as u64, *size),
+            "f{i} content"
+        );
+        assert_eq!(
+            fs.getxattr(a.ino, b"user.n").unwrap(),
+            format!("{i}").into_bytes()
+        );
     }
     // The recovered file system works: new files, remount, clean stop.
     let n = fs.create(C, ROOT_INO, b"after", 0o644, 0, false).unwrap();
     fs.write(n.ino, 0, b"after recovery", false).unwrap();
     m.unmount().unwrap();
     let m = crashed.mount(quiet());
-    assert_eq!(m.recovery.transactions, 0, "a clean unmount leaves nothing to replay");
+    assert_eq!(
+        m.recovery.transactions, 0,
+        "a clean unmount leaves nothing to replay"
+    );
     assert!(m.recovery.was_clean);
     let a = m.fs.lookup(ROOT_INO, b"after").unwrap();
     assert_eq!(m.fs.read(a.ino, 0, 100).unwrap(), b"after recovery");
@@ -105,8 +135,14 @@ fn renames_and_unlinks_after_fsync_are_atomic_across_a_crash() {
     drop(m);
     let m = crashed.mount(quiet());
     let fs = &m.fs;
-    assert!(matches!(fs.lookup(ROOT_INO, b"old"), Err(FsError::NotFound(_))));
-    assert!(matches!(fs.lookup(ROOT_INO, b"gone"), Err(FsError::NotFound(_))));
+    assert!(matches!(
+        fs.lookup(ROOT_INO, b"old"),
+        Err(FsError::NotFound(_))
+    ));
+    assert!(matches!(
+        fs.lookup(ROOT_INO, b"gone"),
+        Err(FsError::NotFound(_))
+    ));
     let n = fs.lookup(ROOT_INO, b"new").unwrap();
     assert_eq!(fs.read(n.ino, 0, 80_000).unwrap(), pattern(7, 70_000));
     m.unmount().unwrap();
@@ -123,8 +159,11 @@ fn log_wraps_around_many_times_and_still_recovers() {
     // Enough fsynced transactions to go round the 1 MiB log several times.
     for i in 0..1200u64 {
         let name = format!("file{i:04}");
-        let a = fs.create(C, ROOT_INO, name.as_bytes(), 0o644, 0, true).unwrap();
-        fs.write(a.ino, 0, &pattern(i, (i as usize * 37) % 9000), false).unwrap();
+        let a = fs
+            .create(C, ROOT_INO, name.as_bytes(), 0o644, 0, true)
+            .unwrap();
+        fs.write(a.ino, 0, &pattern(i, (i as usize * 37) % 9000), false)
+            .unwrap();
         fs.fsync(a.ino, false).unwrap();
         if i % 3 == 0 && i > 0 {
             let victim = format!("file{:04}", i - 1);
@@ -136,17 +175,37 @@ fn log_wraps_around_many_times_and_still_recovers() {
     }
     fs.fsync(ROOT_INO, false).unwrap();
     let head = m.core().journal.head_lsn();
-    assert!(head > 2 * cap, "the log went round {} times (head {head}, capacity {cap})", head / cap);
-    assert!(m.core().journal.stats.checkpoints.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    assert!(
+        head > 2 * cap,
+        "the log went round {} times (head {head}, capacity {cap})",
+        head / cap
+    );
+    assert!(
+        m.core()
+            .journal
+            .stats
+            .checkpoints
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
     let crashed = crash_copy(&disks);
     drop(m);
     let m = crashed.mount(quiet());
     let fs = &m.fs;
     for (name, i) in &expect {
-        let a = fs.lookup(ROOT_INO, name.as_bytes()).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(fs.read(a.ino, 0, 10_000).unwrap(), pattern(*i, (*i as usize * 37) % 9000), "{name}");
+        let a = fs
+            .lookup(ROOT_INO, name.as_bytes())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            fs.read(a.ino, 0, 10_000).unwrap(),
+            pattern(*i, (*i as usize * 37) % 9000),
+            "{name}"
+        );
     }
-    assert_eq!(fs.readdir(ROOT_INO, 0, 10_000).unwrap().len(), expect.len() + 2);
+    assert_eq!(
+        fs.readdir(ROOT_INO, 0, 10_000).unwrap().len(),
+        expect.len() + 2
+    );
     m.unmount().unwrap();
 }
 
@@ -154,19 +213,29 @@ fn log_wraps_around_many_times_and_still_recovers() {
 fn evicted_inodes_are_read_back_through_the_overlay_before_checkpoint() {
     let disks = MemDisks::new(2, 32 << 20);
     disks.format(&small_params());
-    let m = disks.mount(FsConfig { max_files_to_cache: 20, max_stat_cache: 0, ..quiet() });
+    let m = disks.mount(FsConfig {
+        max_files_to_cache: 20,
+        max_stat_cache: 0,
+        ..quiet()
+    });
     let fs = &m.fs;
     let core = m.core().clone();
     let mut inos = Vec::new();
     for i in 0..200u64 {
-        let a = fs.create(C, ROOT_INO, format!("e{i}").as_bytes(), 0o600, 0, true).unwrap();
+        let a = fs
+            .create(C, ROOT_INO, format!("e{i}").as_bytes(), 0o600, 0, true)
+            .unwrap();
         fs.write(a.ino, 0, &pattern(i, 3000), false).unwrap();
         inos.push(a.ino);
     }
     fs.sync().unwrap(); // committed, not checkpointed: the images wait in the overlay
     assert!(core.journal.pending_images() > 0);
     mako_fs::workers::evict_inodes(&core).unwrap();
-    assert!(core.inodes.lock().len() <= 40, "{} inodes still cached", core.inodes.lock().len());
+    assert!(
+        core.inodes.lock().len() <= 40,
+        "{} inodes still cached",
+        core.inodes.lock().len()
+    );
     core.pool.drop_clean();
     for (i, ino) in inos.iter().enumerate() {
         let a = fs.getattr(*ino).unwrap();
@@ -188,16 +257,40 @@ fn freed_space_is_not_reused_before_its_checkpoint() {
     let a = fs.create(C, ROOT_INO, b"a", 0o644, 0, true).unwrap();
     fs.write(a.ino, 0, &pattern(1, 64 << 10), false).unwrap();
     fs.fsync(a.ino, false).unwrap();
-    let old: Vec<_> = fs.block_list(a.ino).unwrap().into_iter().map(|(_, d)| d).collect();
-    fs.setattr(a.ino, SetAttr { size: Some(0), ..Default::default() }).unwrap();
+    let old: Vec<_> = fs
+        .block_list(a.ino)
+        .unwrap()
+        .into_iter()
+        .map(|(_, d)| d)
+        .collect();
+    fs.setattr(
+        a.ino,
+        SetAttr {
+            size: Some(0),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert!(core.alloc.quarantined_subblocks() > 0);
     let b = fs.create(C, ROOT_INO, b"b", 0o644, 0, true).unwrap();
     fs.write(b.ino, 0, &pattern(2, 64 << 10), false).unwrap();
     fs.fsync(b.ino, false).unwrap();
-    let new: Vec<_> = fs.block_list(b.ino).unwrap().into_iter().map(|(_, d)| d).collect();
-    assert!(old.iter().all(|d| !new.contains(d)), "a block freed by an uncheckpointed transaction was reused");
+    let new: Vec<_> = fs
+        .block_list(b.ino)
+        .unwrap()
+        .into_iter()
+        .map(|(_, d)| d)
+        .collect();
+    assert!(
+        old.iter().all(|d| !new.contains(d)),
+        "a block freed by an uncheckpointed transaction was reused"
+    );
     core.journal.checkpoint(&core).unwrap();
-    assert_eq!(core.alloc.quarantined_subblocks(), 0, "the checkpoint releases the quarantine");
+    assert_eq!(
+        core.alloc.quarantined_subblocks(),
+        0,
+        "the checkpoint releases the quarantine"
+    );
     m.unmount().unwrap();
 }
 
@@ -243,9 +336,12 @@ fn rename_over_a_file_writes_the_new_data_first() {
     fs.write(old.ino, 0, &pattern(1, 20_000), false).unwrap();
     fs.fsync(old.ino, false).unwrap();
     // The replace-by-rename idiom, without an fsync of the new file.
-    let tmp = fs.create(C, ROOT_INO, b"config.tmp", 0o644, 0, true).unwrap();
+    let tmp = fs
+        .create(C, ROOT_INO, b"config.tmp", 0o644, 0, true)
+        .unwrap();
     fs.write(tmp.ino, 0, &pattern(2, 30_000), false).unwrap();
-    fs.rename(ROOT_INO, b"config.tmp", ROOT_INO, b"config", 0).unwrap();
+    fs.rename(ROOT_INO, b"config.tmp", ROOT_INO, b"config", 0)
+        .unwrap();
     // Something else commits the log (another program's fsync).
     let other = fs.create(C, ROOT_INO, b"other", 0o644, 0, true).unwrap();
     fs.fsync(other.ino, false).unwrap();
@@ -253,7 +349,11 @@ fn rename_over_a_file_writes_the_new_data_first() {
     drop(m);
     let m = crashed.mount(quiet());
     let a = m.fs.lookup(ROOT_INO, b"config").unwrap();
-    assert_eq!(m.fs.read(a.ino, 0, 40_000).unwrap(), pattern(2, 30_000), "the renamed file has its data, not zeros");
+    assert_eq!(
+        m.fs.read(a.ino, 0, 40_000).unwrap(),
+        pattern(2, 30_000),
+        "the renamed file has its data, not zeros"
+    );
     m.unmount().unwrap();
 }
 
@@ -262,19 +362,46 @@ fn rename_over_a_file_writes_the_new_data_first() {
 /// (CI: 4 MiB; the figure: 32, the default log).
 #[test]
 fn a_full_log_replays_from_disk_files() {
-    use mako_fs::mkfs::{format, DiskSpec, MkfsParams};
     use mako_format::disk_header::DiskUsage;
-    let log_mib: u64 = std::env::var("MAKO_RECOVERY_LOG_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
-    let dir = tempfile::Builder::new().prefix("mako-recovery-").tempdir_in("/var/tmp").unwrap();
+    use mako_fs::mkfs::{format, DiskSpec, MkfsParams};
+    let log_mib: u64 = std::env::var("MAKO_RECOVERY_LOG_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let dir = tempfile::Builder::new()
+        .prefix("mako-recovery-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
     let specs: Vec<DiskSpec> = (0..4)
         .map(|i| {
             let path = dir.path().join(format!("d{i}.img"));
-            std::fs::File::create(&path).unwrap().set_len(512 << 20).unwrap();
-            DiskSpec { name: format!("d{i}"), path, pool: "system".into(), failure_group: i + 1, usage: DiskUsage::DataAndMetadata }
+            std::fs::File::create(&path)
+                .unwrap()
+                .set_len(512 << 20)
+                .unwrap();
+            DiskSpec {
+                name: format!("d{i}"),
+                path,
+                pool: "system".into(),
+                failure_group: i + 1,
+                usage: DiskUsage::DataAndMetadata,
+            }
         })
         .collect();
-    format(&specs, &MkfsParams { block_bytes: 1 << 20, log_bytes: log_mib << 20, ..MkfsParams::default() }).unwrap();
-    let cfg = FsConfig { background_workers: false, pagepool_bytes: 64 << 20, ..FsConfig::default() };
+    format(
+        &specs,
+        &MkfsParams {
+            block_bytes: 1 << 20,
+            log_bytes: log_mib << 20,
+            ..MkfsParams::default()
+        },
+    )
+    .unwrap();
+    let cfg = FsConfig {
+        background_workers: false,
+        pagepool_bytes: 64 << 20,
+        ..FsConfig::default()
+    };
     let m = mako_fs::mount::mount(&specs, cfg.clone(), 0).unwrap();
     let fs = &m.fs;
     let core = m.core().clone();
@@ -282,10 +409,21 @@ fn a_full_log_replays_from_disk_files() {
     // Fill the log with transactions of 50 creates each, without a checkpoint.
     let mut n = 0u64;
     let mut dirs = Vec::new();
-    while core.journal.used_bytes() < cap * 9 / 10 && core.journal.stats.checkpoints.load(std::sync::atomic::Ordering::Relaxed) == 0 {
-        let d = fs.mkdir(C, ROOT_INO, format!("d{n}").as_bytes(), 0o755, 0).unwrap();
+    while core.journal.used_bytes() < cap * 9 / 10
+        && core
+            .journal
+            .stats
+            .checkpoints
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 0
+    {
+        let d = fs
+            .mkdir(C, ROOT_INO, format!("d{n}").as_bytes(), 0o755, 0)
+            .unwrap();
         for k in 0..50u32 {
-            let a = fs.create(C, d.ino, format!("file-{k}").as_bytes(), 0o644, 0, true).unwrap();
+            let a = fs
+                .create(C, d.ino, format!("file-{k}").as_bytes(), 0o644, 0, true)
+                .unwrap();
             fs.setxattr(a.ino, b"user.k", &k.to_le_bytes(), 0).unwrap();
         }
         fs.fsync(d.ino, false).unwrap();
@@ -308,7 +446,11 @@ fn a_full_log_replays_from_disk_files() {
     assert!(r.log_bytes >= used * 9 / 10);
     for i in [0, n / 2, n - 1] {
         let d = m.fs.lookup(ROOT_INO, format!("d{i}").as_bytes()).unwrap();
-        assert_eq!(m.fs.readdir(d.ino, 0, 1000).unwrap().len(), 52, "directory d{i} complete");
+        assert_eq!(
+            m.fs.readdir(d.ino, 0, 1000).unwrap().len(),
+            52,
+            "directory d{i} complete"
+        );
     }
     m.unmount().unwrap();
 }

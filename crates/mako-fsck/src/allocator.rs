@@ -28,7 +28,13 @@ pub struct RepairAllocator<'a> {
 impl<'a> RepairAllocator<'a> {
     /// `busy`: everything claimed or marked in use.
     pub fn new(l: &'a Layout, busy: Bitmap) -> Self {
-        RepairAllocator { l, busy, new: Vec::new(), cursor: l.disk_blocks.iter().map(|_| l.first_block).collect(), rotor: 0 }
+        RepairAllocator {
+            l,
+            busy,
+            new: Vec::new(),
+            cursor: l.disk_blocks.iter().map(|_| l.first_block).collect(),
+            rotor: 0,
+        }
     }
 
     /// `n` subblocks (a full block when `n` is the subblocks per block), or `None`
@@ -41,7 +47,14 @@ impl<'a> RepairAllocator<'a> {
             .desc
             .disks
             .iter()
-            .filter(|d| d.status == DiskStatus::Ready && if what == Use::Data { d.usage.holds_data() } else { d.usage.holds_metadata() })
+            .filter(|d| {
+                d.status == DiskStatus::Ready
+                    && if what == Use::Data {
+                        d.usage.holds_data()
+                    } else {
+                        d.usage.holds_metadata()
+                    }
+            })
             .map(|d| d.index as usize)
             .collect();
         for k in 0..disks.len() {
@@ -103,8 +116,15 @@ mod tests {
         }
         let mut a = RepairAllocator::new(&l, busy);
         let full = a.allocate(Use::Data, spb as u32).unwrap();
-        assert_eq!((full.disk(), l.subblock(full)), (0, 5 * spb), "the only free full block");
-        assert!(a.allocate(Use::Data, spb as u32).is_none(), "no second full block");
+        assert_eq!(
+            (full.disk(), l.subblock(full)),
+            (0, 5 * spb),
+            "the only free full block"
+        );
+        assert!(
+            a.allocate(Use::Data, spb as u32).is_none(),
+            "no second full block"
+        );
         let frag = a.allocate(Use::Metadata, 10).unwrap();
         assert_eq!(frag.disk(), 1);
         assert!(l.subblock(frag) >= 3 * spb && l.subblock(frag) + 10 <= 3 * spb + 64);

@@ -33,7 +33,13 @@ fn piece_name(p: Piece) -> String {
 
 /// Decide who keeps each cross-linked run. `abandoned`: inodes whose current blocks
 /// the repair gives up.
-pub fn resolve(l: &Layout, recs: &[InodeRec], conflicts: &[(u64, usize)], abandoned: &BTreeSet<u64>, problems: &mut Vec<Problem>) -> Vec<CrossFix> {
+pub fn resolve(
+    l: &Layout,
+    recs: &[InodeRec],
+    conflicts: &[(u64, usize)],
+    abandoned: &BTreeSet<u64>,
+    problems: &mut Vec<Problem>,
+) -> Vec<CrossFix> {
     if conflicts.is_empty() {
         return Vec::new();
     }
@@ -56,7 +62,11 @@ pub fn resolve(l: &Layout, recs: &[InodeRec], conflicts: &[(u64, usize)], abando
     let mut owners: Vec<Vec<(u64, usize)>> = vec![Vec::new(); merged.len()];
     for r in recs {
         for (k, e) in r.extents.iter().enumerate() {
-            let (d, s0, s1) = (e.da.disk(), l.subblock(e.da), l.subblock(e.da) + e.subblocks as u64);
+            let (d, s0, s1) = (
+                e.da.disk(),
+                l.subblock(e.da),
+                l.subblock(e.da) + e.subblocks as u64,
+            );
             let at = merged.partition_point(|m| (m.0, m.2) <= (d, s0));
             let mut j = at;
             while j < merged.len() && merged[j].0 == d && merged[j].1 < s1 {
@@ -71,7 +81,10 @@ pub fn resolve(l: &Layout, recs: &[InodeRec], conflicts: &[(u64, usize)], abando
     let mut fixes: Vec<CrossFix> = Vec::new();
     let mut done: BTreeSet<(u64, usize)> = BTreeSet::new();
     for (run, list) in merged.iter().zip(owners) {
-        let alive: Vec<(u64, usize)> = list.into_iter().filter(|(ino, _)| !abandoned.contains(ino)).collect();
+        let alive: Vec<(u64, usize)> = list
+            .into_iter()
+            .filter(|(ino, _)| !abandoned.contains(ino))
+            .collect();
         if alive.len() < 2 {
             continue;
         }
@@ -79,11 +92,16 @@ pub fn resolve(l: &Layout, recs: &[InodeRec], conflicts: &[(u64, usize)], abando
             let r = &recs[find(recs, ino).expect("owner")];
             r.system || r.is_dir() || matches!(r.extents[k].piece, Piece::Indirect(..))
         };
-        let unit = |&(ino, k): &(u64, usize)| match recs[find(recs, ino).expect("owner")].extents[k].piece {
+        let unit = |&(ino, k): &(u64, usize)| match recs[find(recs, ino).expect("owner")].extents[k]
+            .piece
+        {
             Piece::Unit(u) => u,
             Piece::Indirect(_, i) => i,
         };
-        let keeper = *alive.iter().min_by_key(|o| (!meta(o), o.0, unit(o))).expect("two owners");
+        let keeper = *alive
+            .iter()
+            .min_by_key(|o| (!meta(o), o.0, unit(o)))
+            .expect("two owners");
         let kr = &recs[find(recs, keeper.0).expect("keeper")];
         let ke = kr.extents[keeper.1];
         for o in alive.iter().filter(|o| **o != keeper) {
@@ -97,7 +115,11 @@ pub fn resolve(l: &Layout, recs: &[InodeRec], conflicts: &[(u64, usize)], abando
                 if r.system {
                     "none: two metadata files own the block; restore from a backup".to_string()
                 } else {
-                    format!("cut inode {}'s pointer to it ({} becomes a hole)", o.0, piece_name(e.piece))
+                    format!(
+                        "cut inode {}'s pointer to it ({} becomes a hole)",
+                        o.0,
+                        piece_name(e.piece)
+                    )
                 }
             } else {
                 format!("give inode {} its own copy of the block for its {} (a hole if no space is left)", o.0, piece_name(e.piece))
@@ -127,7 +149,12 @@ pub fn resolve(l: &Layout, recs: &[InodeRec], conflicts: &[(u64, usize)], abando
             }
             problems.push(p);
             if !(cut && r.system) {
-                fixes.push(CrossFix { ino: o.0, extent: o.1, cut, problem: problems.len() - 1 });
+                fixes.push(CrossFix {
+                    ino: o.0,
+                    extent: o.1,
+                    cut,
+                    problem: problems.len() - 1,
+                });
             }
         }
     }

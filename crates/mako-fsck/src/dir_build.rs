@@ -7,7 +7,9 @@ use crate::allocator::{RepairAllocator, Use};
 use crate::layout::Layout;
 use crate::namespace::NewEntry;
 use mako_disk::BufferType;
-use mako_format::dir_block::{entries_encoded_len, page_of, page_room, pages, DirBlock, DirBlockId, DirEntry};
+use mako_format::dir_block::{
+    entries_encoded_len, page_of, page_room, pages, DirBlock, DirBlockId, DirEntry,
+};
 use mako_format::indirect::{IndirectBlock, IndirectId};
 use mako_format::inode::InodeContent;
 use mako_format::name_hash::{home_cookie, COOKIE_MAX};
@@ -27,7 +29,12 @@ pub struct BuiltTree {
 }
 
 /// A tree mapping `units` (unit -> address) for inode `ino`, with new indirect blocks.
-pub fn build_tree(l: &Layout, alloc: &mut RepairAllocator, ino: u64, units: &BTreeMap<u64, DiskAddress>) -> Result<BuiltTree, String> {
+pub fn build_tree(
+    l: &Layout,
+    alloc: &mut RepairAllocator,
+    ino: u64,
+    units: &BTreeMap<u64, DiskAddress>,
+) -> Result<BuiltTree, String> {
     let top = units.keys().next_back().copied().unwrap_or(0);
     let depth = l.depth_for(top);
     if top >= l.capacity(depth) {
@@ -38,7 +45,12 @@ pub fn build_tree(l: &Layout, alloc: &mut RepairAllocator, ino: u64, units: &BTr
         for (&u, &da) in units {
             pointers[u as usize] = da;
         }
-        return Ok(BuiltTree { pointers, depth, writes: Vec::new(), indirect: Vec::new() });
+        return Ok(BuiltTree {
+            pointers,
+            depth,
+            writes: Vec::new(),
+            indirect: Vec::new(),
+        });
     }
     let ppi = l.ppi as usize;
     let mut blocks: BTreeMap<(u8, u64), (DiskAddress, IndirectBlock)> = BTreeMap::new();
@@ -53,7 +65,9 @@ pub fn build_tree(l: &Layout, alloc: &mut RepairAllocator, ino: u64, units: &BTr
                     break;
                 }
                 std::collections::btree_map::Entry::Vacant(v) => {
-                    let at = alloc.allocate(Use::Metadata, l.indirect_subblocks()).ok_or("no space left for an indirect block")?;
+                    let at = alloc
+                        .allocate(Use::Metadata, l.indirect_subblocks())
+                        .ok_or("no space left for an indirect block")?;
                     let mut b = IndirectBlock::new(IndirectId { ino, level, index }, ppi);
                     b.pointers[slot] = child;
                     v.insert((at, b));
@@ -72,7 +86,12 @@ pub fn build_tree(l: &Layout, alloc: &mut RepairAllocator, ino: u64, units: &BTr
         writes.push((at, b.encode(l.geo.indirect_bytes), BufferType::Indirect));
         indirect.push(at);
     }
-    Ok(BuiltTree { pointers, depth, writes, indirect })
+    Ok(BuiltTree {
+        pointers,
+        depth,
+        writes,
+        indirect,
+    })
 }
 
 /// A directory ready to install: the inode fields and the blocks to write.
@@ -89,7 +108,10 @@ pub struct BuiltDir {
 
 /// Give every entry a cookie on its name's probe chain, in a stable order.
 fn place(entries: Vec<NewEntry>) -> Vec<DirEntry> {
-    let mut keyed: Vec<(u64, NewEntry)> = entries.into_iter().map(|e| (home_cookie(&e.name), e)).collect();
+    let mut keyed: Vec<(u64, NewEntry)> = entries
+        .into_iter()
+        .map(|e| (home_cookie(&e.name), e))
+        .collect();
     keyed.sort_by(|a, b| (a.0, &a.1.name).cmp(&(b.0, &b.1.name)));
     let mut used = BTreeSet::new();
     let mut out = Vec::with_capacity(keyed.len());
@@ -100,14 +122,25 @@ fn place(entries: Vec<NewEntry>) -> Vec<DirEntry> {
         }
         assert!(c <= COOKIE_MAX, "cookie space exhausted");
         used.insert(c);
-        out.push(DirEntry { cookie: c, ino: e.ino, kind: e.kind, name: e.name });
+        out.push(DirEntry {
+            cookie: c,
+            ino: e.ino,
+            kind: e.kind,
+            name: e.name,
+        });
     }
     out.sort_by_key(|e| e.cookie);
     out
 }
 
 /// Split `entries` (sorted by cookie) into hash blocks: (index, depth, entries).
-fn split(l: &Layout, index: u64, depth: u8, entries: Vec<DirEntry>, out: &mut Vec<(u64, u8, Vec<DirEntry>)>) -> Result<(), String> {
+fn split(
+    l: &Layout,
+    index: u64,
+    depth: u8,
+    entries: Vec<DirEntry>,
+    out: &mut Vec<(u64, u8, Vec<DirEntry>)>,
+) -> Result<(), String> {
     let capacity = l.dir_block_bytes() as u32;
     // A block fits when every one of its pages does (each page holds the entries of
     // its slice of the block's cookie range).
@@ -124,17 +157,33 @@ fn split(l: &Layout, index: u64, depth: u8, entries: Vec<DirEntry>, out: &mut Ve
     }
     // Cookies whose next bit (from the top of 63) is set go to the right block.
     let bit = 62 - depth as u32;
-    let (right, left): (Vec<DirEntry>, Vec<DirEntry>) = entries.into_iter().partition(|e| (e.cookie >> bit) & 1 == 1);
+    let (right, left): (Vec<DirEntry>, Vec<DirEntry>) = entries
+        .into_iter()
+        .partition(|e| (e.cookie >> bit) & 1 == 1);
     split(l, index, depth + 1, left, out)?;
     split(l, index + (1u64 << depth), depth + 1, right, out)
 }
 
 /// Build directory `ino` holding `entries`, inline when they fit in `inline_room`.
-pub fn build_dir(l: &Layout, alloc: &mut RepairAllocator, ino: u64, entries: Vec<NewEntry>, inline_room: usize) -> Result<BuiltDir, String> {
+pub fn build_dir(
+    l: &Layout,
+    alloc: &mut RepairAllocator,
+    ino: u64,
+    entries: Vec<NewEntry>,
+    inline_room: usize,
+) -> Result<BuiltDir, String> {
     let placed = place(entries);
     let count = placed.len() as u64;
     if entries_encoded_len(&placed) <= inline_room {
-        return Ok(BuiltDir { content: InodeContent::InlineDir(placed), size: 0, depth: 0, subblocks: 0, entries: count, writes: Vec::new(), extents: Vec::new() });
+        return Ok(BuiltDir {
+            content: InodeContent::InlineDir(placed),
+            size: 0,
+            depth: 0,
+            subblocks: 0,
+            entries: count,
+            writes: Vec::new(),
+            extents: Vec::new(),
+        });
     }
     let mut blocks = Vec::new();
     split(l, 0, 0, placed, &mut blocks)?;
@@ -144,8 +193,15 @@ pub fn build_dir(l: &Layout, alloc: &mut RepairAllocator, ino: u64, entries: Vec
     let mut extents = Vec::new();
     let mut units = BTreeMap::new();
     for (index, depth, entries) in blocks {
-        let da = alloc.allocate(Use::Metadata, sub).ok_or("no space left for a directory block")?;
-        let block = DirBlock { id: DirBlockId { ino, index }, depth, capacity_bytes: l.dir_block_bytes() as u32, entries };
+        let da = alloc
+            .allocate(Use::Metadata, sub)
+            .ok_or("no space left for a directory block")?;
+        let block = DirBlock {
+            id: DirBlockId { ino, index },
+            depth,
+            capacity_bytes: l.dir_block_bytes() as u32,
+            entries,
+        };
         writes.push((da, block.encode(), BufferType::Directory));
         extents.push((da, sub));
         units.insert(index, da);
@@ -178,7 +234,13 @@ mod tests {
         desc.geometry.indirect_bytes = 4096;
         let l = Layout::new(&desc);
         let mut a = RepairAllocator::new(&l, Bitmap::new(&l));
-        let entries: Vec<NewEntry> = (0..20_000).map(|i| NewEntry { name: format!("entry-{i}").into_bytes(), ino: 100 + i, kind: 8 }).collect();
+        let entries: Vec<NewEntry> = (0..20_000)
+            .map(|i| NewEntry {
+                name: format!("entry-{i}").into_bytes(),
+                ino: 100 + i,
+                kind: 8,
+            })
+            .collect();
         let d = build_dir(&l, &mut a, 42, entries, 3000).unwrap();
         assert_eq!(d.entries, 20_000);
         let n = d.size / l.dir_block_bytes();
@@ -191,7 +253,15 @@ mod tests {
                 continue;
             }
             let idx = u64::from_le_bytes(bytes[18..26].try_into().unwrap());
-            let b = DirBlock::decode(bytes, DirBlockId { ino: 42, index: idx }, mako_format::error::Location::Memory).unwrap();
+            let b = DirBlock::decode(
+                bytes,
+                DirBlockId {
+                    ino: 42,
+                    index: idx,
+                },
+                mako_format::error::Location::Memory,
+            )
+            .unwrap();
             total += b.entries.len();
             ranges.push(cookie_range(idx, b.depth));
         }
@@ -202,7 +272,18 @@ mod tests {
             assert_eq!(w[0].1 + 1, w[1].0, "blocks tile the cookie space");
         }
         assert_eq!(ranges.last().unwrap().1, COOKIE_MAX);
-        let small = build_dir(&l, &mut a, 43, vec![NewEntry { name: b"a".to_vec(), ino: 7, kind: 8 }], 3000).unwrap();
+        let small = build_dir(
+            &l,
+            &mut a,
+            43,
+            vec![NewEntry {
+                name: b"a".to_vec(),
+                ino: 7,
+                kind: 8,
+            }],
+            3000,
+        )
+        .unwrap();
         assert!(matches!(small.content, InodeContent::InlineDir(ref e) if e.len() == 1));
     }
 
@@ -212,7 +293,10 @@ mod tests {
         desc.geometry.indirect_bytes = 4096;
         let l = Layout::new(&desc);
         let mut a = RepairAllocator::new(&l, Bitmap::new(&l));
-        let units: BTreeMap<u64, DiskAddress> = [0u64, 63, 64, 700, 1500].iter().map(|&u| (u, l.da(0, 10_000 + u))).collect();
+        let units: BTreeMap<u64, DiskAddress> = [0u64, 63, 64, 700, 1500]
+            .iter()
+            .map(|&u| (u, l.da(0, 10_000 + u)))
+            .collect();
         let t = build_tree(&l, &mut a, 9, &units).unwrap();
         assert_eq!(t.depth, 1);
         // Follow each unit through the built blocks.
@@ -222,7 +306,20 @@ mod tests {
             .map(|(da, b, _)| {
                 let level = b[10];
                 let index = u64::from_le_bytes(b[20..28].try_into().unwrap());
-                (*da, IndirectBlock::decode(b, 4096, IndirectId { ino: 9, level, index }, mako_format::error::Location::Memory).unwrap())
+                (
+                    *da,
+                    IndirectBlock::decode(
+                        b,
+                        4096,
+                        IndirectId {
+                            ino: 9,
+                            level,
+                            index,
+                        },
+                        mako_format::error::Location::Memory,
+                    )
+                    .unwrap(),
+                )
             })
             .collect();
         for (&u, &da) in &units {

@@ -61,10 +61,14 @@ fn shape(l: &Layout, inode: &Inode) -> Result<(u64, u8), String> {
         return Ok((1, 0));
     }
     if size % unit != 0 || !(size / unit).is_power_of_two() {
-        return Err(format!("has size {size}, not a power of two of {unit}-byte directory blocks"));
+        return Err(format!(
+            "has size {size}, not a power of two of {unit}-byte directory blocks"
+        ));
     }
     if lbs != 0 {
-        return Err(format!("has full directory blocks but says its last block is a fragment of {lbs} subblocks"));
+        return Err(format!(
+            "has full directory blocks but says its last block is a fragment of {lbs} subblocks"
+        ));
     }
     Ok((size / unit, (size / unit).trailing_zeros() as u8))
 }
@@ -74,7 +78,14 @@ fn entry_name(e: &DirEntry) -> String {
 }
 
 /// Check directory `inode` (whose tree `walk` describes when it is out of its inode).
-pub fn check(l: &Layout, r: &dyn MetadataReader, inode: &Inode, walk: Option<&Walk>, slot: DiskAddress, problems: &mut Vec<Problem>) -> DirScan {
+pub fn check(
+    l: &Layout,
+    r: &dyn MetadataReader,
+    inode: &Inode,
+    walk: Option<&Walk>,
+    slot: DiskAddress,
+    problems: &mut Vec<Problem>,
+) -> DirScan {
     let ino = inode.ino;
     let mut scan = DirScan::default();
     // Damage that loses entries: chains and tiling cannot be judged, the rebuild covers them.
@@ -87,9 +98,13 @@ pub fn check(l: &Layout, r: &dyn MetadataReader, inode: &Inode, walk: Option<&Wa
             let shape = shape(l, inode);
             if let Err(why) = &shape {
                 problems.push(
-                    Problem::new(ProblemKind::DirectoryShape, format!("directory {why}"), "rebuild the directory from its readable entries")
-                        .ino(ino)
-                        .at(slot),
+                    Problem::new(
+                        ProblemKind::DirectoryShape,
+                        format!("directory {why}"),
+                        "rebuild the directory from its readable entries",
+                    )
+                    .ino(ino)
+                    .at(slot),
                 );
                 scan.rebuild = true;
             }
@@ -103,7 +118,10 @@ pub fn check(l: &Layout, r: &dyn MetadataReader, inode: &Inode, walk: Option<&Wa
                 let block = r
                     .read(da, &mut buf, BufferType::Directory, ino)
                     .map_err(|e| format!("directory block {u} at {da} cannot be read: {e}"))
-                    .and_then(|()| DirBlock::decode(&buf, DirBlockId { ino, index: u }, Location::Disk(da)).map_err(|e| describe(&e)));
+                    .and_then(|()| {
+                        DirBlock::decode(&buf, DirBlockId { ino, index: u }, Location::Disk(da))
+                            .map_err(|e| describe(&e))
+                    });
                 let block = match block {
                     Ok(b) => b,
                     Err(why) => {
@@ -209,7 +227,10 @@ pub fn check(l: &Layout, r: &dyn MetadataReader, inode: &Inode, walk: Option<&Wa
         for (p, e) in entries.iter().enumerate() {
             let home = home_cookie(&e.name);
             let broken = if e.cookie < home {
-                Some(format!("sits at cookie {} before its name's home cookie {home}", e.cookie))
+                Some(format!(
+                    "sits at cookie {} before its name's home cookie {home}",
+                    e.cookie
+                ))
             } else if e.cookie > home {
                 let from = cookies.partition_point(|&c| c < home);
                 let present = (p - from) as u64;
@@ -225,7 +246,11 @@ pub fn check(l: &Layout, r: &dyn MetadataReader, inode: &Inode, walk: Option<&Wa
                 problems.push(
                     Problem::new(
                         ProblemKind::BrokenHashChain,
-                        format!("entry {:?} (inode {}) cannot be found by lookup: it {why}", entry_name(e), e.ino),
+                        format!(
+                            "entry {:?} (inode {}) cannot be found by lookup: it {why}",
+                            entry_name(e),
+                            e.ino
+                        ),
                         "rebuild the directory so that every entry sits on its name's probe chain",
                     )
                     .ino(ino)
@@ -239,7 +264,10 @@ pub fn check(l: &Layout, r: &dyn MetadataReader, inode: &Inode, walk: Option<&Wa
             problems.push(
                 Problem::new(
                     ProblemKind::InodeField,
-                    format!("directory says it has {} entries, it holds {count}", inode.entries),
+                    format!(
+                        "directory says it has {} entries, it holds {count}",
+                        inode.entries
+                    ),
                     format!("set the entry count to {count}"),
                 )
                 .ino(ino)
@@ -261,10 +289,17 @@ fn tiling_gap(ranges: &mut [(u64, u64, u64, DiskAddress)]) -> Option<String> {
             return Some(format!("no block covers cookies {next}..{}", lo - 1));
         }
         if lo < next {
-            return Some(format!("block {u} overlaps the block before it at cookie {lo}"));
+            return Some(format!(
+                "block {u} overlaps the block before it at cookie {lo}"
+            ));
         }
         if hi == COOKIE_MAX {
-            return ranges.get(k + 1).map(|r| format!("block {} overlaps the block before it at cookie {}", r.2, r.0));
+            return ranges.get(k + 1).map(|r| {
+                format!(
+                    "block {} overlaps the block before it at cookie {}",
+                    r.2, r.0
+                )
+            });
         }
         next = hi + 1;
     }

@@ -27,7 +27,10 @@ pub fn dtype(mode: u32) -> u8 {
 }
 /// A file type mako-fs creates: regular, directory, symlink, device, fifo, socket.
 pub fn valid_kind(mode: u32) -> bool {
-    matches!(mode & S_IFMT, 0o100000 | 0o040000 | 0o120000 | 0o020000 | 0o060000 | 0o010000 | 0o140000)
+    matches!(
+        mode & S_IFMT,
+        0o100000 | 0o040000 | 0o120000 | 0o020000 | 0o060000 | 0o010000 | 0o140000
+    )
 }
 pub fn kind_name(mode: u32) -> &'static str {
     match mode & S_IFMT {
@@ -74,7 +77,11 @@ impl Layout {
             ppi: geo.pointers_per_indirect(),
             npi: pointers_in_inode(geo.inode_bytes),
             first_block: RESERVED_BYTES.div_ceil(block_bytes),
-            disk_blocks: desc.disks.iter().map(|d| d.size_bytes / block_bytes).collect(),
+            disk_blocks: desc
+                .disks
+                .iter()
+                .map(|d| d.size_bytes / block_bytes)
+                .collect(),
         }
     }
 
@@ -108,7 +115,9 @@ impl Layout {
     }
     /// Smallest depth whose tree addresses unit `unit`.
     pub fn depth_for(&self, unit: u64) -> u8 {
-        (0..=TREE_DEPTH_MAX).find(|&d| unit < self.capacity(d)).unwrap_or(TREE_DEPTH_MAX)
+        (0..=TREE_DEPTH_MAX)
+            .find(|&d| unit < self.capacity(d))
+            .unwrap_or(TREE_DEPTH_MAX)
     }
     /// Subblock number (from the start of its disk) of a subblock-aligned address.
     pub fn subblock(&self, da: DiskAddress) -> u64 {
@@ -131,17 +140,26 @@ impl Layout {
         }
         let disk = da.disk() as usize;
         if disk >= self.disk_blocks.len() {
-            return Err(format!("names disk {disk}; the file system has {} disks", self.disk_blocks.len()));
+            return Err(format!(
+                "names disk {disk}; the file system has {} disks",
+                self.disk_blocks.len()
+            ));
         }
         if da.sector() % self.sectors_per_sb != 0 {
-            return Err(format!("is not on a subblock boundary ({} sectors)", self.sectors_per_sb));
+            return Err(format!(
+                "is not on a subblock boundary ({} sectors)",
+                self.sectors_per_sb
+            ));
         }
         let s = self.subblock(da);
         if s / self.spb < self.first_block {
             return Err("lies in the reserved area at the start of the disk".into());
         }
         if s + n as u64 > self.disk_subblocks(disk) {
-            return Err(format!("runs past the end of disk {}", self.desc.disks[disk].name));
+            return Err(format!(
+                "runs past the end of disk {}",
+                self.desc.disks[disk].name
+            ));
         }
         if s % self.spb + n as u64 > self.spb {
             return Err(if n as u64 == self.spb {
@@ -163,7 +181,10 @@ impl Layout {
     /// Byte range `[first, end)` of a file that units `[u0, u1)` cover, clipped to `size`.
     pub fn byte_range(&self, dir: bool, u0: u64, u1: u64, size: u64) -> (u64, u64) {
         let ub = self.unit_bytes(dir);
-        (u0.saturating_mul(ub).min(size), u1.saturating_mul(ub).min(size))
+        (
+            u0.saturating_mul(ub).min(size),
+            u1.saturating_mul(ub).min(size),
+        )
     }
 }
 
@@ -179,14 +200,35 @@ mod tests {
         let spb = l.spb as u32;
         let block = |disk, b: u64| l.da(disk, b * l.spb);
         assert!(l.check_extent(block(0, 1), spb).is_ok());
-        assert!(l.check_extent(block(1, 0), spb).unwrap_err().contains("reserved"));
-        assert!(l.check_extent(block(0, 0), spb).unwrap_err().contains("null"));
-        assert!(l.check_extent(block(2, 1), spb).unwrap_err().contains("disk 2"));
-        assert!(l.check_extent(l.da(0, l.spb + 1), spb).unwrap_err().contains("block-aligned"));
-        assert!(l.check_extent(l.da(0, 2 * l.spb - 2), 3).unwrap_err().contains("crosses"));
+        assert!(l
+            .check_extent(block(1, 0), spb)
+            .unwrap_err()
+            .contains("reserved"));
+        assert!(l
+            .check_extent(block(0, 0), spb)
+            .unwrap_err()
+            .contains("null"));
+        assert!(l
+            .check_extent(block(2, 1), spb)
+            .unwrap_err()
+            .contains("disk 2"));
+        assert!(l
+            .check_extent(l.da(0, l.spb + 1), spb)
+            .unwrap_err()
+            .contains("block-aligned"));
+        assert!(l
+            .check_extent(l.da(0, 2 * l.spb - 2), 3)
+            .unwrap_err()
+            .contains("crosses"));
         assert!(l.check_extent(l.da(0, 2 * l.spb - 3), 3).is_ok());
-        assert!(l.check_extent(block(0, 64), spb).unwrap_err().contains("past the end"));
-        assert!(l.check_extent(DiskAddress::new(0, l.spb * l.sectors_per_sb + 1), 1).unwrap_err().contains("subblock"));
+        assert!(l
+            .check_extent(block(0, 64), spb)
+            .unwrap_err()
+            .contains("past the end"));
+        assert!(l
+            .check_extent(DiskAddress::new(0, l.spb * l.sectors_per_sb + 1), 1)
+            .unwrap_err()
+            .contains("subblock"));
         assert_eq!(l.span(0), 1);
         assert_eq!(l.capacity(1), l.npi as u64 * l.ppi);
         assert_eq!(l.depth_for(l.npi as u64 - 1), 0);

@@ -40,7 +40,10 @@ mod superblock;
 mod tree;
 
 pub use error::FsckError;
-pub use problem::{Problem, ProblemKind, Report, EXIT_CANCELLED, EXIT_CLEAN, EXIT_CORRECTED, EXIT_OPERATIONAL, EXIT_UNCORRECTED, EXIT_USAGE};
+pub use problem::{
+    Problem, ProblemKind, Report, EXIT_CANCELLED, EXIT_CLEAN, EXIT_CORRECTED, EXIT_OPERATIONAL,
+    EXIT_UNCORRECTED, EXIT_USAGE,
+};
 pub use progress::{JsonLines, NoProgress, Phase, Progress};
 pub use reader::{MetadataReader, MetadataWriter, OfflineDisks};
 
@@ -67,7 +70,9 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             repair: false,
-            threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            threads: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
             cancel: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -78,7 +83,10 @@ impl Options {
         Options::default()
     }
     pub fn repair() -> Options {
-        Options { repair: true, ..Options::default() }
+        Options {
+            repair: true,
+            ..Options::default()
+        }
     }
     pub fn threads(mut self, n: usize) -> Options {
         self.threads = n.max(1);
@@ -88,14 +96,20 @@ impl Options {
 
 fn cancelled(opts: &Options) -> Result<(), FsckError> {
     if opts.cancel.load(Ordering::Relaxed) {
-        return Err(FsckError::Cancelled { during_repair: false });
+        return Err(FsckError::Cancelled {
+            during_repair: false,
+        });
     }
     Ok(())
 }
 
 /// Check (and with `opts.repair`, repair) the unmounted file system on `disks`,
 /// given in any order.
-pub fn check_offline(disks: Vec<Arc<dyn Disk>>, opts: &Options, progress: &dyn Progress) -> Result<Report, FsckError> {
+pub fn check_offline(
+    disks: Vec<Arc<dyn Disk>>,
+    opts: &Options,
+    progress: &dyn Progress,
+) -> Result<Report, FsckError> {
     let start = Instant::now();
     let mut problems = Vec::new();
     progress.update(Phase::Superblock, 0, 1);
@@ -110,7 +124,14 @@ pub fn check_offline(disks: Vec<Arc<dyn Disk>>, opts: &Options, progress: &dyn P
     findings.rewrite_header = sb.rewrite_header;
     if opts.repair && report.problems.iter().any(|p| p.correctable) {
         cancelled(opts)?;
-        repair::run(&findings, &io, &io, &mut report.problems, &opts.cancel, progress)?;
+        repair::run(
+            &findings,
+            &io,
+            &io,
+            &mut report.problems,
+            &opts.cancel,
+            progress,
+        )?;
     }
     report.finish(start.elapsed());
     progress.finish();
@@ -120,7 +141,12 @@ pub fn check_offline(disks: Vec<Arc<dyn Disk>>, opts: &Options, progress: &dyn P
 /// Check a file system through `reader`, never writing. `desc` is its descriptor as
 /// the reader's owner knows it. This is the online mode's entry point: the daemon
 /// passes a reader of the committed state of the mounted file system.
-pub fn check_through(desc: &Descriptor, reader: &dyn MetadataReader, opts: &Options, progress: &dyn Progress) -> Result<Report, FsckError> {
+pub fn check_through(
+    desc: &Descriptor,
+    reader: &dyn MetadataReader,
+    opts: &Options,
+    progress: &dyn Progress,
+) -> Result<Report, FsckError> {
     if opts.repair {
         return Err(FsckError::NotSupported(
             "repairs need the file system unmounted: a reader-only check cannot write; run `mako fsck FS -y` offline".into(),
@@ -152,13 +178,30 @@ fn check(
     let mark_clean = offline && metafiles::log_state_problems(&l, &meta.logs, &mut problems);
     progress.update(Phase::MetadataFiles, 1, 1);
     let owners = space::Ownership::new(&l);
-    let scan = scan::run(&l, r, &meta, &owners, opts.threads.max(1), &opts.cancel, progress)?;
+    let scan = scan::run(
+        &l,
+        r,
+        &meta,
+        &owners,
+        opts.threads.max(1),
+        &opts.cancel,
+        progress,
+    )?;
     problems.extend(scan.problems);
     let mut recs = scan.recs;
     cancelled(opts)?;
     let ns = namespace::plan(&l, &mut recs, scan.slots, &mut problems, progress);
-    let mut abandoned: BTreeSet<u64> = ns.free.iter().chain(&ns.clear).chain(ns.dirs.keys()).copied().collect();
-    for f in [&meta.alloc, &meta.imap].into_iter().chain(meta.logs.iter().map(|x| &x.file)) {
+    let mut abandoned: BTreeSet<u64> = ns
+        .free
+        .iter()
+        .chain(&ns.clear)
+        .chain(ns.dirs.keys())
+        .copied()
+        .collect();
+    for f in [&meta.alloc, &meta.imap]
+        .into_iter()
+        .chain(meta.logs.iter().map(|x| &x.file))
+    {
         if f.blocks.is_none() {
             abandoned.insert(f.ino);
         }
@@ -174,8 +217,21 @@ fn check(
     }
     report.inodes_scanned = scan.slots;
     report.files = recs.iter().filter(|r| r.live() && !r.system).count() as u64;
-    report.directories = recs.iter().filter(|r| r.live() && !r.system && r.is_dir()).count() as u64;
+    report.directories = recs
+        .iter()
+        .filter(|r| r.live() && !r.system && r.is_dir())
+        .count() as u64;
     report.problems = problems;
-    let findings = repair::Findings { l, rewrite_descriptor: Vec::new(), rewrite_header: Vec::new(), mark_clean, meta, recs, claims, ns, cross };
+    let findings = repair::Findings {
+        l,
+        rewrite_descriptor: Vec::new(),
+        rewrite_header: Vec::new(),
+        mark_clean,
+        meta,
+        recs,
+        claims,
+        ns,
+        cross,
+    };
     Ok((report, findings))
 }

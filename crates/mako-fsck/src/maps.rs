@@ -28,7 +28,14 @@ pub fn ondisk_alloc(l: &Layout, meta: &Metafiles) -> Bitmap {
 }
 
 /// Compare the block allocation map with the claims of the scan.
-pub fn compare_alloc(l: &Layout, meta: &Metafiles, claims: &Bitmap, recs: &[InodeRec], problems: &mut Vec<Problem>, progress: &dyn Progress) {
+pub fn compare_alloc(
+    l: &Layout,
+    meta: &Metafiles,
+    claims: &Bitmap,
+    recs: &[InodeRec],
+    problems: &mut Vec<Problem>,
+    progress: &dyn Progress,
+) {
     // 1. Owned but marked free: runs found word by word, then named by owner.
     let mut unmarked: Vec<(u32, u64, u64)> = Vec::new();
     for seg in meta.alloc_segments.iter().flatten() {
@@ -37,7 +44,10 @@ pub fn compare_alloc(l: &Layout, meta: &Metafiles, claims: &Bitmap, recs: &[Inod
             if bits.iter().zip(&owned).all(|(m, o)| o & !m == 0) {
                 continue;
             }
-            let bit = |i: u64| owned[(i / 64) as usize] >> (i % 64) & 1 == 1 && bits[(i / 64) as usize] >> (i % 64) & 1 == 0;
+            let bit = |i: u64| {
+                owned[(i / 64) as usize] >> (i % 64) & 1 == 1
+                    && bits[(i / 64) as usize] >> (i % 64) & 1 == 0
+            };
             for (a, b) in runs(0, s.subblocks, bit) {
                 unmarked.push((s.disk, s.first_subblock + a, s.first_subblock + b));
             }
@@ -60,7 +70,9 @@ pub fn compare_alloc(l: &Layout, meta: &Metafiles, claims: &Bitmap, recs: &[Inod
                 }
                 let what = match e.piece {
                     Piece::Unit(u) => format!("unit {u}"),
-                    Piece::Indirect(level, index) => format!("level-{level} indirect block {index}"),
+                    Piece::Indirect(level, index) => {
+                        format!("level-{level} indirect block {index}")
+                    }
                 };
                 problems.push(
                     Problem::new(
@@ -89,7 +101,10 @@ pub fn compare_alloc(l: &Layout, meta: &Metafiles, claims: &Bitmap, recs: &[Inod
             if !any {
                 continue;
             }
-            let bit = |i: u64| bits[(i / 64) as usize] >> (i % 64) & 1 == 1 && owned[(i / 64) as usize] >> (i % 64) & 1 == 0;
+            let bit = |i: u64| {
+                bits[(i / 64) as usize] >> (i % 64) & 1 == 1
+                    && owned[(i / 64) as usize] >> (i % 64) & 1 == 0
+            };
             for (a, b) in runs(0, s.subblocks, bit) {
                 leaked.push((s.disk, s.first_subblock + a, b - a));
             }
@@ -98,7 +113,12 @@ pub fn compare_alloc(l: &Layout, meta: &Metafiles, claims: &Bitmap, recs: &[Inod
     let total: u64 = leaked.iter().map(|x| x.2).sum();
     for &(disk, s, n) in leaked.iter().take(LEAKED_RUNS_LISTED_MAX) {
         problems.push(
-            Problem::new(ProblemKind::BlockLeaked, format!("{n} subblocks are marked in use but no file owns them"), "mark them free").at(l.da(disk, s)),
+            Problem::new(
+                ProblemKind::BlockLeaked,
+                format!("{n} subblocks are marked in use but no file owns them"),
+                "mark them free",
+            )
+            .at(l.da(disk, s)),
         );
     }
     if leaked.len() > LEAKED_RUNS_LISTED_MAX {
@@ -124,10 +144,14 @@ pub fn compare_imap(l: &Layout, meta: &Metafiles, recs: &[InodeRec], problems: &
         let base = si as u64 * per;
         let bit = |ino: u64| {
             let i = ino - base;
-            seg.bitmap.get((i / 64) as usize).is_some_and(|w| w >> (i % 64) & 1 == 1)
+            seg.bitmap
+                .get((i / 64) as usize)
+                .is_some_and(|w| w >> (i % 64) & 1 == 1)
         };
         // Reserved numbers are always marked (mkfs marks them).
-        let reserved_clear: Vec<u64> = (base..(base + per).min(first_user)).filter(|&i| !bit(i)).collect();
+        let reserved_clear: Vec<u64> = (base..(base + per).min(first_user))
+            .filter(|&i| !bit(i))
+            .collect();
         if !reserved_clear.is_empty() {
             problems.push(Problem::new(
                 ProblemKind::InodeMarkedFree,
@@ -146,7 +170,12 @@ pub fn compare_imap(l: &Layout, meta: &Metafiles, recs: &[InodeRec], problems: &
                 }
                 if find(recs, ino).is_none() {
                     problems.push(
-                        Problem::new(ProblemKind::InodeLeaked, "inode number is marked in use, but its slot holds no inode", "mark it free").ino(ino),
+                        Problem::new(
+                            ProblemKind::InodeLeaked,
+                            "inode number is marked in use, but its slot holds no inode",
+                            "mark it free",
+                        )
+                        .ino(ino),
                     );
                 }
             }
@@ -157,9 +186,14 @@ pub fn compare_imap(l: &Layout, meta: &Metafiles, recs: &[InodeRec], problems: &
             continue;
         }
         let si = (r.ino / per) as usize;
-        let Some(Some(seg)) = meta.imap_segments.get(si) else { continue };
+        let Some(Some(seg)) = meta.imap_segments.get(si) else {
+            continue;
+        };
         let i = r.ino % per;
-        let marked = seg.bitmap.get((i / 64) as usize).is_some_and(|w| w >> (i % 64) & 1 == 1);
+        let marked = seg
+            .bitmap
+            .get((i / 64) as usize)
+            .is_some_and(|w| w >> (i % 64) & 1 == 1);
         if !marked && r.state == SlotState::Live {
             problems.push(
                 Problem::new(
@@ -179,8 +213,15 @@ pub fn alloc_segments(l: &Layout, bits: &Bitmap) -> Vec<AllocSegment> {
     (0..l.desc.regions)
         .map(|r| {
             let slices = mako_fs::alloc_map::region_slices(&l.desc, r);
-            let bitmaps = slices.iter().map(|s| bits.extract(s.disk as usize, s.first_subblock, s.subblocks)).collect();
-            AllocSegment { region: r, slices, bitmaps }
+            let bitmaps = slices
+                .iter()
+                .map(|s| bits.extract(s.disk as usize, s.first_subblock, s.subblocks))
+                .collect();
+            AllocSegment {
+                region: r,
+                slices,
+                bitmaps,
+            }
         })
         .collect()
 }
@@ -189,7 +230,9 @@ pub fn alloc_segments(l: &Layout, bits: &Bitmap) -> Vec<AllocSegment> {
 pub fn imap_segments(l: &Layout, used: &BTreeSet<u64>) -> Vec<InodeMapSegment> {
     let per = l.desc.inodes_per_segment;
     let n = mako_fs::inode_map::InodeMap::segment_count(l.desc.inodes_max, per);
-    let mut segs: Vec<InodeMapSegment> = (0..n).map(|s| InodeMapSegment::new(s, s as u64 * per as u64, per)).collect();
+    let mut segs: Vec<InodeMapSegment> = (0..n)
+        .map(|s| InodeMapSegment::new(s, s as u64 * per as u64, per))
+        .collect();
     let first_user = l.desc.metadata_inodes.first_user_inode;
     for ino in (0..first_user).chain(used.iter().copied()) {
         let s = (ino / per as u64) as usize;

@@ -19,7 +19,9 @@ use mako_format::inode_map_segment::InodeMapSegment;
 use mako_format::log_header::{LogHeader, LOG_HEADER_BYTES};
 use mako_format::DiskAddress;
 
-pub use mako_format::log_header::{LOG_HEADER_OFFSETS as LOG_HEADER_COPY_OFFSETS, LOG_RECORDS_OFFSET};
+pub use mako_format::log_header::{
+    LOG_HEADER_OFFSETS as LOG_HEADER_COPY_OFFSETS, LOG_RECORDS_OFFSET,
+};
 
 /// One metadata file: its blocks when its inode and tree are sound.
 #[derive(Debug, Clone)]
@@ -34,7 +36,10 @@ pub struct MetaFile {
 impl MetaFile {
     /// Address of `len` bytes at `offset`, when they lie inside one block of the file.
     pub fn da(&self, l: &Layout, offset: u64, len: u64) -> Result<DiskAddress, String> {
-        let blocks = self.blocks.as_ref().ok_or_else(|| format!("metadata file {} is being recreated", self.ino))?;
+        let blocks = self
+            .blocks
+            .as_ref()
+            .ok_or_else(|| format!("metadata file {} is being recreated", self.ino))?;
         let b = (offset / l.block_bytes) as usize;
         let within = offset % l.block_bytes;
         if within + len > l.block_bytes {
@@ -45,7 +50,10 @@ impl MetaFile {
                 b + 1
             ));
         }
-        blocks.get(b).map(|d| d.offset_by(within)).ok_or_else(|| format!("metadata file {} has no block {b}", self.ino))
+        blocks
+            .get(b)
+            .map(|d| d.offset_by(within))
+            .ok_or_else(|| format!("metadata file {} has no block {b}", self.ino))
     }
 }
 
@@ -74,25 +82,48 @@ pub struct Metafiles {
     pub imap_segments: Vec<Option<InodeMapSegment>>,
 }
 
-fn read_inode(l: &Layout, r: &dyn MetadataReader, da: DiskAddress, ino: u64) -> Result<Inode, String> {
+fn read_inode(
+    l: &Layout,
+    r: &dyn MetadataReader,
+    da: DiskAddress,
+    ino: u64,
+) -> Result<Inode, String> {
     let mut buf = vec![0u8; l.inode_bytes() as usize];
-    r.read(da, &mut buf, BufferType::Inode, ino).map_err(|e| format!("inode {ino} at {da} cannot be read: {e}"))?;
+    r.read(da, &mut buf, BufferType::Inode, ino)
+        .map_err(|e| format!("inode {ino} at {da} cannot be read: {e}"))?;
     Inode::decode(&buf, l.geo.inode_bytes, ino, Location::Disk(da)).map_err(|e| describe(&e))
 }
 
 /// The blocks of a metadata file of at least `min_bytes`, or why they cannot be used.
-fn metafile_blocks(l: &Layout, r: &dyn MetadataReader, inode: &Inode, min_bytes: u64) -> Result<Vec<DiskAddress>, String> {
+fn metafile_blocks(
+    l: &Layout,
+    r: &dyn MetadataReader,
+    inode: &Inode,
+    min_bytes: u64,
+) -> Result<Vec<DiskAddress>, String> {
     if inode.flags & FLAG_SYSTEM == 0 || inode.mode & S_IFMT != S_IFREG {
-        return Err(format!("inode {} is not a metadata file (mode {:o}, flags {:#x})", inode.ino, inode.mode, inode.flags));
+        return Err(format!(
+            "inode {} is not a metadata file (mode {:o}, flags {:#x})",
+            inode.ino, inode.mode, inode.flags
+        ));
     }
     let InodeContent::Pointers(ptrs) = &inode.content else {
         return Err(format!("inode {} holds no block pointers", inode.ino));
     };
     if inode.size < min_bytes || inode.size % l.block_bytes != 0 {
-        return Err(format!("inode {} is {} bytes; it must be whole blocks and at least {min_bytes} bytes", inode.ino, inode.size));
+        return Err(format!(
+            "inode {} is {} bytes; it must be whole blocks and at least {min_bytes} bytes",
+            inode.ino, inode.size
+        ));
     }
     let n = inode.size / l.block_bytes;
-    let rule = UnitRule { full: l.spb as u32, last: n.checked_sub(1), last_subblocks: 0, beyond_eof: false, size: inode.size };
+    let rule = UnitRule {
+        full: l.spb as u32,
+        last: n.checked_sub(1),
+        last_subblocks: 0,
+        beyond_eof: false,
+        size: inode.size,
+    };
     let w = walk(l, r, inode.ino, inode.depth, ptrs, &rule);
     if let Some(lost) = w.lost.first() {
         return Err(format!("its block map is damaged: {}", lost.why));
@@ -109,7 +140,11 @@ fn metafile_blocks(l: &Layout, r: &dyn MetadataReader, inode: &Inode, min_bytes:
 
 /// Read the metadata files. Damage that fsck can repair becomes a problem; damage it
 /// cannot work around (the inode file) is an error.
-pub fn read(l: &Layout, r: &dyn MetadataReader, problems: &mut Vec<Problem>) -> Result<Metafiles, FsckError> {
+pub fn read(
+    l: &Layout,
+    r: &dyn MetadataReader,
+    problems: &mut Vec<Problem>,
+) -> Result<Metafiles, FsckError> {
     let desc = &l.desc;
     let m = desc.metadata_inodes;
     // 1. The inode file, through its own inode at its fixed place.
@@ -132,7 +167,9 @@ pub fn read(l: &Layout, r: &dyn MetadataReader, problems: &mut Vec<Problem>) -> 
     }
     let slots = (inode_file.len() as u64 * l.block_bytes / l.inode_bytes()).min(desc.inodes_max);
     let meta_inode = |ino: u64| -> Result<Inode, String> {
-        let da = l.inode_da(&inode_file, ino).ok_or_else(|| format!("inode {ino} lies past the inode file"))?;
+        let da = l
+            .inode_da(&inode_file, ino)
+            .ok_or_else(|| format!("inode {ino} lies past the inode file"))?;
         read_inode(l, r, da, ino)
     };
     let slot_of = |ino: u64| l.inode_da(&inode_file, ino);
@@ -144,27 +181,54 @@ pub fn read(l: &Layout, r: &dyn MetadataReader, problems: &mut Vec<Problem>) -> 
     let open_map = |ino: u64, bytes: u64, what: &str, problems: &mut Vec<Problem>| -> MetaFile {
         let blocks = meta_inode(ino).and_then(|i| metafile_blocks(l, r, &i, bytes));
         match blocks {
-            Ok(b) => MetaFile { ino, blocks: Some(b), bytes },
+            Ok(b) => MetaFile {
+                ino,
+                blocks: Some(b),
+                bytes,
+            },
             Err(e) => {
                 let mut p = Problem::new(
                     ProblemKind::MetadataFile,
                     format!("the {what} file (inode {ino}) is unusable: {e}"),
-                    format!("recreate the {what} file on new blocks and write it from what is in use"),
+                    format!(
+                        "recreate the {what} file on new blocks and write it from what is in use"
+                    ),
                 )
                 .ino(ino);
                 if let Some(da) = slot_of(ino) {
                     p = p.at(da);
                 }
                 problems.push(p);
-                MetaFile { ino, blocks: None, bytes }
+                MetaFile {
+                    ino,
+                    blocks: None,
+                    bytes,
+                }
             }
         }
     };
-    let alloc = open_map(m.block_alloc_map, desc.regions as u64 * alloc_slot_bytes, "block allocation map", problems);
-    let imap = open_map(m.inode_alloc_map, nseg * imap_slot_bytes, "inode allocation map", problems);
+    let alloc = open_map(
+        m.block_alloc_map,
+        desc.regions as u64 * alloc_slot_bytes,
+        "block allocation map",
+        problems,
+    );
+    let imap = open_map(
+        m.inode_alloc_map,
+        nseg * imap_slot_bytes,
+        "inode allocation map",
+        problems,
+    );
     let mut alloc_segments = Vec::new();
     for region in 0..desc.regions {
-        alloc_segments.push(read_alloc_segment(l, r, &alloc, region, alloc_slot_bytes, problems));
+        alloc_segments.push(read_alloc_segment(
+            l,
+            r,
+            &alloc,
+            region,
+            alloc_slot_bytes,
+            problems,
+        ));
     }
     let mut imap_segments = Vec::new();
     for s in 0..nseg as u32 {
@@ -174,28 +238,62 @@ pub fn read(l: &Layout, r: &dyn MetadataReader, problems: &mut Vec<Problem>) -> 
     let mut logs = Vec::new();
     for node in 0..m.log_count {
         let ino = m.log_first + node as u64;
-        let file = open_map(ino, desc.log_bytes.max(LOG_RECORDS_OFFSET), "recovery log", problems);
+        let file = open_map(
+            ino,
+            desc.log_bytes.max(LOG_RECORDS_OFFSET),
+            "recovery log",
+            problems,
+        );
         logs.push(read_log(l, r, file, node, problems));
     }
-    Ok(Metafiles { inode_file, slots, alloc, imap, logs, alloc_slot_bytes, imap_slot_bytes, alloc_segments, imap_segments })
+    Ok(Metafiles {
+        inode_file,
+        slots,
+        alloc,
+        imap,
+        logs,
+        alloc_slot_bytes,
+        imap_slot_bytes,
+        alloc_segments,
+        imap_segments,
+    })
 }
 
 /// Read `len` bytes at `offset` of a metadata file the way mako-fs does: from the
 /// address of the first byte onwards. Returns the bytes and their address.
-fn read_range(l: &Layout, r: &dyn MetadataReader, f: &MetaFile, offset: u64, len: u64, what: BufferType) -> Result<(Vec<u8>, DiskAddress), String> {
+fn read_range(
+    l: &Layout,
+    r: &dyn MetadataReader,
+    f: &MetaFile,
+    offset: u64,
+    len: u64,
+    what: BufferType,
+) -> Result<(Vec<u8>, DiskAddress), String> {
     let da = f.da(l, offset, len)?;
     let mut buf = vec![0u8; len as usize];
-    r.read(da, &mut buf, what, f.ino).map_err(|e| format!("cannot be read at {da}: {e}"))?;
+    r.read(da, &mut buf, what, f.ino)
+        .map_err(|e| format!("cannot be read at {da}: {e}"))?;
     Ok((buf, da))
 }
 
-fn read_alloc_segment(l: &Layout, r: &dyn MetadataReader, f: &MetaFile, region: u32, slot: u64, problems: &mut Vec<Problem>) -> Option<AllocSegment> {
+fn read_alloc_segment(
+    l: &Layout,
+    r: &dyn MetadataReader,
+    f: &MetaFile,
+    region: u32,
+    slot: u64,
+    problems: &mut Vec<Problem>,
+) -> Option<AllocSegment> {
     f.blocks.as_ref()?;
     let fail = |what: String, at: Option<DiskAddress>, correctable: bool| {
         let mut p = Problem::new(
             ProblemKind::AllocSegment,
             format!("allocation map segment of region {region} {what}"),
-            if correctable { "rewrite the segment from the blocks in use" } else { "none: this is a mako-fs bug, report it; fsck leaves the segment alone" },
+            if correctable {
+                "rewrite the segment from the blocks in use"
+            } else {
+                "none: this is a mako-fs bug, report it; fsck leaves the segment alone"
+            },
         );
         if let Some(da) = at {
             p = p.at(da);
@@ -216,17 +314,35 @@ fn read_alloc_segment(l: &Layout, r: &dyn MetadataReader, f: &MetaFile, region: 
     match AllocSegment::decode(&buf, region, Location::Disk(da)) {
         Ok(seg) if seg.slices == mako_fs::alloc_map::region_slices(&l.desc, region) => Some(seg),
         Ok(seg) => {
-            problems.push(fail(format!("covers {:?}, but the descriptor gives the region other slices", seg.slices.first()), Some(da), true));
+            problems.push(fail(
+                format!(
+                    "covers {:?}, but the descriptor gives the region other slices",
+                    seg.slices.first()
+                ),
+                Some(da),
+                true,
+            ));
             None
         }
         Err(e) => {
-            problems.push(fail(format!("is damaged: {}", describe(&e)), Some(da), true));
+            problems.push(fail(
+                format!("is damaged: {}", describe(&e)),
+                Some(da),
+                true,
+            ));
             None
         }
     }
 }
 
-fn read_imap_segment(l: &Layout, r: &dyn MetadataReader, f: &MetaFile, s: u32, slot: u64, problems: &mut Vec<Problem>) -> Option<InodeMapSegment> {
+fn read_imap_segment(
+    l: &Layout,
+    r: &dyn MetadataReader,
+    f: &MetaFile,
+    s: u32,
+    slot: u64,
+    problems: &mut Vec<Problem>,
+) -> Option<InodeMapSegment> {
     f.blocks.as_ref()?;
     let per = l.desc.inodes_per_segment;
     let (buf, da) = match read_range(l, r, f, s as u64 * slot, slot, BufferType::InodeMap) {
@@ -236,7 +352,11 @@ fn read_imap_segment(l: &Layout, r: &dyn MetadataReader, f: &MetaFile, s: u32, s
             let mut p = Problem::new(
                 ProblemKind::InodeMapSegment,
                 format!("inode map segment {s} {e}"),
-                if straddles { "none: this is a mako-fs bug, report it; fsck leaves the segment alone" } else { "rewrite the segment from the inodes in use" },
+                if straddles {
+                    "none: this is a mako-fs bug, report it; fsck leaves the segment alone"
+                } else {
+                    "rewrite the segment from the inodes in use"
+                },
             );
             if straddles {
                 p = p.uncorrectable();
@@ -251,7 +371,11 @@ fn read_imap_segment(l: &Layout, r: &dyn MetadataReader, f: &MetaFile, s: u32, s
             problems.push(
                 Problem::new(
                     ProblemKind::InodeMapSegment,
-                    format!("inode map segment {s} says it starts at inode {}, it must start at {}", seg.first_ino, s as u64 * per as u64),
+                    format!(
+                        "inode map segment {s} says it starts at inode {}, it must start at {}",
+                        seg.first_ino,
+                        s as u64 * per as u64
+                    ),
                     "rewrite the segment from the inodes in use",
                 )
                 .at(da),
@@ -260,17 +384,32 @@ fn read_imap_segment(l: &Layout, r: &dyn MetadataReader, f: &MetaFile, s: u32, s
         }
         Err(e) => {
             problems.push(
-                Problem::new(ProblemKind::InodeMapSegment, format!("inode map segment {s} is damaged: {}", describe(&e)), "rewrite the segment from the inodes in use")
-                    .at(da),
+                Problem::new(
+                    ProblemKind::InodeMapSegment,
+                    format!("inode map segment {s} is damaged: {}", describe(&e)),
+                    "rewrite the segment from the inodes in use",
+                )
+                .at(da),
             );
             None
         }
     }
 }
 
-fn read_log(l: &Layout, r: &dyn MetadataReader, file: MetaFile, node: u32, problems: &mut Vec<Problem>) -> LogState {
+fn read_log(
+    l: &Layout,
+    r: &dyn MetadataReader,
+    file: MetaFile,
+    node: u32,
+    problems: &mut Vec<Problem>,
+) -> LogState {
     if file.blocks.is_none() {
-        return LogState { node, file, header: None, rewrite_header: true };
+        return LogState {
+            node,
+            file,
+            header: None,
+            rewrite_header: true,
+        };
     }
     let mut copies = Vec::new();
     let mut damaged = Vec::new();
@@ -319,7 +458,11 @@ fn read_log(l: &Layout, r: &dyn MetadataReader, file: MetaFile, node: u32, probl
         Some(_) if !damaged.is_empty() => {
             let mut p = Problem::new(
                 ProblemKind::LogHeader,
-                format!("a recovery log header copy of node {node} (inode {}) is damaged: {}", file.ino, damaged.join("; ")),
+                format!(
+                    "a recovery log header copy of node {node} (inode {}) is damaged: {}",
+                    file.ino,
+                    damaged.join("; ")
+                ),
                 "rewrite both copies from the valid one",
             )
             .ino(file.ino);
@@ -331,7 +474,12 @@ fn read_log(l: &Layout, r: &dyn MetadataReader, file: MetaFile, node: u32, probl
         }
         Some(_) => {}
     }
-    LogState { node, file, header, rewrite_header }
+    LogState {
+        node,
+        file,
+        header,
+        rewrite_header,
+    }
 }
 
 /// Whether the logs say the file system stopped cleanly, as a problem if not. The
@@ -347,7 +495,10 @@ pub fn log_state_problems(l: &Layout, logs: &[LogState], problems: &mut Vec<Prob
     for log in logs {
         if let Some(h) = &log.header {
             if !h.clean {
-                unclean.push(format!("the recovery log header of node {} is not marked clean", log.node));
+                unclean.push(format!(
+                    "the recovery log header of node {} is not marked clean",
+                    log.node
+                ));
             }
         }
     }
@@ -356,7 +507,11 @@ pub fn log_state_problems(l: &Layout, logs: &[LogState], problems: &mut Vec<Prob
     }
     problems.push(Problem::new(
         ProblemKind::LogReplay,
-        format!("file system {} was not stopped cleanly: {}", l.desc.fs_name, unclean.join("; ")),
+        format!(
+            "file system {} was not stopped cleanly: {}",
+            l.desc.fs_name,
+            unclean.join("; ")
+        ),
         "mark the logs clean and the file system unmounted (after the replay and the check)",
     ));
     true

@@ -63,7 +63,13 @@ fn show(name: &[u8]) -> String {
 }
 
 /// Plan the namespace repairs. `slots` bounds the inode numbers that can hold an inode.
-pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Problem>, progress: &dyn Progress) -> NsPlan {
+pub fn plan(
+    l: &Layout,
+    recs: &mut [InodeRec],
+    slots: u64,
+    problems: &mut Vec<Problem>,
+    progress: &dyn Progress,
+) -> NsPlan {
     let m = l.desc.metadata_inodes;
     let root = m.root_dir;
     let mut plan = NsPlan::default();
@@ -73,7 +79,10 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
     if !root_ok {
         let why = match rec(recs, root) {
             None => "is blank".to_string(),
-            Some(i) if recs[i].state == SlotState::Bad => format!("is damaged: {}", recs[i].bad_reason().unwrap_or("unreadable")),
+            Some(i) if recs[i].state == SlotState::Bad => format!(
+                "is damaged: {}",
+                recs[i].bad_reason().unwrap_or("unreadable")
+            ),
             Some(i) => format!("is a {}", kind_name(recs[i].mode)),
         };
         problems.push(
@@ -95,13 +104,21 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
             continue;
         }
         let dir = r.ino;
-        let Some(scan) = r.extra.as_mut().and_then(|e| e.dir.as_mut()) else { continue };
+        let Some(scan) = r.extra.as_mut().and_then(|e| e.dir.as_mut()) else {
+            continue;
+        };
         if scan.rebuild {
             changed.insert(dir);
         }
         let start = ents.len();
         for e in std::mem::take(&mut scan.entries) {
-            ents.push(Ent { dir, name: e.name, ino: e.ino, kind: e.kind, keep: true });
+            ents.push(Ent {
+                dir,
+                name: e.name,
+                ino: e.ino,
+                kind: e.kind,
+                keep: true,
+            });
         }
         range.insert(dir, (start, ents.len()));
     }
@@ -114,19 +131,31 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
         } else if t < m.first_user_inode {
             Some("a metadata file".to_string())
         } else if t >= l.desc.inodes_max || t >= slots {
-            Some(format!("beyond the {} inodes the file system has", slots.min(l.desc.inodes_max)))
+            Some(format!(
+                "beyond the {} inodes the file system has",
+                slots.min(l.desc.inodes_max)
+            ))
         } else if t == e.dir {
             Some("its own directory".to_string())
         } else {
             None
         };
         let verdict = match invalid {
-            Some(what) => Some((ProblemKind::EntryToBadInode, format!("names inode {t}, {what}"))),
+            Some(what) => Some((
+                ProblemKind::EntryToBadInode,
+                format!("names inode {t}, {what}"),
+            )),
             None => match rec(recs, t) {
-                None => Some((ProblemKind::EntryToFreeInode, format!("names inode {t}, which is free"))),
+                None => Some((
+                    ProblemKind::EntryToFreeInode,
+                    format!("names inode {t}, which is free"),
+                )),
                 Some(i) if recs[i].state == SlotState::Bad => Some((
                     ProblemKind::EntryToBadInode,
-                    format!("names inode {t}, which is damaged ({}) and cleared", recs[i].bad_reason().unwrap_or("unreadable")),
+                    format!(
+                        "names inode {t}, which is damaged ({}) and cleared",
+                        recs[i].bad_reason().unwrap_or("unreadable")
+                    ),
                 )),
                 Some(i) => {
                     let want = recs[i].dtype();
@@ -134,7 +163,12 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
                         problems.push(
                             Problem::new(
                                 ProblemKind::EntryType,
-                                format!("entry {:?} says type {}, inode {t} is a {}", show(&e.name), e.kind, kind_name(recs[i].mode)),
+                                format!(
+                                    "entry {:?} says type {}, inode {t} is a {}",
+                                    show(&e.name),
+                                    e.kind,
+                                    kind_name(recs[i].mode)
+                                ),
                                 format!("set the entry's type to {want}"),
                             )
                             .ino(e.dir),
@@ -147,7 +181,14 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
             },
         };
         if let Some((kind, what)) = verdict {
-            problems.push(Problem::new(kind, format!("entry {:?} {what}", show(&e.name)), "remove the entry").ino(e.dir));
+            problems.push(
+                Problem::new(
+                    kind,
+                    format!("entry {:?} {what}", show(&e.name)),
+                    "remove the entry",
+                )
+                .ino(e.dir),
+            );
             e.keep = false;
             changed.insert(e.dir);
         }
@@ -165,13 +206,19 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
         let ri = rec(recs, t).expect("kept entries name live inodes");
         if recs[ri].is_dir() && j - k > 1 {
             let parent = recs[ri].parent;
-            let keep = (k..j).find(|&x| ents[by_target[x]].dir == parent).unwrap_or(k);
+            let keep = (k..j)
+                .find(|&x| ents[by_target[x]].dir == parent)
+                .unwrap_or(k);
             for x in (k..j).filter(|&x| x != keep) {
                 let e = &mut ents[by_target[x]];
                 problems.push(
                     Problem::new(
                         ProblemKind::DirectoryHardLink,
-                        format!("directory inode {t} has a second name {:?} in directory {}", show(&e.name), e.dir),
+                        format!(
+                            "directory inode {t} has a second name {:?} in directory {}",
+                            show(&e.name),
+                            e.dir
+                        ),
                         "remove the second name",
                     )
                     .ino(t),
@@ -221,7 +268,13 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
         }
         let newly: Vec<u64> = recs
             .iter()
-            .filter(|r| r.state == SlotState::Unlinked && !r.system && r.ino != root && names[r.ino as usize] == 0 && !freed.contains(&r.ino))
+            .filter(|r| {
+                r.state == SlotState::Unlinked
+                    && !r.system
+                    && r.ino != root
+                    && names[r.ino as usize] == 0
+                    && !freed.contains(&r.ino)
+            })
             .map(|r| r.ino)
             .collect();
         if newly.is_empty() {
@@ -260,17 +313,29 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
         let unreached: Vec<usize> = (0..recs.len())
             .filter(|&i| {
                 let r = &recs[i];
-                r.live() && !r.system && r.ino != root && !reached[r.ino as usize] && !freed.contains(&r.ino)
+                r.live()
+                    && !r.system
+                    && r.ino != root
+                    && !reached[r.ino as usize]
+                    && !freed.contains(&r.ino)
             })
             .collect();
         if unreached.is_empty() {
             break;
         }
-        let mut tops: Vec<u64> = unreached.iter().map(|&i| recs[i].ino).filter(|&t| names[t as usize] == 0).collect();
+        let mut tops: Vec<u64> = unreached
+            .iter()
+            .map(|&i| recs[i].ino)
+            .filter(|&t| names[t as usize] == 0)
+            .collect();
         if tops.is_empty() {
             // Only directories naming each other in a loop are left: cut the loop at
             // the lowest-numbered one.
-            let t = unreached.iter().map(|&i| recs[i].ino).find(|&t| rec(recs, t).is_some_and(|i| recs[i].is_dir())).unwrap_or(recs[unreached[0]].ino);
+            let t = unreached
+                .iter()
+                .map(|&i| recs[i].ino)
+                .find(|&t| rec(recs, t).is_some_and(|i| recs[i].is_dir()))
+                .unwrap_or(recs[unreached[0]].ino);
             for &i in &by_target {
                 if ents[i].ino == t && ents[i].keep {
                     ents[i].keep = false;
@@ -293,7 +358,11 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
             let (a, b) = children(root);
             ents[a..b]
                 .iter()
-                .find(|e| e.keep && e.name == LOST_FOUND && rec(recs, e.ino).is_some_and(|i| recs[i].is_dir() && recs[i].live()))
+                .find(|e| {
+                    e.keep
+                        && e.name == LOST_FOUND
+                        && rec(recs, e.ino).is_some_and(|i| recs[i].is_dir() && recs[i].live())
+                })
                 .map(|e| e.ino)
         } else {
             None
@@ -313,25 +382,41 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
                     None => true,
                     Some(x) => freed.contains(&i) || (recs[x].state == SlotState::Bad && i != root),
                 };
-                let mut free_slot = (m.first_user_inode..limit).find(|&i| reusable(i) && !taken_targets.contains(&i));
+                let mut free_slot = (m.first_user_inode..limit)
+                    .find(|&i| reusable(i) && !taken_targets.contains(&i));
                 if free_slot.is_none() && slots < l.desc.inodes_max {
                     free_slot = Some(slots);
                     plan.grow_inode_file = true;
                 }
-                let lf_name: Vec<u8> = if name_taken { b"lost+found.fsck".to_vec() } else { LOST_FOUND.to_vec() };
+                let lf_name: Vec<u8> = if name_taken {
+                    b"lost+found.fsck".to_vec()
+                } else {
+                    LOST_FOUND.to_vec()
+                };
                 match free_slot {
                     Some(lf) => {
                         problems.push(Problem::new(
                             ProblemKind::LostFound,
-                            format!("there is no /{} to reconnect {} orphaned inode(s) into", show(&lf_name), orphans.len()),
+                            format!(
+                                "there is no /{} to reconnect {} orphaned inode(s) into",
+                                show(&lf_name),
+                                orphans.len()
+                            ),
                             if plan.grow_inode_file {
-                                format!("grow the inode file by a block and create /{} as inode {lf}", show(&lf_name))
+                                format!(
+                                    "grow the inode file by a block and create /{} as inode {lf}",
+                                    show(&lf_name)
+                                )
                             } else {
                                 format!("create /{} as inode {lf}", show(&lf_name))
                             },
                         ));
                         plan.create_lost_found = Some(lf);
-                        additions.entry(root).or_default().push(NewEntry { name: lf_name, ino: lf, kind: dtype(LOST_FOUND_MODE) });
+                        additions.entry(root).or_default().push(NewEntry {
+                            name: lf_name,
+                            ino: lf,
+                            kind: dtype(LOST_FOUND_MODE),
+                        });
                         Some(lf)
                     }
                     None => {
@@ -352,7 +437,11 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
     let mut orphan_parent: HashMap<u64, u64> = HashMap::new();
     if let Some(lf) = lost_found {
         let mut used: BTreeSet<Vec<u8>> = match range.get(&lf) {
-            Some(&(a, b)) => ents[a..b].iter().filter(|e| e.keep).map(|e| e.name.clone()).collect(),
+            Some(&(a, b)) => ents[a..b]
+                .iter()
+                .filter(|e| e.keep)
+                .map(|e| e.name.clone())
+                .collect(),
             None => BTreeSet::new(),
         };
         for &t in &orphans {
@@ -367,13 +456,21 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
             problems.push(
                 Problem::new(
                     ProblemKind::Orphan,
-                    format!("{} of {} bytes is in use but no path from the root reaches it", kind_name(r.mode), r.size),
+                    format!(
+                        "{} of {} bytes is in use but no path from the root reaches it",
+                        kind_name(r.mode),
+                        r.size
+                    ),
                     format!("reconnect it as /lost+found/{}", show(&name)),
                 )
                 .ino(t)
                 .at(r.slot),
             );
-            additions.entry(lf).or_default().push(NewEntry { name, ino: t, kind: r.dtype() });
+            additions.entry(lf).or_default().push(NewEntry {
+                name,
+                ino: t,
+                kind: r.dtype(),
+            });
             orphan_parent.insert(t, lf);
             names[t as usize] += 1;
         }
@@ -381,10 +478,18 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
         for &t in &orphans {
             let r = &recs[rec(recs, t).expect("orphans are records")];
             problems.push(
-                Problem::new(ProblemKind::Orphan, format!("{} of {} bytes is in use but no path from the root reaches it", kind_name(r.mode), r.size), "none without a /lost+found")
-                    .ino(t)
-                    .at(r.slot)
-                    .uncorrectable(),
+                Problem::new(
+                    ProblemKind::Orphan,
+                    format!(
+                        "{} of {} bytes is in use but no path from the root reaches it",
+                        kind_name(r.mode),
+                        r.size
+                    ),
+                    "none without a /lost+found",
+                )
+                .ino(t)
+                .at(r.slot)
+                .uncorrectable(),
             );
         }
     }
@@ -394,7 +499,15 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
     // 9. Final entries of every directory that changes.
     for &d in &changed {
         let mut list: Vec<NewEntry> = match range.get(&d) {
-            Some(&(a, b)) => ents[a..b].iter().filter(|e| e.keep).map(|e| NewEntry { name: e.name.clone(), ino: e.ino, kind: e.kind }).collect(),
+            Some(&(a, b)) => ents[a..b]
+                .iter()
+                .filter(|e| e.keep)
+                .map(|e| NewEntry {
+                    name: e.name.clone(),
+                    ino: e.ino,
+                    kind: e.kind,
+                })
+                .collect(),
             None => Vec::new(),
         };
         if let Some(add) = additions.get(&d) {
@@ -409,12 +522,20 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
         match plan.dirs.get(&d) {
             Some(list) => list.iter().map(|e| (e.ino, e.kind)).collect(),
             None => match range.get(&d) {
-                Some(&(a, b)) => ents[a..b].iter().filter(|e| e.keep).map(|e| (e.ino, e.kind)).collect(),
+                Some(&(a, b)) => ents[a..b]
+                    .iter()
+                    .filter(|e| e.keep)
+                    .map(|e| (e.ino, e.kind))
+                    .collect(),
                 None => Vec::new(),
             },
         }
     };
-    let mut dirs_live: Vec<u64> = recs.iter().filter(|r| r.live() && r.is_dir() && !r.system && !freed.contains(&r.ino)).map(|r| r.ino).collect();
+    let mut dirs_live: Vec<u64> = recs
+        .iter()
+        .filter(|r| r.live() && r.is_dir() && !r.system && !freed.contains(&r.ino))
+        .map(|r| r.ino)
+        .collect();
     if let Some(lf) = plan.create_lost_found {
         dirs_live.push(lf);
     }
@@ -444,18 +565,35 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
         if !r.live() || r.system || freed.contains(&r.ino) || (r.ino == root && !root_ok) {
             continue;
         }
-        let want = if r.is_dir() { 2 + subdirs.get(&r.ino).copied().unwrap_or(0) } else { new_names[r.ino as usize] };
+        let want = if r.is_dir() {
+            2 + subdirs.get(&r.ino).copied().unwrap_or(0)
+        } else {
+            new_names[r.ino as usize]
+        };
         if want != r.nlink {
             let what = if r.is_dir() {
-                format!("link count is {}, the directory has {} subdirectories (2 + {} = {want})", r.nlink, want - 2, want - 2)
+                format!(
+                    "link count is {}, the directory has {} subdirectories (2 + {} = {want})",
+                    r.nlink,
+                    want - 2,
+                    want - 2
+                )
             } else {
                 format!("link count is {}, the file has {want} name(s)", r.nlink)
             };
-            problems.push(Problem::new(ProblemKind::LinkCount, what, format!("set it to {want}")).ino(r.ino).at(r.slot));
+            problems.push(
+                Problem::new(ProblemKind::LinkCount, what, format!("set it to {want}"))
+                    .ino(r.ino)
+                    .at(r.slot),
+            );
             plan.nlink.insert(r.ino, want);
         }
         if r.is_dir() {
-            let want_parent = if r.ino == root { root } else { parent_of.get(&r.ino).copied().unwrap_or(root) };
+            let want_parent = if r.ino == root {
+                root
+            } else {
+                parent_of.get(&r.ino).copied().unwrap_or(root)
+            };
             if r.parent != want_parent {
                 problems.push(
                     Problem::new(
@@ -471,11 +609,13 @@ pub fn plan(l: &Layout, recs: &mut [InodeRec], slots: u64, problems: &mut Vec<Pr
         }
     }
     if let Some(lf) = plan.create_lost_found {
-        plan.nlink.insert(lf, 2 + subdirs.get(&lf).copied().unwrap_or(0));
+        plan.nlink
+            .insert(lf, 2 + subdirs.get(&lf).copied().unwrap_or(0));
         plan.parent.insert(lf, root);
     }
     if !root_ok {
-        plan.nlink.insert(root, 2 + subdirs.get(&root).copied().unwrap_or(0));
+        plan.nlink
+            .insert(root, 2 + subdirs.get(&root).copied().unwrap_or(0));
         plan.parent.insert(root, root);
         plan.dirs.entry(root).or_default();
     }

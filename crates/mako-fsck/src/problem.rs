@@ -151,7 +151,16 @@ pub struct Problem {
 
 impl Problem {
     pub fn new(kind: ProblemKind, what: impl Into<String>, repair: impl Into<String>) -> Problem {
-        Problem { kind, ino: None, path: None, location: None, what: what.into(), repair: repair.into(), correctable: true, fixed: false }
+        Problem {
+            kind,
+            ino: None,
+            path: None,
+            location: None,
+            what: what.into(),
+            repair: repair.into(),
+            correctable: true,
+            fixed: false,
+        }
     }
     pub fn ino(mut self, ino: u64) -> Problem {
         self.ino = Some(ino);
@@ -171,7 +180,9 @@ impl Problem {
 /// without the "run `mako fsck`" advice the decoders give to everyone else.
 pub fn describe(e: &FormatError) -> String {
     let what = match &e.kind {
-        FormatErrorKind::BadMagic { found: 0 } => "is blank (zeros): never written or overwritten".to_string(),
+        FormatErrorKind::BadMagic { found: 0 } => {
+            "is blank (zeros): never written or overwritten".to_string()
+        }
         FormatErrorKind::BadMagic { found } => format!("holds something else (magic {found:#x})"),
         FormatErrorKind::UnsupportedVersion { found, supported } => {
             format!("has format version {found}, newer than this fsck supports ({supported})")
@@ -182,7 +193,9 @@ pub fn describe(e: &FormatError) -> String {
         FormatErrorKind::WrongIdentity { expected, found } => {
             format!("holds {found} where {expected} was expected (misdirected or lost write)")
         }
-        FormatErrorKind::Truncated { needed, available } => format!("is truncated ({available} of {needed} bytes)"),
+        FormatErrorKind::Truncated { needed, available } => {
+            format!("is truncated ({available} of {needed} bytes)")
+        }
         FormatErrorKind::Invalid(what) => format!("is invalid: {what}"),
     };
     match e.location {
@@ -248,7 +261,11 @@ impl Report {
             }
         }
         self.elapsed_secs = elapsed.as_secs_f64();
-        self.files_per_sec = if self.elapsed_secs > 0.0 { self.files as f64 / self.elapsed_secs } else { 0.0 };
+        self.files_per_sec = if self.elapsed_secs > 0.0 {
+            self.files as f64 / self.elapsed_secs
+        } else {
+            0.0
+        };
         let mut code = EXIT_CLEAN;
         if self.problems.iter().any(|p| p.fixed) {
             code |= EXIT_CORRECTED;
@@ -269,7 +286,8 @@ impl Report {
     }
 
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"report not serialisable: {e}\"}}"))
+        serde_json::to_string_pretty(self)
+            .unwrap_or_else(|e| format!("{{\"error\": \"report not serialisable: {e}\"}}"))
     }
 
     /// The human summary: every problem (up to `LISTED_PER_KIND_MAX` per kind), the
@@ -281,7 +299,11 @@ impl Report {
             out,
             "mako fsck {}: {} with {} thread{}",
             self.fs_name,
-            if repair { "check and repair (-y)" } else { "check only (-n)" },
+            if repair {
+                "check and repair (-y)"
+            } else {
+                "check only (-n)"
+            },
             self.threads,
             if self.threads == 1 { "" } else { "s" }
         );
@@ -319,15 +341,25 @@ impl Report {
             }
             for (kind, n) in &listed {
                 if *n > LISTED_PER_KIND_MAX {
-                    let _ = writeln!(out, "[{}] … and {} more of this kind", kind.name(), n - LISTED_PER_KIND_MAX);
+                    let _ = writeln!(
+                        out,
+                        "[{}] … and {} more of this kind",
+                        kind.name(),
+                        n - LISTED_PER_KIND_MAX
+                    );
                 }
             }
-            let _ = writeln!(out, "\n{:<22} {:>8} {:>8}", "problem kind", "found", "fixed");
+            let _ = writeln!(
+                out,
+                "\n{:<22} {:>8} {:>8}",
+                "problem kind", "found", "fixed"
+            );
             for (name, c) in &self.counts {
                 let _ = writeln!(out, "{name:<22} {:>8} {:>8}", c.found, c.fixed);
             }
         }
-        let _ = writeln!(
+        let _ =
+            writeln!(
             out,
             "\nChecked {} inodes in use ({} directories) of {} slots in {:.2} s: {:.0} files/s.",
             self.files, self.directories, self.inodes_scanned, self.elapsed_secs, self.files_per_sec

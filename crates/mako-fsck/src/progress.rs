@@ -3,9 +3,9 @@
 //! a bar with ETA on a terminal (indicatif) and otherwise uses `JsonLines`, one
 //! machine-readable line per second on stderr.
 
-use std::sync::Mutex;
 use serde::Serialize;
 use std::io::Write;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How often the coordinating thread reports while worker threads run.
@@ -91,7 +91,10 @@ struct Line {
 
 impl<W: Write + Send> JsonLines<W> {
     pub fn new(out: W) -> Self {
-        JsonLines { out: Mutex::new((out, None)), start: Instant::now() }
+        JsonLines {
+            out: Mutex::new((out, None)),
+            start: Instant::now(),
+        }
     }
 }
 
@@ -103,7 +106,8 @@ impl<W: Write + Send> Progress for JsonLines<W> {
         let now = Instant::now();
         let due = match last {
             Some((p, t, d)) if *p == phase => {
-                (now.duration_since(*t) >= JSON_INTERVAL && done != *d) || (done >= total && *d < total)
+                (now.duration_since(*t) >= JSON_INTERVAL && done != *d)
+                    || (done >= total && *d < total)
             }
             _ => true,
         };
@@ -111,7 +115,12 @@ impl<W: Write + Send> Progress for JsonLines<W> {
             return;
         }
         *last = Some((phase, now, done));
-        let line = Line { phase, done, total, elapsed_secs: (now - self.start).as_secs_f64() };
+        let line = Line {
+            phase,
+            done,
+            total,
+            elapsed_secs: (now - self.start).as_secs_f64(),
+        };
         if let Ok(text) = serde_json::to_string(&line) {
             // Progress is advisory: a closed stderr must not stop a repair.
             let _ = writeln!(out, "{text}");
@@ -147,7 +156,10 @@ mod tests {
         p.update(Phase::Inodes, 100, 100); // the last of the phase: always shown
         p.update(Phase::Namespace, 0, 7); // a new phase: always shown
         let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
-        let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
         assert_eq!(lines.len(), 3, "{text}");
         assert_eq!(lines[0]["phase"], "inodes");
         assert_eq!(lines[1]["done"], 100);

@@ -14,12 +14,24 @@ use std::sync::Arc;
 /// Reads metadata blocks as the checker must see them.
 pub trait MetadataReader: Send + Sync {
     /// Read `buf.len()` bytes at `da`. `what` and `ino` label the I/O (iohist).
-    fn read(&self, da: DiskAddress, buf: &mut [u8], what: BufferType, ino: u64) -> Result<(), DiskError>;
+    fn read(
+        &self,
+        da: DiskAddress,
+        buf: &mut [u8],
+        what: BufferType,
+        ino: u64,
+    ) -> Result<(), DiskError>;
 }
 
 /// Writes repairs. Only offline: a mounted file system is repaired by its daemon.
 pub trait MetadataWriter: Send + Sync {
-    fn write(&self, da: DiskAddress, buf: &[u8], what: BufferType, ino: u64) -> Result<(), DiskError>;
+    fn write(
+        &self,
+        da: DiskAddress,
+        buf: &[u8],
+        what: BufferType,
+        ino: u64,
+    ) -> Result<(), DiskError>;
     /// Durability barrier on every disk: the repair steps are ordered by it.
     fn sync(&self) -> Result<(), DiskError>;
 }
@@ -35,7 +47,9 @@ const IOHIST_ENTRIES: usize = 64;
 
 impl OfflineDisks {
     pub fn new(ordered: Vec<Arc<dyn Disk>>) -> OfflineDisks {
-        OfflineDisks { nsd: LocalNsd::new(ordered, IOHIST_ENTRIES) }
+        OfflineDisks {
+            nsd: LocalNsd::new(ordered, IOHIST_ENTRIES),
+        }
     }
     pub fn nsd(&self) -> &LocalNsd {
         &self.nsd
@@ -43,14 +57,40 @@ impl OfflineDisks {
 }
 
 impl MetadataReader for OfflineDisks {
-    fn read(&self, da: DiskAddress, buf: &mut [u8], what: BufferType, ino: u64) -> Result<(), DiskError> {
-        self.nsd.read(da, buf, IoTag { buffer_type: what, ino })
+    fn read(
+        &self,
+        da: DiskAddress,
+        buf: &mut [u8],
+        what: BufferType,
+        ino: u64,
+    ) -> Result<(), DiskError> {
+        self.nsd.read(
+            da,
+            buf,
+            IoTag {
+                buffer_type: what,
+                ino,
+            },
+        )
     }
 }
 
 impl MetadataWriter for OfflineDisks {
-    fn write(&self, da: DiskAddress, buf: &[u8], what: BufferType, ino: u64) -> Result<(), DiskError> {
-        self.nsd.write(da, buf, IoTag { buffer_type: what, ino })
+    fn write(
+        &self,
+        da: DiskAddress,
+        buf: &[u8],
+        what: BufferType,
+        ino: u64,
+    ) -> Result<(), DiskError> {
+        self.nsd.write(
+            da,
+            buf,
+            IoTag {
+                buffer_type: what,
+                ino,
+            },
+        )
     }
     fn sync(&self) -> Result<(), DiskError> {
         self.nsd.sync_all()

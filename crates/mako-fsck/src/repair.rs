@@ -73,8 +73,13 @@ pub struct Findings {
 const STEPS: u64 = 6;
 
 fn now() -> Timestamp {
-    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    Timestamp { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Timestamp {
+        sec: d.as_secs() as i64,
+        nsec: d.subsec_nanos(),
+    }
 }
 
 struct Plan {
@@ -106,7 +111,9 @@ pub fn run(
 ) -> Result<(), FsckError> {
     progress.update(Phase::Repair, 0, STEPS);
     if cancel.load(Ordering::Relaxed) {
-        return Err(FsckError::Cancelled { during_repair: false });
+        return Err(FsckError::Cancelled {
+            during_repair: false,
+        });
     }
     let plan = plan(f, r, problems)?;
     execute(f, w, plan, cancel, progress)?;
@@ -118,12 +125,21 @@ pub fn run(
 
 fn read_inode(f: &Findings, r: &dyn MetadataReader, ino: u64) -> Result<Inode, FsckError> {
     let l = &f.l;
-    let da = l.inode_da(&f.meta.inode_file, ino).ok_or_else(|| FsckError::Unusable(format!("inode {ino} lies past the inode file")))?;
+    let da = l
+        .inode_da(&f.meta.inode_file, ino)
+        .ok_or_else(|| FsckError::Unusable(format!("inode {ino} lies past the inode file")))?;
     let mut buf = vec![0u8; l.inode_bytes() as usize];
-    r.read(da, &mut buf, BufferType::Inode, ino).map_err(|e| FsckError::Disk { what: format!("reading inode {ino} for its repair"), source: e })?;
+    r.read(da, &mut buf, BufferType::Inode, ino)
+        .map_err(|e| FsckError::Disk {
+            what: format!("reading inode {ino} for its repair"),
+            source: e,
+        })?;
     // The scan decoded it; a failure now means the disk changed under fsck.
-    Inode::decode(&buf, l.geo.inode_bytes, ino, Location::Disk(da))
-        .map_err(|e| FsckError::Unusable(format!("inode {ino} changed since it was checked ({e}); is the file system mounted somewhere?")))
+    Inode::decode(&buf, l.geo.inode_bytes, ino, Location::Disk(da)).map_err(|e| {
+        FsckError::Unusable(format!(
+            "inode {ino} changed since it was checked ({e}); is the file system mounted somewhere?"
+        ))
+    })
 }
 
 fn no_space(what: &str) -> FsckError {
@@ -162,20 +178,35 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
         new_desc.generation += 1;
         rewrite_descriptor.extend(desc.descriptor_disks.iter().copied());
     }
-    let dbytes = new_desc.encode().map_err(|e| FsckError::Unusable(format!("the descriptor cannot be encoded: {e}")))?;
+    let dbytes = new_desc
+        .encode()
+        .map_err(|e| FsckError::Unusable(format!("the descriptor cannot be encoded: {e}")))?;
     for &d in &rewrite_descriptor {
-        plan.step0.push((descriptor_da(d), dbytes.clone(), BufferType::Descriptor));
+        plan.step0
+            .push((descriptor_da(d), dbytes.clone(), BufferType::Descriptor));
     }
     for &d in &f.rewrite_header {
-        plan.step0.push((DiskAddress::new(d, 0), expected_header(desc, &desc.disks[d as usize]).encode(), BufferType::DiskHeader));
+        plan.step0.push((
+            DiskAddress::new(d, 0),
+            expected_header(desc, &desc.disks[d as usize]).encode(),
+            BufferType::DiskHeader,
+        ));
     }
     // 1. Metadata files: recreated ones get new blocks; damaged log headers a clean one.
     let mut recreated: BTreeSet<u64> = BTreeSet::new();
-    let new_meta = |file: &mut MetaFile, alloc: &mut RepairAllocator, plan: &mut Plan| -> Result<Inode, FsckError> {
+    let new_meta = |file: &mut MetaFile,
+                    alloc: &mut RepairAllocator,
+                    plan: &mut Plan|
+     -> Result<Inode, FsckError> {
         let n = file.bytes.div_ceil(l.block_bytes);
         let mut units = BTreeMap::new();
         for b in 0..n {
-            units.insert(b, alloc.allocate(Use::Metadata, l.spb as u32).ok_or_else(|| no_space("a metadata file block"))?);
+            units.insert(
+                b,
+                alloc
+                    .allocate(Use::Metadata, l.spb as u32)
+                    .ok_or_else(|| no_space("a metadata file block"))?,
+            );
         }
         let tree = build_tree(l, alloc, file.ino, &units).map_err(|e| no_space(&e))?;
         let mut inode = Inode::new(file.ino, S_IFREG);
@@ -222,17 +253,37 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
             // nothing in it can match the LSN it expects next. Otherwise (no valid
             // header, a recreated file) the whole log is zeroed: its records are lost
             // either way, and none may be found by a later replay.
-            let keep = log.header.as_ref().filter(|h| log.file.blocks.is_some() && h.tail_lsn == h.head_lsn);
-            let lsn = log.header.as_ref().map(|h| h.head_lsn.max(h.tail_lsn)).unwrap_or(0);
-            let header = LogHeader { node: log.node, log_bytes: desc.log_bytes, tail_lsn: lsn, head_lsn: lsn, clean: true };
+            let keep = log
+                .header
+                .as_ref()
+                .filter(|h| log.file.blocks.is_some() && h.tail_lsn == h.head_lsn);
+            let lsn = log
+                .header
+                .as_ref()
+                .map(|h| h.head_lsn.max(h.tail_lsn))
+                .unwrap_or(0);
+            let header = LogHeader {
+                node: log.node,
+                log_bytes: desc.log_bytes,
+                tail_lsn: lsn,
+                head_lsn: lsn,
+                clean: true,
+            };
             let hb = header.encode();
-            let blocks = file.blocks.clone().ok_or_else(|| FsckError::Unusable("a recreated log has no blocks".into()))?;
+            let blocks = file
+                .blocks
+                .clone()
+                .ok_or_else(|| FsckError::Unusable("a recreated log has no blocks".into()))?;
             let whole = keep.is_none();
             for (b, &da) in blocks.iter().enumerate() {
                 if b > 0 && !whole {
                     break;
                 }
-                let len = if whole { l.block_bytes } else { LOG_RECORDS_OFFSET };
+                let len = if whole {
+                    l.block_bytes
+                } else {
+                    LOG_RECORDS_OFFSET
+                };
                 let mut area = vec![0u8; len as usize];
                 if b == 0 {
                     for off in LOG_HEADER_COPY_OFFSETS {
@@ -251,19 +302,33 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
     // is free; the inode file's own inode is written first in step 3.
     let mut first_inodes = Vec::new(); // grown inode file, new /lost+found, recreated root
     if ns.grow_inode_file {
-        let rec0 = &f.recs[find(&f.recs, m.inode_file).ok_or_else(|| FsckError::Unusable("the inode file's inode was not scanned".into()))?];
-        let mut units: BTreeMap<u64, DiskAddress> =
-            rec0.extents.iter().filter_map(|e| if let Piece::Unit(u) = e.piece { Some((u, e.da)) } else { None }).collect();
+        let rec0 = &f.recs[find(&f.recs, m.inode_file)
+            .ok_or_else(|| FsckError::Unusable("the inode file's inode was not scanned".into()))?];
+        let mut units: BTreeMap<u64, DiskAddress> = rec0
+            .extents
+            .iter()
+            .filter_map(|e| {
+                if let Piece::Unit(u) = e.piece {
+                    Some((u, e.da))
+                } else {
+                    None
+                }
+            })
+            .collect();
         let n = units.len() as u64;
-        let new = alloc.allocate(Use::Metadata, l.spb as u32).ok_or_else(|| no_space("a new inode-file block"))?;
-        plan.new_blocks.push((new, vec![0u8; l.block_bytes as usize], BufferType::Inode));
+        let new = alloc
+            .allocate(Use::Metadata, l.spb as u32)
+            .ok_or_else(|| no_space("a new inode-file block"))?;
+        plan.new_blocks
+            .push((new, vec![0u8; l.block_bytes as usize], BufferType::Inode));
         units.insert(n, new);
         let tree = build_tree(l, &mut alloc, m.inode_file, &units).map_err(|e| no_space(&e))?;
         let mut inode0 = read_inode(f, r, m.inode_file)?;
         inode0.content = InodeContent::Pointers(tree.pointers);
         inode0.depth = tree.depth;
         inode0.size = (n + 1) * l.block_bytes;
-        inode0.subblocks = (n + 1) * l.spb + tree.indirect.len() as u64 * l.indirect_subblocks() as u64;
+        inode0.subblocks =
+            (n + 1) * l.spb + tree.indirect.len() as u64 * l.indirect_subblocks() as u64;
         for &da in units.values() {
             plan.final_bits.set_extent(l, da, l.spb as u32);
         }
@@ -288,13 +353,24 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
                 Some(new) => {
                     let mut buf = vec![0u8; (e.subblocks as u64 * l.sb_bytes) as usize];
                     r.read(e.da, &mut buf, BufferType::Data, cf.ino)
-                        .map_err(|err| FsckError::Disk { what: format!("reading the cross-linked block at {} to copy it", e.da), source: err })?;
+                        .map_err(|err| FsckError::Disk {
+                            what: format!("reading the cross-linked block at {} to copy it", e.da),
+                            source: err,
+                        })?;
                     plan.new_blocks.push((new, buf, BufferType::Data));
-                    problems[cf.problem].repair = format!("{}; the copy is at {new}", problems[cf.problem].repair.replace(" (a hole if no space is left)", ""));
+                    problems[cf.problem].repair = format!(
+                        "{}; the copy is at {new}",
+                        problems[cf.problem]
+                            .repair
+                            .replace(" (a hole if no space is left)", "")
+                    );
                     Some(new)
                 }
                 None => {
-                    problems[cf.problem].repair = format!("no space left for a copy: cut inode {}'s pointer ({:?} becomes a hole)", cf.ino, e.piece);
+                    problems[cf.problem].repair = format!(
+                        "no space left for a copy: cut inode {}'s pointer ({:?} becomes a hole)",
+                        cf.ino, e.piece
+                    );
                     None
                 }
             }
@@ -304,7 +380,13 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
     // 3. Files and directories.
     // Inodes freed or cleared; a slot the new /lost+found reuses is not among them:
     // its new inode overwrites it, and its old blocks are dropped with the old inode.
-    let freed: BTreeSet<u64> = ns.free.iter().chain(&ns.clear).copied().filter(|&i| Some(i) != ns.create_lost_found).collect();
+    let freed: BTreeSet<u64> = ns
+        .free
+        .iter()
+        .chain(&ns.clear)
+        .copied()
+        .filter(|&i| Some(i) != ns.create_lost_found)
+        .collect();
     let mut file_inodes = Vec::new();
     let mut dir_inodes = Vec::new();
     let mut built_dirs: BTreeSet<u64> = BTreeSet::new();
@@ -314,7 +396,11 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
         }
         let fresh = (d == m.root_dir && ns.recreate_root) || Some(d) == ns.create_lost_found;
         let mut inode = if fresh {
-            let mode = if d == m.root_dir { S_IFDIR | 0o755 } else { LOST_FOUND_MODE };
+            let mode = if d == m.root_dir {
+                S_IFDIR | 0o755
+            } else {
+                LOST_FOUND_MODE
+            };
             let mut i = Inode::new(d, mode);
             (i.atime, i.mtime, i.ctime, i.crtime) = (t, t, t, t);
             i
@@ -370,7 +456,11 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
         }
         plan.final_inodes.insert(rec.ino);
         let changes = repoint.get(&rec.ino);
-        let needs = !rec.lost().is_empty() || changes.is_some() || !rec.fixes().is_empty() || ns.nlink.contains_key(&rec.ino) || ns.parent.contains_key(&rec.ino);
+        let needs = !rec.lost().is_empty()
+            || changes.is_some()
+            || !rec.fixes().is_empty()
+            || ns.nlink.contains_key(&rec.ino)
+            || ns.parent.contains_key(&rec.ino);
         if !needs {
             for e in &rec.extents {
                 plan.final_bits.set_extent(l, e.da, e.subblocks);
@@ -389,13 +479,25 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
                 Fix::ClearSystemFlag => inode.flags &= !FLAG_SYSTEM,
                 Fix::EmptySpecial => {
                     inode.content = InodeContent::InlineData(Vec::new());
-                    (inode.size, inode.subblocks, inode.depth, inode.last_block_subblocks) = (0, 0, 0, 0);
+                    (
+                        inode.size,
+                        inode.subblocks,
+                        inode.depth,
+                        inode.last_block_subblocks,
+                    ) = (0, 0, 0, 0);
                     extents.clear();
                 }
             }
         }
         if !rec.lost().is_empty() || changes.is_some() {
-            let edits = edit_tree(f, r, &mut inode, rec, changes.map_or(&[][..], |v| v.as_slice()), &mut plan.indirect_updates)?;
+            let edits = edit_tree(
+                f,
+                r,
+                &mut inode,
+                rec,
+                changes.map_or(&[][..], |v| v.as_slice()),
+                &mut plan.indirect_updates,
+            )?;
             extents = edits;
             inode.subblocks = extents.iter().map(|e| e.subblocks as u64).sum();
         }
@@ -442,9 +544,29 @@ fn edit_tree(
         if let Piece::Indirect(level, index) = e.piece {
             let mut buf = vec![0u8; l.geo.indirect_bytes as usize];
             r.read(e.da, &mut buf, BufferType::Indirect, rec.ino)
-                .map_err(|err| FsckError::Disk { what: format!("reading an indirect block of inode {} for its repair", rec.ino), source: err })?;
-            let b = IndirectBlock::decode(&buf, l.geo.indirect_bytes, IndirectId { ino: rec.ino, level, index }, Location::Disk(e.da))
-                .map_err(|err| FsckError::Unusable(format!("inode {}'s indirect block changed since it was checked ({err})", rec.ino)))?;
+                .map_err(|err| FsckError::Disk {
+                    what: format!(
+                        "reading an indirect block of inode {} for its repair",
+                        rec.ino
+                    ),
+                    source: err,
+                })?;
+            let b = IndirectBlock::decode(
+                &buf,
+                l.geo.indirect_bytes,
+                IndirectId {
+                    ino: rec.ino,
+                    level,
+                    index,
+                },
+                Location::Disk(e.da),
+            )
+            .map_err(|err| {
+                FsckError::Unusable(format!(
+                    "inode {}'s indirect block changed since it was checked ({err})",
+                    rec.ino
+                ))
+            })?;
             blocks.insert((level, index), (e.da, b));
         }
     }
@@ -485,14 +607,20 @@ fn edit_tree(
             Piece::Unit(u) => (0, u),
             Piece::Indirect(lv, i) => (lv, i),
         };
-        if cuts.iter().any(|&(cl, ci)| is_under(l, cl, ci, level, index)) {
+        if cuts
+            .iter()
+            .any(|&(cl, ci)| is_under(l, cl, ci, level, index))
+        {
             continue;
         }
         let da = moved.get(&(level, index)).copied().unwrap_or(e.da);
         out.push(Extent { da, ..*e });
     }
     for key in dirty {
-        if cuts.iter().any(|&(cl, ci)| is_under(l, cl, ci, key.0, key.1)) {
+        if cuts
+            .iter()
+            .any(|&(cl, ci)| is_under(l, cl, ci, key.0, key.1))
+        {
             continue; // cut away: nothing points at it any more
         }
         let (da, b) = &blocks[&key];
@@ -501,7 +629,13 @@ fn edit_tree(
     Ok(out)
 }
 
-fn execute(f: &Findings, w: &dyn MetadataWriter, mut plan: Plan, cancel: &AtomicBool, progress: &dyn Progress) -> Result<(), FsckError> {
+fn execute(
+    f: &Findings,
+    w: &dyn MetadataWriter,
+    mut plan: Plan,
+    cancel: &AtomicBool,
+    progress: &dyn Progress,
+) -> Result<(), FsckError> {
     let l = &f.l;
     let write = |da: DiskAddress, bytes: &[u8], what: BufferType, ino: u64, step: u32| {
         w.write(da, bytes, what, ino).map_err(|e| FsckError::Disk {
@@ -514,18 +648,27 @@ fn execute(f: &Findings, w: &dyn MetadataWriter, mut plan: Plan, cancel: &Atomic
         })
     };
     let sync = |step: u32| {
-        w.sync().map_err(|e| FsckError::Disk { what: format!("repair step {step}: sync failed; run `mako fsck -y` again"), source: e })
+        w.sync().map_err(|e| FsckError::Disk {
+            what: format!("repair step {step}: sync failed; run `mako fsck -y` again"),
+            source: e,
+        })
     };
     let checkpoint = |step: u64| -> Result<(), FsckError> {
         progress.update(Phase::Repair, step, STEPS);
         if cancel.load(Ordering::Relaxed) {
-            return Err(FsckError::Cancelled { during_repair: true });
+            return Err(FsckError::Cancelled {
+                during_repair: true,
+            });
         }
         Ok(())
     };
     let write_inode = |inode: &Inode, step: u32| -> Result<(), FsckError> {
-        let da = l.inode_da(&plan.inode_file, inode.ino).ok_or_else(|| FsckError::Unusable(format!("inode {} lies past the inode file", inode.ino)))?;
-        let bytes = inode.encode(l.geo.inode_bytes).map_err(|e| FsckError::Unusable(format!("inode {} cannot be encoded: {e}", inode.ino)))?;
+        let da = l.inode_da(&plan.inode_file, inode.ino).ok_or_else(|| {
+            FsckError::Unusable(format!("inode {} lies past the inode file", inode.ino))
+        })?;
+        let bytes = inode.encode(l.geo.inode_bytes).map_err(|e| {
+            FsckError::Unusable(format!("inode {} cannot be encoded: {e}", inode.ino))
+        })?;
         write(da, &bytes, BufferType::Inode, inode.ino, step)
     };
     // Step 0.
@@ -611,21 +754,47 @@ fn write_maps(
     let slot = f.meta.alloc_slot_bytes;
     for seg in maps::alloc_segments(l, bits) {
         let r = seg.region as usize;
-        if f.meta.alloc.blocks.is_some() && f.meta.alloc_segments.get(r).is_some_and(|s| s.as_ref() == Some(&seg)) {
+        if f.meta.alloc.blocks.is_some()
+            && f.meta
+                .alloc_segments
+                .get(r)
+                .is_some_and(|s| s.as_ref() == Some(&seg))
+        {
             continue;
         }
         // A segment straddling two blocks is a mako-fs bug reported as uncorrectable.
-        let Ok(da) = plan.alloc_file.da(l, r as u64 * slot, slot) else { continue };
-        write(da, &seg.encode(slot as usize), BufferType::AllocMap, plan.alloc_file.ino, step)?;
+        let Ok(da) = plan.alloc_file.da(l, r as u64 * slot, slot) else {
+            continue;
+        };
+        write(
+            da,
+            &seg.encode(slot as usize),
+            BufferType::AllocMap,
+            plan.alloc_file.ino,
+            step,
+        )?;
     }
     let islot = f.meta.imap_slot_bytes;
     for seg in maps::imap_segments(l, inodes) {
         let s = seg.segment as usize;
-        if f.meta.imap.blocks.is_some() && f.meta.imap_segments.get(s).is_some_and(|x| x.as_ref() == Some(&seg)) {
+        if f.meta.imap.blocks.is_some()
+            && f.meta
+                .imap_segments
+                .get(s)
+                .is_some_and(|x| x.as_ref() == Some(&seg))
+        {
             continue;
         }
-        let Ok(da) = plan.imap_file.da(l, s as u64 * islot, islot) else { continue };
-        write(da, &seg.encode(), BufferType::InodeMap, plan.imap_file.ino, step)?;
+        let Ok(da) = plan.imap_file.da(l, s as u64 * islot, islot) else {
+            continue;
+        };
+        write(
+            da,
+            &seg.encode(),
+            BufferType::InodeMap,
+            plan.imap_file.ino,
+            step,
+        )?;
     }
     Ok(())
 }

@@ -21,7 +21,12 @@ use std::collections::BTreeMap;
 
 /// Replay (`repair`) or collect (check only) the logs of every node. Returns the
 /// images to lay over reads (empty after an in-place replay).
-pub fn logs(desc: &Descriptor, nsd: &dyn Nsd, repair: bool, problems: &mut Vec<Problem>) -> Vec<LogImage> {
+pub fn logs(
+    desc: &Descriptor,
+    nsd: &dyn Nsd,
+    repair: bool,
+    problems: &mut Vec<Problem>,
+) -> Vec<LogImage> {
     let mut images = Vec::new();
     let m = desc.metadata_inodes;
     for node in 0..m.log_count {
@@ -89,14 +94,21 @@ fn problem(r: &ReplayReport, ino: u64, replayed: bool) -> Option<Problem> {
         what += "no committed transaction";
     }
     if let Some(t) = &r.torn_tail {
-        what += &format!(", and a torn last transaction at LSN {} that was never acknowledged ({t})", r.head_lsn);
+        what += &format!(
+            ", and a torn last transaction at LSN {} that was never acknowledged ({t})",
+            r.head_lsn
+        );
     }
     let repair = if replayed {
         format!(
             "replayed in place ({} KiB written in {:.2} s){}",
             r.image_bytes.div_ceil(1024),
             r.duration.as_secs_f64(),
-            if r.torn_tail.is_some() { ", the torn tail discarded" } else { "" }
+            if r.torn_tail.is_some() {
+                ", the torn tail discarded"
+            } else {
+                ""
+            }
         )
     } else {
         "replay the log (as a mount would) and discard a torn tail; this check read the file system as if replayed".to_string()
@@ -115,8 +127,16 @@ pub struct Overlay<'a> {
 
 impl<'a> Overlay<'a> {
     pub fn new(inner: &'a dyn MetadataReader, images: Vec<LogImage>) -> Overlay<'a> {
-        let max_sectors = images.iter().map(|i| (i.length as u64).div_ceil(512)).max().unwrap_or(0);
-        Overlay { inner, images: images.into_iter().map(|i| (i.da, i)).collect(), max_sectors }
+        let max_sectors = images
+            .iter()
+            .map(|i| (i.length as u64).div_ceil(512))
+            .max()
+            .unwrap_or(0);
+        Overlay {
+            inner,
+            images: images.into_iter().map(|i| (i.da, i)).collect(),
+            max_sectors,
+        }
     }
     pub fn is_empty(&self) -> bool {
         self.images.is_empty()
@@ -124,7 +144,13 @@ impl<'a> Overlay<'a> {
 }
 
 impl MetadataReader for Overlay<'_> {
-    fn read(&self, da: DiskAddress, buf: &mut [u8], what: BufferType, ino: u64) -> Result<(), DiskError> {
+    fn read(
+        &self,
+        da: DiskAddress,
+        buf: &mut [u8],
+        what: BufferType,
+        ino: u64,
+    ) -> Result<(), DiskError> {
         self.inner.read(da, buf, what, ino)?;
         if self.images.is_empty() {
             return Ok(());
@@ -144,7 +170,13 @@ mod tests {
 
     struct Zeros;
     impl MetadataReader for Zeros {
-        fn read(&self, _: DiskAddress, buf: &mut [u8], _: BufferType, _: u64) -> Result<(), DiskError> {
+        fn read(
+            &self,
+            _: DiskAddress,
+            buf: &mut [u8],
+            _: BufferType,
+            _: u64,
+        ) -> Result<(), DiskError> {
             buf.fill(0xee);
             Ok(())
         }
@@ -152,20 +184,40 @@ mod tests {
 
     #[test]
     fn images_cover_exactly_their_bytes() {
-        let img = |disk, sector, length: u32, bytes: &[u8]| LogImage { da: DiskAddress::new(disk, sector), length, bytes: bytes.to_vec() };
-        let o = Overlay::new(&Zeros, vec![img(0, 8, 1024, &[1, 2, 3]), img(0, 20, 512, &[9; 512]), img(1, 8, 512, &[7])]);
+        let img = |disk, sector, length: u32, bytes: &[u8]| LogImage {
+            da: DiskAddress::new(disk, sector),
+            length,
+            bytes: bytes.to_vec(),
+        };
+        let o = Overlay::new(
+            &Zeros,
+            vec![
+                img(0, 8, 1024, &[1, 2, 3]),
+                img(0, 20, 512, &[9; 512]),
+                img(1, 8, 512, &[7]),
+            ],
+        );
         // A read that starts inside the first image and ends inside the second.
         let mut buf = vec![0u8; 12 * 512];
-        o.read(DiskAddress::new(0, 9), &mut buf, BufferType::Inode, 0).unwrap();
-        assert!(buf[..512].iter().all(|&b| b == 0), "the rest of image 1 is its implied zeros");
+        o.read(DiskAddress::new(0, 9), &mut buf, BufferType::Inode, 0)
+            .unwrap();
+        assert!(
+            buf[..512].iter().all(|&b| b == 0),
+            "the rest of image 1 is its implied zeros"
+        );
         let disk_part = &buf[512..(20 - 9) * 512];
-        assert!(disk_part.iter().all(|&b| b == 0xee), "between the images the disk shows");
+        assert!(
+            disk_part.iter().all(|&b| b == 0xee),
+            "between the images the disk shows"
+        );
         assert!(buf[(20 - 9) * 512..].iter().all(|&b| b == 9), "image 2");
         // The first image from its start; another disk is not touched by disk 0's images.
         let mut buf = vec![0u8; 512];
-        o.read(DiskAddress::new(0, 8), &mut buf, BufferType::Inode, 0).unwrap();
+        o.read(DiskAddress::new(0, 8), &mut buf, BufferType::Inode, 0)
+            .unwrap();
         assert_eq!(&buf[..4], &[1, 2, 3, 0]);
-        o.read(DiskAddress::new(2, 8), &mut buf, BufferType::Inode, 0).unwrap();
+        o.read(DiskAddress::new(2, 8), &mut buf, BufferType::Inode, 0)
+            .unwrap();
         assert!(buf.iter().all(|&b| b == 0xee));
     }
 }

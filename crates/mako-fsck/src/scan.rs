@@ -127,7 +127,9 @@ impl InodeBits<'_> {
     pub fn get(&self, ino: u64) -> Option<bool> {
         let seg = self.segments.get((ino / self.per) as usize)?.as_ref()?;
         let i = ino % self.per;
-        seg.bitmap.get((i / 64) as usize).map(|w| w >> (i % 64) & 1 == 1)
+        seg.bitmap
+            .get((i / 64) as usize)
+            .map(|w| w >> (i % 64) & 1 == 1)
     }
 }
 
@@ -173,7 +175,16 @@ pub fn run(
     let per_chunk = chunk_bytes / isz;
     let slots = meta.slots;
     let nchunks = slots.div_ceil(per_chunk) as usize;
-    let sc = Scanner { l, r, meta, imap: InodeBits { segments: &meta.imap_segments, per: l.desc.inodes_per_segment as u64 }, owners };
+    let sc = Scanner {
+        l,
+        r,
+        meta,
+        imap: InodeBits {
+            segments: &meta.imap_segments,
+            per: l.desc.inodes_per_segment as u64,
+        },
+        owners,
+    };
     let next = AtomicUsize::new(0);
     let done = AtomicU64::new(0);
     let running = AtomicUsize::new(threads.max(1));
@@ -206,12 +217,22 @@ pub fn run(
     });
     progress.update(Phase::Inodes, done.load(Ordering::Relaxed), slots);
     if cancel.load(Ordering::Relaxed) {
-        return Err(FsckError::Cancelled { during_repair: false });
+        return Err(FsckError::Cancelled {
+            during_repair: false,
+        });
     }
-    let mut out = ScanOut { recs: Vec::new(), conflicts: Vec::new(), problems: Vec::new(), slots };
+    let mut out = ScanOut {
+        recs: Vec::new(),
+        conflicts: Vec::new(),
+        problems: Vec::new(),
+        slots,
+    };
     let mut newer = Vec::new();
     for r in results {
-        let c = r.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every chunk scanned");
+        let c = r
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .expect("every chunk scanned");
         if let Some(f) = c.fatal {
             return Err(FsckError::Unusable(f));
         }
@@ -236,10 +257,16 @@ impl Scanner<'_> {
         let l = self.l;
         let mut out = ChunkOut::default();
         let per_block = l.block_bytes / chunk_bytes;
-        let base = self.meta.inode_file[(c / per_block) as usize].offset_by((c % per_block) * chunk_bytes);
+        let base =
+            self.meta.inode_file[(c / per_block) as usize].offset_by((c % per_block) * chunk_bytes);
         let isz = l.inode_bytes();
         let mut buf = vec![0u8; ((last - first) * isz) as usize];
-        if let Err(e) = self.r.read(base, &mut buf, BufferType::Inode, l.desc.metadata_inodes.inode_file) {
+        if let Err(e) = self.r.read(
+            base,
+            &mut buf,
+            BufferType::Inode,
+            l.desc.metadata_inodes.inode_file,
+        ) {
             // Inodes fsck cannot read may own blocks: going on would free them.
             out.fatal = Some(format!(
                 "the inode file cannot be read at {base} (inodes {first}..{}): {e}; fix the disk and run fsck again",
@@ -286,7 +313,8 @@ impl Scanner<'_> {
                 } else {
                     (ProblemKind::DamagedFreeInode, "zero the free slot")
                 };
-                out.problems.push(Problem::new(kind, describe(&e), repair).ino(ino).at(slot));
+                out.problems
+                    .push(Problem::new(kind, describe(&e), repair).ino(ino).at(slot));
                 out.recs.push(bad_rec(ino, slot, describe(&e)));
                 return;
             }
@@ -303,11 +331,18 @@ impl Scanner<'_> {
             return; // freed: mako-fs writes freed inodes back with no links
         };
         if !valid_kind(inode.mode) {
-            let why = format!("inode {ino} has an invalid file type (mode {:o})", inode.mode);
+            let why = format!(
+                "inode {ino} has an invalid file type (mode {:o})",
+                inode.mode
+            );
             out.problems.push(
-                Problem::new(ProblemKind::BadInode, why.clone(), "clear the inode and remove the entries that name it; its blocks are reclaimed")
-                    .ino(ino)
-                    .at(slot),
+                Problem::new(
+                    ProblemKind::BadInode,
+                    why.clone(),
+                    "clear the inode and remove the entries that name it; its blocks are reclaimed",
+                )
+                .ino(ino)
+                .at(slot),
             );
             out.recs.push(bad_rec(ino, slot, why));
             return;
@@ -326,11 +361,20 @@ impl Scanner<'_> {
         };
         let mut fixes = Vec::new();
         let mut field = |what: String, fix: Fix, repair: String, out: &mut ChunkOut| {
-            out.problems.push(Problem::new(ProblemKind::InodeField, what, repair).ino(ino).at(slot));
+            out.problems.push(
+                Problem::new(ProblemKind::InodeField, what, repair)
+                    .ino(ino)
+                    .at(slot),
+            );
             fixes.push(fix);
         };
         if inode.flags & FLAG_SYSTEM != 0 {
-            field(format!("{} is flagged as a metadata file", kind_name(inode.mode)), Fix::ClearSystemFlag, "clear the flag".into(), out);
+            field(
+                format!("{} is flagged as a metadata file", kind_name(inode.mode)),
+                Fix::ClearSystemFlag,
+                "clear the flag".into(),
+                out,
+            );
         }
         let dir = is_dir(inode.mode);
         let special = !dir && !is_reg(inode.mode) && inode.mode & S_IFMT != crate::layout::S_IFLNK;
@@ -338,10 +382,19 @@ impl Scanner<'_> {
         match &inode.content {
             InodeContent::InlineData(d) => {
                 if special && inode.size != 0 {
-                    field(format!("{} has size {}", kind_name(inode.mode), inode.size), Fix::EmptySpecial, "make it empty".into(), out);
+                    field(
+                        format!("{} has size {}", kind_name(inode.mode), inode.size),
+                        Fix::EmptySpecial,
+                        "make it empty".into(),
+                        out,
+                    );
                 } else if d.len() as u64 != inode.size {
                     field(
-                        format!("holds {} bytes of data in the inode but its size says {}", d.len(), inode.size),
+                        format!(
+                            "holds {} bytes of data in the inode but its size says {}",
+                            d.len(),
+                            inode.size
+                        ),
                         Fix::Size(d.len() as u64),
                         format!("set the size to {}", d.len()),
                         out,
@@ -362,7 +415,10 @@ impl Scanner<'_> {
             InodeContent::InlineDir(_) => {
                 if inode.size != 0 || inode.subblocks != 0 {
                     field(
-                        format!("keeps its entries in the inode but has size {} and {} subblocks", inode.size, inode.subblocks),
+                        format!(
+                            "keeps its entries in the inode but has size {} and {} subblocks",
+                            inode.size, inode.subblocks
+                        ),
                         Fix::Subblocks(0),
                         "set them to 0".into(),
                         out,
@@ -372,7 +428,12 @@ impl Scanner<'_> {
             }
             InodeContent::Pointers(ptrs) => {
                 if special {
-                    field(format!("{} holds block pointers", kind_name(inode.mode)), Fix::EmptySpecial, "make it empty; its blocks are reclaimed".into(), out);
+                    field(
+                        format!("{} holds block pointers", kind_name(inode.mode)),
+                        Fix::EmptySpecial,
+                        "make it empty; its blocks are reclaimed".into(),
+                        out,
+                    );
                 } else {
                     match self.pointers(&inode, ptrs, slot, &mut fixes, out) {
                         Some(w) => tree = Some(w),
@@ -393,14 +454,23 @@ impl Scanner<'_> {
         let mut extra = Extra::default();
         if let Some(w) = &tree {
             for &(u, da, n) in &w.units {
-                rec.extents.push(Extent { da, subblocks: n, piece: Piece::Unit(u) });
+                rec.extents.push(Extent {
+                    da,
+                    subblocks: n,
+                    piece: Piece::Unit(u),
+                });
             }
             for &(level, index, da) in &w.indirect {
-                rec.extents.push(Extent { da, subblocks: l.indirect_subblocks(), piece: Piece::Indirect(level, index) });
+                rec.extents.push(Extent {
+                    da,
+                    subblocks: l.indirect_subblocks(),
+                    piece: Piece::Indirect(level, index),
+                });
             }
         }
         if dir {
-            let scan = directory_check::check(l, self.r, &inode, tree.as_ref(), slot, &mut out.problems);
+            let scan =
+                directory_check::check(l, self.r, &inode, tree.as_ref(), slot, &mut out.problems);
             if let Some(n) = scan.count_fix {
                 fixes.push(Fix::Entries(n));
             }
@@ -438,14 +508,28 @@ impl Scanner<'_> {
         };
         if let InodeContent::Pointers(ptrs) = &inode.content {
             let n = inode.size / l.block_bytes;
-            let rule = UnitRule { full: l.spb as u32, last: n.checked_sub(1), last_subblocks: 0, beyond_eof: false, size: inode.size };
+            let rule = UnitRule {
+                full: l.spb as u32,
+                last: n.checked_sub(1),
+                last_subblocks: 0,
+                beyond_eof: false,
+                size: inode.size,
+            };
             if inode.depth <= TREE_DEPTH_MAX {
                 let w = walk(l, self.r, inode.ino, inode.depth, ptrs, &rule);
                 for (u, da, n) in w.units {
-                    rec.extents.push(Extent { da, subblocks: n, piece: Piece::Unit(u) });
+                    rec.extents.push(Extent {
+                        da,
+                        subblocks: n,
+                        piece: Piece::Unit(u),
+                    });
                 }
                 for (level, index, da) in w.indirect {
-                    rec.extents.push(Extent { da, subblocks: l.indirect_subblocks(), piece: Piece::Indirect(level, index) });
+                    rec.extents.push(Extent {
+                        da,
+                        subblocks: l.indirect_subblocks(),
+                        piece: Piece::Indirect(level, index),
+                    });
                 }
             }
         }
@@ -459,7 +543,14 @@ impl Scanner<'_> {
 
     /// Walk a file's tree, correcting the depth when the tree disagrees with the
     /// inode, and report what cannot be followed. `None`: no usable depth.
-    fn pointers(&self, inode: &Inode, ptrs: &[DiskAddress], slot: DiskAddress, fixes: &mut Vec<Fix>, out: &mut ChunkOut) -> Option<Walk> {
+    fn pointers(
+        &self,
+        inode: &Inode,
+        ptrs: &[DiskAddress],
+        slot: DiskAddress,
+        fixes: &mut Vec<Fix>,
+        out: &mut ChunkOut,
+    ) -> Option<Walk> {
         let l = self.l;
         let ino = inode.ino;
         let dir = is_dir(inode.mode);
@@ -480,13 +571,28 @@ impl Scanner<'_> {
             lbs = 0;
         }
         let last = inode.size.checked_sub(1).map(|b| b / unit_bytes);
-        let rule = UnitRule { full: unit_sb, last, last_subblocks: lbs, beyond_eof: is_reg(inode.mode), size: inode.size };
+        let rule = UnitRule {
+            full: unit_sb,
+            last,
+            last_subblocks: lbs,
+            beyond_eof: is_reg(inode.mode),
+            size: inode.size,
+        };
         let mut depth = inode.depth;
-        let mut w = if depth <= TREE_DEPTH_MAX { Some(walk(l, self.r, ino, depth, ptrs, &rule)) } else { None };
+        let mut w = if depth <= TREE_DEPTH_MAX {
+            Some(walk(l, self.r, ino, depth, ptrs, &rule))
+        } else {
+            None
+        };
         // A tree whose root pointers fail their identity, or a file too large for its
         // depth that has root pointers, may just have the wrong depth in its inode.
-        let top_failed = w.as_ref().is_some_and(|w| w.lost.iter().any(|x| x.level == depth && x.kind == ProblemKind::BadIndirectBlock));
-        let too_big = last.is_some_and(|u| u >= l.capacity(depth)) && ptrs.iter().any(|p| !p.is_null());
+        let top_failed = w.as_ref().is_some_and(|w| {
+            w.lost
+                .iter()
+                .any(|x| x.level == depth && x.kind == ProblemKind::BadIndirectBlock)
+        });
+        let too_big =
+            last.is_some_and(|u| u >= l.capacity(depth)) && ptrs.iter().any(|p| !p.is_null());
         if w.is_none() || top_failed || (depth == 0 && too_big) {
             if let Some(real) = probe_depth(l, self.r, ino, ptrs) {
                 if real != depth {
@@ -507,7 +613,12 @@ impl Scanner<'_> {
         }
         let w = w?;
         for lost in &w.lost {
-            let (u0, u1) = (lost.index.saturating_mul(l.span(lost.level)), lost.index.saturating_add(1).saturating_mul(l.span(lost.level)));
+            let (u0, u1) = (
+                lost.index.saturating_mul(l.span(lost.level)),
+                lost.index
+                    .saturating_add(1)
+                    .saturating_mul(l.span(lost.level)),
+            );
             let (b0, b1) = l.byte_range(dir, u0, u1, inode.size);
             let consequence = if dir {
                 "the directory is rebuilt from what is readable".to_string()
@@ -516,17 +627,29 @@ impl Scanner<'_> {
             } else {
                 "only preallocated space past the end of the file is lost".to_string()
             };
-            let mut p = Problem::new(lost.kind, format!("{}; {consequence}", lost.why), format!("cut the pointer: units {u0}..{u1} become a hole"))
-                .ino(ino);
-            p = if lost.da.is_null() { p.at(slot) } else { p.at(lost.da) };
+            let mut p = Problem::new(
+                lost.kind,
+                format!("{}; {consequence}", lost.why),
+                format!("cut the pointer: units {u0}..{u1} become a hole"),
+            )
+            .ino(ino);
+            p = if lost.da.is_null() {
+                p.at(slot)
+            } else {
+                p.at(lost.da)
+            };
             out.problems.push(p);
         }
-        let held: u64 = w.units.iter().map(|u| u.2 as u64).sum::<u64>() + w.indirect.len() as u64 * l.indirect_subblocks() as u64;
+        let held: u64 = w.units.iter().map(|u| u.2 as u64).sum::<u64>()
+            + w.indirect.len() as u64 * l.indirect_subblocks() as u64;
         if w.lost.is_empty() && held != inode.subblocks {
             out.problems.push(
                 Problem::new(
                     ProblemKind::InodeField,
-                    format!("counts {} subblocks, its tree holds {held}", inode.subblocks),
+                    format!(
+                        "counts {} subblocks, its tree holds {held}",
+                        inode.subblocks
+                    ),
                     format!("set the count to {held}"),
                 )
                 .ino(ino)
@@ -554,6 +677,9 @@ fn bad_rec(ino: u64, slot: DiskAddress, why: String) -> InodeRec {
         system: false,
         slot,
         extents: Vec::new(),
-        extra: Some(Box::new(Extra { bad: Some(why), ..Default::default() })),
+        extra: Some(Box::new(Extra {
+            bad: Some(why),
+            ..Default::default()
+        })),
     }
 }

@@ -17,7 +17,11 @@ fn words(l: &Layout, disk: usize) -> usize {
 
 impl Ownership {
     pub fn new(l: &Layout) -> Ownership {
-        Ownership { disks: (0..l.disk_blocks.len()).map(|d| (0..words(l, d)).map(|_| AtomicU64::new(0)).collect()).collect() }
+        Ownership {
+            disks: (0..l.disk_blocks.len())
+                .map(|d| (0..words(l, d)).map(|_| AtomicU64::new(0)).collect())
+                .collect(),
+        }
     }
 
     /// Claim `n` subblocks at `da` (a valid extent). False if any was claimed before:
@@ -31,7 +35,11 @@ impl Ownership {
             let w = (s / 64) as usize;
             let bit = s % 64;
             let take = (64 - bit).min(end - s);
-            let mask = if take == 64 { u64::MAX } else { ((1u64 << take) - 1) << bit };
+            let mask = if take == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << take) - 1) << bit
+            };
             let old = map[w].fetch_or(mask, Ordering::Relaxed);
             clash |= old & mask != 0;
             s += take;
@@ -40,7 +48,13 @@ impl Ownership {
     }
 
     pub fn to_bitmap(&self) -> Bitmap {
-        Bitmap { disks: self.disks.iter().map(|d| d.iter().map(|w| w.load(Ordering::Relaxed)).collect()).collect() }
+        Bitmap {
+            disks: self
+                .disks
+                .iter()
+                .map(|d| d.iter().map(|w| w.load(Ordering::Relaxed)).collect())
+                .collect(),
+        }
     }
 }
 
@@ -52,10 +66,16 @@ pub struct Bitmap {
 
 impl Bitmap {
     pub fn new(l: &Layout) -> Bitmap {
-        Bitmap { disks: (0..l.disk_blocks.len()).map(|d| vec![0u64; words(l, d)]).collect() }
+        Bitmap {
+            disks: (0..l.disk_blocks.len())
+                .map(|d| vec![0u64; words(l, d)])
+                .collect(),
+        }
     }
     pub fn get(&self, disk: usize, s: u64) -> bool {
-        self.disks[disk].get((s / 64) as usize).is_some_and(|w| w >> (s % 64) & 1 == 1)
+        self.disks[disk]
+            .get((s / 64) as usize)
+            .is_some_and(|w| w >> (s % 64) & 1 == 1)
     }
     pub fn set_range(&mut self, disk: usize, s: u64, n: u64) {
         let map = &mut self.disks[disk];
@@ -63,7 +83,11 @@ impl Bitmap {
         while i < end {
             let bit = i % 64;
             let take = (64 - bit).min(end - i);
-            map[(i / 64) as usize] |= if take == 64 { u64::MAX } else { ((1u64 << take) - 1) << bit };
+            map[(i / 64) as usize] |= if take == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << take) - 1) << bit
+            };
             i += take;
         }
     }
@@ -87,7 +111,13 @@ impl Bitmap {
         let shift = (first % 64) as u32;
         let base = (first / 64) as usize;
         let mut out: Vec<u64> = (0..count.div_ceil(64) as usize)
-            .map(|k| if shift == 0 { word(base + k) } else { word(base + k) >> shift | word(base + k + 1) << (64 - shift) })
+            .map(|k| {
+                if shift == 0 {
+                    word(base + k)
+                } else {
+                    word(base + k) >> shift | word(base + k + 1) << (64 - shift)
+                }
+            })
             .collect();
         if count % 64 != 0 {
             if let Some(last) = out.last_mut() {
@@ -99,7 +129,10 @@ impl Bitmap {
     /// Set the bits of a segment slice (`bits` packed from bit 0) at `first`.
     pub fn insert(&mut self, disk: usize, first: u64, count: u64, bits: &[u64]) {
         for i in 0..count {
-            if bits.get((i / 64) as usize).is_some_and(|w| w >> (i % 64) & 1 == 1) {
+            if bits
+                .get((i / 64) as usize)
+                .is_some_and(|w| w >> (i % 64) & 1 == 1)
+            {
                 self.disks[disk][((first + i) / 64) as usize] |= 1 << ((first + i) % 64);
             }
         }
@@ -139,8 +172,14 @@ mod tests {
         let da = l.da(1, 200);
         assert!(o.claim(&l, da, 100));
         assert!(o.claim(&l, l.da(1, 300), 28));
-        assert!(!o.claim(&l, l.da(1, 299), 1), "last subblock of the first claim");
-        assert!(o.claim(&l, l.da(0, 200), 100), "another disk is independent");
+        assert!(
+            !o.claim(&l, l.da(1, 299), 1),
+            "last subblock of the first claim"
+        );
+        assert!(
+            o.claim(&l, l.da(0, 200), 100),
+            "another disk is independent"
+        );
         let b = o.to_bitmap();
         assert!(b.get(1, 200) && b.get(1, 327) && !b.get(1, 328) && !b.get(1, 199));
         assert_eq!(runs(190, 150, |i| b.get(1, i)), vec![(200, 328)]);

@@ -9,7 +9,9 @@
 use crate::error::FsckError;
 use crate::problem::{describe, Problem, ProblemKind};
 use mako_disk::Disk;
-use mako_format::descriptor::{Descriptor, DiskEntry, DESCRIPTOR_BYTES_MAX, DESCRIPTOR_OFFSET, RESERVED_BYTES};
+use mako_format::descriptor::{
+    Descriptor, DiskEntry, DESCRIPTOR_BYTES_MAX, DESCRIPTOR_OFFSET, RESERVED_BYTES,
+};
 use mako_format::disk_header::{DiskHeader, DISK_HEADER_BYTES};
 use mako_format::error::Location;
 use mako_format::{DiskAddress, FormatErrorKind};
@@ -85,15 +87,25 @@ fn probe(d: &dyn Disk) -> Result<Probe, FsckError> {
 }
 
 fn names(disks: &[Arc<dyn Disk>]) -> String {
-    disks.iter().map(|d| d.name().to_string()).collect::<Vec<_>>().join(", ")
+    disks
+        .iter()
+        .map(|d| d.name().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Identify the disks, choose the descriptor, and check every copy and header.
-pub fn open(given: Vec<Arc<dyn Disk>>, problems: &mut Vec<Problem>) -> Result<Superblock, FsckError> {
+pub fn open(
+    given: Vec<Arc<dyn Disk>>,
+    problems: &mut Vec<Problem>,
+) -> Result<Superblock, FsckError> {
     if given.is_empty() {
         return Err(FsckError::Unusable("no disks given".into()));
     }
-    let probes = given.iter().map(|d| probe(d.as_ref())).collect::<Result<Vec<_>, _>>()?;
+    let probes = given
+        .iter()
+        .map(|d| probe(d.as_ref()))
+        .collect::<Result<Vec<_>, _>>()?;
     // 1. The descriptor: the highest generation among valid copies (as mount does);
     //    among copies of that generation, the one most copies agree with.
     let valid: Vec<&Descriptor> = probes
@@ -202,7 +214,9 @@ pub fn open(given: Vec<Arc<dyn Disk>>, problems: &mut Vec<Problem>) -> Result<Su
     let mut rewrite_descriptor = Vec::new();
     for &d in &best.descriptor_disks {
         let Some(&p) = ordered.get(d as usize) else {
-            return Err(FsckError::Unusable(format!("the descriptor lists disk {d} for a copy but has {n} disks")));
+            return Err(FsckError::Unusable(format!(
+                "the descriptor lists disk {d} for a copy but has {n} disks"
+            )));
         };
         let name = &best.disks[d as usize].name;
         let what = match &probes[p].copy {
@@ -210,13 +224,20 @@ pub fn open(given: Vec<Arc<dyn Disk>>, problems: &mut Vec<Problem>) -> Result<Su
             Copy::Valid(c) if c.generation < best.generation => {
                 format!("descriptor copy on disk {name} is stale: generation {}, the file system is at {}", c.generation, best.generation)
             }
-            Copy::Valid(_) => format!("descriptor copy on disk {name} differs from the majority copy of generation {}", best.generation),
+            Copy::Valid(_) => format!(
+                "descriptor copy on disk {name} differs from the majority copy of generation {}",
+                best.generation
+            ),
             Copy::Blank => format!("descriptor copy on disk {name} is lost (the slot is blank)"),
             Copy::Damaged(e) => format!("descriptor copy on disk {name} is damaged: {e}"),
         };
         problems.push(
-            Problem::new(ProblemKind::DescriptorCopy, what, format!("rewrite it from the copy of generation {}", best.generation))
-                .at(descriptor_da(d)),
+            Problem::new(
+                ProblemKind::DescriptorCopy,
+                what,
+                format!("rewrite it from the copy of generation {}", best.generation),
+            )
+            .at(descriptor_da(d)),
         );
         rewrite_descriptor.push(d);
     }
@@ -254,16 +275,32 @@ pub fn open(given: Vec<Arc<dyn Disk>>, problems: &mut Vec<Problem>) -> Result<Su
                 if diff.is_empty() {
                     continue;
                 }
-                format!("disk header of {} disagrees with the descriptor: {}", entry.name, diff.join(", "))
+                format!(
+                    "disk header of {} disagrees with the descriptor: {}",
+                    entry.name,
+                    diff.join(", ")
+                )
             }
             Err(e) => format!("disk header of {} is damaged: {e}", entry.name),
         };
-        problems.push(Problem::new(ProblemKind::DiskHeader, what, "rewrite it from the descriptor").at(DiskAddress::new(i as u32, 0)));
+        problems.push(
+            Problem::new(
+                ProblemKind::DiskHeader,
+                what,
+                "rewrite it from the descriptor",
+            )
+            .at(DiskAddress::new(i as u32, 0)),
+        );
         rewrite_header.push(i as u32);
     }
     check_descriptor_fields(&best)?;
     let disks = ordered.iter().map(|&p| given[p].clone()).collect();
-    Ok(Superblock { desc: best, disks, rewrite_descriptor, rewrite_header })
+    Ok(Superblock {
+        desc: best,
+        disks,
+        rewrite_descriptor,
+        rewrite_header,
+    })
 }
 
 /// Fields the rest of the check relies on. A descriptor that passed its checksum
@@ -272,11 +309,18 @@ fn check_descriptor_fields(d: &Descriptor) -> Result<(), FsckError> {
     let m = &d.metadata_inodes;
     let mut bad = Vec::new();
     let below_user = |ino: u64| ino < m.first_user_inode;
-    if !(below_user(m.inode_file) && below_user(m.root_dir) && below_user(m.block_alloc_map) && below_user(m.inode_alloc_map)) {
+    if !(below_user(m.inode_file)
+        && below_user(m.root_dir)
+        && below_user(m.block_alloc_map)
+        && below_user(m.inode_alloc_map))
+    {
         bad.push("metadata inode numbers reach into the user range".to_string());
     }
     if m.log_count == 0 || m.log_first + m.log_count as u64 > m.first_user_inode {
-        bad.push(format!("{} log inodes from {} do not fit below {}", m.log_count, m.log_first, m.first_user_inode));
+        bad.push(format!(
+            "{} log inodes from {} do not fit below {}",
+            m.log_count, m.log_first, m.first_user_inode
+        ));
     }
     if d.inodes_max <= m.first_user_inode {
         bad.push(format!("inode limit {} leaves no user inode", d.inodes_max));

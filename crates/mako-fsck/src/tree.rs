@@ -69,8 +69,21 @@ struct Walker<'a> {
 }
 
 /// Walk the tree of inode `ino` whose root pointers are `pointers` at `depth`.
-pub fn walk(l: &Layout, r: &dyn MetadataReader, ino: u64, depth: u8, pointers: &[DiskAddress], rule: &UnitRule) -> Walk {
-    let mut w = Walker { l, r, ino, rule, out: Walk::default() };
+pub fn walk(
+    l: &Layout,
+    r: &dyn MetadataReader,
+    ino: u64,
+    depth: u8,
+    pointers: &[DiskAddress],
+    rule: &UnitRule,
+) -> Walk {
+    let mut w = Walker {
+        l,
+        r,
+        ino,
+        rule,
+        out: Walk::default(),
+    };
     for (i, &p) in pointers.iter().enumerate().take(l.npi) {
         if !p.is_null() {
             w.visit(depth, i as u64, p);
@@ -81,45 +94,94 @@ pub fn walk(l: &Layout, r: &dyn MetadataReader, ino: u64, depth: u8, pointers: &
 
 impl Walker<'_> {
     fn lose(&mut self, level: u8, index: u64, da: DiskAddress, kind: ProblemKind, why: String) {
-        self.out.lost.push(LostPointer { level, index, da, kind, why });
+        self.out.lost.push(LostPointer {
+            level,
+            index,
+            da,
+            kind,
+            why,
+        });
     }
 
     fn visit(&mut self, level: u8, index: u64, ptr: DiskAddress) {
         if level == 0 {
             let unit = index;
             if !self.rule.allowed(unit) {
-                let why = format!("points at unit {unit}, past the end of the file (size {} bytes)", self.rule.size);
+                let why = format!(
+                    "points at unit {unit}, past the end of the file (size {} bytes)",
+                    self.rule.size
+                );
                 return self.lose(0, unit, ptr, ProblemKind::BadPointer, why);
             }
             let n = self.rule.subblocks(unit);
             match self.l.check_extent(ptr, n) {
                 Ok(()) => self.out.units.push((unit, ptr, n)),
-                Err(why) => self.lose(0, unit, ptr, ProblemKind::BadPointer, format!("pointer to unit {unit} ({n} subblocks at {ptr}) {why}")),
+                Err(why) => self.lose(
+                    0,
+                    unit,
+                    ptr,
+                    ProblemKind::BadPointer,
+                    format!("pointer to unit {unit} ({n} subblocks at {ptr}) {why}"),
+                ),
             }
             return;
         }
         let l = self.l;
         if let Err(why) = l.check_extent(ptr, l.indirect_subblocks()) {
-            return self.lose(level, index, ptr, ProblemKind::BadPointer, format!("pointer to the level-{level} indirect block {index} ({ptr}) {why}"));
+            return self.lose(
+                level,
+                index,
+                ptr,
+                ProblemKind::BadPointer,
+                format!("pointer to the level-{level} indirect block {index} ({ptr}) {why}"),
+            );
         }
         let mut buf = vec![0u8; l.geo.indirect_bytes as usize];
         if let Err(e) = self.r.read(ptr, &mut buf, BufferType::Indirect, self.ino) {
-            return self.lose(level, index, ptr, ProblemKind::BadIndirectBlock, format!("indirect block at {ptr} cannot be read: {e}"));
+            return self.lose(
+                level,
+                index,
+                ptr,
+                ProblemKind::BadIndirectBlock,
+                format!("indirect block at {ptr} cannot be read: {e}"),
+            );
         }
-        let id = IndirectId { ino: self.ino, level, index };
-        let block = match IndirectBlock::decode(&buf, l.geo.indirect_bytes, id, Location::Disk(ptr)) {
+        let id = IndirectId {
+            ino: self.ino,
+            level,
+            index,
+        };
+        let block = match IndirectBlock::decode(&buf, l.geo.indirect_bytes, id, Location::Disk(ptr))
+        {
             Ok(b) => b,
-            Err(e) => return self.lose(level, index, ptr, ProblemKind::BadIndirectBlock, describe(&e)),
+            Err(e) => {
+                return self.lose(
+                    level,
+                    index,
+                    ptr,
+                    ProblemKind::BadIndirectBlock,
+                    describe(&e),
+                )
+            }
         };
         self.out.indirect.push((level, index, ptr));
         for (j, &c) in block.pointers.iter().enumerate() {
             if c.is_null() {
                 continue;
             }
-            match index.checked_mul(l.ppi).and_then(|x| x.checked_add(j as u64)) {
+            match index
+                .checked_mul(l.ppi)
+                .and_then(|x| x.checked_add(j as u64))
+            {
                 Some(child) => self.visit(level - 1, child, c),
                 // Only a corrupt tree deeper than any real file gets here.
-                None => self.lose(level - 1, u64::MAX, c, ProblemKind::BadPointer, "points past the largest possible file".into()),
+                None => self.lose(
+                    level - 1,
+                    u64::MAX,
+                    c,
+                    ProblemKind::BadPointer,
+                    "points past the largest possible file".into(),
+                ),
             }
         }
     }
@@ -128,8 +190,17 @@ impl Walker<'_> {
 /// The depth of the tree the inode's first root pointer really starts, when that
 /// pointer holds an indirect block of this inode (checked by magic, identity and
 /// checksum). Used when the inode's depth does not fit what it points at.
-pub fn probe_depth(l: &Layout, r: &dyn MetadataReader, ino: u64, pointers: &[DiskAddress]) -> Option<u8> {
-    let (slot, &p) = pointers.iter().enumerate().take(l.npi).find(|(_, p)| !p.is_null())?;
+pub fn probe_depth(
+    l: &Layout,
+    r: &dyn MetadataReader,
+    ino: u64,
+    pointers: &[DiskAddress],
+) -> Option<u8> {
+    let (slot, &p) = pointers
+        .iter()
+        .enumerate()
+        .take(l.npi)
+        .find(|(_, p)| !p.is_null())?;
     l.check_extent(p, l.indirect_subblocks()).ok()?;
     let mut buf = vec![0u8; l.geo.indirect_bytes as usize];
     r.read(p, &mut buf, BufferType::Indirect, ino).ok()?;
@@ -141,8 +212,14 @@ pub fn probe_depth(l: &Layout, r: &dyn MetadataReader, ino: u64, pointers: &[Dis
     if level == 0 || level > TREE_DEPTH_MAX {
         return None;
     }
-    let id = IndirectId { ino, level, index: slot as u64 };
-    IndirectBlock::decode(&buf, l.geo.indirect_bytes, id, Location::Disk(p)).ok().map(|_| level)
+    let id = IndirectId {
+        ino,
+        level,
+        index: slot as u64,
+    };
+    IndirectBlock::decode(&buf, l.geo.indirect_bytes, id, Location::Disk(p))
+        .ok()
+        .map(|_| level)
 }
 
 /// Is the piece (a unit, or an indirect block at `level`/`index`) under the child at

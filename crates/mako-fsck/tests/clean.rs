@@ -8,7 +8,9 @@ use mako_disk::nsd::IoTag;
 use mako_disk::{BufferType, DiskError, LocalNsd, Nsd};
 use mako_format::DiskAddress;
 use mako_fs::fs::ROOT_INO;
-use mako_fsck::{check_through, MetadataReader, NoProgress, Options, Phase, ProblemKind, Progress, EXIT_CLEAN};
+use mako_fsck::{
+    check_through, MetadataReader, NoProgress, Options, Phase, ProblemKind, Progress, EXIT_CLEAN,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -17,12 +19,24 @@ fn busy_image_is_clean_in_parallel_and_serially() {
     let fx = fixture();
     let disks = fx.restore();
     for threads in [1, 2, 4] {
-        let r = mako_fsck::check_offline(disks.as_dyn(), &Options::check().threads(threads), &NoProgress).unwrap();
+        let r = mako_fsck::check_offline(
+            disks.as_dyn(),
+            &Options::check().threads(threads),
+            &NoProgress,
+        )
+        .unwrap();
         assert!(r.is_clean(), "{threads} threads:\n{}", r.render());
         assert_eq!(r.exit_code, EXIT_CLEAN);
         // Every file of the fixture (and the root) is counted.
-        assert!(r.files >= (BIGDIR_ENTRIES + FRAGDIR_ENTRIES + 20) as u64, "{} files", r.files);
-        assert_eq!(r.directories, 7, "root, dir1..3, emptydir, fragdir, bigdir, and no more");
+        assert!(
+            r.files >= (BIGDIR_ENTRIES + FRAGDIR_ENTRIES + 20) as u64,
+            "{} files",
+            r.files
+        );
+        assert_eq!(
+            r.directories, 7,
+            "root, dir1..3, emptydir, fragdir, bigdir, and no more"
+        );
         if threads == 2 {
             eprintln!("{}", r.render());
         }
@@ -37,7 +51,11 @@ fn repair_of_a_clean_image_writes_nothing() {
     let writes: u64 = disks.disks.iter().map(|d| d.writes()).sum();
     let r = fsck(&disks, true);
     assert_eq!(r.exit_code, EXIT_CLEAN, "{}", r.render());
-    assert_eq!(disks.disks.iter().map(|d| d.writes()).sum::<u64>(), writes, "a clean repair run wrote");
+    assert_eq!(
+        disks.disks.iter().map(|d| d.writes()).sum::<u64>(),
+        writes,
+        "a clean repair run wrote"
+    );
     assert!(snapshot(&disks) == before, "the image changed");
 }
 
@@ -48,9 +66,22 @@ struct CountingReader {
 }
 
 impl MetadataReader for CountingReader {
-    fn read(&self, da: DiskAddress, buf: &mut [u8], what: BufferType, ino: u64) -> Result<(), DiskError> {
+    fn read(
+        &self,
+        da: DiskAddress,
+        buf: &mut [u8],
+        what: BufferType,
+        ino: u64,
+    ) -> Result<(), DiskError> {
         self.reads.fetch_add(1, Ordering::Relaxed);
-        self.nsd.read(da, buf, IoTag { buffer_type: what, ino })
+        self.nsd.read(
+            da,
+            buf,
+            IoTag {
+                buffer_type: what,
+                ino,
+            },
+        )
     }
 }
 
@@ -67,7 +98,10 @@ fn a_check_through_another_reader_is_the_same_check() {
     let fx = fixture();
     let disks = fx.restore();
     let ins = Inspect::open(&disks);
-    let reader = CountingReader { nsd: LocalNsd::new(disks.as_dyn(), 16), reads: AtomicU64::new(0) };
+    let reader = CountingReader {
+        nsd: LocalNsd::new(disks.as_dyn(), 16),
+        reads: AtomicU64::new(0),
+    };
     let phases = Phases::default();
     let r = check_through(&ins.desc, &reader, &Options::check().threads(2), &phases).unwrap();
     assert!(r.is_clean(), "{}", r.render());
@@ -77,11 +111,19 @@ fn a_check_through_another_reader_is_the_same_check() {
     let seen = phases.0.lock().unwrap();
     let inodes_done = seen.iter().rfind(|p| p.0 == Phase::Inodes).unwrap();
     assert_eq!(inodes_done.1, inodes_done.2, "progress reaches the total");
-    assert!(check_through(&ins.desc, &reader, &Options::repair(), &NoProgress).is_err(), "a reader cannot repair");
+    assert!(
+        check_through(&ins.desc, &reader, &Options::repair(), &NoProgress).is_err(),
+        "a reader cannot repair"
+    );
     // Damage seen through the reader is reported like offline.
     ins.flip(ins.inode_da(fx.ino("/tiny")), 300, 0x10);
     let r = check_through(&ins.desc, &reader, &Options::check(), &NoProgress).unwrap();
-    assert!(r.of_kind(mako_fsck::ProblemKind::BadInode).any(|p| p.ino == Some(fx.ino("/tiny"))), "{}", r.render());
+    assert!(
+        r.of_kind(mako_fsck::ProblemKind::BadInode)
+            .any(|p| p.ino == Some(fx.ino("/tiny"))),
+        "{}",
+        r.render()
+    );
 }
 
 #[test]
@@ -96,8 +138,12 @@ fn an_unclean_file_system_is_checked_as_its_log_says_and_replayed_by_a_repair() 
     let mut files = Vec::new();
     for i in 0..40u64 {
         let name = format!("f{i}");
-        let f = fs.create(C, d, name.as_bytes(), 0o644, 0, true).unwrap().ino;
-        fs.write(f, 0, &pattern(100 + i, 3000 + 500 * i as usize), false).unwrap();
+        let f = fs
+            .create(C, d, name.as_bytes(), 0o644, 0, true)
+            .unwrap()
+            .ino;
+        fs.write(f, 0, &pattern(100 + i, 3000 + 500 * i as usize), false)
+            .unwrap();
         files.push((name, f, pattern(100 + i, 3000 + 500 * i as usize)));
     }
     fs.unlink(ROOT_INO, b"tiny").unwrap();
@@ -111,19 +157,41 @@ fn an_unclean_file_system_is_checked_as_its_log_says_and_replayed_by_a_repair() 
     let before = snapshot(&disks);
     let r = fsck(&disks, false);
     assert_eq!(r.exit_code, mako_fsck::EXIT_UNCORRECTED, "{}", r.render());
-    assert!(r.problems.iter().all(|p| p.kind == ProblemKind::LogReplay), "only the log state:\n{}", r.render());
-    assert!(r.of_kind(ProblemKind::LogReplay).any(|p| p.what.contains("committed transaction")), "{}", r.render());
+    assert!(
+        r.problems.iter().all(|p| p.kind == ProblemKind::LogReplay),
+        "only the log state:\n{}",
+        r.render()
+    );
+    assert!(
+        r.of_kind(ProblemKind::LogReplay)
+            .any(|p| p.what.contains("committed transaction")),
+        "{}",
+        r.render()
+    );
     assert!(snapshot(&disks) == before, "fsck -n wrote");
     // -y replays and marks the file system clean; then it is clean, mounts, and holds
     // everything that was committed.
     let r = fsck(&disks, true);
     assert_eq!(r.exit_code, mako_fsck::EXIT_CORRECTED, "{}", r.render());
-    assert!(r.of_kind(ProblemKind::LogReplay).all(|p| p.fixed), "{}", r.render());
-    assert!(r.of_kind(ProblemKind::LogReplay).any(|p| p.repair.contains("replayed in place")), "{}", r.render());
+    assert!(
+        r.of_kind(ProblemKind::LogReplay).all(|p| p.fixed),
+        "{}",
+        r.render()
+    );
+    assert!(
+        r.of_kind(ProblemKind::LogReplay)
+            .any(|p| p.repair.contains("replayed in place")),
+        "{}",
+        r.render()
+    );
     let r = fsck(&disks, false);
     assert!(r.is_clean(), "{}", r.render());
     let m = disks.mount(config());
-    assert!(m.recovery.transactions == 0 && m.recovery.was_clean, "fsck -y left nothing to replay: {}", m.recovery.summary());
+    assert!(
+        m.recovery.transactions == 0 && m.recovery.was_clean,
+        "fsck -y left nothing to replay: {}",
+        m.recovery.summary()
+    );
     let d = lookup(&m.fs, "/after").unwrap();
     // Every name committed; the fsynced file's data exact; the others' data was never
     // written back (write-behind allocates at write-back), so it reads as a hole.
@@ -131,10 +199,20 @@ fn an_unclean_file_system_is_checked_as_its_log_says_and_replayed_by_a_repair() 
         assert_eq!(m.fs.lookup(d, name.as_bytes()).unwrap().ino, *ino);
         let got = read_all(&m.fs, *ino);
         assert_eq!(got.len(), data.len(), "{name}");
-        assert!(got == *data || (k > 0 && got.iter().all(|&b| b == 0)), "{name}: neither its data nor a hole");
+        assert!(
+            got == *data || (k > 0 && got.iter().all(|&b| b == 0)),
+            "{name}: neither its data nor a hole"
+        );
     }
-    assert!(read_all(&m.fs, files[0].1) == files[0].2, "the fsynced file");
-    assert!(lookup(&m.fs, "/tiny").is_none() && lookup(&m.fs, "/after/moved").is_some() && lookup(&m.fs, "/frag5000").is_none());
+    assert!(
+        read_all(&m.fs, files[0].1) == files[0].2,
+        "the fsynced file"
+    );
+    assert!(
+        lookup(&m.fs, "/tiny").is_none()
+            && lookup(&m.fs, "/after/moved").is_some()
+            && lookup(&m.fs, "/frag5000").is_none()
+    );
     m.unmount().unwrap();
     assert!(fsck(&disks, false).is_clean());
 }
@@ -166,22 +244,64 @@ fn the_valid_log_header_copy_with_the_greater_tail_wins() {
     let disks = fx.restore();
     let ins = Inspect::open(&disks);
     let log = ins.desc.metadata_inodes.log_first;
-    let clean = LogHeader { node: 0, log_bytes: ins.desc.log_bytes, tail_lsn: 40, head_lsn: 40, clean: true };
+    let clean = LogHeader {
+        node: 0,
+        log_bytes: ins.desc.log_bytes,
+        tail_lsn: 40,
+        head_lsn: 40,
+        clean: true,
+    };
     // Copy 1 valid and newer, copy 0 damaged: the check runs on copy 1 and reports
     // copy 0, which the repair rewrites.
     put_log_header(&ins, 1, &clean);
     ins.flip(ins.metafile_da(log, 0), 30, 0x01);
     let r = fsck(&disks, false);
-    assert!(r.problems.iter().all(|p| p.kind == ProblemKind::LogHeader) && r.exit_code == mako_fsck::EXIT_UNCORRECTED, "{}", r.render());
+    assert!(
+        r.problems.iter().all(|p| p.kind == ProblemKind::LogHeader)
+            && r.exit_code == mako_fsck::EXIT_UNCORRECTED,
+        "{}",
+        r.render()
+    );
     assert_eq!(fsck(&disks, true).exit_code, mako_fsck::EXIT_CORRECTED);
     assert!(fsck(&disks, false).is_clean());
     // A newer copy that is not clean outranks an older clean one: an unclean stop.
-    put_log_header(&ins, 0, &LogHeader { tail_lsn: 10, head_lsn: 10, ..clean.clone() });
-    put_log_header(&ins, 1, &LogHeader { tail_lsn: 50, head_lsn: 50, clean: false, ..clean.clone() });
+    put_log_header(
+        &ins,
+        0,
+        &LogHeader {
+            tail_lsn: 10,
+            head_lsn: 10,
+            ..clean.clone()
+        },
+    );
+    put_log_header(
+        &ins,
+        1,
+        &LogHeader {
+            tail_lsn: 50,
+            head_lsn: 50,
+            clean: false,
+            ..clean.clone()
+        },
+    );
     let r = fsck(&disks, false);
-    assert!(r.of_kind(ProblemKind::LogReplay).any(|p| p.what.contains("not marked clean")), "{}", r.render());
+    assert!(
+        r.of_kind(ProblemKind::LogReplay)
+            .any(|p| p.what.contains("not marked clean")),
+        "{}",
+        r.render()
+    );
     // The newer copy clean, the older one not: the newer wins, the check is clean.
-    put_log_header(&ins, 0, &LogHeader { tail_lsn: 10, head_lsn: 30, clean: false, ..clean.clone() });
+    put_log_header(
+        &ins,
+        0,
+        &LogHeader {
+            tail_lsn: 10,
+            head_lsn: 30,
+            clean: false,
+            ..clean.clone()
+        },
+    );
     put_log_header(&ins, 1, &clean);
     assert!(fsck(&disks, false).is_clean());
 }

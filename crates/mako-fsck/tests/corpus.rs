@@ -26,10 +26,19 @@ struct Case {
 }
 
 fn case(kind: ProblemKind, ino: Option<u64>, hit: &[&'static str]) -> Case {
-    Case { kind, ino, hit: hit.to_vec(), repaired: None }
+    Case {
+        kind,
+        ino,
+        hit: hit.to_vec(),
+        repaired: None,
+    }
 }
 
-fn run(name: &str, inject: impl FnOnce(&Inspect, &Fixture) -> Case, after: impl FnOnce(&FileSystem, &Fixture)) {
+fn run(
+    name: &str,
+    inject: impl FnOnce(&Inspect, &Fixture) -> Case,
+    after: impl FnOnce(&FileSystem, &Fixture),
+) {
     let fx = fixture();
     let disks = fx.restore();
     let ins = Inspect::open(&disks);
@@ -38,28 +47,59 @@ fn run(name: &str, inject: impl FnOnce(&Inspect, &Fixture) -> Case, after: impl 
     if std::env::var_os("MAKO_FSCK_SHOW").is_some() {
         eprintln!("=== {name}\n{}", r.render());
     }
-    assert_eq!(r.exit_code, EXIT_UNCORRECTED, "{name}: fsck -n must find the damage\n{}", r.render());
-    assert!(
-        r.of_kind(c.kind).any(|p| c.ino.is_none_or(|i| p.ino == Some(i))),
-        "{name}: no {} problem{}\n{}",
-        c.kind.name(),
-        c.ino.map(|i| format!(" naming inode {i}")).unwrap_or_default(),
+    assert_eq!(
+        r.exit_code,
+        EXIT_UNCORRECTED,
+        "{name}: fsck -n must find the damage\n{}",
         r.render()
     );
-    assert!(r.problems.iter().all(|p| !p.fixed), "{name}: -n fixed something");
+    assert!(
+        r.of_kind(c.kind)
+            .any(|p| c.ino.is_none_or(|i| p.ino == Some(i))),
+        "{name}: no {} problem{}\n{}",
+        c.kind.name(),
+        c.ino
+            .map(|i| format!(" naming inode {i}"))
+            .unwrap_or_default(),
+        r.render()
+    );
+    assert!(
+        r.problems.iter().all(|p| !p.fixed),
+        "{name}: -n fixed something"
+    );
     let r = fsck(&disks, true);
-    assert_eq!(r.exit_code, EXIT_CORRECTED, "{name}: fsck -y must repair everything\n{}", r.render());
+    assert_eq!(
+        r.exit_code,
+        EXIT_CORRECTED,
+        "{name}: fsck -y must repair everything\n{}",
+        r.render()
+    );
     if let Some(said) = c.repaired {
-        assert!(r.of_kind(c.kind).any(|p| p.fixed && p.repair.contains(said)), "{name}: the repair should say {said:?}\n{}", r.render());
+        assert!(
+            r.of_kind(c.kind)
+                .any(|p| p.fixed && p.repair.contains(said)),
+            "{name}: the repair should say {said:?}\n{}",
+            r.render()
+        );
     }
     let r = fsck(&disks, false);
-    assert_eq!(r.exit_code, EXIT_CLEAN, "{name}: the second fsck -n is not clean\n{}", r.render());
+    assert_eq!(
+        r.exit_code,
+        EXIT_CLEAN,
+        "{name}: the second fsck -n is not clean\n{}",
+        r.render()
+    );
     let m = disks.mount(config());
     verify_untouched(&m.fs, fx, &c.hit);
     after(&m.fs, fx);
     m.unmount().unwrap();
     let r = fsck(&disks, false);
-    assert_eq!(r.exit_code, EXIT_CLEAN, "{name}: not clean after a mount and unmount\n{}", r.render());
+    assert_eq!(
+        r.exit_code,
+        EXIT_CLEAN,
+        "{name}: not clean after a mount and unmount\n{}",
+        r.render()
+    );
 }
 
 fn nothing(_: &FileSystem, _: &Fixture) {}
@@ -73,7 +113,12 @@ fn inode_bit_flip() {
             ins.flip(ins.inode_da(ino), 200, 0x40);
             case(ProblemKind::BadInode, Some(ino), &["/frag5000"])
         },
-        |fs, _| assert!(lookup(fs, "/frag5000").is_none(), "the cleared inode's entry is removed"),
+        |fs, _| {
+            assert!(
+                lookup(fs, "/frag5000").is_none(),
+                "the cleared inode's entry is removed"
+            )
+        },
     );
 }
 
@@ -127,8 +172,14 @@ fn truncated_indirect_tree() {
             let ino = fx.ino("/sparse");
             let data = read_all(fs, ino);
             assert_eq!(data.len(), (40 << 20) + 5000, "the size stays");
-            assert!(data[..10_000] == pattern(20, 10_000)[..], "the first units survive");
-            assert!(data[40 << 20..].iter().all(|&b| b == 0), "the units under the lost block read as zeros");
+            assert!(
+                data[..10_000] == pattern(20, 10_000)[..],
+                "the first units survive"
+            );
+            assert!(
+                data[40 << 20..].iter().all(|&b| b == 0),
+                "the units under the lost block read as zeros"
+            );
         },
     );
 }
@@ -171,7 +222,9 @@ fn pointer_off_the_disks() {
         |ins, fx| {
             let ino = fx.ino("/blockplus");
             let mut i = ins.inode(ino);
-            let InodeContent::Pointers(p) = &mut i.content else { panic!("pointers") };
+            let InodeContent::Pointers(p) = &mut i.content else {
+                panic!("pointers")
+            };
             p[1] = DiskAddress::new(9, 4096);
             ins.put_inode(&i);
             case(ProblemKind::BadPointer, Some(ino), &["/blockplus"])
@@ -179,7 +232,10 @@ fn pointer_off_the_disks() {
         |fs, fx| {
             let data = read_all(fs, fx.ino("/blockplus"));
             assert_eq!(data.len(), 65537);
-            assert!(data[..65536] == pattern(6, 65537)[..65536], "the first block is kept");
+            assert!(
+                data[..65536] == pattern(6, 65537)[..65536],
+                "the first block is kept"
+            );
             assert_eq!(data[65536], 0, "the fragment is a hole");
         },
     );
@@ -200,7 +256,11 @@ fn directory_block_bit_flip() {
             let kept = list(fs, fx.ino("/bigdir")).len();
             let found = lost_found_intact(fs, fx);
             assert!(found > 0, "the lost entries' files are in /lost+found");
-            assert_eq!(kept + found, BIGDIR_ENTRIES, "every file is either still named or in /lost+found");
+            assert_eq!(
+                kept + found,
+                BIGDIR_ENTRIES,
+                "every file is either still named or in /lost+found"
+            );
         },
     );
 }
@@ -248,7 +308,10 @@ fn lost_descriptor_copy() {
     run(
         "lost descriptor copy",
         |ins, _| {
-            ins.write(ins.descriptor_da(ins.desc.descriptor_disks[1]), &vec![0u8; 4096]);
+            ins.write(
+                ins.descriptor_da(ins.desc.descriptor_disks[1]),
+                &vec![0u8; 4096],
+            );
             case(ProblemKind::DescriptorCopy, None, &[])
         },
         nothing,
@@ -275,17 +338,32 @@ fn cross_linked_block() {
             let (b64, bp) = (fx.ino("/block64k"), fx.ino("/blockplus"));
             let (units, _) = ins.tree(b64);
             let mut i = ins.inode(bp);
-            let InodeContent::Pointers(p) = &mut i.content else { panic!("pointers") };
+            let InodeContent::Pointers(p) = &mut i.content else {
+                panic!("pointers")
+            };
             p[0] = units[0].1;
             ins.put_inode(&i);
-            Case { repaired: Some("its own copy"), ..case(ProblemKind::CrossLinkedBlock, Some(bp), &["/blockplus"]) }
+            Case {
+                repaired: Some("its own copy"),
+                ..case(ProblemKind::CrossLinkedBlock, Some(bp), &["/blockplus"])
+            }
         },
         |fs, fx| {
             let (b64, bp) = (fx.ino("/block64k"), fx.ino("/blockplus"));
             let data = read_all(fs, bp);
-            assert!(data[..65536] == pattern(5, 65536)[..], "the second owner has a copy of the shared block");
-            assert!(data[65536..] == pattern(6, 65537)[65536..], "its fragment is its own");
-            assert_ne!(fs.block_list(bp).unwrap()[0].1, fs.block_list(b64).unwrap()[0].1, "no block is shared any more");
+            assert!(
+                data[..65536] == pattern(5, 65536)[..],
+                "the second owner has a copy of the shared block"
+            );
+            assert!(
+                data[65536..] == pattern(6, 65537)[65536..],
+                "its fragment is its own"
+            );
+            assert_ne!(
+                fs.block_list(bp).unwrap()[0].1,
+                fs.block_list(b64).unwrap()[0].1,
+                "no block is shared any more"
+            );
         },
     );
 }
@@ -330,8 +408,16 @@ fn block_marked_used_but_free() {
             let k = seg.slices.iter().position(|s| s.disk == 3).unwrap();
             let sl = seg.slices[k];
             let last = sl.first_subblock + sl.subblocks - 32;
-            assert!(seg.bitmaps[k][((last - sl.first_subblock) / 64) as usize] == 0, "free in the image");
-            set_bits(ins, DiskAddress::new(3, last * ins.desc.geometry.sectors_per_subblock()), 32, true);
+            assert!(
+                seg.bitmaps[k][((last - sl.first_subblock) / 64) as usize] == 0,
+                "free in the image"
+            );
+            set_bits(
+                ins,
+                DiskAddress::new(3, last * ins.desc.geometry.sectors_per_subblock()),
+                32,
+                true,
+            );
             case(ProblemKind::BlockLeaked, None, &[])
         },
         nothing,
@@ -361,7 +447,12 @@ fn entry_to_free_inode() {
         |ins, fx| {
             let dir = fx.ino("/dir1");
             let mut e = ins.inline_entries(dir);
-            e.push(DirEntry { cookie: home_cookie(b"ghost"), ino: fx.ino("(gone)"), kind: 8, name: b"ghost".to_vec() });
+            e.push(DirEntry {
+                cookie: home_cookie(b"ghost"),
+                ino: fx.ino("(gone)"),
+                kind: 8,
+                name: b"ghost".to_vec(),
+            });
             ins.set_inline_entries(dir, e);
             case(ProblemKind::EntryToFreeInode, Some(dir), &[])
         },
@@ -379,7 +470,11 @@ fn broken_hash_chain() {
             assert_eq!(blocks.len(), 1, "one fragment");
             let (_, da, mut b) = blocks.into_iter().next().unwrap();
             let cookies: Vec<u64> = b.entries.iter().map(|e| e.cookie).collect();
-            let e = b.entries.iter_mut().find(|e| e.cookie == home_cookie(&e.name) && !cookies.contains(&(e.cookie + 1))).unwrap();
+            let e = b
+                .entries
+                .iter_mut()
+                .find(|e| e.cookie == home_cookie(&e.name) && !cookies.contains(&(e.cookie + 1)))
+                .unwrap();
             e.cookie += 1; // its home cookie is now free: lookup stops there
             b.entries.sort_by_key(|e| e.cookie);
             ins.put_dir_block(da, &b);
@@ -397,8 +492,18 @@ fn duplicate_name() {
             let dir = fx.ino("/fragdir");
             let (_, da, mut b) = ins.dir_blocks(dir).into_iter().next().unwrap();
             let cookies: Vec<u64> = b.entries.iter().map(|e| e.cookie).collect();
-            let e = b.entries.iter().find(|e| !cookies.contains(&(e.cookie + 1))).unwrap().clone();
-            b.entries.push(DirEntry { cookie: e.cookie + 1, ino: fx.ino("/tiny"), kind: 8, name: e.name });
+            let e = b
+                .entries
+                .iter()
+                .find(|e| !cookies.contains(&(e.cookie + 1)))
+                .unwrap()
+                .clone();
+            b.entries.push(DirEntry {
+                cookie: e.cookie + 1,
+                ino: fx.ino("/tiny"),
+                kind: 8,
+                name: e.name,
+            });
             b.entries.sort_by_key(|e| e.cookie);
             ins.put_dir_block(da, &b);
             case(ProblemKind::DuplicateName, Some(dir), &[])
@@ -416,11 +521,19 @@ fn orphan_inode() {
             let mut e = ins.inline_entries(dir);
             e.retain(|x| x.name != b"deep");
             ins.set_inline_entries(dir, e);
-            case(ProblemKind::Orphan, Some(fx.ino("/dir1/dir2/dir3/deep")), &["/dir1/dir2/dir3/deep"])
+            case(
+                ProblemKind::Orphan,
+                Some(fx.ino("/dir1/dir2/dir3/deep")),
+                &["/dir1/dir2/dir3/deep"],
+            )
         },
         |fs, fx| {
             assert_eq!(lost_found_intact(fs, fx), 1);
-            let ino = lookup(fs, &format!("/lost+found/#{}", fx.ino("/dir1/dir2/dir3/deep"))).unwrap();
+            let ino = lookup(
+                fs,
+                &format!("/lost+found/#{}", fx.ino("/dir1/dir2/dir3/deep")),
+            )
+            .unwrap();
             assert!(read_all(fs, ino) == pattern(24, 20_000));
         },
     );
@@ -434,13 +547,29 @@ fn orphan_directory_tree() {
             let mut e = ins.inline_entries(fx.ino("/dir1"));
             e.retain(|x| x.name != b"dir2");
             ins.set_inline_entries(fx.ino("/dir1"), e);
-            case(ProblemKind::Orphan, Some(fx.ino("/dir1/dir2")), &["/dir1/dir2", "/dir1"])
+            case(
+                ProblemKind::Orphan,
+                Some(fx.ino("/dir1/dir2")),
+                &["/dir1/dir2", "/dir1"],
+            )
         },
         |fs, fx| {
-            assert_eq!(lost_found_intact(fs, fx), 1, "only the top of the orphaned tree is reconnected");
-            let deep = lookup(fs, &format!("/lost+found/#{}/dir3/deep", fx.ino("/dir1/dir2"))).expect("the tree below comes along");
+            assert_eq!(
+                lost_found_intact(fs, fx),
+                1,
+                "only the top of the orphaned tree is reconnected"
+            );
+            let deep = lookup(
+                fs,
+                &format!("/lost+found/#{}/dir3/deep", fx.ino("/dir1/dir2")),
+            )
+            .expect("the tree below comes along");
             assert!(read_all(fs, deep) == pattern(24, 20_000));
-            assert_eq!(fs.lookup(fx.ino("/dir1/dir2"), b"..").unwrap().ino, lookup(fs, "/lost+found").unwrap(), "`..` follows");
+            assert_eq!(
+                fs.lookup(fx.ino("/dir1/dir2"), b"..").unwrap().ino,
+                lookup(fs, "/lost+found").unwrap(),
+                "`..` follows"
+            );
         },
     );
 }
@@ -477,7 +606,12 @@ fn bad_parent_pointer() {
             ins.put_inode(&i);
             case(ProblemKind::BadParent, Some(ino), &[])
         },
-        |fs, fx| assert_eq!(fs.lookup(fx.ino("/dir1/dir2"), b"..").unwrap().ino, fx.ino("/dir1")),
+        |fs, fx| {
+            assert_eq!(
+                fs.lookup(fx.ino("/dir1/dir2"), b"..").unwrap().ino,
+                fx.ino("/dir1")
+            )
+        },
     );
 }
 
@@ -502,9 +636,18 @@ fn directory_hard_link() {
         "directory with a second name",
         |ins, fx| {
             let mut e = ins.inline_entries(ROOT_INO);
-            e.push(DirEntry { cookie: home_cookie(b"dir2again"), ino: fx.ino("/dir1/dir2"), kind: 4, name: b"dir2again".to_vec() });
+            e.push(DirEntry {
+                cookie: home_cookie(b"dir2again"),
+                ino: fx.ino("/dir1/dir2"),
+                kind: 4,
+                name: b"dir2again".to_vec(),
+            });
             ins.set_inline_entries(ROOT_INO, e);
-            case(ProblemKind::DirectoryHardLink, Some(fx.ino("/dir1/dir2")), &[])
+            case(
+                ProblemKind::DirectoryHardLink,
+                Some(fx.ino("/dir1/dir2")),
+                &[],
+            )
         },
         |fs, _| assert!(lookup(fs, "/dir2again").is_none()),
     );
@@ -597,7 +740,10 @@ fn root_directory_bit_flip() {
         },
         |fs, fx| {
             let found = lost_found_intact(fs, fx);
-            assert!(found >= 15, "everything the root held is in /lost+found ({found})");
+            assert!(
+                found >= 15,
+                "everything the root held is in /lost+found ({found})"
+            );
             let dir1 = lookup(fs, &format!("/lost+found/#{}", fx.ino("/dir1"))).unwrap();
             let small = fs.lookup(dir1, b"small").unwrap().ino;
             assert!(read_all(fs, small) == pattern(25, 10));
@@ -614,10 +760,18 @@ fn orphan_when_the_inode_file_is_full() {
             // reused: /lost+found needs a new block of the inode file.
             let slots = ins.inode_file.len() as u64 * ins.block_bytes() / 4096;
             let gone = fx.ino("(gone)");
-            assert!((16..slots).all(|i| i == gone || !ins.slot_blank(i)), "the fixture's inode file is full");
+            assert!(
+                (16..slots).all(|i| i == gone || !ins.slot_blank(i)),
+                "the fixture's inode file is full"
+            );
             let dir1 = fx.ino("/dir1");
             let mut e = ins.inline_entries(dir1);
-            e.push(DirEntry { cookie: home_cookie(b"stale"), ino: gone, kind: 8, name: b"stale".to_vec() });
+            e.push(DirEntry {
+                cookie: home_cookie(b"stale"),
+                ino: gone,
+                kind: 8,
+                name: b"stale".to_vec(),
+            });
             ins.set_inline_entries(dir1, e);
             let dir3 = fx.ino("/dir1/dir2/dir3");
             let mut e = ins.inline_entries(dir3);
@@ -627,7 +781,10 @@ fn orphan_when_the_inode_file_is_full() {
         },
         |fs, fx| {
             assert_eq!(lost_found_intact(fs, fx), 1);
-            assert!(lookup(fs, "/lost+found").unwrap() >= 4240, "/lost+found lives in the inode file's new block");
+            assert!(
+                lookup(fs, "/lost+found").unwrap() >= 4240,
+                "/lost+found lives in the inode file's new block"
+            );
         },
     );
 }
@@ -640,7 +797,10 @@ fn stale_descriptor_copy() {
             let mut old = ins.desc.clone();
             old.generation -= 1;
             old.mounted = true;
-            ins.write(ins.descriptor_da(ins.desc.descriptor_disks[2]), &old.encode().unwrap());
+            ins.write(
+                ins.descriptor_da(ins.desc.descriptor_disks[2]),
+                &old.encode().unwrap(),
+            );
             case(ProblemKind::DescriptorCopy, None, &[])
         },
         nothing,
@@ -655,7 +815,9 @@ fn cross_linked_block_with_no_space_left() {
             let (b64, bp) = (fx.ino("/block64k"), fx.ino("/blockplus"));
             let (units, _) = ins.tree(b64);
             let mut i = ins.inode(bp);
-            let InodeContent::Pointers(p) = &mut i.content else { panic!("pointers") };
+            let InodeContent::Pointers(p) = &mut i.content else {
+                panic!("pointers")
+            };
             p[0] = units[0].1;
             ins.put_inode(&i);
             // Every free subblock marked in use: the repair may not take any of them.
@@ -664,18 +826,31 @@ fn cross_linked_block_with_no_space_left() {
                 for (s, bits) in seg.slices.iter().zip(seg.bitmaps.iter_mut()) {
                     for (w, word) in bits.iter_mut().enumerate() {
                         let valid = (s.subblocks - w as u64 * 64).min(64);
-                        *word = if valid == 64 { u64::MAX } else { (1u64 << valid) - 1 };
+                        *word = if valid == 64 {
+                            u64::MAX
+                        } else {
+                            (1u64 << valid) - 1
+                        };
                     }
                 }
                 ins.put_alloc_segment(da, &seg);
             }
-            Case { repaired: Some("no space left for a copy"), ..case(ProblemKind::CrossLinkedBlock, Some(bp), &["/blockplus"]) }
+            Case {
+                repaired: Some("no space left for a copy"),
+                ..case(ProblemKind::CrossLinkedBlock, Some(bp), &["/blockplus"])
+            }
         },
         |fs, fx| {
             let data = read_all(fs, fx.ino("/blockplus"));
             assert_eq!(data.len(), 65537);
-            assert!(data[..65536].iter().all(|&b| b == 0), "without space the second owner's unit becomes a hole");
-            assert!(read_all(fs, fx.ino("/block64k")) == pattern(5, 65536), "the first owner keeps its block");
+            assert!(
+                data[..65536].iter().all(|&b| b == 0),
+                "without space the second owner's unit becomes a hole"
+            );
+            assert!(
+                read_all(fs, fx.ino("/block64k")) == pattern(5, 65536),
+                "the first owner keeps its block"
+            );
         },
     );
 }
@@ -687,14 +862,25 @@ fn torn_log_tail() {
         |ins, _| {
             // Two committed transactions, then a crash (drop without unmount), then the
             // second one torn: a sector of its payload never reached the disk.
-            let disks = mako_fs::test_util::MemDisks { disks: ins.disks.clone() };
+            let disks = mako_fs::test_util::MemDisks {
+                disks: ins.disks.clone(),
+            };
             let m = disks.mount(config());
-            let a = m.fs.create(C, ROOT_INO, b"committed", 0o644, 0, true).unwrap().ino;
+            let a =
+                m.fs.create(C, ROOT_INO, b"committed", 0o644, 0, true)
+                    .unwrap()
+                    .ino;
             m.fs.fsync(a, false).unwrap();
             let lsn = m.core().journal.head_lsn();
-            let b = m.fs.create(C, ROOT_INO, b"torn", 0o644, 0, true).unwrap().ino;
+            let b =
+                m.fs.create(C, ROOT_INO, b"torn", 0o644, 0, true)
+                    .unwrap()
+                    .ino;
             m.fs.fsync(b, false).unwrap();
-            assert!(m.core().journal.head_lsn() > lsn + 1024, "the second transaction is in the log");
+            assert!(
+                m.core().journal.head_lsn() > lsn + 1024,
+                "the second transaction is in the log"
+            );
             drop(m);
             let log = ins.desc.metadata_inodes.log_first;
             let capacity = mako_fs::journal::log_capacity(ins.desc.log_bytes);
@@ -703,8 +889,14 @@ fn torn_log_tail() {
             case(ProblemKind::LogReplay, Some(log), &[])
         },
         |fs, _| {
-            assert!(lookup(fs, "/committed").is_some(), "the whole transaction before the torn one is replayed");
-            assert!(lookup(fs, "/torn").is_none(), "the torn transaction is discarded");
+            assert!(
+                lookup(fs, "/committed").is_some(),
+                "the whole transaction before the torn one is replayed"
+            );
+            assert!(
+                lookup(fs, "/torn").is_none(),
+                "the torn transaction is discarded"
+            );
         },
     );
 }

@@ -20,7 +20,9 @@ fn damage(ins: &Inspect, fx: &Fixture) {
     ins.flip(bigdir[1].1, 100, 0x01);
     let (units, _) = ins.tree(fx.ino("/block64k"));
     let mut i = ins.inode(fx.ino("/blockplus"));
-    let InodeContent::Pointers(p) = &mut i.content else { panic!("pointers") };
+    let InodeContent::Pointers(p) = &mut i.content else {
+        panic!("pointers")
+    };
     p[0] = units[0].1;
     ins.put_inode(&i);
     let dir3 = fx.ino("/dir1/dir2/dir3");
@@ -37,7 +39,13 @@ fn damage(ins: &Inspect, fx: &Fixture) {
     ins.flip(ins.descriptor_da(ins.desc.descriptor_disks[2]), 60, 0x04);
 }
 
-const HIT: &[&str] = &["/bigdir", "/blockplus", "/dir1/dir2/dir3/deep", "/sparse", "/dir1/dir2/dir3"];
+const HIT: &[&str] = &[
+    "/bigdir",
+    "/blockplus",
+    "/dir1/dir2/dir3/deep",
+    "/sparse",
+    "/dir1/dir2/dir3",
+];
 
 fn writes(disks: &mako_fs::test_util::MemDisks) -> u64 {
     disks.disks.iter().map(|d| d.writes()).sum()
@@ -62,17 +70,36 @@ fn a_crash_at_any_write_of_a_repair_is_repaired_by_the_next_run() {
         let disks = fx.restore();
         damage(&Inspect::open(&disks), fx);
         let budget = Arc::new(AtomicI64::new(k as i64));
-        let crashing: Vec<Arc<dyn Disk>> =
-            disks.disks.iter().map(|d| Arc::new(CrashDisk { inner: d.clone(), budget: budget.clone() }) as Arc<dyn Disk>).collect();
+        let crashing: Vec<Arc<dyn Disk>> = disks
+            .disks
+            .iter()
+            .map(|d| {
+                Arc::new(CrashDisk {
+                    inner: d.clone(),
+                    budget: budget.clone(),
+                }) as Arc<dyn Disk>
+            })
+            .collect();
         match check_offline(crashing, &Options::repair().threads(2), &NoProgress) {
             Err(FsckError::Disk { .. }) => {}
-            other => panic!("crash after {k} of {total} writes: the repair should fail, got {other:?}"),
+            other => {
+                panic!("crash after {k} of {total} writes: the repair should fail, got {other:?}")
+            }
         }
         // Reboot: the next run repairs what is left, and the one after finds nothing.
         let r = fsck(&disks, true);
-        assert!(r.exit_code == EXIT_CORRECTED || r.exit_code == EXIT_CLEAN, "after a crash at write {k}/{total}:\n{}", r.render());
+        assert!(
+            r.exit_code == EXIT_CORRECTED || r.exit_code == EXIT_CLEAN,
+            "after a crash at write {k}/{total}:\n{}",
+            r.render()
+        );
         let r = fsck(&disks, false);
-        assert_eq!(r.exit_code, EXIT_CLEAN, "after a crash at write {k}/{total} and a second repair:\n{}", r.render());
+        assert_eq!(
+            r.exit_code,
+            EXIT_CLEAN,
+            "after a crash at write {k}/{total} and a second repair:\n{}",
+            r.render()
+        );
         let m = disks.mount(config());
         verify_untouched(&m.fs, fx, HIT);
         let hard = lookup(&m.fs, "/hard1").unwrap();

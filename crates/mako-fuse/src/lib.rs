@@ -154,7 +154,13 @@ impl MakoFuse {
 
     /// Feed directory entries after `offset` to `add` in batches until it reports the
     /// reply buffer full (true) or the directory ends.
-    fn each_entry(&self, ino: u64, offset: u64, batch: usize, mut add: impl FnMut(&mako_fs::fs::DirListing) -> bool) -> Result<(), FsError> {
+    fn each_entry(
+        &self,
+        ino: u64,
+        offset: u64,
+        batch: usize,
+        mut add: impl FnMut(&mako_fs::fs::DirListing) -> bool,
+    ) -> Result<(), FsError> {
         let mut after = offset;
         loop {
             let entries = self.fs.readdir(ino, after, batch)?;
@@ -170,7 +176,12 @@ impl MakoFuse {
         }
     }
 
-    pub fn new(fs: FileSystem, max_write: u32, writeback_cache: bool, direct_io_file_size: Arc<AtomicU64>) -> MakoFuse {
+    pub fn new(
+        fs: FileSystem,
+        max_write: u32,
+        writeback_cache: bool,
+        direct_io_file_size: Arc<AtomicU64>,
+    ) -> MakoFuse {
         MakoFuse {
             fs,
             max_write,
@@ -243,7 +254,8 @@ impl MakoFuse {
         if self.writeback_cache {
             return false;
         }
-        flags & libc::O_ACCMODE == libc::O_WRONLY || size >= self.direct_io_file_size.load(Ordering::Relaxed)
+        flags & libc::O_ACCMODE == libc::O_WRONLY
+            || size >= self.direct_io_file_size.load(Ordering::Relaxed)
     }
 }
 
@@ -501,7 +513,11 @@ impl Filesystem for MakoFuse {
                             return reply.error(errno(&e));
                         }
                     }
-                    let size = if flags.0 & libc::O_TRUNC != 0 { 0 } else { attr.size };
+                    let size = if flags.0 & libc::O_TRUNC != 0 {
+                        0
+                    } else {
+                        attr.size
+                    };
                     let (fh, out) = self.open_flags(flags.0, size);
                     reply.opened(FileHandle(fh), out);
                 }
@@ -639,7 +655,12 @@ impl Filesystem for MakoFuse {
     ) {
         self.guard("readdir", move || {
             let r = self.each_entry(ino.0, offset, 128, |e| {
-                reply.add(INodeNo(e.ino), e.cookie, dkind(e.kind), OsStr::from_bytes(&e.name))
+                reply.add(
+                    INodeNo(e.ino),
+                    e.cookie,
+                    dkind(e.kind),
+                    OsStr::from_bytes(&e.name),
+                )
             });
             match r {
                 Ok(()) => reply.ok(),
@@ -659,7 +680,9 @@ impl Filesystem for MakoFuse {
         self.guard("readdirplus", move || {
             let r = self.each_entry(ino.0, offset, 64, |e| {
                 // An entry removed between listing and stat is skipped.
-                let Ok(attr) = self.fs.getattr(e.ino) else { return false };
+                let Ok(attr) = self.fs.getattr(e.ino) else {
+                    return false;
+                };
                 let full = reply.add(
                     INodeNo(e.ino),
                     e.cookie,
@@ -908,7 +931,9 @@ pub fn mount(fs: FileSystem, mountpoint: &Path, opts: &FuseOptions) -> std::io::
     // one block and go out straight from the pagepool buffer; four requests in flight
     // instead of one also spread the copies over the FUSE threads. Measured on a 2 GiB
     // streaming read: ~2.0 CPU-s instead of ~2.9, 1.0-1.5 GB/s instead of 0.64-0.83.
-    config.mount_options.push(MountOption::CUSTOM(format!("max_read={MAX_READ_REQUEST}")));
+    config
+        .mount_options
+        .push(MountOption::CUSTOM(format!("max_read={MAX_READ_REQUEST}")));
     if opts.allow_other {
         config.acl = fuser::SessionACL::All;
     }
@@ -919,7 +944,12 @@ pub fn mount(fs: FileSystem, mountpoint: &Path, opts: &FuseOptions) -> std::io::
         notifier: notifier.clone(),
     }));
     let session = fuser::spawn_mount(
-        MakoFuse::new(fs, opts.max_write, opts.writeback_cache, opts.direct_io_file_size.clone()),
+        MakoFuse::new(
+            fs,
+            opts.max_write,
+            opts.writeback_cache,
+            opts.direct_io_file_size.clone(),
+        ),
         mountpoint,
         &config,
     )?;

@@ -76,7 +76,11 @@ impl std::fmt::Display for CmdOutput {
             f,
             "exit {:?}{}\n--- stdout ---\n{}\n--- stderr ---\n{}",
             self.code,
-            if self.timed_out { " (TIMED OUT, killed)" } else { "" },
+            if self.timed_out {
+                " (TIMED OUT, killed)"
+            } else {
+                ""
+            },
             self.stdout.trim_end(),
             self.stderr.trim_end()
         )
@@ -89,7 +93,9 @@ pub fn fuse_available_or_skip(test: &str) -> bool {
     let reason = if !Path::new("/dev/fuse").exists() {
         Some("/dev/fuse is missing".to_string())
     } else if unsafe { libc::geteuid() } != 0 {
-        Some("not running as root (mako up mounts with allow_other and the tests chown)".to_string())
+        Some(
+            "not running as root (mako up mounts with allow_other and the tests chown)".to_string(),
+        )
     } else {
         None
     };
@@ -123,7 +129,11 @@ pub fn binaries() -> Result<(PathBuf, PathBuf)> {
     let makod = dir.join("makod");
     for b in [&mako, &makod] {
         if !b.is_file() {
-            let release = if dir.ends_with("release") { " --release" } else { "" };
+            let release = if dir.ends_with("release") {
+                " --release"
+            } else {
+                ""
+            };
             bail!(
                 "{} is missing: build the workspace first: cargo build --workspace{release}",
                 b.display()
@@ -186,8 +196,15 @@ pub fn kernel_mounts() -> Vec<PathBuf> {
             let mut out = Vec::new();
             let mut i = 0;
             while i < b.len() {
-                if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|d| (b'0'..=b'7').contains(d)) {
-                    out.push(b[i + 1..i + 4].iter().fold(0u8, |v, d| v.wrapping_mul(8) + (d - b'0')));
+                if b[i] == b'\\'
+                    && i + 3 < b.len()
+                    && b[i + 1..i + 4].iter().all(|d| (b'0'..=b'7').contains(d))
+                {
+                    out.push(
+                        b[i + 1..i + 4]
+                            .iter()
+                            .fold(0u8, |v, d| v.wrapping_mul(8) + (d - b'0')),
+                    );
                     i += 4;
                 } else {
                     out.push(b[i]);
@@ -319,7 +336,9 @@ impl TestCluster {
     /// point stops instead of carrying on in the directory below it. Then
     /// `up_after_crash`.
     pub fn crash(&self) -> Result<()> {
-        let pid = self.makod_pid().ok_or_else(|| anyhow!("no makod.pid in {}", self.data.display()))?;
+        let pid = self
+            .makod_pid()
+            .ok_or_else(|| anyhow!("no makod.pid in {}", self.data.display()))?;
         unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
         let t = Instant::now();
         while process_alive(pid) {
@@ -406,7 +425,10 @@ impl TestCluster {
         // Anything still mounted below the temp dir (the FUSE mount, a read-only bind mount
         // made by a test): detach it lazily.
         for m in self.mounts_below_root() {
-            eprintln!("TestCluster cleanup: {} still mounted; umount -l", m.display());
+            eprintln!(
+                "TestCluster cleanup: {} still mounted; umount -l",
+                m.display()
+            );
             if let Ok(c) = std::ffi::CString::new(m.as_os_str().to_string_lossy().as_bytes()) {
                 unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
             }
@@ -440,7 +462,10 @@ impl TestCluster {
                 .stderr(Stdio::null())
                 .status();
             if let Err(e2) = std::fs::remove_dir_all(&path) {
-                eprintln!("TestCluster cleanup: cannot remove {}: {e}; {e2}", path.display());
+                eprintln!(
+                    "TestCluster cleanup: cannot remove {}: {e}; {e2}",
+                    path.display()
+                );
             }
         }
     }
@@ -453,7 +478,10 @@ impl Drop for TestCluster {
 }
 
 fn mako_cmd(mako: &Path, data: &Path, args: &[&str]) -> Result<CmdOutput> {
-    let mut full: Vec<&str> = vec!["--data-dir", data.to_str().ok_or_else(|| anyhow!("non-UTF-8 path"))?];
+    let mut full: Vec<&str> = vec![
+        "--data-dir",
+        data.to_str().ok_or_else(|| anyhow!("non-UTF-8 path"))?,
+    ];
     full.extend_from_slice(args);
     run_cmd(mako, &full, CMD_LIMIT)
 }
@@ -481,7 +509,10 @@ fn wait_mounted(mnt: &Path) -> Result<()> {
     let t = Instant::now();
     while !is_mounted(mnt) {
         if t.elapsed() > Duration::from_secs(15) {
-            bail!("mako up succeeded but {} is not mounted after 15 s", mnt.display());
+            bail!(
+                "mako up succeeded but {} is not mounted after 15 s",
+                mnt.display()
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }

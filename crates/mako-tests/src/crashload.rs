@@ -105,7 +105,12 @@ pub fn run(dir: &Path, journal: &Path, seed: u64, ops: u64) -> std::io::Result<u
                 let mut f = OpenOptions::new().create_new(true).write(true).open(&p)?;
                 f.write_all(&data)?;
                 f.sync_all()?;
-                j.line(&format!("D {} {} {}", p.display(), data.len(), content_hash(&data)))?;
+                j.line(&format!(
+                    "D {} {} {}",
+                    p.display(),
+                    data.len(),
+                    content_hash(&data)
+                ))?;
                 durable.push(p);
             }
             // Rewrite a durable file in place (same or other size), then fsync.
@@ -118,13 +123,22 @@ pub fn run(dir: &Path, journal: &Path, seed: u64, ops: u64) -> std::io::Result<u
                 f.set_len(0)?;
                 f.write_all_at(&data, 0)?;
                 f.sync_all()?;
-                j.line(&format!("D {} {} {}", p.display(), data.len(), content_hash(&data)))?;
+                j.line(&format!(
+                    "D {} {} {}",
+                    p.display(),
+                    data.len(),
+                    content_hash(&data)
+                ))?;
             }
             // Rename a durable file (within the directory or into sub/).
             38..=49 if !durable.is_empty() => {
                 let i = rng.below(durable.len() as u64) as usize;
                 let old = durable[i].clone();
-                let new = if rng.below(2) == 0 { dir.join(format!("r{op}")) } else { dir.join("sub").join(format!("r{op}")) };
+                let new = if rng.below(2) == 0 {
+                    dir.join(format!("r{op}"))
+                } else {
+                    dir.join("sub").join(format!("r{op}"))
+                };
                 j.line(&format!("R+ {} {}", old.display(), new.display()))?;
                 std::fs::rename(&old, &new)?;
                 j.line(&format!("R {} {}", old.display(), new.display()))?;
@@ -143,7 +157,11 @@ pub fn run(dir: &Path, journal: &Path, seed: u64, ops: u64) -> std::io::Result<u
                 let p = dir.join(format!("n{}", rng.below(40)));
                 let n = size(&mut rng) / 4;
                 let data = rng.bytes(n);
-                let f = OpenOptions::new().create(true).write(true).mode(0o644).open(&p)?;
+                let f = OpenOptions::new()
+                    .create(true)
+                    .write(true)
+                    .mode(0o644)
+                    .open(&p)?;
                 f.write_all_at(&data, rng.below(100_000))?;
                 if rng.below(4) == 0 {
                     f.set_len(rng.below(300_000))?;
@@ -186,7 +204,15 @@ pub fn run(dir: &Path, journal: &Path, seed: u64, ops: u64) -> std::io::Result<u
                 let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
                 let n = rng.below(200) as usize;
                 let v = rng.bytes(n);
-                let r = unsafe { libc::setxattr(c.as_ptr(), c"user.crash".as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+                let r = unsafe {
+                    libc::setxattr(
+                        c.as_ptr(),
+                        c"user.crash".as_ptr(),
+                        v.as_ptr().cast(),
+                        v.len(),
+                        0,
+                    )
+                };
                 if r != 0 {
                     let e = std::io::Error::last_os_error();
                     if e.raw_os_error() != Some(libc::ENOENT) {
@@ -196,7 +222,11 @@ pub fn run(dir: &Path, journal: &Path, seed: u64, ops: u64) -> std::io::Result<u
             }
             // fsync of a directory or a noise file: every completed change is durable.
             _ => {
-                let target = if rng.below(2) == 0 || noise.is_empty() { dir.to_path_buf() } else { noise[rng.below(noise.len() as u64) as usize].clone() };
+                let target = if rng.below(2) == 0 || noise.is_empty() {
+                    dir.to_path_buf()
+                } else {
+                    noise[rng.below(noise.len() as u64) as usize].clone()
+                };
                 match fsync_path(&target) {
                     Ok(()) => j.line("S")?,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -225,7 +255,9 @@ struct Tracked {
 /// number of files checked, or every violation found.
 pub fn check(journal: &Path) -> Result<usize, Vec<String>> {
     let mut text = String::new();
-    File::open(journal).and_then(|mut f| f.read_to_string(&mut text)).map_err(|e| vec![format!("journal {}: {e}", journal.display())])?;
+    File::open(journal)
+        .and_then(|mut f| f.read_to_string(&mut text))
+        .map_err(|e| vec![format!("journal {}: {e}", journal.display())])?;
     // Files by current (latest) name.
     let mut files: BTreeMap<PathBuf, Tracked> = BTreeMap::new();
     // Changes completed but not yet followed by an fsync.
@@ -235,7 +267,12 @@ pub fn check(journal: &Path) -> Result<usize, Vec<String>> {
         match parts.as_slice() {
             ["D", p, size, hash] => {
                 let p = PathBuf::from(p);
-                let t = files.entry(p.clone()).or_insert(Tracked { names: vec![p.clone()], maybe_gone: false, gone: false, content: None });
+                let t = files.entry(p.clone()).or_insert(Tracked {
+                    names: vec![p.clone()],
+                    maybe_gone: false,
+                    gone: false,
+                    content: None,
+                });
                 t.content = Some((size.parse().unwrap_or(0), hash.parse().unwrap_or(0)));
                 // An fsync returned: everything before is durable.
                 make_durable(&mut files, &mut undurable);
@@ -276,7 +313,10 @@ pub fn check(journal: &Path) -> Result<usize, Vec<String>> {
     for (latest, t) in &files {
         if t.gone {
             if latest.exists() {
-                problems.push(format!("{}: unlinked and made durable, but it exists", latest.display()));
+                problems.push(format!(
+                    "{}: unlinked and made durable, but it exists",
+                    latest.display()
+                ));
             }
             continue;
         }
@@ -284,16 +324,29 @@ pub fn check(journal: &Path) -> Result<usize, Vec<String>> {
         // A file under several names at once would be a non-atomic rename; the old
         // names of completed renames may also be reused by nothing else in this workload.
         if present.len() > 1 {
-            problems.push(format!("{}: found under {} names at once: {present:?} (rename not atomic)", latest.display(), present.len()));
+            problems.push(format!(
+                "{}: found under {} names at once: {present:?} (rename not atomic)",
+                latest.display(),
+                present.len()
+            ));
             continue;
         }
         let Some(found) = present.first() else {
             if !t.maybe_gone {
-                let why: Vec<String> = t.names.iter().map(|n| match std::fs::symlink_metadata(n) {
-                    Ok(_) => format!("{}: exists", n.display()),
-                    Err(e) => format!("{}: {e}", n.display()),
-                }).collect();
-                problems.push(format!("{}: missing; expected under one of {:?} ({})", latest.display(), t.names, why.join("; ")));
+                let why: Vec<String> = t
+                    .names
+                    .iter()
+                    .map(|n| match std::fs::symlink_metadata(n) {
+                        Ok(_) => format!("{}: exists", n.display()),
+                        Err(e) => format!("{}: {e}", n.display()),
+                    })
+                    .collect();
+                problems.push(format!(
+                    "{}: missing; expected under one of {:?} ({})",
+                    latest.display(),
+                    t.names,
+                    why.join("; ")
+                ));
             }
             continue;
         };
@@ -385,7 +438,11 @@ pub fn walk(root: &Path) -> Result<u64, Vec<String>> {
                             }
                         }
                         if off != m.len() {
-                            problems.push(format!("{}: read {off} bytes, size says {}", p.display(), m.len()));
+                            problems.push(format!(
+                                "{}: read {off} bytes, size says {}",
+                                p.display(),
+                                m.len()
+                            ));
                         }
                     }
                     Err(err) => problems.push(format!("{}: open: {err}", p.display())),

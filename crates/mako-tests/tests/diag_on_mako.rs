@@ -20,8 +20,8 @@
 //!
 //! JSON is read by a minimal parser below (this crate has no JSON dependency).
 
-use mako_tests::pattern;
 use mako_tests::cluster::{fuse_available_or_skip, run_cmd, ClusterOptions, TestCluster};
+use mako_tests::pattern;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;

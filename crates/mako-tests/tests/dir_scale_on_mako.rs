@@ -26,7 +26,12 @@ fn name(i: usize) -> String {
 }
 
 fn create(p: &Path) -> Result<(), sys::Errno> {
-    sys::open(p, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC, 0o644).map(drop)
+    sys::open(
+        p,
+        libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC,
+        0o644,
+    )
+    .map(drop)
 }
 
 #[test]
@@ -39,12 +44,18 @@ fn directory_with_many_entries() {
         .map(|s| s.parse().expect("MAKO_DIR_ENTRIES: integer"))
         .unwrap_or(100_000);
     assert!(n >= 10, "MAKO_DIR_ENTRIES must be at least 10");
-    let cluster = TestCluster::up(ClusterOptions { disk_size: "4G".into(), ..Default::default() }).expect("mako up");
+    let cluster = TestCluster::up(ClusterOptions {
+        disk_size: "4G".into(),
+        ..Default::default()
+    })
+    .expect("mako up");
     let dir = cluster.mount().join("big");
     std::fs::create_dir(&dir).unwrap();
     let mut rng = Rng::new(0x5eed_d1e5);
     let slice = n / 10;
-    let bounds: Vec<(usize, usize)> = (0..10).map(|k| (k * slice, if k == 9 { n } else { (k + 1) * slice })).collect();
+    let bounds: Vec<(usize, usize)> = (0..10)
+        .map(|k| (k * slice, if k == 9 { n } else { (k + 1) * slice }))
+        .collect();
     let sample = slice.clamp(1, 2_000);
     let mut create_rate = Vec::new();
     let mut stat_rate = Vec::new();
@@ -65,8 +76,15 @@ fn directory_with_many_entries() {
         stat_rate.push(sample as f64 / t.elapsed().as_secs_f64());
     }
     let create_s = t_all.elapsed().as_secs_f64();
-    assert_eq!(create(&dir.join(name(n / 2))).unwrap_err().0, libc::EEXIST, "O_EXCL on an existing name");
-    assert_eq!(sys::stat(&dir.join("never-created")).unwrap_err().0, libc::ENOENT);
+    assert_eq!(
+        create(&dir.join(name(n / 2))).unwrap_err().0,
+        libc::EEXIST,
+        "O_EXCL on an existing name"
+    );
+    assert_eq!(
+        sys::stat(&dir.join("never-created")).unwrap_err().0,
+        libc::ENOENT
+    );
 
     let t = Instant::now();
     let mut seen = HashSet::with_capacity(n);
@@ -96,16 +114,29 @@ fn directory_with_many_entries() {
         }
         unlink_rate.push((hi - lo) as f64 / t.elapsed().as_secs_f64());
         if hi < n {
-            assert_eq!(sys::stat(&dir.join(name(order[lo]))).unwrap_err().0, libc::ENOENT, "unlinked name still there");
+            assert_eq!(
+                sys::stat(&dir.join(name(order[lo]))).unwrap_err().0,
+                libc::ENOENT,
+                "unlinked name still there"
+            );
         }
     }
     let unlink_s = t_all.elapsed().as_secs_f64();
-    assert!(std::fs::read_dir(&dir).unwrap().next().is_none(), "directory not empty after unlinking all");
+    assert!(
+        std::fs::read_dir(&dir).unwrap().next().is_none(),
+        "directory not empty after unlinking all"
+    );
     std::fs::remove_dir(&dir).unwrap();
 
     println!();
-    println!("directory scaling, N = {n} entries ({} per slice; stats: {sample} random names per slice)", slice);
-    println!("{:>9} {:>12} {:>12} {:>12}", "slice", "creates/s", "stats/s", "unlinks/s");
+    println!(
+        "directory scaling, N = {n} entries ({} per slice; stats: {sample} random names per slice)",
+        slice
+    );
+    println!(
+        "{:>9} {:>12} {:>12} {:>12}",
+        "slice", "creates/s", "stats/s", "unlinks/s"
+    );
     for k in 0..10 {
         println!(
             "{:>4}-{:>3}% {:>12.0} {:>12.0} {:>12.0}",

@@ -14,8 +14,10 @@
 //!     `mako fs create … -B 3M` are refused (non-zero exit) naming the parameter and its
 //!     allowed range, and change nothing.
 
+use mako_tests::cluster::{
+    fuse_available_or_skip, is_mounted, process_alive, ClusterOptions, TestCluster,
+};
 use mako_tests::pattern;
-use mako_tests::cluster::{fuse_available_or_skip, is_mounted, process_alive, ClusterOptions, TestCluster};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -26,7 +28,14 @@ const MIB: usize = 1 << 20;
 
 /// Files written before the faults: (path relative to the mount, contents).
 fn keep_files() -> Vec<(String, Vec<u8>)> {
-    let mut v: Vec<(String, Vec<u8>)> = (0..5).map(|i| (format!("keep/big{i}"), pattern(i, 3 * MIB + 17 * i as usize))).collect();
+    let mut v: Vec<(String, Vec<u8>)> = (0..5)
+        .map(|i| {
+            (
+                format!("keep/big{i}"),
+                pattern(i, 3 * MIB + 17 * i as usize),
+            )
+        })
+        .collect();
     v.push(("keep/small".into(), b"small file\n".to_vec()));
     v.push(("keep/empty".into(), Vec::new()));
     v.push(("keep/sub/odd".into(), pattern(77, 5000)));
@@ -44,8 +53,14 @@ fn write_keep_files(mnt: &Path) {
 
 fn check_keep_files(mnt: &Path, when: &str) {
     for (rel, data) in keep_files() {
-        let got = std::fs::read(mnt.join(&rel)).unwrap_or_else(|e| panic!("{when}: read {rel}: {e}"));
-        assert!(got == data, "{when}: {rel} has wrong contents ({} bytes, want {})", got.len(), data.len());
+        let got =
+            std::fs::read(mnt.join(&rel)).unwrap_or_else(|e| panic!("{when}: read {rel}: {e}"));
+        assert!(
+            got == data,
+            "{when}: {rel} has wrong contents ({} bytes, want {})",
+            got.len(),
+            data.len()
+        );
     }
 }
 
@@ -68,7 +83,10 @@ fn full_file_system_gives_enospc_and_recovers() {
     let mnt = cluster.mount();
     write_keep_files(mnt);
     let sv = mako_tests::sys::statvfs(mnt).unwrap();
-    println!("before filling: {} of {} blocks of {} bytes free", sv.f_bavail, sv.f_blocks, sv.f_frsize);
+    println!(
+        "before filling: {} of {} blocks of {} bytes free",
+        sv.f_bavail, sv.f_blocks, sv.f_frsize
+    );
 
     // Fill: 1 MiB writes until one fails. 200 MiB of disk cannot take 400 MiB. The writes run
     // in a helper thread with a watchdog: a write(2) that does not return within 60 s fails
@@ -108,7 +126,8 @@ fn full_file_system_gives_enospc_and_recovers() {
             Ok(Ok(n)) => written = n,
             Ok(Err(e)) => break e,
             Err(_) => {
-                let log = std::fs::read_to_string(cluster.data_dir().join("makod.log")).unwrap_or_default();
+                let log = std::fs::read_to_string(cluster.data_dir().join("makod.log"))
+                    .unwrap_or_default();
                 let nospace = log.lines().filter(|l| l.contains("no space left")).count();
                 panic!(
                     "MAKO BUG: write(2) of the filler hung for 60 s after {} MiB were accepted on a \
@@ -121,10 +140,21 @@ fn full_file_system_gives_enospc_and_recovers() {
                 );
             }
         }
-        assert!(written <= 400 * MIB, "wrote {} MiB to a 200 MiB file system without ENOSPC", written / MIB);
+        assert!(
+            written <= 400 * MIB,
+            "wrote {} MiB to a 200 MiB file system without ENOSPC",
+            written / MIB
+        );
     };
-    println!("filler: write failed after {} MiB with {err}", written / MIB);
-    assert_eq!(errno_of(&err), libc::ENOSPC, "a full file system must give ENOSPC, got {err}");
+    println!(
+        "filler: write failed after {} MiB with {err}",
+        written / MIB
+    );
+    assert_eq!(
+        errno_of(&err),
+        libc::ENOSPC,
+        "a full file system must give ENOSPC, got {err}"
+    );
     let free_before_mib = (sv.f_bavail * sv.f_frsize) as usize / MIB;
     assert!(
         written / MIB <= free_before_mib + 1,
@@ -139,19 +169,29 @@ fn full_file_system_gives_enospc_and_recovers() {
             let e = r.expect_err("a 1 MiB write to a full file system succeeded");
             assert_eq!(errno_of(&e), libc::ENOSPC, "second file: {e}");
         }
-        Err(e) => assert_eq!(errno_of(&e), libc::ENOSPC, "create on a full file system: {e}"),
+        Err(e) => assert_eq!(
+            errno_of(&e),
+            libc::ENOSPC,
+            "create on a full file system: {e}"
+        ),
     }
     check_keep_files(mnt, "when full");
     // The filler's acknowledged bytes are readable, also after a remount.
     let check_filler = |when: &str| {
         let got = std::fs::read(&fill).unwrap();
-        assert!(got.len() >= written, "{when}: filler shorter ({}) than acknowledged ({written})", got.len());
+        assert!(
+            got.len() >= written,
+            "{when}: filler shorter ({}) than acknowledged ({written})",
+            got.len()
+        );
         for (i, c) in got[..written].chunks(MIB).enumerate() {
             assert!(c == &chunk[..c.len()], "{when}: filler MiB {i} corrupt");
         }
     };
     check_filler("when full");
-    cluster.remount().expect("mako down; mako up of a full file system");
+    cluster
+        .remount()
+        .expect("mako down; mako up of a full file system");
     check_keep_files(mnt, "full, after remount");
     check_filler("full, after remount");
 
@@ -168,8 +208,12 @@ fn full_file_system_gives_enospc_and_recovers() {
         });
         match r {
             Ok(()) => break,
-            Err(e) if errno_of(&e) == libc::ENOSPC && attempts < 20 => std::thread::sleep(Duration::from_millis(500)),
-            Err(e) => panic!("writing 20 MiB after deleting the filler failed ({attempts} attempts): {e}"),
+            Err(e) if errno_of(&e) == libc::ENOSPC && attempts < 20 => {
+                std::thread::sleep(Duration::from_millis(500))
+            }
+            Err(e) => {
+                panic!("writing 20 MiB after deleting the filler failed ({attempts} attempts): {e}")
+            }
         }
     }
     println!("20 MiB written after delete ({attempts} attempt(s))");
@@ -177,12 +221,21 @@ fn full_file_system_gives_enospc_and_recovers() {
 
     cluster.remount().expect("mako down; mako up");
     check_keep_files(mnt, "after remount");
-    assert!(std::fs::read(mnt.join("fresh")).unwrap() == fresh, "fresh file corrupt after remount");
-    assert!(!mnt.join("filler").exists(), "deleted filler is back after remount");
+    assert!(
+        std::fs::read(mnt.join("fresh")).unwrap() == fresh,
+        "fresh file corrupt after remount"
+    );
+    assert!(
+        !mnt.join("filler").exists(),
+        "deleted filler is back after remount"
+    );
     let sv = mako_tests::sys::statvfs(mnt).unwrap();
     let free_mib = sv.f_bavail * sv.f_frsize / MIB as u64;
     println!("after remount: {free_mib} MiB free");
-    assert!(free_mib >= 100, "after deleting the filler and remounting only {free_mib} MiB are free");
+    assert!(
+        free_mib >= 100,
+        "after deleting the filler and remounting only {free_mib} MiB are free"
+    );
 }
 
 /// Asserts that `mako up` fails naming disk `d1`, leaves nothing running, and logs no panic.
@@ -194,7 +247,10 @@ fn expect_up_fails(cluster: &TestCluster, case: &str) {
     let text = out.text();
     let disk_path = cluster.disk_path(1);
     assert!(
-        text.contains(disk_path.to_str().unwrap()) || text.contains("disk d1") || text.contains("d1:") || text.contains("d1 "),
+        text.contains(disk_path.to_str().unwrap())
+            || text.contains("disk d1")
+            || text.contains("d1:")
+            || text.contains("d1 "),
         "{case}: the message must name the disk (d1 / {}): {out}",
         disk_path.display()
     );
@@ -204,13 +260,22 @@ fn expect_up_fails(cluster: &TestCluster, case: &str) {
         let down = cluster.mako(&["down"]).unwrap();
         assert!(down.success(), "{case}: mako down after failed up: {down}");
     }
-    assert!(!is_mounted(cluster.mount()), "{case}: mounted although up failed");
+    assert!(
+        !is_mounted(cluster.mount()),
+        "{case}: mounted although up failed"
+    );
     let log = std::fs::read_to_string(cluster.data_dir().join("makod.log")).unwrap_or_default();
-    assert!(!log.contains("panicked"), "{case}: makod panicked:\n{}", cluster.log_tail(40));
+    assert!(
+        !log.contains("panicked"),
+        "{case}: makod panicked:\n{}",
+        cluster.log_tail(40)
+    );
 }
 
 fn expect_up_works(cluster: &TestCluster, case: &str) {
-    cluster.up_again().unwrap_or_else(|e| panic!("{case}: mako up after restoring the disk: {e:#}"));
+    cluster
+        .up_again()
+        .unwrap_or_else(|e| panic!("{case}: mako up after restoring the disk: {e:#}"));
     check_keep_files(cluster.mount(), &format!("{case}: after restore"));
     cluster.down().expect("mako down");
 }
@@ -267,22 +332,38 @@ fn bad_disks_make_up_fail_naming_the_disk() {
     expect_up_works(&cluster, "truncated disk");
 
     // A disk that cannot be opened read-write.
-    let chattr_ok = Command::new("chattr").arg("+i").arg(&d1).status().is_ok_and(|s| s.success());
+    let chattr_ok = Command::new("chattr")
+        .arg("+i")
+        .arg(&d1)
+        .status()
+        .is_ok_and(|s| s.success());
     if chattr_ok {
         let guard = Immutable(d1.clone());
-        assert!(std::fs::OpenOptions::new().write(true).open(&d1).is_err(), "chattr +i did not make the disk read-only");
+        assert!(
+            std::fs::OpenOptions::new().write(true).open(&d1).is_err(),
+            "chattr +i did not make the disk read-only"
+        );
         expect_up_fails(&cluster, "immutable disk (chattr +i)");
         drop(guard);
         expect_up_works(&cluster, "immutable disk (chattr +i)");
     } else {
         let dir = d1.parent().unwrap().to_path_buf();
-        let bind = Command::new("mount").arg("--bind").arg(&dir).arg(&dir).status().is_ok_and(|s| s.success());
+        let bind = Command::new("mount")
+            .arg("--bind")
+            .arg(&dir)
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
         if !bind {
             println!("SKIPPED read-only disk case: neither chattr +i nor a bind mount works here");
             return;
         }
         let guard = BindMount(dir.clone());
-        let ro = Command::new("mount").args(["-o", "remount,bind,ro"]).arg(&dir).status().is_ok_and(|s| s.success());
+        let ro = Command::new("mount")
+            .args(["-o", "remount,bind,ro"])
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
         if !ro {
             println!("SKIPPED read-only disk case: cannot remount the bind mount read-only");
             return;
@@ -291,7 +372,10 @@ fn bad_disks_make_up_fail_naming_the_disk() {
         let out = cluster.mako(&["up"]).unwrap();
         println!("--- read-only disks directory: mako up ---\n{out}");
         assert!(!out.success(), "mako up on read-only disks must fail");
-        assert!(out.text().contains("d0") || out.text().contains("d1"), "message must name a disk: {out}");
+        assert!(
+            out.text().contains("d0") || out.text().contains("d1"),
+            "message must name a disk: {out}"
+        );
         if cluster.makod_pid().is_some_and(process_alive) {
             assert!(cluster.mako(&["down"]).unwrap().success());
         }
@@ -305,25 +389,52 @@ fn out_of_range_parameters_are_refused() {
     if !fuse_available_or_skip("out_of_range_parameters_are_refused") {
         return;
     }
-    let cluster = TestCluster::up(ClusterOptions { disks: 1, disk_size: "512M".into(), ..Default::default() }).expect("mako up");
-    let config_before = std::fs::read_to_string(cluster.data_dir().join("config.toml")).unwrap_or_default();
+    let cluster = TestCluster::up(ClusterOptions {
+        disks: 1,
+        disk_size: "512M".into(),
+        ..Default::default()
+    })
+    .expect("mako up");
+    let config_before =
+        std::fs::read_to_string(cluster.data_dir().join("config.toml")).unwrap_or_default();
     let out = cluster.mako(&["config", "set", "pagepool=1K"]).unwrap();
     println!("--- mako config set pagepool=1K ---\n{out}");
     assert!(!out.success(), "pagepool=1K must be refused: {out}");
     let text = out.text();
-    assert!(text.contains("pagepool"), "message must name the parameter: {out}");
-    assert!(text.contains("64M") && text.contains("256G"), "message must give the range 64M..256G: {out}");
-    let config_after = std::fs::read_to_string(cluster.data_dir().join("config.toml")).unwrap_or_default();
-    assert_eq!(config_before, config_after, "a refused config set changed config.toml");
+    assert!(
+        text.contains("pagepool"),
+        "message must name the parameter: {out}"
+    );
+    assert!(
+        text.contains("64M") && text.contains("256G"),
+        "message must give the range 64M..256G: {out}"
+    );
+    let config_after =
+        std::fs::read_to_string(cluster.data_dir().join("config.toml")).unwrap_or_default();
+    assert_eq!(
+        config_before, config_after,
+        "a refused config set changed config.toml"
+    );
 
     let cluster_before = std::fs::read_to_string(cluster.data_dir().join("cluster.toml")).unwrap();
-    let out = cluster.mako(&["fs", "create", "fs2", "-d", "d0", "-B", "3M"]).unwrap();
+    let out = cluster
+        .mako(&["fs", "create", "fs2", "-d", "d0", "-B", "3M"])
+        .unwrap();
     println!("--- mako fs create fs2 -d d0 -B 3M ---\n{out}");
     assert!(!out.success(), "-B 3M must be refused: {out}");
     let text = out.text();
-    assert!(text.contains("-B") || text.to_lowercase().contains("block size"), "message must name the parameter: {out}");
-    assert!(text.contains("64K") && text.contains("16M"), "message must give the range 64K..16M: {out}");
+    assert!(
+        text.contains("-B") || text.to_lowercase().contains("block size"),
+        "message must name the parameter: {out}"
+    );
+    assert!(
+        text.contains("64K") && text.contains("16M"),
+        "message must give the range 64K..16M: {out}"
+    );
     let cluster_after = std::fs::read_to_string(cluster.data_dir().join("cluster.toml")).unwrap();
-    assert_eq!(cluster_before, cluster_after, "a refused fs create changed cluster.toml");
+    assert_eq!(
+        cluster_before, cluster_after,
+        "a refused fs create changed cluster.toml"
+    );
     assert!(is_mounted(cluster.mount()), "fs1 must stay mounted");
 }

@@ -5,8 +5,8 @@
 //! found (exit 4), repaired (exit 1), and the file system then checks clean, mounts and
 //! reads back every file the damage did not hit.
 
-use mako_tests::pattern;
 use mako_tests::cluster::{fuse_available_or_skip, ClusterOptions, TestCluster};
+use mako_tests::pattern;
 use mako_tests::sys;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
@@ -21,7 +21,10 @@ fn build(t: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
     for d in ["a", "a/b", "a/b/c", "big", "moved", "gone"] {
         std::fs::create_dir(t.join(d)).unwrap();
     }
-    for (i, len) in [0usize, 1, 3000, 5000, 70_000, 300_000, 3_000_000].into_iter().enumerate() {
+    for (i, len) in [0usize, 1, 3000, 5000, 70_000, 300_000, 3_000_000]
+        .into_iter()
+        .enumerate()
+    {
         let p = t.join(format!("a/f{i}"));
         write(&p, &pattern(i as u64, len));
         keep.push((p, pattern(i as u64, len)));
@@ -50,7 +53,10 @@ fn build(t: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
     sys::mknod(&t.join("a/fifo"), libc::S_IFIFO | 0o644, 0).unwrap();
     // A directory that splits, half of it deleted again.
     for i in 0..6000 {
-        write(&t.join(format!("big/entry-number-{i:05}")), &pattern(1000 + i, (i % 3) as usize * 700));
+        write(
+            &t.join(format!("big/entry-number-{i:05}")),
+            &pattern(1000 + i, (i % 3) as usize * 700),
+        );
     }
     for i in (0..6000).step_by(2) {
         std::fs::remove_file(t.join(format!("big/entry-number-{i:05}"))).unwrap();
@@ -68,7 +74,11 @@ fn build(t: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
 }
 
 fn flip(path: &Path, offset: u64) {
-    let mut f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
     let mut b = [0u8; 1];
     f.seek(SeekFrom::Start(offset)).unwrap();
     f.read_exact(&mut b).unwrap();
@@ -83,30 +93,58 @@ fn fsck_of_file_systems_written_by_makod() {
     if !fuse_available_or_skip("fsck_of_file_systems_written_by_makod") {
         return;
     }
-    let c = TestCluster::up(ClusterOptions { disks: 3, disk_size: "2G".into(), block_size: Some("256K".into()), ..Default::default() }).unwrap();
+    let c = TestCluster::up(ClusterOptions {
+        disks: 3,
+        disk_size: "2G".into(),
+        block_size: Some("256K".into()),
+        ..Default::default()
+    })
+    .unwrap();
     let t = c.mount().join("t");
     std::fs::create_dir(&t).unwrap();
     let keep = build(&t);
     // Online, while mounted: the committed state checks clean, and the file system
     // keeps working (an fsync after the check returns).
     let out = c.mako(&["fsck", "fs1", "--online"]).unwrap();
-    assert_eq!(out.code, Some(0), "an online check of a mounted file system:\n{}", out.text());
+    assert_eq!(
+        out.code,
+        Some(0),
+        "an online check of a mounted file system:\n{}",
+        out.text()
+    );
     assert!(out.stdout.contains("No problems found"), "{}", out.text());
     let out = c.mako(&["fsck", "fs1", "--online", "--json"]).unwrap();
     assert_eq!(out.code, Some(0), "{}", out.text());
-    assert!(out.stdout.trim_start().starts_with('{') && out.stdout.contains("\"exit_code\""), "{}", out.text());
+    assert!(
+        out.stdout.trim_start().starts_with('{') && out.stdout.contains("\"exit_code\""),
+        "{}",
+        out.text()
+    );
     write(&t.join("after-online"), b"still writable");
-    std::fs::File::open(t.join("after-online")).unwrap().sync_all().unwrap();
+    std::fs::File::open(t.join("after-online"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
     c.down().unwrap();
 
     let out = c.mako(&["fsck", "fs1", "-n", "--threads", "2"]).unwrap();
-    assert_eq!(out.code, Some(0), "a file system makod wrote must check clean:\n{}", out.text());
+    assert_eq!(
+        out.code,
+        Some(0),
+        "a file system makod wrote must check clean:\n{}",
+        out.text()
+    );
     assert!(out.stdout.contains("No problems found"), "{}", out.text());
-    let images: Vec<Vec<u8>> = (0..3).map(|i| std::fs::read(c.disk_path(i)).unwrap()).collect();
+    let images: Vec<Vec<u8>> = (0..3)
+        .map(|i| std::fs::read(c.disk_path(i)).unwrap())
+        .collect();
     let out = c.mako(&["fsck", "fs1", "-y"]).unwrap();
     assert_eq!(out.code, Some(0), "{}", out.text());
     for (i, before) in images.iter().enumerate() {
-        assert!(std::fs::read(c.disk_path(i as u32)).unwrap() == *before, "a repair of a clean file system changed disk {i}");
+        assert!(
+            std::fs::read(c.disk_path(i as u32)).unwrap() == *before,
+            "a repair of a clean file system changed disk {i}"
+        );
     }
 
     // Damage: the descriptor copy and the header of one disk, a leaked allocation
@@ -116,7 +154,11 @@ fn fsck_of_file_systems_written_by_makod() {
     flip(&c.disk_path(2), 20);
     let out = c.mako(&["fsck", "fs1", "-n"]).unwrap();
     assert_eq!(out.code, Some(4), "{}", out.text());
-    assert!(out.stdout.contains("[descriptor_copy]") && out.stdout.contains("[disk_header]"), "{}", out.text());
+    assert!(
+        out.stdout.contains("[descriptor_copy]") && out.stdout.contains("[disk_header]"),
+        "{}",
+        out.text()
+    );
     let out = c.mako(&["fsck", "fs1", "-y"]).unwrap();
     assert_eq!(out.code, Some(1), "{}", out.text());
     let out = c.mako(&["fsck", "fs1", "-n"]).unwrap();
@@ -124,7 +166,11 @@ fn fsck_of_file_systems_written_by_makod() {
 
     c.up_again().unwrap();
     for (p, data) in &keep {
-        assert!(std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())) == *data, "{}: content differs", p.display());
+        assert!(
+            std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())) == *data,
+            "{}: content differs",
+            p.display()
+        );
     }
     assert_eq!(sys::readlink(&t.join("a/sym")).unwrap(), "f1");
     assert_eq!(std::fs::read_dir(t.join("big")).unwrap().count(), 3000);

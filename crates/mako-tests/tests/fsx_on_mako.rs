@@ -23,7 +23,11 @@ fn seeds() -> Vec<u64> {
         return s
             .split(',')
             .filter(|t| !t.trim().is_empty())
-            .map(|t| t.trim().parse().expect("MAKO_FSX_SEEDS: comma-separated integers"))
+            .map(|t| {
+                t.trim()
+                    .parse()
+                    .expect("MAKO_FSX_SEEDS: comma-separated integers")
+            })
             .collect();
     }
     let t = std::time::SystemTime::now()
@@ -46,7 +50,11 @@ fn fsx_with_remounts_on_mako() {
     // Seeds run side by side, each on its own cluster (`MAKO_FSX_PARALLEL`, default 4):
     // fsx waits mostly on fsync, so runs overlap well on two cores. Measured with 30k
     // ops per seed: 2 at once 2 x ~220 ops/s, 4 at once 4 x ~125 ops/s.
-    let parallel: usize = std::env::var("MAKO_FSX_PARALLEL").ok().and_then(|s| s.parse().ok()).unwrap_or(4).max(1);
+    let parallel: usize = std::env::var("MAKO_FSX_PARALLEL")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4)
+        .max(1);
     let seeds = seeds();
     let mut failed = Vec::new();
     for batch in seeds.chunks(parallel) {
@@ -56,22 +64,43 @@ fn fsx_with_remounts_on_mako() {
                 .enumerate()
                 .map(|(i, &seed)| scope.spawn(move || (seed, run_seed(seed, ops, i % 2 == 1))))
                 .collect();
-            handles.into_iter().map(|h| h.join().expect("fsx thread panicked")).collect()
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("fsx thread panicked"))
+                .collect()
         });
-        failed.extend(results.into_iter().filter(|(_, ok)| !ok).map(|(seed, _)| seed));
+        failed.extend(
+            results
+                .into_iter()
+                .filter(|(_, ok)| !ok)
+                .map(|(seed, _)| seed),
+        );
     }
-    assert!(failed.is_empty(), "fsx failed for seed(s) {failed:?} (see above)");
+    assert!(
+        failed.is_empty(),
+        "fsx failed for seed(s) {failed:?} (see above)"
+    );
 }
 
 /// One seed on a fresh cluster; false if fsx found a difference (printed). With
 /// `direct_io`, every open bypasses the kernel page cache (`fuseDirectIoFileSize=0`).
 fn run_seed(seed: u64, ops: u64, direct_io: bool) -> bool {
-    let mode = if direct_io { "page cache bypassed (fuseDirectIoFileSize=0)" } else { "through the page cache" };
+    let mode = if direct_io {
+        "page cache bypassed (fuseDirectIoFileSize=0)"
+    } else {
+        "through the page cache"
+    };
     println!("fsx: seed {seed}, {ops} ops, remount every {REMOUNT_EVERY}, {mode}");
     let cluster = TestCluster::up(ClusterOptions::default()).expect("mako up");
     if direct_io {
-        let out = cluster.mako(&["config", "set", "fuseDirectIoFileSize=0", "-i"]).expect("mako config set");
-        assert!(out.success(), "mako config set fuseDirectIoFileSize=0: {}", out.text());
+        let out = cluster
+            .mako(&["config", "set", "fuseDirectIoFileSize=0", "-i"])
+            .expect("mako config set");
+        assert!(
+            out.success(),
+            "mako config set fuseDirectIoFileSize=0: {}",
+            out.text()
+        );
     }
     let dir = cluster.mount().join("fsx");
     std::fs::create_dir(&dir).expect("mkdir fsx");
@@ -83,7 +112,11 @@ fn run_seed(seed: u64, ops: u64, direct_io: bool) -> bool {
     match run_fsx(&mut o) {
         Ok(stats) => {
             println!("fsx: seed {seed}: {stats}");
-            assert!(stats.remounts >= ops / REMOUNT_EVERY - 1, "seed {seed}: expected remounts, got {}", stats.remounts);
+            assert!(
+                stats.remounts >= ops / REMOUNT_EVERY - 1,
+                "seed {seed}: expected remounts, got {}",
+                stats.remounts
+            );
             true
         }
         Err(f) => {

@@ -45,7 +45,11 @@ fn makod_memory_stays_within_pagepool_plus_overhead() {
     if !fuse_available_or_skip("makod_memory_stays_within_pagepool_plus_overhead") {
         return;
     }
-    let cluster = TestCluster::up(ClusterOptions { pagepool: "256M".into(), ..Default::default() }).expect("mako up");
+    let cluster = TestCluster::up(ClusterOptions {
+        pagepool: "256M".into(),
+        ..Default::default()
+    })
+    .expect("mako up");
     let pid = cluster.makod_pid().expect("makod.pid");
     let rss_at_start = status_kib(pid, "VmRSS:").unwrap() * 1024;
 
@@ -100,13 +104,35 @@ fn makod_memory_stays_within_pagepool_plus_overhead() {
     let peak = hwm.max(sampled);
     let limit = PAGEPOOL + OVERHEAD;
     let m = |b: u64| b as f64 / MIB as f64;
-    println!("makod memory, pagepool {:.0} MiB, streamed {:.0} MiB write + read:", m(PAGEPOOL), m(FILE_BYTES));
+    println!(
+        "makod memory, pagepool {:.0} MiB, streamed {:.0} MiB write + read:",
+        m(PAGEPOOL),
+        m(FILE_BYTES)
+    );
     println!("  VmRSS at start          {:8.1} MiB", m(rss_at_start));
-    println!("  VmRSS after write+fsync {:8.1} MiB (VmHWM {:.1} MiB)", m(rss_after_write), m(hwm_after_write));
+    println!(
+        "  VmRSS after write+fsync {:8.1} MiB (VmHWM {:.1} MiB)",
+        m(rss_after_write),
+        m(hwm_after_write)
+    );
     println!("  VmRSS at end            {:8.1} MiB", m(rss_end));
     println!("  max sampled VmRSS       {:8.1} MiB", m(sampled));
     println!("  VmHWM (peak RSS)        {:8.1} MiB", m(hwm));
-    println!("  limit pagepool+overhead {:8.1} MiB (overhead {:.0} MiB); peak - pagepool = {:.1} MiB", m(limit), m(OVERHEAD), m(peak) - m(PAGEPOOL));
-    println!("  write {:.0} MiB/s, read {:.0} MiB/s", m(FILE_BYTES) / write_s, m(FILE_BYTES) / read_s);
-    assert!(peak <= limit, "makod peak RSS {:.1} MiB exceeds pagepool + overhead = {:.1} MiB", m(peak), m(limit));
+    println!(
+        "  limit pagepool+overhead {:8.1} MiB (overhead {:.0} MiB); peak - pagepool = {:.1} MiB",
+        m(limit),
+        m(OVERHEAD),
+        m(peak) - m(PAGEPOOL)
+    );
+    println!(
+        "  write {:.0} MiB/s, read {:.0} MiB/s",
+        m(FILE_BYTES) / write_s,
+        m(FILE_BYTES) / read_s
+    );
+    assert!(
+        peak <= limit,
+        "makod peak RSS {:.1} MiB exceeds pagepool + overhead = {:.1} MiB",
+        m(peak),
+        m(limit)
+    );
 }

@@ -39,7 +39,11 @@ fn posix_suite_passes_on_mako() {
         failures.join("\n"),
         cluster.log_tail(30)
     );
-    assert!(skips.is_empty(), "POSIX checks skipped on Mako (as root with FUSE every check should run):\n{}", skips.join("\n"));
+    assert!(
+        skips.is_empty(),
+        "POSIX checks skipped on Mako (as root with FUSE every check should run):\n{}",
+        skips.join("\n")
+    );
     assert!(
         std::fs::read_dir(&dir).unwrap().next().is_none(),
         "the suite must remove its check directories"

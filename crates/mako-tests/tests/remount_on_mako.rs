@@ -16,8 +16,10 @@
 //! last 64 KiB up to EOF and 4 KiB probes in the hole (reading 1 TiB of zeros through FUSE is
 //! not practical), plus size and allocated blocks.
 
+use mako_tests::cluster::{
+    fuse_available_or_skip, is_mounted, kernel_mounts, ClusterOptions, TestCluster,
+};
 use mako_tests::pattern;
-use mako_tests::cluster::{fuse_available_or_skip, is_mounted, kernel_mounts, ClusterOptions, TestCluster};
 use mako_tests::sys;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::BTreeMap;
@@ -35,10 +37,17 @@ fn write(p: &Path, data: &[u8]) {
 
 fn set_times(p: &Path, i: i64) {
     let times = [
-        libc::timespec { tv_sec: 1_000_000_000 + i * 3_601, tv_nsec: (i * 7_919 + 1) % 1_000_000_000 },
-        libc::timespec { tv_sec: 1_500_000_000 + i * 86_399, tv_nsec: (999_999_999 - i * 104_729) % 1_000_000_000 },
+        libc::timespec {
+            tv_sec: 1_000_000_000 + i * 3_601,
+            tv_nsec: (i * 7_919 + 1) % 1_000_000_000,
+        },
+        libc::timespec {
+            tv_sec: 1_500_000_000 + i * 86_399,
+            tv_nsec: (999_999_999 - i * 104_729) % 1_000_000_000,
+        },
     ];
-    sys::utimensat(p, &times, libc::AT_SYMLINK_NOFOLLOW).unwrap_or_else(|e| panic!("utimensat {}: {e:?}", p.display()));
+    sys::utimensat(p, &times, libc::AT_SYMLINK_NOFOLLOW)
+        .unwrap_or_else(|e| panic!("utimensat {}: {e:?}", p.display()));
 }
 
 /// Builds the tree under `t`; returns every path (relative) that exists.
@@ -82,7 +91,8 @@ fn build_tree(t: &Path) {
     }
     // Xattrs.
     let xa = |p: &str, n: &str, v: &[u8]| {
-        sys::setxattr(&t.join(p), n, v, 0, false).unwrap_or_else(|e| panic!("setxattr {p} {n}: {e:?}"))
+        sys::setxattr(&t.join(p), n, v, 0, false)
+            .unwrap_or_else(|e| panic!("setxattr {p} {n}: {e:?}"))
     };
     xa("a/b/c/f4096", "user.small", b"v");
     xa("a/b/c/f4096", "user.empty", b"");
@@ -110,15 +120,24 @@ fn build_tree(t: &Path) {
     md("private", 0o700);
     md("private/secret", 0o400);
     // Nanosecond times, post-order (children first so a directory's mtime stays as set).
-    let mut ordered: Vec<PathBuf> = walk(t).into_iter().filter(|p| !p.starts_with("big/")).collect();
+    let mut ordered: Vec<PathBuf> = walk(t)
+        .into_iter()
+        .filter(|p| !p.starts_with("big/"))
+        .collect();
     ordered.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     for (i, rel) in ordered.iter().enumerate() {
         set_times(&t.join(rel), i as i64);
     }
     // One time beyond 2038 (64-bit seconds).
     let far = [
-        libc::timespec { tv_sec: 4_102_444_800, tv_nsec: 1 },
-        libc::timespec { tv_sec: 8_589_934_592, tv_nsec: 999_999_999 },
+        libc::timespec {
+            tv_sec: 4_102_444_800,
+            tv_nsec: 1,
+        },
+        libc::timespec {
+            tv_sec: 8_589_934_592,
+            tv_nsec: 999_999_999,
+        },
     ];
     sys::utimensat(&t.join("a/top"), &far, 0).unwrap();
 }
@@ -131,7 +150,10 @@ fn walk(t: &Path) -> Vec<PathBuf> {
         let rel = out[i].clone();
         let p = t.join(&rel);
         if std::fs::symlink_metadata(&p).unwrap().is_dir() {
-            let mut names: Vec<_> = std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().file_name()).collect();
+            let mut names: Vec<_> = std::fs::read_dir(&p)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
             names.sort();
             for n in names {
                 out.push(rel.join(n));
@@ -200,7 +222,13 @@ fn content_rec(p: &Path) -> ContentRec {
     let md = std::fs::symlink_metadata(p).unwrap();
     let ft = md.file_type();
     let content = if ft.is_symlink() {
-        Content::Symlink(std::fs::read_link(p).unwrap().as_os_str().as_bytes().to_vec())
+        Content::Symlink(
+            std::fs::read_link(p)
+                .unwrap()
+                .as_os_str()
+                .as_bytes()
+                .to_vec(),
+        )
     } else if ft.is_dir() {
         let mut names: Vec<Vec<u8>> = std::fs::read_dir(p)
             .unwrap()
@@ -209,7 +237,12 @@ fn content_rec(p: &Path) -> ContentRec {
         let n = names.len();
         names.sort();
         names.dedup();
-        assert_eq!(n, names.len(), "readdir of {} returned a name twice", p.display());
+        assert_eq!(
+            n,
+            names.len(),
+            "readdir of {} returned a name twice",
+            p.display()
+        );
         Content::Dir(names)
     } else {
         let f = std::fs::File::open(p).unwrap();
@@ -237,9 +270,18 @@ fn content_rec(p: &Path) -> ContentRec {
 }
 
 /// Contents first (reads may update atime), then stats.
-fn record(t: &Path, paths: &[PathBuf]) -> (BTreeMap<PathBuf, ContentRec>, BTreeMap<PathBuf, StatRec>) {
-    let contents = paths.iter().map(|r| (r.clone(), content_rec(&t.join(r)))).collect();
-    let stats = paths.iter().map(|r| (r.clone(), stat_rec(&t.join(r)))).collect();
+fn record(
+    t: &Path,
+    paths: &[PathBuf],
+) -> (BTreeMap<PathBuf, ContentRec>, BTreeMap<PathBuf, StatRec>) {
+    let contents = paths
+        .iter()
+        .map(|r| (r.clone(), content_rec(&t.join(r))))
+        .collect();
+    let stats = paths
+        .iter()
+        .map(|r| (r.clone(), stat_rec(&t.join(r))))
+        .collect();
     (contents, stats)
 }
 
@@ -248,7 +290,10 @@ fn compare_stats(t: &Path, expected: &BTreeMap<PathBuf, StatRec>, when: &str) ->
     for (rel, want) in expected {
         let got = stat_rec(&t.join(rel));
         if &got != want {
-            diffs.push(format!("{when}: stat of {:?} differs:\n   before {want:?}\n   after  {got:?}", rel));
+            diffs.push(format!(
+                "{when}: stat of {:?} differs:\n   before {want:?}\n   after  {got:?}",
+                rel
+            ));
         }
     }
     diffs
@@ -260,10 +305,25 @@ fn compare_contents(t: &Path, expected: &BTreeMap<PathBuf, ContentRec>, when: &s
         let got = content_rec(&t.join(rel));
         if &got != want {
             let show = |c: &ContentRec| match &c.content {
-                Content::Dir(n) => format!("dir of {} names, xattrs {:?}", n.len(), c.xattrs.keys().collect::<Vec<_>>()),
-                other => format!("{other:?}, xattrs {:?}", c.xattrs.iter().map(|(k, v)| (k, v.len())).collect::<Vec<_>>()),
+                Content::Dir(n) => format!(
+                    "dir of {} names, xattrs {:?}",
+                    n.len(),
+                    c.xattrs.keys().collect::<Vec<_>>()
+                ),
+                other => format!(
+                    "{other:?}, xattrs {:?}",
+                    c.xattrs
+                        .iter()
+                        .map(|(k, v)| (k, v.len()))
+                        .collect::<Vec<_>>()
+                ),
             };
-            diffs.push(format!("{when}: content of {:?} differs:\n   before {}\n   after  {}", rel, show(want), show(&got)));
+            diffs.push(format!(
+                "{when}: content of {:?} differs:\n   before {}\n   after  {}",
+                rel,
+                show(want),
+                show(&got)
+            ));
         }
     }
     diffs
@@ -288,14 +348,23 @@ fn tree_survives_remount_and_up_is_idempotent() {
     build_tree(&t);
     println!("built tree in {:.1} s", t0.elapsed().as_secs_f64());
     let paths = walk(&t);
-    assert_eq!(paths.len(), 1 + 7 + 7 + 1 + 3 + 1 + 4 + 2 + BIG_DIR_ENTRIES, "tree has an unexpected number of entries");
+    assert_eq!(
+        paths.len(),
+        1 + 7 + 7 + 1 + 3 + 1 + 4 + 2 + BIG_DIR_ENTRIES,
+        "tree has an unexpected number of entries"
+    );
     // Sanity of what we built (the recorded values are what must survive).
     let (contents, stats) = record(&t, &paths);
     assert_eq!(stats[Path::new("a/b/c/f5000")].nlink, 3);
     assert_eq!(stats[Path::new("sparse")].size as u64, TIB + 4096);
-    assert!(matches!(&contents[Path::new("sym_long")].content, Content::Symlink(s) if s.len() == 4000));
+    assert!(
+        matches!(&contents[Path::new("sym_long")].content, Content::Symlink(s) if s.len() == 4000)
+    );
     assert_eq!(stats[Path::new("a/b/c/f1")].mode & 0o7777, 0o4755);
-    assert_eq!(stats[Path::new("a/b/c/f3901")].mtime % 1_000_000_000 != 0, true);
+    assert_eq!(
+        stats[Path::new("a/b/c/f3901")].mtime % 1_000_000_000 != 0,
+        true
+    );
     match &contents[Path::new("big")].content {
         Content::Dir(n) => assert_eq!(n.len(), BIG_DIR_ENTRIES),
         other => panic!("big: {other:?}"),
@@ -306,30 +375,54 @@ fn tree_survives_remount_and_up_is_idempotent() {
     let t1 = std::time::Instant::now();
     cluster.remount().expect("mako down; mako up");
     println!("down+up in {:.1} s", t1.elapsed().as_secs_f64());
-    assert_ne!(cluster.makod_pid(), pid_before, "mako down/up must restart makod");
+    assert_ne!(
+        cluster.makod_pid(),
+        pid_before,
+        "mako down/up must restart makod"
+    );
 
     // Stats first (before any read can touch atime), then contents.
     let mut diffs = compare_stats(&t, &stats, "after remount");
-    assert_eq!(walk(&t), paths, "the set of paths changed across the remount");
+    assert_eq!(
+        walk(&t),
+        paths,
+        "the set of paths changed across the remount"
+    );
     diffs.extend(compare_contents(&t, &contents, "after remount"));
     let statvfs_after = sys::statvfs(cluster.mount()).unwrap();
     println!(
         "statvfs free blocks before {} after {}, free inodes before {} after {}",
-        statvfs_before.f_bfree, statvfs_after.f_bfree, statvfs_before.f_ffree, statvfs_after.f_ffree
+        statvfs_before.f_bfree,
+        statvfs_after.f_bfree,
+        statvfs_before.f_ffree,
+        statvfs_after.f_ffree
     );
     report(diffs);
 
     // `mako up` while up: exit 0, "already up", same daemon, same single mount, no changes.
-    let stats_now: BTreeMap<PathBuf, StatRec> = paths.iter().map(|r| (r.clone(), stat_rec(&t.join(r)))).collect();
+    let stats_now: BTreeMap<PathBuf, StatRec> = paths
+        .iter()
+        .map(|r| (r.clone(), stat_rec(&t.join(r))))
+        .collect();
     let pid = cluster.makod_pid();
     let out = cluster.mako(&["up"]).unwrap();
     println!("mako up (already up):\n{out}");
     assert!(out.success(), "mako up when up must exit 0: {out}");
-    assert!(out.text().contains("already up"), "mako up when up must say \"already up\": {out}");
-    assert_eq!(cluster.makod_pid(), pid, "mako up when up must not restart makod");
+    assert!(
+        out.text().contains("already up"),
+        "mako up when up must say \"already up\": {out}"
+    );
+    assert_eq!(
+        cluster.makod_pid(),
+        pid,
+        "mako up when up must not restart makod"
+    );
     assert!(pid.is_some_and(mako_tests::cluster::process_alive));
     assert!(is_mounted(cluster.mount()));
-    let n_mounts = kernel_mounts().iter().filter(|m| m.as_path() == cluster.mount()).count();
+    let n_mounts = kernel_mounts()
+        .iter()
+        .filter(|m| m.as_path() == cluster.mount())
+        .count();
     assert_eq!(n_mounts, 1, "mako up when up must not mount a second time");
     report(compare_stats(&t, &stats_now, "after second mako up"));
     assert_eq!(walk(&t), paths);

@@ -3,7 +3,10 @@
 use anyhow::{bail, Context, Result};
 use mako_config::{ConfigStore, EffectiveConfig};
 use mako_control::{ClusterConfig, ControlHandler, DataDir, Request, Response};
-use mako_control::{ConfigRowView, DaemonStatus, DiskCountersView, DiskStatusView, FsCountersView, FsStatus, FsckView, IoRecordView, LockCounterView, StatsView, TokenView, WaiterView};
+use mako_control::{
+    ConfigRowView, DaemonStatus, DiskCountersView, DiskStatusView, FsCountersView, FsStatus,
+    FsckView, IoRecordView, LockCounterView, StatsView, TokenView, WaiterView,
+};
 use mako_format::disk_header::DiskUsage;
 use mako_fs::{DiskSpec, FsConfig, Mounted};
 use parking_lot::{Mutex, RwLock};
@@ -39,7 +42,10 @@ fn fs_config(c: &EffectiveConfig) -> FsConfig {
         pagepool_bytes: c.pagepool_bytes(),
         max_files_to_cache: c.max_files_to_cache(),
         max_stat_cache: c.max_stat_cache(),
-        prefetch_aggressiveness_read: c.prefetch_aggressiveness_read().map(|v| v as i32).unwrap_or(-1),
+        prefetch_aggressiveness_read: c
+            .prefetch_aggressiveness_read()
+            .map(|v| v as i32)
+            .unwrap_or(-1),
         prefetch_threads: c.prefetch_threads().clamp(1, 64),
         writebehind_threads: 4,
         sync_interval_secs: 5,
@@ -81,10 +87,13 @@ fn raise_readahead(mountpoint: &Path, block_bytes: u32) -> Option<u32> {
 /// the strict limit and allow a fair share of dirty memory (root only).
 fn relax_dirty_limit(mountpoint: &Path) {
     use std::os::unix::fs::MetadataExt;
-    let Ok(meta) = std::fs::metadata(mountpoint) else { return };
+    let Ok(meta) = std::fs::metadata(mountpoint) else {
+        return;
+    };
     let dev = meta.dev();
     let bdi = format!("/sys/class/bdi/{}:{}", libc::major(dev), libc::minor(dev));
-    let ok = std::fs::write(format!("{bdi}/strict_limit"), "0").is_ok() && std::fs::write(format!("{bdi}/max_ratio"), "50").is_ok();
+    let ok = std::fs::write(format!("{bdi}/strict_limit"), "0").is_ok()
+        && std::fs::write(format!("{bdi}/max_ratio"), "50").is_ok();
     if ok {
         tracing::info!("FUSE writeback cache: dirty limit of {bdi} relaxed");
     } else {
@@ -94,7 +103,8 @@ fn relax_dirty_limit(mountpoint: &Path) {
 
 impl Daemon {
     fn load_config(dir: &DataDir) -> Result<EffectiveConfig> {
-        let store = ConfigStore::load_or_default(dir.config_file()).with_context(|| format!("reading {}", dir.config_file().display()))?;
+        let store = ConfigStore::load_or_default(dir.config_file())
+            .with_context(|| format!("reading {}", dir.config_file().display()))?;
         Ok(EffectiveConfig::resolve(Some(&store), &[])?)
     }
 
@@ -104,15 +114,32 @@ impl Daemon {
         }
         let cluster = ClusterConfig::load(self.dir.root.as_path())?;
         *self.cluster.lock() = cluster.clone();
-        let fsdef = cluster.filesystem(name).with_context(|| format!("no file system {name} in {}", self.dir.cluster_file().display()))?.clone();
+        let fsdef = cluster
+            .filesystem(name)
+            .with_context(|| {
+                format!(
+                    "no file system {name} in {}",
+                    self.dir.cluster_file().display()
+                )
+            })?
+            .clone();
         let mut specs = Vec::new();
         for d in cluster.disks_of(&fsdef) {
-            let usage = DiskUsage::parse(&d.usage).with_context(|| format!("disk {}: usage {:?}", d.name, d.usage))?;
-            specs.push(DiskSpec { name: d.name.clone(), path: d.path.clone(), pool: d.pool.clone(), failure_group: d.failure_group, usage });
+            let usage = DiskUsage::parse(&d.usage)
+                .with_context(|| format!("disk {}: usage {:?}", d.name, d.usage))?;
+            specs.push(DiskSpec {
+                name: d.name.clone(),
+                path: d.path.clone(),
+                pool: d.pool.clone(),
+                failure_group: d.failure_group,
+                usage,
+            });
         }
         let cfg = self.config.read().clone();
-        let mounted = mako_fs::mount(&specs, fs_config(&cfg), cluster.node_id).with_context(|| format!("mounting file system {name}"))?;
-        std::fs::create_dir_all(&fsdef.mountpoint).with_context(|| format!("creating mount point {}", fsdef.mountpoint.display()))?;
+        let mounted = mako_fs::mount(&specs, fs_config(&cfg), cluster.node_id)
+            .with_context(|| format!("mounting file system {name}"))?;
+        std::fs::create_dir_all(&fsdef.mountpoint)
+            .with_context(|| format!("creating mount point {}", fsdef.mountpoint.display()))?;
         let max_write = cfg.fuse_max_write_bytes();
         let direct_io_file_size = Arc::new(AtomicU64::new(cfg.fuse_direct_io_file_size()));
         let opts = mako_fuse::FuseOptions {
@@ -134,24 +161,49 @@ impl Daemon {
             relax_dirty_limit(&fsdef.mountpoint);
         }
         if let Some(kb) = raise_readahead(&fsdef.mountpoint, mounted.core().geo.block_bytes) {
-            tracing::info!("kernel readahead for {} set to {kb} KiB", fsdef.mountpoint.display());
+            tracing::info!(
+                "kernel readahead for {} set to {kb} KiB",
+                fsdef.mountpoint.display()
+            );
         }
         tracing::info!("mounted {name} on {}", fsdef.mountpoint.display());
-        let disk_paths = specs.iter().map(|s| (s.name.clone(), s.path.clone())).collect();
-        self.mounts.lock().insert(name.to_string(), MountedFs { mounted, fuse, direct_io_file_size, mountpoint: fsdef.mountpoint.clone(), disk_paths });
+        let disk_paths = specs
+            .iter()
+            .map(|s| (s.name.clone(), s.path.clone()))
+            .collect();
+        self.mounts.lock().insert(
+            name.to_string(),
+            MountedFs {
+                mounted,
+                fuse,
+                direct_io_file_size,
+                mountpoint: fsdef.mountpoint.clone(),
+                disk_paths,
+            },
+        );
         Ok(format!("{name} mounted on {}", fsdef.mountpoint.display()))
     }
 
     fn unmount_fs(&self, name: &str) -> Result<String> {
-        let m = self.mounts.lock().remove(name).with_context(|| format!("{name} is not mounted"))?;
+        let m = self
+            .mounts
+            .lock()
+            .remove(name)
+            .with_context(|| format!("{name} is not mounted"))?;
         let mp = m.mountpoint.clone();
         // 1. Detach from the kernel (no new requests), 2. write everything back.
         if let Err(e) = m.fuse.unmount() {
-            tracing::warn!("FUSE unmount of {}: {e}; trying a lazy unmount", mp.display());
-            let c = std::ffi::CString::new(mp.as_os_str().to_string_lossy().as_bytes()).unwrap_or_default();
+            tracing::warn!(
+                "FUSE unmount of {}: {e}; trying a lazy unmount",
+                mp.display()
+            );
+            let c = std::ffi::CString::new(mp.as_os_str().to_string_lossy().as_bytes())
+                .unwrap_or_default();
             unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
         }
-        m.mounted.unmount().with_context(|| format!("writing back {name}"))?;
+        m.mounted
+            .unmount()
+            .with_context(|| format!("writing back {name}"))?;
         tracing::info!("unmounted {name} from {}", mp.display());
         Ok(format!("{name} unmounted from {}", mp.display()))
     }
@@ -195,7 +247,12 @@ impl Daemon {
                 let desc = core.desc.lock().clone();
                 let usage = core.alloc.per_disk_usage(desc.disks.len());
                 for (d, (free, total)) in desc.disks.iter().zip(usage) {
-                    let path = m.disk_paths.iter().find(|(n, _)| *n == d.name).map(|(_, p)| p.display().to_string()).unwrap_or_default();
+                    let path = m
+                        .disk_paths
+                        .iter()
+                        .find(|(n, _)| *n == d.name)
+                        .map(|(_, p)| p.display().to_string())
+                        .unwrap_or_default();
                     let _ = total;
                     st.disks.push(DiskStatusView {
                         name: d.name.clone(),
@@ -236,12 +293,21 @@ impl Daemon {
             data_dir: self.dir.root.as_path().display().to_string(),
             uptime_secs: self.started.elapsed().as_secs(),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            filesystems: cluster.filesystems.iter().map(|f| self.fs_status(f)).collect(),
+            filesystems: cluster
+                .filesystems
+                .iter()
+                .map(|f| self.fs_status(f))
+                .collect(),
         }
     }
 
     pub(crate) fn each_fs<T>(&self, name: Option<&str>, f: impl Fn(&str, &Mounted) -> T) -> Vec<T> {
-        self.mounts.lock().iter().filter(|(n, _)| name.is_none_or(|x| x == n.as_str())).map(|(n, m)| f(n, &m.mounted)).collect()
+        self.mounts
+            .lock()
+            .iter()
+            .filter(|(n, _)| name.is_none_or(|x| x == n.as_str()))
+            .map(|(n, m)| f(n, &m.mounted))
+            .collect()
     }
 
     /// Per mounted file system: its name, its counters (file system, then pagepool) and
@@ -277,7 +343,10 @@ impl Daemon {
             let r = &m.recovery;
             c.push(("log_replayed_transactions".to_string(), r.transactions));
             c.push(("log_replayed_images".to_string(), r.images));
-            c.push(("log_replay_millis".to_string(), r.duration.as_millis() as u64));
+            c.push((
+                "log_replay_millis".to_string(),
+                r.duration.as_millis() as u64,
+            ));
             (n.to_string(), c, core.nsd.stats())
         });
         all.sort_by(|a, b| a.0.cmp(&b.0));
@@ -296,13 +365,24 @@ impl Daemon {
                     writes: d.writes,
                     read_bytes: d.read_bytes,
                     write_bytes: d.write_bytes,
-                    read_ms_avg: if d.reads > 0 { d.read_micros as f64 / d.reads as f64 / 1000.0 } else { 0.0 },
-                    write_ms_avg: if d.writes > 0 { d.write_micros as f64 / d.writes as f64 / 1000.0 } else { 0.0 },
+                    read_ms_avg: if d.reads > 0 {
+                        d.read_micros as f64 / d.reads as f64 / 1000.0
+                    } else {
+                        0.0
+                    },
+                    write_ms_avg: if d.writes > 0 {
+                        d.write_micros as f64 / d.writes as f64 / 1000.0
+                    } else {
+                        0.0
+                    },
                     errors: d.errors,
                 });
             }
         }
-        StatsView { filesystems: fss, disks }
+        StatsView {
+            filesystems: fss,
+            disks,
+        }
     }
 
     /// `mako fsck --online`: the checker reads the committed state of the mounted file
@@ -318,7 +398,10 @@ impl Daemon {
             m.mounted.core().clone()
         };
         let started = Instant::now();
-        let hold = core.journal.hold_commits(&core).with_context(|| format!("committing {name} before the check"))?;
+        let hold = core
+            .journal
+            .hold_commits(&core)
+            .with_context(|| format!("committing {name} before the check"))?;
         let desc = core.desc.lock().clone();
         let reader = OnlineReader { core: &core };
         let opts = mako_fsck::Options::check().threads(threads.max(1));
@@ -331,7 +414,11 @@ impl Daemon {
             report.exit_code,
             started.elapsed().as_secs_f64()
         );
-        Ok(FsckView { exit_code: report.exit_code, text: report.render(), json: report.to_json() })
+        Ok(FsckView {
+            exit_code: report.exit_code,
+            text: report.render(),
+            json: report.to_json(),
+        })
     }
 
     fn config_set(&self, name: &str, value: &str, immediate: bool) -> Result<String> {
@@ -343,7 +430,8 @@ impl Daemon {
         let old = self.config.write().apply_immediate(name, value)?;
         let c = self.config.read().clone();
         for (_, m) in self.mounts.lock().iter() {
-            m.direct_io_file_size.store(c.fuse_direct_io_file_size(), Ordering::Relaxed);
+            m.direct_io_file_size
+                .store(c.fuse_direct_io_file_size(), Ordering::Relaxed);
             let core = m.mounted.core();
             let mut fc = core.cfg.write();
             let new = fs_config(&c);
@@ -353,7 +441,9 @@ impl Daemon {
             fc.iohist_size = new.iohist_size;
             core.nsd.history().set_capacity(new.iohist_size);
         }
-        Ok(format!("{name} changed from {old} to {value} in the running daemon"))
+        Ok(format!(
+            "{name} changed from {old} to {value} in the running daemon"
+        ))
     }
 }
 
@@ -369,24 +459,37 @@ impl ControlHandler for Daemon {
                     Response::ok("makod is stopping: writing back and unmounting")
                 }
                 Request::Sync => {
-                    for r in self.each_fs(None, |n, m| m.fs.sync().with_context(|| format!("sync of {n}"))) {
+                    for r in self.each_fs(None, |n, m| {
+                        m.fs.sync().with_context(|| format!("sync of {n}"))
+                    }) {
                         r?;
                     }
                     Response::ok("all file systems written back")
                 }
                 Request::ClearCache { fs } => {
-                    for r in self.each_fs(fs.as_deref(), |n, m| m.fs.clear_cache().with_context(|| format!("clearing the cache of {n}"))) {
+                    for r in self.each_fs(fs.as_deref(), |n, m| {
+                        m.fs.clear_cache()
+                            .with_context(|| format!("clearing the cache of {n}"))
+                    }) {
                         r?;
                     }
                     Response::ok("pagepool written back and clean buffers dropped")
                 }
-                Request::ConfigSet { name, value, immediate } => Response::ok(self.config_set(&name, &value, immediate)?),
+                Request::ConfigSet {
+                    name,
+                    value,
+                    immediate,
+                } => Response::ok(self.config_set(&name, &value, immediate)?),
                 Request::DiagIohist { last } => {
                     let mut out: Vec<IoRecordView> = Vec::new();
                     for recs in self.each_fs(None, |_, m| m.core().nsd.history().last(last)) {
                         for r in recs {
                             out.push(IoRecordView {
-                                start_unix_micros: r.start.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0),
+                                start_unix_micros: r
+                                    .start
+                                    .duration_since(std::time::UNIX_EPOCH)
+                                    .map(|d| d.as_micros() as u64)
+                                    .unwrap_or(0),
                                 write: r.write,
                                 buffer_type: r.buffer_type.name().to_string(),
                                 disk: r.disk,
@@ -407,7 +510,11 @@ impl ControlHandler for Daemon {
                 Request::DiagWaiters { threshold_ms } => Response::Waiters(
                     mako_diag::waiters::snapshot(Duration::from_millis(threshold_ms))
                         .into_iter()
-                        .map(|w| WaiterView { thread: w.thread, waiting_ms: w.waiting.as_secs_f64() * 1000.0, what: w.what })
+                        .map(|w| WaiterView {
+                            thread: w.thread,
+                            waiting_ms: w.waiting.as_secs_f64() * 1000.0,
+                            what: w.what,
+                        })
                         .collect(),
                 ),
                 Request::DiagCounters => Response::Counters(
@@ -426,7 +533,10 @@ impl ControlHandler for Daemon {
                 Request::DiagTokens => {
                     let mut out = Vec::new();
                     for list in self.each_fs(None, |_, m| m.core().coherence.dump()) {
-                        out.extend(list.into_iter().map(|(resource, holders)| TokenView { resource, holders }));
+                        out.extend(
+                            list.into_iter()
+                                .map(|(resource, holders)| TokenView { resource, holders }),
+                        );
                     }
                     Response::Tokens(out)
                 }
@@ -478,20 +588,46 @@ pub fn run(root: &Path) -> Result<()> {
     let dir = DataDir::new(root);
     let stop = Arc::new(AtomicBool::new(false));
     watch_signals(stop.clone());
-    let cluster = ClusterConfig::load(root).with_context(|| format!("no cluster in {}; create one with `mako up`", root.display()))?;
+    let cluster = ClusterConfig::load(root).with_context(|| {
+        format!(
+            "no cluster in {}; create one with `mako up`",
+            root.display()
+        )
+    })?;
     let config = Daemon::load_config(&dir)?;
     if unsafe { libc::geteuid() } == 0 {
         let block = 16 << 20;
         if let Some(pages) = raise_fuse_max_pages(config.fuse_max_write_bytes().max(block)) {
-            tracing::info!("FUSE max_pages_limit {pages} ({} KiB per request at most)", pages * 4);
+            tracing::info!(
+                "FUSE max_pages_limit {pages} ({} KiB per request at most)",
+                pages * 4
+            );
         }
     }
-    let daemon = Arc::new(Daemon { dir: dir.clone(), cluster: Mutex::new(cluster.clone()), config: RwLock::new(config), mounts: Mutex::new(HashMap::new()), started: Instant::now(), stop: stop.clone() });
-    tracing::info!("makod {} starting: node {} (id {}), data dir {}", env!("CARGO_PKG_VERSION"), cluster.node_name, cluster.node_id, root.display());
-    let server = mako_control::serve(&dir.socket_file(), daemon.clone(), stop.clone()).with_context(|| format!("control socket {}", dir.socket_file().display()))?;
+    let daemon = Arc::new(Daemon {
+        dir: dir.clone(),
+        cluster: Mutex::new(cluster.clone()),
+        config: RwLock::new(config),
+        mounts: Mutex::new(HashMap::new()),
+        started: Instant::now(),
+        stop: stop.clone(),
+    });
+    tracing::info!(
+        "makod {} starting: node {} (id {}), data dir {}",
+        env!("CARGO_PKG_VERSION"),
+        cluster.node_name,
+        cluster.node_id,
+        root.display()
+    );
+    let server = mako_control::serve(&dir.socket_file(), daemon.clone(), stop.clone())
+        .with_context(|| format!("control socket {}", dir.socket_file().display()))?;
     // The metrics endpoint starts before the mounts so a scrape during a slow mount
     // still answers (with the daemon's figures); a bind failure is logged, never fatal.
-    let metrics = daemon.config.read().prometheus_socket_addr().and_then(|addr| crate::metrics::start(addr, daemon.clone(), stop.clone()));
+    let metrics = daemon
+        .config
+        .read()
+        .prometheus_socket_addr()
+        .and_then(|addr| crate::metrics::start(addr, daemon.clone(), stop.clone()));
     let mut failed = Vec::new();
     for f in cluster.filesystems.iter().filter(|f| f.automount) {
         if let Err(e) = daemon.mount_fs(&f.name) {
@@ -499,7 +635,10 @@ pub fn run(root: &Path) -> Result<()> {
             failed.push(format!("{e:#}"));
         }
     }
-    if !failed.is_empty() && daemon.mounts.lock().is_empty() && cluster.filesystems.iter().any(|f| f.automount) {
+    if !failed.is_empty()
+        && daemon.mounts.lock().is_empty()
+        && cluster.filesystems.iter().any(|f| f.automount)
+    {
         stop.store(true, Ordering::SeqCst);
         let _ = server.join();
         bail!("no file system could be mounted: {}", failed.join("; "));
@@ -531,8 +670,21 @@ struct OnlineReader<'a> {
 }
 
 impl mako_fsck::MetadataReader for OnlineReader<'_> {
-    fn read(&self, da: mako_format::DiskAddress, buf: &mut [u8], what: mako_disk::BufferType, ino: u64) -> Result<(), mako_disk::DiskError> {
-        self.core.nsd.read(da, buf, mako_disk::nsd::IoTag { buffer_type: what, ino })?;
+    fn read(
+        &self,
+        da: mako_format::DiskAddress,
+        buf: &mut [u8],
+        what: mako_disk::BufferType,
+        ino: u64,
+    ) -> Result<(), mako_disk::DiskError> {
+        self.core.nsd.read(
+            da,
+            buf,
+            mako_disk::nsd::IoTag {
+                buffer_type: what,
+                ino,
+            },
+        )?;
         self.core.journal.overlay(da, buf);
         Ok(())
     }

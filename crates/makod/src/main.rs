@@ -10,7 +10,11 @@ use clap::Parser;
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "makod", version, about = "The Mako daemon (started by `mako up`)")]
+#[command(
+    name = "makod",
+    version,
+    about = "The Mako daemon (started by `mako up`)"
+)]
 struct Args {
     /// Data directory holding cluster.toml, config.toml and the control socket.
     #[arg(long)]
@@ -28,7 +32,10 @@ fn main() {
     }
     let args = Args::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("MAKO_LOG").unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MAKO_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();

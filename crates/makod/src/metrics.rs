@@ -306,9 +306,13 @@ fn counter_help(name: &str) -> String {
         "log_images" => "Metadata images (inodes, pages, blocks) logged.",
         "log_barriers" => "Disk syncs done by log commits and checkpoints.",
         "log_gate_waits" => "Operations that waited for a log commit to take its snapshot.",
-        "log_checkpoints" => "Checkpoints: committed metadata written in place and the log tail moved.",
+        "log_checkpoints" => {
+            "Checkpoints: committed metadata written in place and the log tail moved."
+        }
         "log_checkpoint_bytes" => "Bytes of metadata written in place by checkpoints.",
-        "log_replayed_transactions" => "Log transactions replayed when this file system was mounted.",
+        "log_replayed_transactions" => {
+            "Log transactions replayed when this file system was mounted."
+        }
         "log_replayed_images" => "Metadata images written by that replay.",
         "log_replay_millis" => "Milliseconds the replay at mount took.",
         _ => "",

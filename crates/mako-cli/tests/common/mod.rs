@@ -25,7 +25,10 @@ pub struct Setup {
 pub fn setup(makod: Option<&str>) -> Option<Setup> {
     let fake = built("examples/fake_makod");
     if !fake.exists() {
-        eprintln!("skipped: {} not built (cargo test builds it)", fake.display());
+        eprintln!(
+            "skipped: {} not built (cargo test builds it)",
+            fake.display()
+        );
         return None;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -39,7 +42,8 @@ pub fn setup(makod: Option<&str>) -> Option<Setup> {
         Some(script) => {
             use std::os::unix::fs::PermissionsExt;
             std::fs::write(bin.join("makod"), script).unwrap();
-            std::fs::set_permissions(bin.join("makod"), std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::fs::set_permissions(bin.join("makod"), std::fs::Permissions::from_mode(0o755))
+                .unwrap();
         }
     }
     Some(Setup {
@@ -53,7 +57,9 @@ pub fn setup(makod: Option<&str>) -> Option<Setup> {
 
 impl Drop for Setup {
     fn drop(&mut self) {
-        let pid = std::fs::read_to_string(self.data.join("makod.pid")).ok().and_then(|t| t.trim().parse::<i32>().ok());
+        let pid = std::fs::read_to_string(self.data.join("makod.pid"))
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok());
         if let Some(pid) = pid.filter(|&p| p > 0) {
             // SAFETY: a plain kill(2) of the daemon this test started.
             unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -73,7 +79,11 @@ pub fn mako(s: &Setup, args: &[&str]) -> Output {
 }
 
 pub fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 pub fn code(o: &Output) -> i32 {

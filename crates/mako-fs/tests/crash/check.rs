@@ -3,7 +3,9 @@
 //! counts, inode and block allocation against what the tree uses), its canonical form,
 //! and the match against the states the crash allowed.
 
-use super::model::{join, Canon, ContentHasher, DivergenceKind, Entry, Kind, Meta, Mid, CHUNK_BYTES};
+use super::model::{
+    join, Canon, ContentHasher, DivergenceKind, Entry, Kind, Meta, Mid, CHUNK_BYTES,
+};
 use super::workload::Plan;
 use mako_disk::Disk;
 use mako_fs::fs::{dtype, FileSystem, ROOT_INO};
@@ -24,7 +26,10 @@ pub struct Violation {
 
 impl Violation {
     pub fn new(kind: impl Into<String>, detail: impl Into<String>) -> Violation {
-        Violation { kind: kind.into(), detail: detail.into() }
+        Violation {
+            kind: kind.into(),
+            detail: detail.into(),
+        }
     }
 }
 
@@ -44,7 +49,11 @@ pub enum FsckVerdict {
 /// every Nth recovered image (1: all of them) to keep the suite's time in bounds.
 pub fn fsck_clean(disks: &[Arc<dyn Disk>]) -> FsckVerdict {
     static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let every = std::env::var("MAKO_CRASH_FSCK_EVERY").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(3).max(1);
+    let every = std::env::var("MAKO_CRASH_FSCK_EVERY")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(3)
+        .max(1);
     if CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % every != 0 {
         return FsckVerdict::Clean;
     }
@@ -57,7 +66,10 @@ pub fn fsck_clean(disks: &[Arc<dyn Disk>]) -> FsckVerdict {
                 .filter(|p| p.kind != mako_fsck::ProblemKind::LogReplay)
                 // A crash during a descriptor update leaves the copies not yet written one
                 // generation behind; the mount takes the newest and rewrites them all.
-                .filter(|p| !(p.kind == mako_fsck::ProblemKind::DescriptorCopy && p.what.contains("is stale")))
+                .filter(|p| {
+                    !(p.kind == mako_fsck::ProblemKind::DescriptorCopy
+                        && p.what.contains("is stale"))
+                })
                 .map(|p| format!("[{}] {}", p.kind.name(), p.what))
                 .collect();
             if bad.is_empty() {
@@ -112,8 +124,14 @@ pub fn walk(fs: &FileSystem, v: &mut Vec<Violation>) -> Found {
     let root = match fs.getattr(ROOT_INO) {
         Ok(a) => a,
         Err(e) => {
-            v.push(Violation::new(error_kind(&e), format!("getattr of the root directory: {e}")));
-            return Found { canon: Canon::new(BTreeMap::new()), files };
+            v.push(Violation::new(
+                error_kind(&e),
+                format!("getattr of the root directory: {e}"),
+            ));
+            return Found {
+                canon: Canon::new(BTreeMap::new()),
+                files,
+            };
         }
     };
     if let Some(seen) = inode_info(fs, "/", root, v, &mut files) {
@@ -122,21 +140,35 @@ pub fn walk(fs: &FileSystem, v: &mut Vec<Violation>) -> Found {
     let mut visited = HashSet::from([ROOT_INO]);
     let mut stack = vec![(ROOT_INO, "/".to_string(), ROOT_INO)];
     while let Some((dir, path, parent)) = stack.pop() {
-        let Some(entries) = list_dir(fs, dir, &path, parent, v) else { continue };
+        let Some(entries) = list_dir(fs, dir, &path, parent, v) else {
+            continue;
+        };
         for e in entries {
             let p = join(&path, &e.name);
             let attr = match fs.lookup(dir, &e.name) {
                 Ok(a) => a,
                 Err(err) => {
-                    v.push(Violation::new(error_kind(&err), format!("lookup {p} (readdir: inode {}): {err}", e.ino)));
+                    v.push(Violation::new(
+                        error_kind(&err),
+                        format!("lookup {p} (readdir: inode {}): {err}", e.ino),
+                    ));
                     continue;
                 }
             };
             if attr.ino != e.ino {
-                v.push(Violation::new("readdir and lookup disagree", format!("{p}: readdir says inode {}, lookup says {}", e.ino, attr.ino)));
+                v.push(Violation::new(
+                    "readdir and lookup disagree",
+                    format!(
+                        "{p}: readdir says inode {}, lookup says {}",
+                        e.ino, attr.ino
+                    ),
+                ));
             }
             if dtype(attr.mode) != e.kind {
-                v.push(Violation::new("entry type differs from the inode's", format!("{p}: entry type {}, inode mode {:o}", e.kind, attr.mode)));
+                v.push(Violation::new(
+                    "entry type differs from the inode's",
+                    format!("{p}: entry type {}, inode mode {:o}", e.kind, attr.mode),
+                ));
             }
             let ino = attr.ino;
             if let std::collections::btree_map::Entry::Vacant(slot) = inodes.entry(ino) {
@@ -155,7 +187,13 @@ pub fn walk(fs: &FileSystem, v: &mut Vec<Violation>) -> Found {
                 if visited.insert(ino) {
                     stack.push((ino, p, dir));
                 } else {
-                    v.push(Violation::new("directory reached by two names (hard link or cycle)", format!("{p}: directory inode {ino} seen before at {:?}", names_of[&ino])));
+                    v.push(Violation::new(
+                        "directory reached by two names (hard link or cycle)",
+                        format!(
+                            "{p}: directory inode {ino} seen before at {:?}",
+                            names_of[&ino]
+                        ),
+                    ));
                 }
             }
         }
@@ -163,16 +201,29 @@ pub fn walk(fs: &FileSystem, v: &mut Vec<Violation>) -> Found {
     // Link counts.
     for (&ino, seen) in &inodes {
         let names = names_of.get(&ino).map(|n| n.len()).unwrap_or(0);
-        let where_ = names_of.get(&ino).and_then(|n| n.first()).cloned().unwrap_or_else(|| "/".into());
+        let where_ = names_of
+            .get(&ino)
+            .and_then(|n| n.first())
+            .cloned()
+            .unwrap_or_else(|| "/".into());
         match seen.kind {
             Kind::Dir if seen.attr.nlink != 2 + seen.subdirs => v.push(Violation::new(
                 "directory nlink is not 2 + subdirectories",
-                format!("{where_} (inode {ino}): nlink {}, {} subdirectories", seen.attr.nlink, seen.subdirs),
+                format!(
+                    "{where_} (inode {ino}): nlink {}, {} subdirectories",
+                    seen.attr.nlink, seen.subdirs
+                ),
             )),
-            Kind::File | Kind::Symlink if seen.attr.nlink as usize != names => v.push(Violation::new(
-                "file nlink differs from the names found",
-                format!("{where_} (inode {ino}): nlink {}, {names} names {:?}", seen.attr.nlink, names_of.get(&ino)),
-            )),
+            Kind::File | Kind::Symlink if seen.attr.nlink as usize != names => {
+                v.push(Violation::new(
+                    "file nlink differs from the names found",
+                    format!(
+                        "{where_} (inode {ino}): nlink {}, {names} names {:?}",
+                        seen.attr.nlink,
+                        names_of.get(&ino)
+                    ),
+                ))
+            }
             _ => {}
         }
     }
@@ -189,20 +240,41 @@ pub fn walk(fs: &FileSystem, v: &mut Vec<Violation>) -> Found {
         first_name,
     };
     if let Some(r) = inodes.get(&ROOT_INO) {
-        entries.insert("/".to_string(), Entry { meta: meta_of(r, None), mid: ROOT_INO });
+        entries.insert(
+            "/".to_string(),
+            Entry {
+                meta: meta_of(r, None),
+                mid: ROOT_INO,
+            },
+        );
     }
     for (ino, mut paths) in names_of {
         paths.sort();
         let first = (paths.len() > 1).then(|| paths[0].clone());
         for p in paths {
-            entries.insert(p, Entry { meta: meta_of(&inodes[&ino], first.clone()), mid: ino });
+            entries.insert(
+                p,
+                Entry {
+                    meta: meta_of(&inodes[&ino], first.clone()),
+                    mid: ino,
+                },
+            );
         }
     }
-    Found { canon: Canon::new(entries), files }
+    Found {
+        canon: Canon::new(entries),
+        files,
+    }
 }
 
 /// Every entry of a directory but `.` and `..`, which are checked here.
-fn list_dir(fs: &FileSystem, dir: u64, path: &str, parent: u64, v: &mut Vec<Violation>) -> Option<Vec<mako_fs::fs::DirListing>> {
+fn list_dir(
+    fs: &FileSystem,
+    dir: u64,
+    path: &str,
+    parent: u64,
+    v: &mut Vec<Violation>,
+) -> Option<Vec<mako_fs::fs::DirListing>> {
     let mut out = Vec::new();
     let mut names = HashSet::new();
     let mut after = 0u64;
@@ -210,24 +282,39 @@ fn list_dir(fs: &FileSystem, dir: u64, path: &str, parent: u64, v: &mut Vec<Viol
         let batch = match fs.readdir(dir, after, 128) {
             Ok(b) => b,
             Err(e) => {
-                v.push(Violation::new(error_kind(&e), format!("readdir {path} (inode {dir}) after cookie {after}: {e}")));
+                v.push(Violation::new(
+                    error_kind(&e),
+                    format!("readdir {path} (inode {dir}) after cookie {after}: {e}"),
+                ));
                 return None;
             }
         };
         let Some(last) = batch.last() else { break };
         if last.cookie <= after {
-            v.push(Violation::new("readdir cookie does not advance", format!("readdir {path}: cookie {} after {after}", last.cookie)));
+            v.push(Violation::new(
+                "readdir cookie does not advance",
+                format!("readdir {path}: cookie {} after {after}", last.cookie),
+            ));
             return None;
         }
         after = last.cookie;
         for e in batch {
             match e.name.as_slice() {
-                b"." if e.ino != dir => v.push(Violation::new("bad . entry", format!("{path}: . is inode {}, not {dir}", e.ino))),
-                b".." if e.ino != parent => v.push(Violation::new("bad .. entry", format!("{path}: .. is inode {}, not {parent}", e.ino))),
+                b"." if e.ino != dir => v.push(Violation::new(
+                    "bad . entry",
+                    format!("{path}: . is inode {}, not {dir}", e.ino),
+                )),
+                b".." if e.ino != parent => v.push(Violation::new(
+                    "bad .. entry",
+                    format!("{path}: .. is inode {}, not {parent}", e.ino),
+                )),
                 b"." | b".." => {}
                 _ => {
                     if !names.insert(e.name.clone()) {
-                        v.push(Violation::new("duplicate name in a directory", format!("{}: listed twice", join(path, &e.name))));
+                        v.push(Violation::new(
+                            "duplicate name in a directory",
+                            format!("{}: listed twice", join(path, &e.name)),
+                        ));
                         continue;
                     }
                     out.push(e);
@@ -235,7 +322,10 @@ fn list_dir(fs: &FileSystem, dir: u64, path: &str, parent: u64, v: &mut Vec<Viol
             }
         }
         if out.len() > 1_000_000 {
-            v.push(Violation::new("readdir does not end", format!("readdir {path}: more than a million entries")));
+            v.push(Violation::new(
+                "readdir does not end",
+                format!("readdir {path}: more than a million entries"),
+            ));
             return None;
         }
     }
@@ -243,10 +333,19 @@ fn list_dir(fs: &FileSystem, dir: u64, path: &str, parent: u64, v: &mut Vec<Viol
 }
 
 /// Attributes, xattrs, symlink target and content of one inode.
-fn inode_info(fs: &FileSystem, path: &str, attr: mako_fs::Attr, v: &mut Vec<Violation>, files: &mut BTreeMap<u64, FileSeen>) -> Option<InodeSeen> {
+fn inode_info(
+    fs: &FileSystem,
+    path: &str,
+    attr: mako_fs::Attr,
+    v: &mut Vec<Violation>,
+    files: &mut BTreeMap<u64, FileSeen>,
+) -> Option<InodeSeen> {
     let ino = attr.ino;
     let Some(kind) = Kind::from_mode(attr.mode) else {
-        v.push(Violation::new("unexpected file type", format!("{path} (inode {ino}): mode {:o}", attr.mode)));
+        v.push(Violation::new(
+            "unexpected file type",
+            format!("{path} (inode {ino}): mode {:o}", attr.mode),
+        ));
         return None;
     };
     let mut xattrs = Vec::new();
@@ -255,29 +354,50 @@ fn inode_info(fs: &FileSystem, path: &str, attr: mako_fs::Attr, v: &mut Vec<Viol
             for name in list.split(|&b| b == 0).filter(|n| !n.is_empty()) {
                 match fs.getxattr(ino, name) {
                     Ok(val) => xattrs.push((name.to_vec(), val)),
-                    Err(e) => v.push(Violation::new("listed xattr unreadable", format!("{path}: getxattr {}: {e}", String::from_utf8_lossy(name)))),
+                    Err(e) => v.push(Violation::new(
+                        "listed xattr unreadable",
+                        format!("{path}: getxattr {}: {e}", String::from_utf8_lossy(name)),
+                    )),
                 }
             }
         }
-        Err(e) => v.push(Violation::new(error_kind(&e), format!("listxattr {path}: {e}"))),
+        Err(e) => v.push(Violation::new(
+            error_kind(&e),
+            format!("listxattr {path}: {e}"),
+        )),
     }
     xattrs.sort();
     let mut target = None;
     match kind {
         Kind::Symlink => match fs.readlink(ino) {
             Ok(t) if t.len() as u64 == attr.size => target = Some(t),
-            Ok(t) => v.push(Violation::new("symlink target length differs from its size", format!("{path}: {} bytes, size {}", t.len(), attr.size))),
-            Err(e) => v.push(Violation::new(error_kind(&e), format!("readlink {path}: {e}"))),
+            Ok(t) => v.push(Violation::new(
+                "symlink target length differs from its size",
+                format!("{path}: {} bytes, size {}", t.len(), attr.size),
+            )),
+            Err(e) => v.push(Violation::new(
+                error_kind(&e),
+                format!("readlink {path}: {e}"),
+            )),
         },
         Kind::File => match read_file(fs, ino, attr.size) {
             Ok(seen) => {
                 files.insert(ino, seen);
             }
-            Err(e) => v.push(Violation::new(e.0, format!("{path} (inode {ino}, size {}): {}", attr.size, e.1))),
+            Err(e) => v.push(Violation::new(
+                e.0,
+                format!("{path} (inode {ino}, size {}): {}", attr.size, e.1),
+            )),
         },
         Kind::Dir => {}
     }
-    Some(InodeSeen { attr, kind, xattrs, target, subdirs: 0 })
+    Some(InodeSeen {
+        attr,
+        kind,
+        xattrs,
+        target,
+        subdirs: 0,
+    })
 }
 
 /// Read a file to its end (and a little past it) and hash its content.
@@ -287,17 +407,27 @@ fn read_file(fs: &FileSystem, ino: u64, size: u64) -> Result<FileSeen, (&'static
     let mut idx = 0u64;
     while off < size {
         let want = (size - off).min(CHUNK_BYTES);
-        let data = fs.read(ino, off, want as u32).map_err(|e| (error_kind(&e), format!("read at {off}+{want}: {e}")))?;
+        let data = fs
+            .read(ino, off, want as u32)
+            .map_err(|e| (error_kind(&e), format!("read at {off}+{want}: {e}")))?;
         if data.len() as u64 != want {
-            return Err(("short read inside the file", format!("read at {off}+{want} returned {} bytes", data.len())));
+            return Err((
+                "short read inside the file",
+                format!("read at {off}+{want} returned {} bytes", data.len()),
+            ));
         }
         h.chunk(idx, &data);
         off += want;
         idx += 1;
     }
-    let past = fs.read(ino, size, 4096).map_err(|e| (error_kind(&e), format!("read at the end ({size}): {e}")))?;
+    let past = fs
+        .read(ino, size, 4096)
+        .map_err(|e| (error_kind(&e), format!("read at the end ({size}): {e}")))?;
     if !past.is_empty() {
-        return Err(("read past the end returns data", format!("read at {size} returned {} bytes", past.len())));
+        return Err((
+            "read past the end returns data",
+            format!("read at {size} returned {} bytes", past.len()),
+        ));
     }
     Ok(FileSeen { hash: h.finish() })
 }
@@ -318,8 +448,14 @@ pub fn first_difference(fs: &FileSystem, ino: u64, model: &super::model::FileDat
                 "first difference at byte {} (expected {:#04x}, found {}){}",
                 off + i as u64,
                 exp[i],
-                got.get(i).map(|b| format!("{b:#04x}")).unwrap_or_else(|| "end of data".into()),
-                if found_zero > 0 { format!("; {found_zero} zero bytes from there in that chunk") } else { String::new() }
+                got.get(i)
+                    .map(|b| format!("{b:#04x}"))
+                    .unwrap_or_else(|| "end of data".into()),
+                if found_zero > 0 {
+                    format!("; {found_zero} zero bytes from there in that chunk")
+                } else {
+                    String::new()
+                }
             );
         }
         off += want;
@@ -330,24 +466,43 @@ pub fn first_difference(fs: &FileSystem, ino: u64, model: &super::model::FileDat
 /// Inode and block allocation against the tree: every reachable inode is in use in the
 /// inode map, no more inodes are in use than are reachable, every block of a reachable
 /// inode is in use in the allocation map, and no two inodes share a subblock.
-fn check_allocation(fs: &FileSystem, inodes: &BTreeMap<u64, InodeSeen>, names_of: &BTreeMap<u64, Vec<String>>, v: &mut Vec<Violation>) {
+fn check_allocation(
+    fs: &FileSystem,
+    inodes: &BTreeMap<u64, InodeSeen>,
+    names_of: &BTreeMap<u64, Vec<String>>,
+    v: &mut Vec<Violation>,
+) {
     let core = &fs.core;
-    let name = |ino: u64| names_of.get(&ino).and_then(|n| n.first()).cloned().unwrap_or_else(|| "/".into());
+    let name = |ino: u64| {
+        names_of
+            .get(&ino)
+            .and_then(|n| n.first())
+            .cloned()
+            .unwrap_or_else(|| "/".into())
+    };
     let sf = fs.statfs();
     if sf.blocks_free > sf.blocks || sf.files_free > sf.files {
-        v.push(Violation::new("statfs: more free than total", format!("{sf:?}")));
+        v.push(Violation::new(
+            "statfs: more free than total",
+            format!("{sf:?}"),
+        ));
     }
     let user_reachable = inodes.keys().filter(|&&i| i >= FIRST_USER_INO).count() as u64;
     let in_use = sf.files - sf.files_free;
     for &ino in inodes.keys() {
         if !core.imap.is_used(ino) {
-            v.push(Violation::new("reachable inode is free in the inode map", format!("{} (inode {ino})", name(ino))));
+            v.push(Violation::new(
+                "reachable inode is free in the inode map",
+                format!("{} (inode {ino})", name(ino)),
+            ));
         }
     }
     if in_use > FIRST_USER_INO + user_reachable {
         v.push(Violation::new(
             "inode leak: inodes in use that no name reaches",
-            format!("{in_use} inodes in use, {FIRST_USER_INO} reserved + {user_reachable} reachable"),
+            format!(
+                "{in_use} inodes in use, {FIRST_USER_INO} reserved + {user_reachable} reachable"
+            ),
         ));
     }
     let sectors_per_subblock = core.geo.sectors_per_subblock();
@@ -357,14 +512,20 @@ fn check_allocation(fs: &FileSystem, inodes: &BTreeMap<u64, InodeSeen>, names_of
         let units = match fs.block_list(ino) {
             Ok(u) => u,
             Err(e) => {
-                v.push(Violation::new(error_kind(&e), format!("block list of {} (inode {ino}): {e}", name(ino))));
+                v.push(Violation::new(
+                    error_kind(&e),
+                    format!("block list of {} (inode {ino}): {e}", name(ino)),
+                ));
                 continue;
             }
         };
         let h = match core.get(ino) {
             Ok(h) => h,
             Err(e) => {
-                v.push(Violation::new(error_kind(&e), format!("inode {ino} ({}): {e}", name(ino))));
+                v.push(Violation::new(
+                    error_kind(&e),
+                    format!("inode {ino} ({}): {e}", name(ino)),
+                ));
                 continue;
             }
         };
@@ -376,9 +537,15 @@ fn check_allocation(fs: &FileSystem, inodes: &BTreeMap<u64, InodeSeen>, names_of
                 Ok(true) => {}
                 Ok(false) => v.push(Violation::new(
                     "block of a reachable inode is free in the allocation map",
-                    format!("{} (inode {ino}) unit {unit} at {da} ({n} subblocks)", name(ino)),
+                    format!(
+                        "{} (inode {ino}) unit {unit} at {da} ({n} subblocks)",
+                        name(ino)
+                    ),
                 )),
-                Err(e) => v.push(Violation::new("block pointer outside the allocatable area", format!("{} (inode {ino}) unit {unit}: {e}", name(ino)))),
+                Err(e) => v.push(Violation::new(
+                    "block pointer outside the allocatable area",
+                    format!("{} (inode {ino}) unit {unit}: {e}", name(ino)),
+                )),
             }
             extents.push((da.disk(), da.sector(), n as u64 * sectors_per_subblock, ino));
         }
@@ -389,13 +556,25 @@ fn check_allocation(fs: &FileSystem, inodes: &BTreeMap<u64, InodeSeen>, names_of
         if a.0 == b.0 && b.1 < a.1 + a.2 {
             v.push(Violation::new(
                 "two inodes share disk space",
-                format!("{} (inode {}) and {} (inode {}) overlap at disk {} sector {}", name(a.3), a.3, name(b.3), b.3, b.0, b.1),
+                format!(
+                    "{} (inode {}) and {} (inode {}) overlap at disk {} sector {}",
+                    name(a.3),
+                    a.3,
+                    name(b.3),
+                    b.3,
+                    b.0,
+                    b.1
+                ),
             ));
         }
     }
     // Subblocks in use beyond what reachable inodes and the system files account for
     // are leaked space; fewer mean a reachable block is free (reported above).
-    let system: u64 = (0..FIRST_USER_INO).filter_map(|i| core.cached_handle(i)).filter(|h| !inodes.contains_key(&h.ino)).map(|h| h.state.read().inode.subblocks).sum();
+    let system: u64 = (0..FIRST_USER_INO)
+        .filter_map(|i| core.cached_handle(i))
+        .filter(|h| !inodes.contains_key(&h.ino))
+        .map(|h| h.state.read().inode.subblocks)
+        .sum();
     let used = core.alloc.total_subblocks() - core.alloc.free_subblocks();
     if used > system + user_subblocks {
         v.push(Violation::new(
@@ -415,7 +594,12 @@ pub struct Allowed<'a> {
 }
 
 /// Match the recovered namespace against the allowed states; returns the matched state.
-pub fn match_state(fs: &FileSystem, found: &Found, allowed: &Allowed, v: &mut Vec<Violation>) -> Option<usize> {
+pub fn match_state(
+    fs: &FileSystem,
+    found: &Found,
+    allowed: &Allowed,
+    v: &mut Vec<Violation>,
+) -> Option<usize> {
     let plan = allowed.plan;
     let mut content_failures: Option<(usize, Vec<Violation>)> = None;
     for j in (allowed.first..=allowed.last).rev() {
@@ -426,7 +610,10 @@ pub fn match_state(fs: &FileSystem, found: &Found, allowed: &Allowed, v: &mut Ve
         if bad.is_empty() {
             return Some(j);
         }
-        if content_failures.as_ref().is_none_or(|(_, b)| bad.len() < b.len()) {
+        if content_failures
+            .as_ref()
+            .is_none_or(|(_, b)| bad.len() < b.len())
+        {
             content_failures = Some((j, bad));
         }
     }
@@ -444,23 +631,48 @@ pub fn match_state(fs: &FileSystem, found: &Found, allowed: &Allowed, v: &mut Ve
         .min_by_key(|(_, d)| d.len())
         .expect("at least one allowed state");
     let first = &diffs[0];
-    let in_all = |p: &str| (allowed.first..=allowed.last).all(|k| plan.canons[k].entries.contains_key(p));
-    let in_none = |p: &str| (allowed.first..=allowed.last).all(|k| !plan.canons[k].entries.contains_key(p));
+    let in_all =
+        |p: &str| (allowed.first..=allowed.last).all(|k| plan.canons[k].entries.contains_key(p));
+    let in_none =
+        |p: &str| (allowed.first..=allowed.last).all(|k| !plan.canons[k].entries.contains_key(p));
     let kind = match first.what {
         DivergenceKind::Missing if in_all(&first.path) => {
             let e = &plan.canons[j].entries[&first.path];
             let fsynced = e.meta.kind == Kind::File && !allowed.dirty.contains(&e.mid);
-            format!("namespace: durable {} missing{}", e.meta.kind, if fsynced { " (its content was fsynced too)" } else { "" })
+            format!(
+                "namespace: durable {} missing{}",
+                e.meta.kind,
+                if fsynced {
+                    " (its content was fsynced too)"
+                } else {
+                    ""
+                }
+            )
         }
         DivergenceKind::Missing => "namespace: name missing".to_string(),
-        DivergenceKind::Unexpected if in_none(&first.path) => "namespace: name present that no allowed state has".to_string(),
+        DivergenceKind::Unexpected if in_none(&first.path) => {
+            "namespace: name present that no allowed state has".to_string()
+        }
         DivergenceKind::Unexpected => "namespace: unexpected name".to_string(),
         DivergenceKind::Differs => {
-            let fields: Vec<&str> = ["kind", "mode", "size", "nlink", "xattrs", "symlink target", "hard-link group"]
-                .into_iter()
-                .filter(|f| first.detail.contains(&format!("{f} ")) || first.detail.contains(&format!("{f}:")))
-                .collect();
-            format!("namespace: {} differs from every allowed state", fields.join("+"))
+            let fields: Vec<&str> = [
+                "kind",
+                "mode",
+                "size",
+                "nlink",
+                "xattrs",
+                "symlink target",
+                "hard-link group",
+            ]
+            .into_iter()
+            .filter(|f| {
+                first.detail.contains(&format!("{f} ")) || first.detail.contains(&format!("{f}:"))
+            })
+            .collect();
+            format!(
+                "namespace: {} differs from every allowed state",
+                fields.join("+")
+            )
         }
     };
     let shown: Vec<&str> = diffs.iter().take(8).map(|d| d.detail.as_str()).collect();
@@ -487,15 +699,24 @@ fn check_content(fs: &FileSystem, found: &Found, allowed: &Allowed, j: usize) ->
         if e.meta.kind != Kind::File || allowed.dirty.contains(&e.mid) || !checked.insert(e.mid) {
             continue;
         }
-        let Some(ino) = found.canon.entries.get(path).map(|f| f.mid) else { continue };
+        let Some(ino) = found.canon.entries.get(path).map(|f| f.mid) else {
+            continue;
+        };
         let data = model.file(e.mid);
         match found.files.get(&ino) {
             Some(seen) if seen.hash == data.content_hash() => {}
             Some(_) => bad.push(Violation::new(
                 "durable file content differs",
-                format!("{path} (inode {ino}, size {}): {}", data.size, first_difference(fs, ino, data)),
+                format!(
+                    "{path} (inode {ino}, size {}): {}",
+                    data.size,
+                    first_difference(fs, ino, data)
+                ),
             )),
-            None => bad.push(Violation::new("durable file content unreadable", format!("{path} (inode {ino})"))),
+            None => bad.push(Violation::new(
+                "durable file content unreadable",
+                format!("{path} (inode {ino})"),
+            )),
         }
     }
     bad

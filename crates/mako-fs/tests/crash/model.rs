@@ -73,7 +73,10 @@ impl FileData {
             let idx = pos / CHUNK_BYTES;
             let within = (pos % CHUNK_BYTES) as usize;
             let n = ((CHUNK_BYTES as usize - within) as u64).min(end - pos) as usize;
-            let chunk = self.chunks.entry(idx).or_insert_with(|| Arc::new(vec![0u8; CHUNK_BYTES as usize]));
+            let chunk = self
+                .chunks
+                .entry(idx)
+                .or_insert_with(|| Arc::new(vec![0u8; CHUNK_BYTES as usize]));
             let src = (pos - offset) as usize;
             Arc::make_mut(chunk)[within..within + n].copy_from_slice(&data[src..src + n]);
             pos += n as u64;
@@ -97,12 +100,16 @@ impl FileData {
     /// Bytes [offset, offset+len) (zeros past the end).
     pub fn read(&self, offset: u64, len: usize) -> Vec<u8> {
         let mut out = vec![0u8; len];
-        for (&idx, c) in self.chunks.range(offset / CHUNK_BYTES..=(offset + len as u64) / CHUNK_BYTES) {
+        for (&idx, c) in self
+            .chunks
+            .range(offset / CHUNK_BYTES..=(offset + len as u64) / CHUNK_BYTES)
+        {
             let cs = idx * CHUNK_BYTES;
             let lo = offset.max(cs);
             let hi = (offset + len as u64).min(cs + CHUNK_BYTES);
             if lo < hi {
-                out[(lo - offset) as usize..(hi - offset) as usize].copy_from_slice(&c[(lo - cs) as usize..(hi - cs) as usize]);
+                out[(lo - offset) as usize..(hi - offset) as usize]
+                    .copy_from_slice(&c[(lo - cs) as usize..(hi - cs) as usize]);
             }
         }
         out
@@ -184,15 +191,28 @@ impl Default for Model {
 impl Model {
     /// A freshly made file system: an empty root directory, mode 0755 (as mkfs makes it).
     pub fn new() -> Model {
-        let root = Node { body: Body::Dir(BTreeMap::new()), perm: 0o755, xattrs: BTreeMap::new(), links: 0, parent: ROOT };
-        Model { nodes: BTreeMap::from([(ROOT, root)]), next_mid: 1 }
+        let root = Node {
+            body: Body::Dir(BTreeMap::new()),
+            perm: 0o755,
+            xattrs: BTreeMap::new(),
+            links: 0,
+            parent: ROOT,
+        };
+        Model {
+            nodes: BTreeMap::from([(ROOT, root)]),
+            next_mid: 1,
+        }
     }
 
     pub fn node(&self, m: Mid) -> &Node {
-        self.nodes.get(&m).unwrap_or_else(|| panic!("model inode {m} does not exist"))
+        self.nodes
+            .get(&m)
+            .unwrap_or_else(|| panic!("model inode {m} does not exist"))
     }
     pub fn node_mut(&mut self, m: Mid) -> &mut Node {
-        self.nodes.get_mut(&m).unwrap_or_else(|| panic!("model inode {m} does not exist"))
+        self.nodes
+            .get_mut(&m)
+            .unwrap_or_else(|| panic!("model inode {m} does not exist"))
     }
     pub fn children(&self, dir: Mid) -> &BTreeMap<Vec<u8>, Mid> {
         match &self.node(dir).body {
@@ -225,7 +245,12 @@ impl Model {
     pub fn nlink(&self, m: Mid) -> u32 {
         let n = self.node(m);
         match &n.body {
-            Body::Dir(c) => 2 + c.values().filter(|&&x| self.node(x).kind() == Kind::Dir).count() as u32,
+            Body::Dir(c) => {
+                2 + c
+                    .values()
+                    .filter(|&&x| self.node(x).kind() == Kind::Dir)
+                    .count() as u32
+            }
             _ => n.links,
         }
     }
@@ -244,7 +269,11 @@ impl Model {
     }
 
     pub fn ids_of(&self, kind: Kind) -> Vec<Mid> {
-        self.nodes.iter().filter(|(_, n)| n.kind() == kind).map(|(&m, _)| m).collect()
+        self.nodes
+            .iter()
+            .filter(|(_, n)| n.kind() == kind)
+            .map(|(&m, _)| m)
+            .collect()
     }
 
     /// Path of a directory (for messages).
@@ -252,7 +281,12 @@ impl Model {
         let mut parts = Vec::new();
         while dir != ROOT {
             let p = self.node(dir).parent;
-            let name = self.children(p).iter().find(|(_, &c)| c == dir).map(|(n, _)| String::from_utf8_lossy(n).into_owned()).unwrap_or_else(|| "?".into());
+            let name = self
+                .children(p)
+                .iter()
+                .find(|(_, &c)| c == dir)
+                .map(|(n, _)| String::from_utf8_lossy(n).into_owned())
+                .unwrap_or_else(|| "?".into());
             parts.push(name);
             dir = p;
         }
@@ -266,7 +300,16 @@ impl Model {
         let m = self.next_mid;
         self.next_mid += 1;
         let links = if matches!(body, Body::Dir(_)) { 0 } else { 1 };
-        self.nodes.insert(m, Node { body, perm, xattrs: BTreeMap::new(), links, parent });
+        self.nodes.insert(
+            m,
+            Node {
+                body,
+                perm,
+                xattrs: BTreeMap::new(),
+                links,
+                parent,
+            },
+        );
         let prev = self.children_mut(parent).insert(name.to_vec(), m);
         assert!(prev.is_none(), "model: create over an existing name");
         m
@@ -294,7 +337,10 @@ impl Model {
     }
 
     pub fn remove(&mut self, parent: Mid, name: &[u8]) {
-        let m = self.children_mut(parent).remove(name).expect("model: remove of a missing name");
+        let m = self
+            .children_mut(parent)
+            .remove(name)
+            .expect("model: remove of a missing name");
         self.unref(m);
     }
 
@@ -307,7 +353,9 @@ impl Model {
     /// rename(2) without flags: replaces a target of the same kind (an empty
     /// directory for a directory); two names of one inode: nothing happens.
     pub fn rename(&mut self, sp: Mid, sn: &[u8], dp: Mid, dn: &[u8]) {
-        let src = self.lookup(sp, sn).expect("model: rename of a missing name");
+        let src = self
+            .lookup(sp, sn)
+            .expect("model: rename of a missing name");
         if let Some(dst) = self.lookup(dp, dn) {
             if dst == src {
                 return;
@@ -323,7 +371,9 @@ impl Model {
     }
 
     pub fn set_xattr(&mut self, m: Mid, name: &[u8], value: &[u8]) {
-        self.node_mut(m).xattrs.insert(name.to_vec(), value.to_vec());
+        self.node_mut(m)
+            .xattrs
+            .insert(name.to_vec(), value.to_vec());
     }
     pub fn remove_xattr(&mut self, m: Mid, name: &[u8]) {
         self.node_mut(m).xattrs.remove(name);
@@ -358,7 +408,11 @@ impl Model {
                     Body::Dir(_) => None,
                 },
                 nlink: self.nlink(m),
-                xattrs: n.xattrs.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                xattrs: n
+                    .xattrs
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
                 target: match &n.body {
                     Body::Symlink(t) => Some(t.clone()),
                     _ => None,
@@ -411,7 +465,11 @@ impl fmt::Display for Meta {
             write!(f, " size {s}")?;
         }
         if !self.xattrs.is_empty() {
-            let names: Vec<String> = self.xattrs.iter().map(|(k, v)| format!("{}({}B)", String::from_utf8_lossy(k), v.len())).collect();
+            let names: Vec<String> = self
+                .xattrs
+                .iter()
+                .map(|(k, v)| format!("{}({}B)", String::from_utf8_lossy(k), v.len()))
+                .collect();
             write!(f, " xattrs [{}]", names.join(" "))?;
         }
         if let Some(t) = &self.target {
@@ -454,11 +512,20 @@ impl Canon {
             p.hash(&mut h);
             e.meta.hash(&mut h);
         }
-        Canon { hash: h.finish(), entries }
+        Canon {
+            hash: h.finish(),
+            entries,
+        }
     }
 
     pub fn same_as(&self, other: &Canon) -> bool {
-        self.hash == other.hash && self.entries.len() == other.entries.len() && self.entries.iter().zip(&other.entries).all(|(a, b)| a.0 == b.0 && a.1.meta == b.1.meta)
+        self.hash == other.hash
+            && self.entries.len() == other.entries.len()
+            && self
+                .entries
+                .iter()
+                .zip(&other.entries)
+                .all(|(a, b)| a.0 == b.0 && a.1.meta == b.1.meta)
     }
 
     /// Differences from `expected` to `self` (found), one line each, in path order.
@@ -467,8 +534,16 @@ impl Canon {
         let mut out = Vec::new();
         for p in paths {
             match (expected.entries.get(p), self.entries.get(p)) {
-                (Some(e), None) => out.push(Divergence { path: p.clone(), what: DivergenceKind::Missing, detail: format!("{p}: missing; expected {}", e.meta) }),
-                (None, Some(f)) => out.push(Divergence { path: p.clone(), what: DivergenceKind::Unexpected, detail: format!("{p}: unexpected {}", f.meta) }),
+                (Some(e), None) => out.push(Divergence {
+                    path: p.clone(),
+                    what: DivergenceKind::Missing,
+                    detail: format!("{p}: missing; expected {}", e.meta),
+                }),
+                (None, Some(f)) => out.push(Divergence {
+                    path: p.clone(),
+                    what: DivergenceKind::Unexpected,
+                    detail: format!("{p}: unexpected {}", f.meta),
+                }),
                 (Some(e), Some(f)) if e.meta != f.meta => {
                     let (e, f) = (&e.meta, &f.meta);
                     let mut parts = Vec::new();
@@ -484,15 +559,26 @@ impl Canon {
                         parts.push(format!("nlink {} expected, {} found", e.nlink, f.nlink));
                     }
                     if e.xattrs != f.xattrs {
-                        parts.push(format!("xattrs differ: expected {:?}, found {:?}", xattr_summary(&e.xattrs), xattr_summary(&f.xattrs)));
+                        parts.push(format!(
+                            "xattrs differ: expected {:?}, found {:?}",
+                            xattr_summary(&e.xattrs),
+                            xattr_summary(&f.xattrs)
+                        ));
                     }
                     if e.target != f.target {
                         parts.push("symlink target differs".to_string());
                     }
                     if e.first_name != f.first_name {
-                        parts.push(format!("hard-link group: expected {:?}, found {:?}", e.first_name, f.first_name));
+                        parts.push(format!(
+                            "hard-link group: expected {:?}, found {:?}",
+                            e.first_name, f.first_name
+                        ));
                     }
-                    out.push(Divergence { path: p.clone(), what: DivergenceKind::Differs, detail: format!("{p}: {}", parts.join("; ")) });
+                    out.push(Divergence {
+                        path: p.clone(),
+                        what: DivergenceKind::Differs,
+                        detail: format!("{p}: {}", parts.join("; ")),
+                    });
                 }
                 _ => {}
             }
@@ -502,7 +588,16 @@ impl Canon {
 }
 
 fn xattr_summary(x: &[(Vec<u8>, Vec<u8>)]) -> Vec<String> {
-    x.iter().map(|(k, v)| format!("{}={}B#{:04x}", String::from_utf8_lossy(k), v.len(), v.iter().fold(0u16, |a, &b| a.rotate_left(3) ^ b as u16))).collect()
+    x.iter()
+        .map(|(k, v)| {
+            format!(
+                "{}={}B#{:04x}",
+                String::from_utf8_lossy(k),
+                v.len(),
+                v.iter().fold(0u16, |a, &b| a.rotate_left(3) ^ b as u16)
+            )
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -532,13 +627,25 @@ mod tests {
         d.truncate(150);
         assert_eq!(d.read(140, 20), [vec![1u8; 10], vec![0u8; 10]].concat());
         d.truncate(300_000);
-        assert_eq!(d.read(149, 2), vec![1, 0], "bytes past an old end read zero");
+        assert_eq!(
+            d.read(149, 2),
+            vec![1, 0],
+            "bytes past an old end read zero"
+        );
         let mut e = FileData::default();
         e.write(100, &[1u8; 50]);
         e.truncate(300_000);
-        assert_eq!(d.content_hash(), e.content_hash(), "same content, same hash, whatever the history");
+        assert_eq!(
+            d.content_hash(),
+            e.content_hash(),
+            "same content, same hash, whatever the history"
+        );
         e.write(299_999, &[0u8; 1]);
-        assert_eq!(d.content_hash(), e.content_hash(), "written zeros hash like a hole");
+        assert_eq!(
+            d.content_hash(),
+            e.content_hash(),
+            "written zeros hash like a hole"
+        );
         e.write(0, &[2]);
         assert_ne!(d.content_hash(), e.content_hash());
     }

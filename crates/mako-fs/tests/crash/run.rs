@@ -19,11 +19,11 @@ use super::check::{fsck_clean, match_state, walk, Allowed, FsckVerdict, Violatio
 use super::model::{Mid, Model, ROOT};
 use super::workload::{Executor, Op, Plan};
 use mako_disk::{CrashAt, CrashController, CrashDisk, Disk, LossPolicy};
+use mako_format::disk_header::DiskUsage;
 use mako_fs::mkfs::{format_disks, DiskMeta};
 use mako_fs::mount::mount_disks;
 use mako_fs::test_util::{small_config, small_params};
 use mako_fs::{FsConfig, Mounted};
-use mako_format::disk_header::DiskUsage;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeSet, HashMap};
@@ -39,7 +39,11 @@ pub const OPS_PER_SEED_DEFAULT: usize = 120;
 /// The mount configuration of every run: no background threads (determinism), a
 /// pagepool large enough that the workload never waits for write-behind.
 pub fn config() -> FsConfig {
-    FsConfig { background_workers: false, pagepool_bytes: 64 << 20, ..small_config() }
+    FsConfig {
+        background_workers: false,
+        pagepool_bytes: 64 << 20,
+        ..small_config()
+    }
 }
 
 /// The formatted disks every run starts from (formatted once per process).
@@ -48,7 +52,12 @@ pub fn base_images() -> &'static Vec<Vec<u8>> {
     BASE.get_or_init(|| {
         let (ctl, disks) = disks_from((0..DISKS).map(|_| vec![0u8; DISK_BYTES as usize]).collect());
         let meta: Vec<DiskMeta> = (0..DISKS)
-            .map(|i| DiskMeta { name: format!("d{i}"), pool: "system".into(), failure_group: i as i32 + 1, usage: DiskUsage::DataAndMetadata })
+            .map(|i| DiskMeta {
+                name: format!("d{i}"),
+                pool: "system".into(),
+                failure_group: i as i32 + 1,
+                usage: DiskUsage::DataAndMetadata,
+            })
             .collect();
         format_disks(disks, &meta, &small_params()).expect("format the crash-test disks");
         assert_eq!(ctl.unsynced_writes(), 0, "mkfs must leave nothing unsynced");
@@ -59,7 +68,13 @@ pub fn base_images() -> &'static Vec<Vec<u8>> {
 /// Crash-test disks holding `images`, on a fresh controller.
 pub fn disks_from(images: Vec<Vec<u8>>) -> (Arc<CrashController>, Vec<Arc<dyn Disk>>) {
     let ctl = CrashController::new();
-    let disks = images.into_iter().enumerate().map(|(i, img)| Arc::new(CrashDisk::from_image(&ctl, &format!("d{i}"), img)) as Arc<dyn Disk>).collect();
+    let disks = images
+        .into_iter()
+        .enumerate()
+        .map(|(i, img)| {
+            Arc::new(CrashDisk::from_image(&ctl, &format!("d{i}"), img)) as Arc<dyn Disk>
+        })
+        .collect();
     (ctl, disks)
 }
 
@@ -116,8 +131,15 @@ pub struct Case {
 impl Case {
     /// The command that runs this case alone, repeating it until a violation of kind
     /// `expect` shows (the write order inside a write-back varies between runs).
-    pub fn reproduce(&self, resolved_recovery: Option<(CrashAt, LossPolicy)>, expect: Option<&str>) -> String {
-        let mut env = format!("MAKO_CRASH_SEED={} MAKO_CRASH_OPS={} MAKO_CRASH_POINT={} MAKO_CRASH_POLICY={}", self.seed, self.ops, self.crash, self.policy);
+    pub fn reproduce(
+        &self,
+        resolved_recovery: Option<(CrashAt, LossPolicy)>,
+        expect: Option<&str>,
+    ) -> String {
+        let mut env = format!(
+            "MAKO_CRASH_SEED={} MAKO_CRASH_OPS={} MAKO_CRASH_POINT={} MAKO_CRASH_POLICY={}",
+            self.seed, self.ops, self.crash, self.policy
+        );
         if let Some(kind) = expect {
             env += &format!(" MAKO_CRASH_EXPECT='{}'", kind.replace('\'', ""));
         }
@@ -133,7 +155,11 @@ impl Case {
 
 impl fmt::Display for Case {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "seed {} ({} ops), crash point {}, policy {}", self.seed, self.ops, self.crash, self.policy)?;
+        write!(
+            f,
+            "seed {} ({} ops), crash point {}, policy {}",
+            self.seed, self.ops, self.crash, self.policy
+        )?;
         if let Some(r) = self.recovery_crash {
             write!(f, ", crash during recovery {r:?}")?;
         }
@@ -162,15 +188,27 @@ pub struct Ran {
 }
 
 fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "(non-string panic)".into())
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "(non-string panic)".into())
 }
 
 /// Mount `disks` and run `plan` until the controller crashes (or to the end).
 pub fn run_workload(plan: &Plan, ctl: &Arc<CrashController>, disks: Vec<Arc<dyn Disk>>) -> Ran {
-    let mut ran = Ran { stage: Stage::Mount, last_durable: 0, dirty: BTreeSet::new(), violations: Vec::new(), op_start: Vec::new() };
+    let mut ran = Ran {
+        stage: Stage::Mount,
+        last_durable: 0,
+        dirty: BTreeSet::new(),
+        violations: Vec::new(),
+        op_start: Vec::new(),
+    };
     let mounted = match catch_unwind(AssertUnwindSafe(|| mount_disks(disks, config(), 0))) {
         Err(p) => {
-            ran.violations.push(Violation::new("panic in mako-fs", format!("during the first mount: {}", panic_text(&p))));
+            ran.violations.push(Violation::new(
+                "panic in mako-fs",
+                format!("during the first mount: {}", panic_text(&p)),
+            ));
             ctl.crash_now();
             return ran;
         }
@@ -179,14 +217,20 @@ pub fn run_workload(plan: &Plan, ctl: &Arc<CrashController>, disks: Vec<Arc<dyn 
             return ran;
         }
         Ok(Err(e)) => {
-            ran.violations.push(Violation::new("mount of freshly formatted disks fails", e.to_string()));
+            ran.violations.push(Violation::new(
+                "mount of freshly formatted disks fails",
+                e.to_string(),
+            ));
             ctl.crash_now();
             return ran;
         }
         Ok(Ok(m)) => m,
     };
     if ctl.is_crashed() {
-        ran.violations.push(Violation::new("mount returned success although the disks crashed during it", String::new()));
+        ran.violations.push(Violation::new(
+            "mount returned success although the disks crashed during it",
+            String::new(),
+        ));
         return ran;
     }
     let mut exec = Executor::new(mounted);
@@ -200,7 +244,10 @@ pub fn run_workload(plan: &Plan, ctl: &Arc<CrashController>, disks: Vec<Arc<dyn 
         let what = || op.describe(&plan.models[i]);
         match result {
             Err(p) => {
-                ran.violations.push(Violation::new("panic in mako-fs", format!("op {i} ({}): {}", what(), panic_text(&p))));
+                ran.violations.push(Violation::new(
+                    "panic in mako-fs",
+                    format!("op {i} ({}): {}", what(), panic_text(&p)),
+                ));
                 ran.stage = Stage::Op(i);
                 ctl.crash_now();
                 return ran;
@@ -211,7 +258,8 @@ pub fn run_workload(plan: &Plan, ctl: &Arc<CrashController>, disks: Vec<Arc<dyn 
                 } else {
                     "operation returned success although a disk I/O failed during it"
                 };
-                ran.violations.push(Violation::new(kind, format!("op {i} ({})", what())));
+                ran.violations
+                    .push(Violation::new(kind, format!("op {i} ({})", what())));
                 ran.stage = Stage::Op(i);
                 return ran;
             }
@@ -231,7 +279,10 @@ pub fn run_workload(plan: &Plan, ctl: &Arc<CrashController>, disks: Vec<Arc<dyn 
                 return ran;
             }
             Ok(Err(e)) => {
-                ran.violations.push(Violation::new("operation failed without a crash", format!("op {i} ({}): {e}", what())));
+                ran.violations.push(Violation::new(
+                    "operation failed without a crash",
+                    format!("op {i} ({}): {e}", what()),
+                ));
                 ran.stage = Stage::Op(i);
                 ctl.crash_now();
                 return ran;
@@ -258,8 +309,18 @@ pub fn count(plan: &Plan) -> Result<Counts, Vec<Violation>> {
         return Err(ran.violations);
     }
     assert_eq!(ran.stage, Stage::End);
-    assert_eq!(ctl.unsynced_writes(), 0, "seed {}: writes left unsynced after unmount", plan.seed);
-    Ok(Counts { sync_points: ctl.sync_points(), writes: ctl.writes(), io_shape: ctl.io_shape_hash(), op_start: ran.op_start })
+    assert_eq!(
+        ctl.unsynced_writes(),
+        0,
+        "seed {}: writes left unsynced after unmount",
+        plan.seed
+    );
+    Ok(Counts {
+        sync_points: ctl.sync_points(),
+        writes: ctl.writes(),
+        io_shape: ctl.io_shape_hash(),
+        op_start: ran.op_start,
+    })
 }
 
 /// The result of one case.
@@ -276,7 +337,12 @@ pub struct Outcome {
 impl Outcome {
     pub fn report(&self) -> String {
         let expect = self.violations.first().map(|v| v.kind.as_str());
-        let mut s = format!("crash case FAILED: {}\n  reproduce: {}\n  {}\n", self.case, self.case.reproduce(self.resolved_recovery, expect), self.context);
+        let mut s = format!(
+            "crash case FAILED: {}\n  reproduce: {}\n  {}\n",
+            self.case,
+            self.case.reproduce(self.resolved_recovery, expect),
+            self.context
+        );
         for v in &self.violations {
             s += &format!("  [{}] {}\n", v.kind, v.detail);
         }
@@ -298,11 +364,17 @@ pub fn run_case(plan: &Plan, case: &Case) -> Outcome {
             // Sync points are a function of the seed: missing one is a harness bug.
             CrashSpec::At(at @ CrashAt::Sync(_)) => violations.push(Violation::new(
                 "harness: crash point beyond the run",
-                format!("{at}: the run ended after {} syncs and {} writes", ctl.sync_points(), ctl.writes()),
+                format!(
+                    "{at}: the run ended after {} syncs and {} writes",
+                    ctl.sync_points(),
+                    ctl.writes()
+                ),
             )),
             // The number of writes may vary by a few between runs (see
             // harness_a_seed_fixes_the_order_of_writes): crash after the end instead.
-            CrashSpec::At(at) => not_reached = format!(" ({at} not reached: this run had {} writes)", ctl.writes()),
+            CrashSpec::At(at) => {
+                not_reached = format!(" ({at} not reached: this run had {} writes)", ctl.writes())
+            }
             CrashSpec::AfterEnd => {}
         }
         ctl.crash_now();
@@ -310,12 +382,19 @@ pub fn run_case(plan: &Plan, case: &Case) -> Outcome {
     let record = ctl.crash_record().expect("crashed");
     let (stage_text, last) = match ran.stage {
         Stage::Mount => ("during the first mount".to_string(), 0),
-        Stage::Op(i) => (format!("during op {i} ({})", plan.ops[i].describe(&plan.models[i])), i + 1),
+        Stage::Op(i) => (
+            format!("during op {i} ({})", plan.ops[i].describe(&plan.models[i])),
+            i + 1,
+        ),
         Stage::End => ("after the last op".to_string(), plan.ops.len()),
     };
     let durable_text = match ran.last_durable {
         0 => "nothing since mkfs".to_string(),
-        j => format!("op {} ({})", j - 1, plan.ops[j - 1].describe(&plan.models[j - 1])),
+        j => format!(
+            "op {} ({})",
+            j - 1,
+            plan.ops[j - 1].describe(&plan.models[j - 1])
+        ),
     };
     let mut context = format!(
         "{record}{not_reached}; {stage_text}\n  allowed states {}..={} (last fsync/sync/unmount that returned: {durable_text})",
@@ -323,7 +402,12 @@ pub fn run_case(plan: &Plan, case: &Case) -> Outcome {
     );
     let images = ctl.crash_images(case.policy);
     drop(ctl); // its disks' memory: the images are all that is left of the crash
-    let allowed = Allowed { plan, first: ran.last_durable, last, dirty: &ran.dirty };
+    let allowed = Allowed {
+        plan,
+        first: ran.last_durable,
+        last,
+        dirty: &ran.dirty,
+    };
     let mut resolved_recovery = None;
     if violations.iter().all(|v| v.kind != "panic in mako-fs") {
         let r = recover_and_check(images, &allowed, case, &mut resolved_recovery);
@@ -332,7 +416,13 @@ pub fn run_case(plan: &Plan, case: &Case) -> Outcome {
         }
         violations.extend(r.violations);
     }
-    Outcome { case: case.clone(), violations, context, resolved_recovery, allowed: (ran.last_durable, last) }
+    Outcome {
+        case: case.clone(),
+        violations,
+        context,
+        resolved_recovery,
+        allowed: (ran.last_durable, last),
+    }
 }
 
 struct Recovered {
@@ -340,30 +430,53 @@ struct Recovered {
     matched: Option<usize>,
 }
 
-fn mount_recovered(disks: Vec<Arc<dyn Disk>>, v: &mut Vec<Violation>, when: &str) -> Option<Mounted> {
+fn mount_recovered(
+    disks: Vec<Arc<dyn Disk>>,
+    v: &mut Vec<Violation>,
+    when: &str,
+) -> Option<Mounted> {
     if let FsckVerdict::Damaged(what) = fsck_clean(&disks) {
-        v.push(Violation::new("fsck finds damage", format!("{when}: {what}")));
+        v.push(Violation::new(
+            "fsck finds damage",
+            format!("{when}: {what}"),
+        ));
     }
     match catch_unwind(AssertUnwindSafe(|| mount_disks(disks, config(), 0))) {
         Ok(Ok(m)) => Some(m),
         Ok(Err(e)) => {
-            v.push(Violation::new("mount fails after the crash", format!("{when}: {e}")));
+            v.push(Violation::new(
+                "mount fails after the crash",
+                format!("{when}: {e}"),
+            ));
             None
         }
         Err(p) => {
-            v.push(Violation::new("panic in mako-fs", format!("{when}, mounting: {}", panic_text(&p))));
+            v.push(Violation::new(
+                "panic in mako-fs",
+                format!("{when}, mounting: {}", panic_text(&p)),
+            ));
             None
         }
     }
 }
 
 /// Steps 4 and 5 of a case.
-fn recover_and_check(images: Vec<Vec<u8>>, allowed: &Allowed, case: &Case, resolved: &mut Option<(CrashAt, LossPolicy)>) -> Recovered {
+fn recover_and_check(
+    images: Vec<Vec<u8>>,
+    allowed: &Allowed,
+    case: &Case,
+    resolved: &mut Option<(CrashAt, LossPolicy)>,
+) -> Recovered {
     let mut v = Vec::new();
     // The crash images are needed again only for a crash during recovery.
     let again = case.recovery_crash.map(|_| images.clone());
     let (rctl, rdisks) = disks_from(images);
-    let Some(m) = mount_recovered(rdisks, &mut v, "recovery mount") else { return Recovered { violations: v, matched: None } };
+    let Some(m) = mount_recovered(rdisks, &mut v, "recovery mount") else {
+        return Recovered {
+            violations: v,
+            matched: None,
+        };
+    };
     let mount_counts = (rctl.sync_points(), rctl.writes());
     let matched = check_mounted(&m, allowed, &mut v, "after recovery");
     // A crash during recovery is only worth trying when recovery itself went well:
@@ -378,7 +491,10 @@ fn recover_and_check(images: Vec<Vec<u8>>, allowed: &Allowed, case: &Case, resol
                 let at = if rng.gen_bool(0.5) && mount_counts.0 > 0 {
                     CrashAt::Sync(rng.gen_range(0..mount_counts.0))
                 } else {
-                    CrashAt::Write { index: rng.gen_range(0..mount_counts.1.max(1)), torn_seed: rng.gen_bool(0.5).then(|| rng.gen()) }
+                    CrashAt::Write {
+                        index: rng.gen_range(0..mount_counts.1.max(1)),
+                        torn_seed: rng.gen_bool(0.5).then(|| rng.gen()),
+                    }
                 };
                 (at, random_policy(&mut rng))
             }
@@ -388,49 +504,87 @@ fn recover_and_check(images: Vec<Vec<u8>>, allowed: &Allowed, case: &Case, resol
         cctl.arm(at);
         let crashed_mount = catch_unwind(AssertUnwindSafe(|| mount_disks(cdisks, config(), 0)));
         match &crashed_mount {
-            Err(p) => v.push(Violation::new("panic in mako-fs", format!("mount crashed during recovery: {}", panic_text(p)))),
-            Ok(Ok(_)) if cctl.is_crashed() => v.push(Violation::new("mount returned success although the disks crashed during it", format!("recovery crash at {at}"))),
+            Err(p) => v.push(Violation::new(
+                "panic in mako-fs",
+                format!("mount crashed during recovery: {}", panic_text(p)),
+            )),
+            Ok(Ok(_)) if cctl.is_crashed() => v.push(Violation::new(
+                "mount returned success although the disks crashed during it",
+                format!("recovery crash at {at}"),
+            )),
             _ => {}
         }
         cctl.crash_now();
         drop(crashed_mount);
         let (_, disks2) = disks_from(cctl.crash_images(policy));
         if let Some(m2) = mount_recovered(disks2, &mut v, "mount after a crash during recovery") {
-            check_mounted(&m2, allowed, &mut v, "after a crash during recovery and a second recovery");
+            check_mounted(
+                &m2,
+                allowed,
+                &mut v,
+                "after a crash during recovery and a second recovery",
+            );
         }
     }
     if case.post && v.is_empty() {
         if let Some(j) = matched {
             post_recovery_use(m, rctl, allowed, j, &mut v);
-            return Recovered { violations: v, matched };
+            return Recovered {
+                violations: v,
+                matched,
+            };
         }
     }
     drop(m);
-    Recovered { violations: v, matched }
+    Recovered {
+        violations: v,
+        matched,
+    }
 }
 
 /// Mount `images` and check them against `allowed` (no crash during recovery, no
 /// post-recovery use): the harness's own tests feed it damaged images.
 pub fn check_images(images: &[Vec<u8>], allowed: &Allowed) -> Vec<Violation> {
-    let case = Case { seed: allowed.plan.seed, ops: allowed.plan.ops.len(), crash: CrashSpec::AfterEnd, policy: LossPolicy::KeepAll, recovery_crash: None, post: false };
+    let case = Case {
+        seed: allowed.plan.seed,
+        ops: allowed.plan.ops.len(),
+        crash: CrashSpec::AfterEnd,
+        policy: LossPolicy::KeepAll,
+        recovery_crash: None,
+        post: false,
+    };
     recover_and_check(images.to_vec(), allowed, &case, &mut None).violations
 }
 
 /// Walk and match a mounted, recovered file system.
-fn check_mounted(m: &Mounted, allowed: &Allowed, v: &mut Vec<Violation>, when: &str) -> Option<usize> {
+fn check_mounted(
+    m: &Mounted,
+    allowed: &Allowed,
+    v: &mut Vec<Violation>,
+    when: &str,
+) -> Option<usize> {
     let before = v.len();
     let r = catch_unwind(AssertUnwindSafe(|| {
         let mut w = Vec::new();
         let found = walk(&m.fs, &mut w);
-        let matched = if w.is_empty() { match_state(&m.fs, &found, allowed, &mut w) } else { None };
-        if !w.is_empty() && matched.is_none() && !w.iter().any(|x| x.kind.starts_with("namespace")) {
+        let matched = if w.is_empty() {
+            match_state(&m.fs, &found, allowed, &mut w)
+        } else {
+            None
+        };
+        if !w.is_empty() && matched.is_none() && !w.iter().any(|x| x.kind.starts_with("namespace"))
+        {
             // The structure is damaged: still say how the namespace compares.
             let mut n = Vec::new();
             match_state(&m.fs, &found, allowed, &mut n);
-            w.extend(n.into_iter().filter(|x| x.kind.starts_with("namespace")).map(|mut x| {
-                x.detail = format!("(with the structural damage above) {}", x.detail);
-                x
-            }));
+            w.extend(
+                n.into_iter()
+                    .filter(|x| x.kind.starts_with("namespace"))
+                    .map(|mut x| {
+                        x.detail = format!("(with the structural damage above) {}", x.detail);
+                        x
+                    }),
+            );
         }
         (w, matched)
     }));
@@ -440,7 +594,10 @@ fn check_mounted(m: &Mounted, allowed: &Allowed, v: &mut Vec<Violation>, when: &
             matched
         }
         Err(p) => {
-            v.push(Violation::new("panic in mako-fs", format!("walking the recovered file system: {}", panic_text(&p))));
+            v.push(Violation::new(
+                "panic in mako-fs",
+                format!("walking the recovered file system: {}", panic_text(&p)),
+            ));
             None
         }
     };
@@ -456,13 +613,24 @@ fn check_mounted(m: &Mounted, allowed: &Allowed, v: &mut Vec<Violation>, when: &
 /// it again and check that the namespace is the matched state plus the new names, and
 /// that durable and new files hold their content: catches allocation maps that hand
 /// out space still in use.
-fn post_recovery_use(m: Mounted, rctl: Arc<CrashController>, allowed: &Allowed, j: usize, v: &mut Vec<Violation>) {
+fn post_recovery_use(
+    m: Mounted,
+    rctl: Arc<CrashController>,
+    allowed: &Allowed,
+    j: usize,
+    v: &mut Vec<Violation>,
+) {
     let plan = allowed.plan;
     let mut model: Model = (*plan.models[j]).clone();
     // Model inodes to the recovered inode numbers, through the paths.
     let found_inos: HashMap<String, u64> = {
         let mut w = Vec::new();
-        walk(&m.fs, &mut w).canon.entries.into_iter().map(|(p, e)| (p, e.mid)).collect()
+        walk(&m.fs, &mut w)
+            .canon
+            .entries
+            .into_iter()
+            .map(|(p, e)| (p, e.mid))
+            .collect()
     };
     let mut exec = Executor::new(m);
     for (p, e) in &plan.canons[j].entries {
@@ -471,15 +639,45 @@ fn post_recovery_use(m: Mounted, rctl: Arc<CrashController>, allowed: &Allowed, 
         }
     }
     let dir = model.next_mid;
-    let mut ops = vec![Op::Mkdir { parent: ROOT, name: b"zz-post-recovery".to_vec(), perm: 0o755, new: dir }];
+    let mut ops = vec![Op::Mkdir {
+        parent: ROOT,
+        name: b"zz-post-recovery".to_vec(),
+        perm: 0o755,
+        new: dir,
+    }];
     let big = dir + 1;
-    ops.push(Op::Create { parent: dir, name: b"big".to_vec(), perm: 0o644, new: big });
-    ops.push(Op::Write { file: big, offset: 0, len: 300_000, seed: 1 });
-    ops.push(Op::Write { file: big, offset: 5 << 20, len: 1000, seed: 2 });
+    ops.push(Op::Create {
+        parent: dir,
+        name: b"big".to_vec(),
+        perm: 0o644,
+        new: big,
+    });
+    ops.push(Op::Write {
+        file: big,
+        offset: 0,
+        len: 300_000,
+        seed: 1,
+    });
+    ops.push(Op::Write {
+        file: big,
+        offset: 5 << 20,
+        len: 1000,
+        seed: 2,
+    });
     for i in 0..12u64 {
         let f = big + 1 + i;
-        ops.push(Op::Create { parent: dir, name: format!("small-{i}").into_bytes(), perm: 0o600, new: f });
-        ops.push(Op::Write { file: f, offset: 0, len: 700 + 5000 * i as u32, seed: 10 + i });
+        ops.push(Op::Create {
+            parent: dir,
+            name: format!("small-{i}").into_bytes(),
+            perm: 0o600,
+            new: f,
+        });
+        ops.push(Op::Write {
+            file: f,
+            offset: 0,
+            len: 700 + 5000 * i as u32,
+            seed: 10 + i,
+        });
     }
     ops.push(Op::Sync);
     ops.push(Op::Unmount);
@@ -489,11 +687,17 @@ fn post_recovery_use(m: Mounted, rctl: Arc<CrashController>, allowed: &Allowed, 
         match catch_unwind(AssertUnwindSafe(|| exec.apply(op))) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
-                v.push(Violation::new("post-recovery: operation fails", format!("{desc}: {e}")));
+                v.push(Violation::new(
+                    "post-recovery: operation fails",
+                    format!("{desc}: {e}"),
+                ));
                 return;
             }
             Err(p) => {
-                v.push(Violation::new("panic in mako-fs", format!("post-recovery {desc}: {}", panic_text(&p))));
+                v.push(Violation::new(
+                    "panic in mako-fs",
+                    format!("post-recovery {desc}: {}", panic_text(&p)),
+                ));
                 return;
             }
         }
@@ -501,20 +705,39 @@ fn post_recovery_use(m: Mounted, rctl: Arc<CrashController>, allowed: &Allowed, 
     let images = rctl.durable_images();
     drop(rctl);
     let (_, disks) = disks_from(images);
-    let Some(m) = mount_recovered(disks, v, "mount after post-recovery use") else { return };
+    let Some(m) = mount_recovered(disks, v, "mount after post-recovery use") else {
+        return;
+    };
     let canon = Arc::new(model.canon());
-    let plan2 = Plan { seed: plan.seed, ops: Vec::new(), models: vec![Arc::new(model)], canons: vec![canon] };
+    let plan2 = Plan {
+        seed: plan.seed,
+        ops: Vec::new(),
+        models: vec![Arc::new(model)],
+        canons: vec![canon],
+    };
     // The new files reuse model inode numbers past state j, which the crashed run may
     // have used (and left dirty) for files of later states: only the old ones stay dirty.
     let dirty: BTreeSet<Mid> = allowed.dirty.iter().copied().filter(|&m| m < dir).collect();
-    let allowed2 = Allowed { plan: &plan2, first: 0, last: 0, dirty: &dirty };
-    check_mounted(&m, &allowed2, v, "post-recovery (after writing, sync, unmount, mount)");
+    let allowed2 = Allowed {
+        plan: &plan2,
+        first: 0,
+        last: 0,
+        dirty: &dirty,
+    };
+    check_mounted(
+        &m,
+        &allowed2,
+        v,
+        "post-recovery (after writing, sync, unmount, mount)",
+    );
     drop(m);
 }
 
 pub fn random_policy(rng: &mut StdRng) -> LossPolicy {
     match rng.gen_range(0..100) {
-        0..=69 => LossPolicy::Random { seed: rng.gen_range(0..1_000_000) },
+        0..=69 => LossPolicy::Random {
+            seed: rng.gen_range(0..1_000_000),
+        },
         70..=84 => LossPolicy::KeepAll,
         _ => LossPolicy::DropAll,
     }
@@ -522,7 +745,13 @@ pub fn random_policy(rng: &mut StdRng) -> LossPolicy {
 
 /// The crash cases of one seed: every sync point (or `syncs_max` of them, seeded),
 /// `writes_max` writes (half of them torn), and a crash after the end.
-pub fn cases_for_seed(seed: u64, ops: usize, counts: &Counts, syncs_max: usize, writes_max: usize) -> Vec<Case> {
+pub fn cases_for_seed(
+    seed: u64,
+    ops: usize,
+    counts: &Counts,
+    syncs_max: usize,
+    writes_max: usize,
+) -> Vec<Case> {
     let mut rng = StdRng::seed_from_u64(seed ^ 0xc4a5_4c4a_5e00);
     let mut points: Vec<CrashSpec> = Vec::new();
     let n = counts.sync_points as usize;
@@ -545,7 +774,10 @@ pub fn cases_for_seed(seed: u64, ops: usize, counts: &Counts, syncs_max: usize, 
     }
     for k in writes {
         let torn_seed = rng.gen_bool(0.5).then(|| rng.gen_range(0..1_000_000));
-        points.push(CrashSpec::At(CrashAt::Write { index: k, torn_seed }));
+        points.push(CrashSpec::At(CrashAt::Write {
+            index: k,
+            torn_seed,
+        }));
     }
     points.push(CrashSpec::AfterEnd);
     points

@@ -10,7 +10,11 @@ use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-const CTX: Ctx = Ctx { uid: 0, gid: 0, pid: 1 };
+const CTX: Ctx = Ctx {
+    uid: 0,
+    gid: 0,
+    pid: 1,
+};
 
 /// Limits of the generated workload, named with their unit.
 /// Files grow up to this size (past 64 direct blocks of 64 KiB: indirect blocks).
@@ -25,19 +29,69 @@ pub const NODES_MAX: usize = 90;
 /// makes).
 #[derive(Debug, Clone)]
 pub enum Op {
-    Create { parent: Mid, name: Vec<u8>, perm: u32, new: Mid },
-    Mkdir { parent: Mid, name: Vec<u8>, perm: u32, new: Mid },
-    Symlink { parent: Mid, name: Vec<u8>, target: Vec<u8>, new: Mid },
-    Write { file: Mid, offset: u64, len: u32, seed: u64 },
-    Truncate { file: Mid, size: u64 },
-    Rename { src_parent: Mid, src_name: Vec<u8>, dst_parent: Mid, dst_name: Vec<u8> },
-    Unlink { parent: Mid, name: Vec<u8> },
-    Rmdir { parent: Mid, name: Vec<u8> },
-    Link { file: Mid, parent: Mid, name: Vec<u8> },
-    SetXattr { node: Mid, name: Vec<u8>, value: Vec<u8> },
-    RemoveXattr { node: Mid, name: Vec<u8> },
-    Chmod { node: Mid, perm: u32 },
-    Fsync { node: Mid },
+    Create {
+        parent: Mid,
+        name: Vec<u8>,
+        perm: u32,
+        new: Mid,
+    },
+    Mkdir {
+        parent: Mid,
+        name: Vec<u8>,
+        perm: u32,
+        new: Mid,
+    },
+    Symlink {
+        parent: Mid,
+        name: Vec<u8>,
+        target: Vec<u8>,
+        new: Mid,
+    },
+    Write {
+        file: Mid,
+        offset: u64,
+        len: u32,
+        seed: u64,
+    },
+    Truncate {
+        file: Mid,
+        size: u64,
+    },
+    Rename {
+        src_parent: Mid,
+        src_name: Vec<u8>,
+        dst_parent: Mid,
+        dst_name: Vec<u8>,
+    },
+    Unlink {
+        parent: Mid,
+        name: Vec<u8>,
+    },
+    Rmdir {
+        parent: Mid,
+        name: Vec<u8>,
+    },
+    Link {
+        file: Mid,
+        parent: Mid,
+        name: Vec<u8>,
+    },
+    SetXattr {
+        node: Mid,
+        name: Vec<u8>,
+        value: Vec<u8>,
+    },
+    RemoveXattr {
+        node: Mid,
+        name: Vec<u8>,
+    },
+    Chmod {
+        node: Mid,
+        perm: u32,
+    },
+    Fsync {
+        node: Mid,
+    },
     Sync,
     Unmount,
 }
@@ -80,19 +134,52 @@ impl Op {
         };
         let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         match self {
-            Op::Create { parent, name, perm, .. } => format!("create {} mode {perm:o}", path_of(*parent, name)),
-            Op::Mkdir { parent, name, perm, .. } => format!("mkdir {} mode {perm:o}", path_of(*parent, name)),
-            Op::Symlink { parent, name, target, .. } => format!("symlink {} -> {} bytes", path_of(*parent, name), target.len()),
-            Op::Write { file, offset, len, .. } => format!("write {} at {offset}+{len}", node_path(*file)),
+            Op::Create {
+                parent, name, perm, ..
+            } => format!("create {} mode {perm:o}", path_of(*parent, name)),
+            Op::Mkdir {
+                parent, name, perm, ..
+            } => format!("mkdir {} mode {perm:o}", path_of(*parent, name)),
+            Op::Symlink {
+                parent,
+                name,
+                target,
+                ..
+            } => format!(
+                "symlink {} -> {} bytes",
+                path_of(*parent, name),
+                target.len()
+            ),
+            Op::Write {
+                file, offset, len, ..
+            } => format!("write {} at {offset}+{len}", node_path(*file)),
             Op::Truncate { file, size } => format!("truncate {} to {size}", node_path(*file)),
-            Op::Rename { src_parent, src_name, dst_parent, dst_name } => {
-                format!("rename {} -> {}", path_of(*src_parent, src_name), path_of(*dst_parent, dst_name))
+            Op::Rename {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+            } => {
+                format!(
+                    "rename {} -> {}",
+                    path_of(*src_parent, src_name),
+                    path_of(*dst_parent, dst_name)
+                )
             }
             Op::Unlink { parent, name } => format!("unlink {}", path_of(*parent, name)),
             Op::Rmdir { parent, name } => format!("rmdir {}", path_of(*parent, name)),
-            Op::Link { file, parent, name } => format!("link {} as {}", node_path(*file), path_of(*parent, name)),
-            Op::SetXattr { node, name, value } => format!("setxattr {} {} ({} bytes)", node_path(*node), s(name), value.len()),
-            Op::RemoveXattr { node, name } => format!("removexattr {} {}", node_path(*node), s(name)),
+            Op::Link { file, parent, name } => {
+                format!("link {} as {}", node_path(*file), path_of(*parent, name))
+            }
+            Op::SetXattr { node, name, value } => format!(
+                "setxattr {} {} ({} bytes)",
+                node_path(*node),
+                s(name),
+                value.len()
+            ),
+            Op::RemoveXattr { node, name } => {
+                format!("removexattr {} {}", node_path(*node), s(name))
+            }
             Op::Chmod { node, perm } => format!("chmod {} {perm:o}", node_path(*node)),
             Op::Fsync { node } => format!("fsync {}", node_path(*node)),
             Op::Sync => "sync".into(),
@@ -103,21 +190,46 @@ impl Op {
     /// Apply the op to the model (the generator drew it as valid there).
     pub fn apply_to_model(&self, m: &mut Model) {
         match self {
-            Op::Create { parent, name, perm, new } => {
+            Op::Create {
+                parent,
+                name,
+                perm,
+                new,
+            } => {
                 let got = m.create(*parent, name, *perm, Body::File(FileData::default()));
                 assert_eq!(got, *new, "model inode numbering diverged");
             }
-            Op::Mkdir { parent, name, perm, new } => {
+            Op::Mkdir {
+                parent,
+                name,
+                perm,
+                new,
+            } => {
                 let got = m.create(*parent, name, *perm, Body::Dir(Default::default()));
                 assert_eq!(got, *new, "model inode numbering diverged");
             }
-            Op::Symlink { parent, name, target, new } => {
+            Op::Symlink {
+                parent,
+                name,
+                target,
+                new,
+            } => {
                 let got = m.create(*parent, name, 0o777, Body::Symlink(target.clone()));
                 assert_eq!(got, *new, "model inode numbering diverged");
             }
-            Op::Write { file, offset, len, seed } => m.write(*file, *offset, &pattern(*seed, *len as usize)),
+            Op::Write {
+                file,
+                offset,
+                len,
+                seed,
+            } => m.write(*file, *offset, &pattern(*seed, *len as usize)),
             Op::Truncate { file, size } => m.truncate(*file, *size),
-            Op::Rename { src_parent, src_name, dst_parent, dst_name } => m.rename(*src_parent, src_name, *dst_parent, dst_name),
+            Op::Rename {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+            } => m.rename(*src_parent, src_name, *dst_parent, dst_name),
             Op::Unlink { parent, name } | Op::Rmdir { parent, name } => m.remove(*parent, name),
             Op::Link { file, parent, name } => m.link(*file, *parent, name),
             Op::SetXattr { node, name, value } => m.set_xattr(*node, name, value),
@@ -130,7 +242,10 @@ impl Op {
 
 /// Deterministic bytes for a write (no zero byte, so a lost write shows).
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    mako_fs::test_util::pattern(seed, len).into_iter().map(|b| b | 1).collect()
+    mako_fs::test_util::pattern(seed, len)
+        .into_iter()
+        .map(|b| b | 1)
+        .collect()
 }
 
 /// A seed's whole run: the operations and the model state after each (state `i` is
@@ -145,10 +260,21 @@ pub struct Plan {
 impl Plan {
     /// Draw `ops` operations (the last one an unmount) from `seed`.
     pub fn generate(seed: u64, ops: usize) -> Plan {
-        let mut g = Generator { rng: StdRng::seed_from_u64(seed), model: Model::new(), dirty_bytes: 0, burst: None, long_names: 0, recent: Vec::new() };
+        let mut g = Generator {
+            rng: StdRng::seed_from_u64(seed),
+            model: Model::new(),
+            dirty_bytes: 0,
+            burst: None,
+            long_names: 0,
+            recent: Vec::new(),
+        };
         let mut plan = Plan::from_ops(seed, Vec::new());
         for i in 0..ops {
-            let op = if i + 1 == ops { Op::Unmount } else { g.next_op() };
+            let op = if i + 1 == ops {
+                Op::Unmount
+            } else {
+                g.next_op()
+            };
             op.apply_to_model(&mut g.model);
             plan.push(op);
         }
@@ -158,7 +284,12 @@ impl Plan {
     /// A plan of given operations (tests of the harness itself); they must be valid.
     pub fn from_ops(seed: u64, ops: Vec<Op>) -> Plan {
         let model = Model::new();
-        let mut plan = Plan { seed, ops: Vec::new(), models: vec![Arc::new(model.clone())], canons: vec![Arc::new(model.canon())] };
+        let mut plan = Plan {
+            seed,
+            ops: Vec::new(),
+            models: vec![Arc::new(model.clone())],
+            canons: vec![Arc::new(model.canon())],
+        };
         for op in ops {
             plan.push(op);
         }
@@ -197,12 +328,19 @@ pub fn abbreviate(s: &str) -> String {
 }
 
 const SHORT_NAMES: [&str; 10] = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"];
-const XATTR_NAMES: [&str; 4] = ["user.a", "user.b", "user.color", "user.a-rather-long-attribute-name"];
+const XATTR_NAMES: [&str; 4] = [
+    "user.a",
+    "user.b",
+    "user.color",
+    "user.a-rather-long-attribute-name",
+];
 const PERMS: [u32; 5] = [0o644, 0o600, 0o755, 0o640, 0o700];
 
 impl Generator {
     fn short_name(&mut self) -> Vec<u8> {
-        SHORT_NAMES[self.rng.gen_range(0..SHORT_NAMES.len())].as_bytes().to_vec()
+        SHORT_NAMES[self.rng.gen_range(0..SHORT_NAMES.len())]
+            .as_bytes()
+            .to_vec()
     }
 
     fn long_name(&mut self) -> Vec<u8> {
@@ -247,7 +385,11 @@ impl Generator {
 
     fn free_name_in(&mut self, dir: Mid) -> Option<Vec<u8>> {
         for _ in 0..8 {
-            let n = if self.rng.gen_bool(0.85) { self.short_name() } else { self.long_name() };
+            let n = if self.rng.gen_bool(0.85) {
+                self.short_name()
+            } else {
+                self.long_name()
+            };
             if self.model.lookup(dir, &n).is_none() {
                 return Some(n);
             }
@@ -261,11 +403,19 @@ impl Generator {
             return Op::Sync;
         }
         if let Some((dir, left)) = self.burst {
-            if left > 0 && self.model.nodes.contains_key(&dir) && self.model.nodes.len() < NODES_MAX + 60 {
+            if left > 0
+                && self.model.nodes.contains_key(&dir)
+                && self.model.nodes.len() < NODES_MAX + 60
+            {
                 self.burst = Some((dir, left - 1));
                 let name = self.long_name();
                 let new = self.model.next_mid;
-                return Op::Create { parent: dir, name, perm: 0o644, new };
+                return Op::Create {
+                    parent: dir,
+                    name,
+                    perm: 0o644,
+                    new,
+                };
             }
             self.burst = None;
         }
@@ -296,20 +446,41 @@ impl Generator {
             0..=13 if !crowded => {
                 let parent = self.pick(&dirs)?;
                 let name = self.free_name_in(parent)?;
-                Some(Op::Create { parent, name, perm: PERMS[self.rng.gen_range(0..PERMS.len())], new: self.model.next_mid })
+                Some(Op::Create {
+                    parent,
+                    name,
+                    perm: PERMS[self.rng.gen_range(0..PERMS.len())],
+                    new: self.model.next_mid,
+                })
             }
             14..=18 if !crowded => {
                 let parent = self.pick(&dirs)?;
                 let name = self.free_name_in(parent)?;
-                Some(Op::Mkdir { parent, name, perm: [0o755, 0o700, 0o750][self.rng.gen_range(0..3)], new: self.model.next_mid })
+                Some(Op::Mkdir {
+                    parent,
+                    name,
+                    perm: [0o755, 0o700, 0o750][self.rng.gen_range(0..3)],
+                    new: self.model.next_mid,
+                })
             }
             19..=20 if !crowded => {
                 let parent = self.pick(&dirs)?;
                 let name = self.free_name_in(parent)?;
                 // Long targets: some no longer fit in the inode (a data block).
-                let len = if self.rng.gen_bool(0.3) { self.rng.gen_range(3500..=4095) } else { self.rng.gen_range(1..120) };
-                let target: Vec<u8> = (0..len).map(|i| b"abcdefghijklmnopqrstuvwxyz/._-"[(i * 7 + len) % 30]).collect();
-                Some(Op::Symlink { parent, name, target, new: self.model.next_mid })
+                let len = if self.rng.gen_bool(0.3) {
+                    self.rng.gen_range(3500..=4095)
+                } else {
+                    self.rng.gen_range(1..120)
+                };
+                let target: Vec<u8> = (0..len)
+                    .map(|i| b"abcdefghijklmnopqrstuvwxyz/._-"[(i * 7 + len) % 30])
+                    .collect();
+                Some(Op::Symlink {
+                    parent,
+                    name,
+                    target,
+                    new: self.model.next_mid,
+                })
             }
             21 if !crowded => {
                 // A burst of creates in one directory: inline -> blocks -> hashed.
@@ -341,7 +512,8 @@ impl Generator {
                 Some(Op::Unlink { parent, name })
             }
             65..=67 => {
-                let (parent, name) = self.pick_entry(|m, c| matches!(&m.node(c).body, Body::Dir(ch) if ch.is_empty()))?;
+                let (parent, name) = self
+                    .pick_entry(|m, c| matches!(&m.node(c).body, Body::Dir(ch) if ch.is_empty()))?;
                 Some(Op::Rmdir { parent, name })
             }
             68..=70 => {
@@ -352,7 +524,9 @@ impl Generator {
             }
             71..=76 => {
                 let node = self.pick_xattr_node()?;
-                let name = XATTR_NAMES[self.rng.gen_range(0..XATTR_NAMES.len())].as_bytes().to_vec();
+                let name = XATTR_NAMES[self.rng.gen_range(0..XATTR_NAMES.len())]
+                    .as_bytes()
+                    .to_vec();
                 let len = self.rng.gen_range(0..200);
                 let value = pattern(self.rng.gen(), len);
                 Some(Op::SetXattr { node, name, value })
@@ -360,18 +534,29 @@ impl Generator {
             77..=78 => {
                 let node = self.pick_xattr_node()?;
                 let names: Vec<Vec<u8>> = self.model.node(node).xattrs.keys().cloned().collect();
-                let name = names.get(self.rng.gen_range(0..names.len().max(1)))?.clone();
+                let name = names
+                    .get(self.rng.gen_range(0..names.len().max(1)))?
+                    .clone();
                 Some(Op::RemoveXattr { node, name })
             }
             79..=80 => {
                 let node = self.pick_xattr_node()?;
-                Some(Op::Chmod { node, perm: PERMS[self.rng.gen_range(0..PERMS.len())] })
+                Some(Op::Chmod {
+                    node,
+                    perm: PERMS[self.rng.gen_range(0..PERMS.len())],
+                })
             }
-            81..=89 => Some(Op::Fsync { node: self.pick_file(&files)? }),
-            90..=92 => Some(Op::Fsync { node: self.pick(&dirs)? }),
+            81..=89 => Some(Op::Fsync {
+                node: self.pick_file(&files)?,
+            }),
+            90..=92 => Some(Op::Fsync {
+                node: self.pick(&dirs)?,
+            }),
             93 => {
                 let links = self.model.ids_of(Kind::Symlink);
-                Some(Op::Fsync { node: self.pick(&links)? })
+                Some(Op::Fsync {
+                    node: self.pick(&links)?,
+                })
             }
             94..=96 => Some(Op::Sync),
             _ if crowded => {
@@ -390,7 +575,13 @@ impl Generator {
 
     /// user.* attributes and chmod: files and directories (the root included).
     fn pick_xattr_node(&mut self) -> Option<Mid> {
-        let v: Vec<Mid> = self.model.nodes.iter().filter(|(_, n)| n.kind() != Kind::Symlink).map(|(&m, _)| m).collect();
+        let v: Vec<Mid> = self
+            .model
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.kind() != Kind::Symlink)
+            .map(|(&m, _)| m)
+            .collect();
         self.pick(&v)
     }
 
@@ -411,13 +602,25 @@ impl Generator {
                 (o, self.rng.gen_range(1..=(size - o).clamp(1, 30_000)))
             }
             // Far out: a sparse file that needs indirect blocks (past 64 x 64 KiB).
-            5 | 6 => (self.rng.gen_range((4u64 << 20) + 300_000..(6u64 << 20) + 500_000), self.rng.gen_range(1..9000)),
+            5 | 6 => (
+                self.rng
+                    .gen_range((4u64 << 20) + 300_000..(6u64 << 20) + 500_000),
+                self.rng.gen_range(1..9000),
+            ),
             // Across a block boundary.
-            _ => (self.rng.gen_range(1..6) * bb - self.rng.gen_range(1..2000), self.rng.gen_range(1..5000)),
+            _ => (
+                self.rng.gen_range(1..6) * bb - self.rng.gen_range(1..2000),
+                self.rng.gen_range(1..5000),
+            ),
         };
         let len = len.min(FILE_BYTES_MAX - offset.min(FILE_BYTES_MAX)).max(1);
         let offset = offset.min(FILE_BYTES_MAX - len);
-        Op::Write { file, offset, len: len as u32, seed: self.rng.gen() }
+        Op::Write {
+            file,
+            offset,
+            len: len as u32,
+            seed: self.rng.gen(),
+        }
     }
 
     fn rename_op(&mut self) -> Option<Op> {
@@ -426,7 +629,11 @@ impl Generator {
         let src_kind = self.model.node(src).kind();
         let dirs = self.model.ids_of(Kind::Dir);
         // Same directory half of the time.
-        let dst_parent = if self.rng.gen_bool(0.5) { src_parent } else { self.pick(&dirs)? };
+        let dst_parent = if self.rng.gen_bool(0.5) {
+            src_parent
+        } else {
+            self.pick(&dirs)?
+        };
         if src_kind == Kind::Dir && self.model.is_ancestor_or_self(src, dst_parent) {
             return None; // into itself: EINVAL
         }
@@ -450,7 +657,12 @@ impl Generator {
                 }
             }
         }
-        Some(Op::Rename { src_parent, src_name, dst_parent, dst_name })
+        Some(Op::Rename {
+            src_parent,
+            src_name,
+            dst_parent,
+            dst_name,
+        })
     }
 }
 
@@ -462,44 +674,95 @@ pub struct Executor {
 
 impl Executor {
     pub fn new(mounted: Mounted) -> Executor {
-        Executor { mounted: Some(mounted), inos: HashMap::from([(ROOT, mako_fs::fs::ROOT_INO)]) }
+        Executor {
+            mounted: Some(mounted),
+            inos: HashMap::from([(ROOT, mako_fs::fs::ROOT_INO)]),
+        }
     }
 
     fn ino(&self, m: Mid) -> u64 {
-        *self.inos.get(&m).unwrap_or_else(|| panic!("harness: model inode {m} has no inode number"))
+        *self
+            .inos
+            .get(&m)
+            .unwrap_or_else(|| panic!("harness: model inode {m} has no inode number"))
     }
 
     /// Run one op. `Err` carries the file system's error.
     pub fn apply(&mut self, op: &Op) -> Result<(), FsError> {
         if let Op::Unmount = op {
-            let m = self.mounted.take().expect("harness: unmount of an unmounted file system");
+            let m = self
+                .mounted
+                .take()
+                .expect("harness: unmount of an unmounted file system");
             return m.unmount();
         }
         let fs = &self.mounted.as_ref().expect("harness: op after unmount").fs;
         match op {
-            Op::Create { parent, name, perm, new } => {
+            Op::Create {
+                parent,
+                name,
+                perm,
+                new,
+            } => {
                 let a = fs.create(CTX, self.ino(*parent), name, *perm, 0, true)?;
                 self.inos.insert(*new, a.ino);
             }
-            Op::Mkdir { parent, name, perm, new } => {
+            Op::Mkdir {
+                parent,
+                name,
+                perm,
+                new,
+            } => {
                 let a = fs.mkdir(CTX, self.ino(*parent), name, *perm, 0)?;
                 self.inos.insert(*new, a.ino);
             }
-            Op::Symlink { parent, name, target, new } => {
+            Op::Symlink {
+                parent,
+                name,
+                target,
+                new,
+            } => {
                 let a = fs.symlink(CTX, self.ino(*parent), name, target)?;
                 self.inos.insert(*new, a.ino);
             }
-            Op::Write { file, offset, len, seed } => {
-                let n = fs.write(self.ino(*file), *offset, &pattern(*seed, *len as usize), false)?;
+            Op::Write {
+                file,
+                offset,
+                len,
+                seed,
+            } => {
+                let n = fs.write(
+                    self.ino(*file),
+                    *offset,
+                    &pattern(*seed, *len as usize),
+                    false,
+                )?;
                 if n != *len as usize {
                     return Err(FsError::Invalid(format!("short write: {n} of {len} bytes")));
                 }
             }
             Op::Truncate { file, size } => {
-                fs.setattr(self.ino(*file), SetAttr { size: Some(*size), ..Default::default() })?;
+                fs.setattr(
+                    self.ino(*file),
+                    SetAttr {
+                        size: Some(*size),
+                        ..Default::default()
+                    },
+                )?;
             }
-            Op::Rename { src_parent, src_name, dst_parent, dst_name } => {
-                fs.rename(self.ino(*src_parent), src_name, self.ino(*dst_parent), dst_name, 0)?;
+            Op::Rename {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+            } => {
+                fs.rename(
+                    self.ino(*src_parent),
+                    src_name,
+                    self.ino(*dst_parent),
+                    dst_name,
+                    0,
+                )?;
             }
             Op::Unlink { parent, name } => fs.unlink(self.ino(*parent), name)?,
             Op::Rmdir { parent, name } => fs.rmdir(self.ino(*parent), name)?,
@@ -509,7 +772,13 @@ impl Executor {
             Op::SetXattr { node, name, value } => fs.setxattr(self.ino(*node), name, value, 0)?,
             Op::RemoveXattr { node, name } => fs.removexattr(self.ino(*node), name)?,
             Op::Chmod { node, perm } => {
-                fs.setattr(self.ino(*node), SetAttr { mode: Some(*perm), ..Default::default() })?;
+                fs.setattr(
+                    self.ino(*node),
+                    SetAttr {
+                        mode: Some(*perm),
+                        ..Default::default()
+                    },
+                )?;
             }
             Op::Fsync { node } => fs.fsync(self.ino(*node), false)?,
             Op::Sync => fs.sync()?,

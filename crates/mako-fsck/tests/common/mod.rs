@@ -22,7 +22,11 @@ use mako_fsck::{check_offline, NoProgress, Options, Report};
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
-pub const C: Ctx = Ctx { uid: 0, gid: 0, pid: 1 };
+pub const C: Ctx = Ctx {
+    uid: 0,
+    gid: 0,
+    pid: 1,
+};
 pub const DISKS: usize = 4;
 pub const DISK_BYTES: u64 = 32 << 20;
 /// Entries of /bigdir: several hashed directory blocks of 64 KiB.
@@ -48,7 +52,10 @@ pub struct Fixture {
 }
 
 pub fn config() -> FsConfig {
-    FsConfig { background_workers: false, ..small_config() }
+    FsConfig {
+        background_workers: false,
+        ..small_config()
+    }
 }
 
 /// Write in pieces, syncing every MiB: without background workers nothing else
@@ -57,7 +64,8 @@ fn write_all(fs: &FileSystem, ino: u64, off: u64, data: &[u8]) {
     let mut done = 0;
     while done < data.len() {
         let n = (data.len() - done).min(100_000);
-        fs.write(ino, off + done as u64, &data[done..done + n], false).unwrap();
+        fs.write(ino, off + done as u64, &data[done..done + n], false)
+            .unwrap();
         done += n;
         if done % (1 << 20) < n {
             fs.fsync(ino, false).unwrap();
@@ -75,9 +83,18 @@ fn build() -> Fixture {
     let fs = &m.fs;
     let mut paths: BTreeMap<String, Expect> = BTreeMap::new();
     let mut inos: BTreeMap<String, u64> = BTreeMap::new();
-    fn add(paths: &mut BTreeMap<String, Expect>, inos: &mut BTreeMap<String, u64>, fs: &FileSystem, parent: u64, path: &str, data: Vec<u8>) -> u64 {
+    fn add(
+        paths: &mut BTreeMap<String, Expect>,
+        inos: &mut BTreeMap<String, u64>,
+        fs: &FileSystem,
+        parent: u64,
+        path: &str,
+        data: Vec<u8>,
+    ) -> u64 {
         let name = path.rsplit('/').next().unwrap();
-        let a = fs.create(C, parent, name.as_bytes(), 0o644, 0, true).unwrap();
+        let a = fs
+            .create(C, parent, name.as_bytes(), 0o644, 0, true)
+            .unwrap();
         write_all(fs, a.ino, 0, &data);
         paths.insert(path.to_string(), Expect::File(data));
         inos.insert(path.to_string(), a.ino);
@@ -86,9 +103,17 @@ fn build() -> Fixture {
     macro_rules! file {
         ($($a:expr),*) => { add(&mut paths, &mut inos, $($a),*) };
     }
-    for (i, (path, len)) in [("/empty", 0usize), ("/tiny", 100), ("/inline3k", 3000), ("/frag5000", 5000), ("/block64k", 65536), ("/blockplus", 65537), ("/big", 8 << 20)]
-        .into_iter()
-        .enumerate()
+    for (i, (path, len)) in [
+        ("/empty", 0usize),
+        ("/tiny", 100),
+        ("/inline3k", 3000),
+        ("/frag5000", 5000),
+        ("/block64k", 65536),
+        ("/blockplus", 65537),
+        ("/big", 8 << 20),
+    ]
+    .into_iter()
+    .enumerate()
     {
         file!(fs, ROOT_INO, path, pattern(i as u64 + 1, len));
     }
@@ -103,7 +128,8 @@ fn build() -> Fixture {
     paths.insert("/sparse".into(), Expect::File(content));
     // Preallocated past the end of file.
     let pre = file!(fs, ROOT_INO, "/prealloc", pattern(22, 1000));
-    fs.fallocate(pre, 0, 300_000, libc::FALLOC_FL_KEEP_SIZE).unwrap();
+    fs.fallocate(pre, 0, 300_000, libc::FALLOC_FL_KEEP_SIZE)
+        .unwrap();
     // Hard links and nested directories.
     let hard = file!(fs, ROOT_INO, "/hard1", pattern(23, 7000));
     let dir1 = fs.mkdir(C, ROOT_INO, b"dir1", 0o755, 0).unwrap().ino;
@@ -122,7 +148,10 @@ fn build() -> Fixture {
     paths.insert("/sym".into(), Expect::Symlink(b"tiny".to_vec()));
     inos.insert("/sym".into(), sym);
     let long_target: Vec<u8> = (0..4000).map(|i| b'a' + (i % 26) as u8).collect();
-    let longsym = fs.symlink(C, ROOT_INO, b"longsym", &long_target).unwrap().ino;
+    let longsym = fs
+        .symlink(C, ROOT_INO, b"longsym", &long_target)
+        .unwrap()
+        .ino;
     paths.insert("/longsym".into(), Expect::Symlink(long_target));
     inos.insert("/longsym".into(), longsym);
     // Extended attributes on a file and a directory.
@@ -131,8 +160,14 @@ fn build() -> Fixture {
     fs.setxattr(xf, b"user.b", &pattern(28, 200), 0).unwrap();
     fs.setxattr(dir1, b"user.dir", b"value", 0).unwrap();
     // Special files.
-    let fifo = fs.mknod(C, ROOT_INO, b"fifo", libc::S_IFIFO | 0o644, 0, 0).unwrap().ino;
-    let chr = fs.mknod(C, ROOT_INO, b"chardev", libc::S_IFCHR | 0o600, 0, 0x0501).unwrap().ino;
+    let fifo = fs
+        .mknod(C, ROOT_INO, b"fifo", libc::S_IFIFO | 0o644, 0, 0)
+        .unwrap()
+        .ino;
+    let chr = fs
+        .mknod(C, ROOT_INO, b"chardev", libc::S_IFCHR | 0o600, 0, 0x0501)
+        .unwrap()
+        .ino;
     paths.insert("/fifo".into(), Expect::Special);
     paths.insert("/chardev".into(), Expect::Special);
     inos.insert("/fifo".into(), fifo);
@@ -143,13 +178,23 @@ fn build() -> Fixture {
     let fragdir = fs.mkdir(C, ROOT_INO, b"fragdir", 0o755, 0).unwrap().ino;
     inos.insert("/fragdir".into(), fragdir);
     for i in 0..FRAGDIR_ENTRIES {
-        file!(fs, fragdir, &format!("/fragdir/entry-{i:04}"), pattern(1000 + i as u64, i % 7));
+        file!(
+            fs,
+            fragdir,
+            &format!("/fragdir/entry-{i:04}"),
+            pattern(1000 + i as u64, i % 7)
+        );
     }
     let bigdir = fs.mkdir(C, ROOT_INO, b"bigdir", 0o755, 0).unwrap().ino;
     inos.insert("/bigdir".into(), bigdir);
     for i in 0..BIGDIR_ENTRIES {
         let len = if i % 100 == 0 { 50 } else { 0 };
-        file!(fs, bigdir, &format!("/bigdir/a-file-with-a-longer-name-{i:05}"), pattern(5000 + i as u64, len));
+        file!(
+            fs,
+            bigdir,
+            &format!("/bigdir/a-file-with-a-longer-name-{i:05}"),
+            pattern(5000 + i as u64, len)
+        );
     }
     // A file created and removed: its slot holds a freed inode.
     let gone = fs.create(C, ROOT_INO, b"gone", 0o644, 0, true).unwrap().ino;
@@ -157,8 +202,19 @@ fn build() -> Fixture {
     fs.unlink(ROOT_INO, b"gone").unwrap();
     inos.insert("(gone)".into(), gone);
     // Directory listings.
-    for dir in ["/dir1", "/dir1/dir2", "/dir1/dir2/dir3", "/emptydir", "/fragdir", "/bigdir"] {
-        let mut names: Vec<String> = paths.keys().filter(|p| p.rsplit_once('/').map(|x| x.0) == Some(dir)).map(|p| p.rsplit('/').next().unwrap().to_string()).collect();
+    for dir in [
+        "/dir1",
+        "/dir1/dir2",
+        "/dir1/dir2/dir3",
+        "/emptydir",
+        "/fragdir",
+        "/bigdir",
+    ] {
+        let mut names: Vec<String> = paths
+            .keys()
+            .filter(|p| p.rsplit_once('/').map(|x| x.0) == Some(dir))
+            .map(|p| p.rsplit('/').next().unwrap().to_string())
+            .collect();
         for sub in ["dir2", "dir3"] {
             if inos.contains_key(&format!("{dir}/{sub}")) {
                 names.push(sub.into());
@@ -169,12 +225,22 @@ fn build() -> Fixture {
     }
     fs.sync().unwrap();
     let (n, depth, _) = fs.dir_shape(bigdir).unwrap();
-    assert!(n >= 3 && depth >= 2, "bigdir must be hashed: {n} blocks, depth {depth}");
+    assert!(
+        n >= 3 && depth >= 2,
+        "bigdir must be hashed: {n} blocks, depth {depth}"
+    );
     let (n, depth, size) = fs.dir_shape(fragdir).unwrap();
-    assert!(n == 1 && depth == 0 && size < 65536, "fragdir must be one fragment: {n} {depth} {size}");
+    assert!(
+        n == 1 && depth == 0 && size < 65536,
+        "fragdir must be one fragment: {n} {depth} {size}"
+    );
     assert!(fs.raw_inode(inos["/big"]).unwrap().depth >= 1);
     m.unmount().unwrap();
-    Fixture { snapshot: disks.disks.iter().map(|d| d.snapshot()).collect(), paths, inos }
+    Fixture {
+        snapshot: disks.disks.iter().map(|d| d.snapshot()).collect(),
+        paths,
+        inos,
+    }
 }
 
 pub fn fixture() -> &'static Fixture {
@@ -201,8 +267,14 @@ pub fn snapshot(disks: &MemDisks) -> Vec<Vec<u8>> {
 }
 
 pub fn fsck(disks: &MemDisks, repair: bool) -> Report {
-    let opts = if repair { Options::repair() } else { Options::check() }.threads(2);
-    check_offline(disks.as_dyn(), &opts, &NoProgress).unwrap_or_else(|e| panic!("fsck failed to run: {e}"))
+    let opts = if repair {
+        Options::repair()
+    } else {
+        Options::check()
+    }
+    .threads(2);
+    check_offline(disks.as_dyn(), &opts, &NoProgress)
+        .unwrap_or_else(|e| panic!("fsck failed to run: {e}"))
 }
 
 /// Resolve a path by reading directories through the file system.
@@ -249,7 +321,10 @@ pub fn verify_untouched(fs: &FileSystem, fx: &Fixture, hit: &[&str]) {
     if hit.contains(&"*") {
         return;
     }
-    let is_hit = |p: &str| hit.iter().any(|h| p == *h || p.starts_with(&format!("{h}/")));
+    let is_hit = |p: &str| {
+        hit.iter()
+            .any(|h| p == *h || p.starts_with(&format!("{h}/")))
+    };
     let mut checked = 0;
     for (path, expect) in &fx.paths {
         if is_hit(path) {
@@ -257,7 +332,10 @@ pub fn verify_untouched(fs: &FileSystem, fx: &Fixture, hit: &[&str]) {
         }
         let ino = lookup(fs, path).unwrap_or_else(|| panic!("{path} is gone after the repair"));
         match expect {
-            Expect::File(data) => assert!(read_all(fs, ino) == *data, "{path}: content differs after the repair"),
+            Expect::File(data) => assert!(
+                read_all(fs, ino) == *data,
+                "{path}: content differs after the repair"
+            ),
             Expect::Symlink(t) => assert_eq!(&fs.readlink(ino).unwrap(), t, "{path}"),
             Expect::Dir(names) => {
                 let mut now = list(fs, ino);
@@ -291,7 +369,11 @@ impl Inspect {
     pub fn open(d: &MemDisks) -> Inspect {
         // The disks of MemDisks are in index order (they were formatted that way).
         let (desc, _) = mako_fs::mount::find_descriptor(d.as_dyn()).expect("descriptor");
-        let mut me = Inspect { desc, disks: d.disks.clone(), inode_file: Vec::new() };
+        let mut me = Inspect {
+            desc,
+            disks: d.disks.clone(),
+            inode_file: Vec::new(),
+        };
         let start = me.desc.inode_file_start;
         let inode0 = Inode::decode(&me.read(start, 4096), 4096, 0, Location::Memory).unwrap();
         let (units, _) = me.tree_of(&inode0);
@@ -305,11 +387,15 @@ impl Inspect {
     }
     pub fn read(&self, da: DiskAddress, len: usize) -> Vec<u8> {
         let mut b = vec![0u8; len];
-        self.disks[da.disk() as usize].read_at(&mut b, da.byte_offset()).unwrap();
+        self.disks[da.disk() as usize]
+            .read_at(&mut b, da.byte_offset())
+            .unwrap();
         b
     }
     pub fn write(&self, da: DiskAddress, bytes: &[u8]) {
-        self.disks[da.disk() as usize].write_at(bytes, da.byte_offset()).unwrap();
+        self.disks[da.disk() as usize]
+            .write_at(bytes, da.byte_offset())
+            .unwrap();
     }
     /// Flip bits of byte `offset` of the structure at `da`.
     pub fn flip(&self, da: DiskAddress, offset: u64, xor: u8) {
@@ -320,7 +406,13 @@ impl Inspect {
         self.inode_file[(off / self.block_bytes()) as usize].offset_by(off % self.block_bytes())
     }
     pub fn inode(&self, ino: u64) -> Inode {
-        Inode::decode(&self.read(self.inode_da(ino), 4096), 4096, ino, Location::Memory).unwrap()
+        Inode::decode(
+            &self.read(self.inode_da(ino), 4096),
+            4096,
+            ino,
+            Location::Memory,
+        )
+        .unwrap()
     }
     pub fn put_inode(&self, inode: &Inode) {
         self.write(self.inode_da(inode.ino), &inode.encode(4096).unwrap());
@@ -334,24 +426,62 @@ impl Inspect {
         let mut ind = Vec::new();
         let ind_bytes = self.desc.geometry.indirect_bytes;
         let ppi = ((ind_bytes as usize - 32) / 8) as u64;
-        let InodeContent::Pointers(p) = &inode.content else { return (units, ind) };
+        let InodeContent::Pointers(p) = &inode.content else {
+            return (units, ind);
+        };
         #[allow(clippy::too_many_arguments)]
-        fn go(me: &Inspect, ino: u64, level: u8, index: u64, da: DiskAddress, ppi: u64, ib: u32, units: &mut Units, ind: &mut Indirects) {
+        fn go(
+            me: &Inspect,
+            ino: u64,
+            level: u8,
+            index: u64,
+            da: DiskAddress,
+            ppi: u64,
+            ib: u32,
+            units: &mut Units,
+            ind: &mut Indirects,
+        ) {
             if level == 0 {
                 units.push((index, da));
                 return;
             }
-            let b = IndirectBlock::decode(&me.read(da, ib as usize), ib, IndirectId { ino, level, index }, Location::Memory).unwrap();
+            let b = IndirectBlock::decode(
+                &me.read(da, ib as usize),
+                ib,
+                IndirectId { ino, level, index },
+                Location::Memory,
+            )
+            .unwrap();
             ind.push((level, index, da));
             for (j, &c) in b.pointers.iter().enumerate() {
                 if !c.is_null() {
-                    go(me, ino, level - 1, index * ppi + j as u64, c, ppi, ib, units, ind);
+                    go(
+                        me,
+                        ino,
+                        level - 1,
+                        index * ppi + j as u64,
+                        c,
+                        ppi,
+                        ib,
+                        units,
+                        ind,
+                    );
                 }
             }
         }
         for (i, &da) in p.iter().enumerate() {
             if !da.is_null() {
-                go(self, inode.ino, inode.depth, i as u64, da, ppi, ind_bytes, &mut units, &mut ind);
+                go(
+                    self,
+                    inode.ino,
+                    inode.depth,
+                    i as u64,
+                    da,
+                    ppi,
+                    ind_bytes,
+                    &mut units,
+                    &mut ind,
+                );
             }
         }
         (units, ind)
@@ -363,15 +493,26 @@ impl Inspect {
     pub fn metafile_da(&self, ino: u64, off: u64) -> DiskAddress {
         let (units, _) = self.tree(ino);
         let b = off / self.block_bytes();
-        units.iter().find(|u| u.0 == b).unwrap().1.offset_by(off % self.block_bytes())
+        units
+            .iter()
+            .find(|u| u.0 == b)
+            .unwrap()
+            .1
+            .offset_by(off % self.block_bytes())
     }
     pub fn alloc_slot(&self) -> u64 {
         mako_fs::alloc_map::segment_slot_bytes(&self.desc) as u64
     }
     pub fn alloc_segment(&self, region: u32) -> (DiskAddress, AllocSegment) {
         let slot = self.alloc_slot();
-        let da = self.metafile_da(self.desc.metadata_inodes.block_alloc_map, region as u64 * slot);
-        (da, AllocSegment::decode(&self.read(da, slot as usize), region, Location::Memory).unwrap())
+        let da = self.metafile_da(
+            self.desc.metadata_inodes.block_alloc_map,
+            region as u64 * slot,
+        );
+        (
+            da,
+            AllocSegment::decode(&self.read(da, slot as usize), region, Location::Memory).unwrap(),
+        )
     }
     pub fn put_alloc_segment(&self, da: DiskAddress, seg: &AllocSegment) {
         self.write(da, &seg.encode(self.alloc_slot() as usize));
@@ -381,7 +522,8 @@ impl Inspect {
         for r in 0..self.desc.regions {
             let (_, seg) = self.alloc_segment(r);
             for (k, sl) in seg.slices.iter().enumerate() {
-                if sl.disk == disk && s >= sl.first_subblock && s < sl.first_subblock + sl.subblocks {
+                if sl.disk == disk && s >= sl.first_subblock && s < sl.first_subblock + sl.subblocks
+                {
                     return (r, k);
                 }
             }
@@ -391,8 +533,14 @@ impl Inspect {
     pub fn imap_segment(&self, s: u32) -> (DiskAddress, InodeMapSegment) {
         let per = self.desc.inodes_per_segment;
         let slot = InodeMapSegment::slot_bytes(per);
-        let da = self.metafile_da(self.desc.metadata_inodes.inode_alloc_map, s as u64 * slot as u64);
-        (da, InodeMapSegment::decode(&self.read(da, slot), s, per, Location::Memory).unwrap())
+        let da = self.metafile_da(
+            self.desc.metadata_inodes.inode_alloc_map,
+            s as u64 * slot as u64,
+        );
+        (
+            da,
+            InodeMapSegment::decode(&self.read(da, slot), s, per, Location::Memory).unwrap(),
+        )
     }
     pub fn put_imap_segment(&self, da: DiskAddress, seg: &InodeMapSegment) {
         self.write(da, &seg.encode());
@@ -410,8 +558,17 @@ impl Inspect {
         units
             .into_iter()
             .map(|(u, da)| {
-                let len = if u == last && inode.last_block_subblocks != 0 { inode.last_block_subblocks as u64 * sb } else { dir_bytes };
-                let b = DirBlock::decode(&self.read(da, len as usize), DirBlockId { ino, index: u }, Location::Memory).unwrap();
+                let len = if u == last && inode.last_block_subblocks != 0 {
+                    inode.last_block_subblocks as u64 * sb
+                } else {
+                    dir_bytes
+                };
+                let b = DirBlock::decode(
+                    &self.read(da, len as usize),
+                    DirBlockId { ino, index: u },
+                    Location::Memory,
+                )
+                .unwrap();
                 (u, da, b)
             })
             .collect()
@@ -436,14 +593,20 @@ impl Inspect {
     /// An inode number no inode holds: a blank slot, or the first past the inode file.
     pub fn unused_ino(&self) -> u64 {
         let slots = self.inode_file.len() as u64 * self.block_bytes() / 4096;
-        (16..slots).rev().find(|&i| self.slot_blank(i)).unwrap_or(slots)
+        (16..slots)
+            .rev()
+            .find(|&i| self.slot_blank(i))
+            .unwrap_or(slots)
     }
 }
 
 impl Fixture {
     /// The fixture path of inode `ino` (any one of its names).
     pub fn path_of(&self, ino: u64) -> Option<&str> {
-        self.inos.iter().find(|(_, &i)| i == ino).map(|(p, _)| p.as_str())
+        self.inos
+            .iter()
+            .find(|(_, &i)| i == ino)
+            .map(|(p, _)| p.as_str())
     }
 }
 
@@ -452,12 +615,23 @@ pub fn lost_found_intact(fs: &FileSystem, fx: &Fixture) -> usize {
     let lf = lookup(fs, "/lost+found").expect("/lost+found exists");
     let names = list(fs, lf);
     for n in &names {
-        let ino: u64 = n.trim_start_matches('#').split('.').next().unwrap().parse().expect("#ino names");
-        let path = fx.path_of(ino).unwrap_or_else(|| panic!("/lost+found/{n} is no fixture inode"));
+        let ino: u64 = n
+            .trim_start_matches('#')
+            .split('.')
+            .next()
+            .unwrap()
+            .parse()
+            .expect("#ino names");
+        let path = fx
+            .path_of(ino)
+            .unwrap_or_else(|| panic!("/lost+found/{n} is no fixture inode"));
         let got = lookup(fs, &format!("/lost+found/{n}")).unwrap();
         assert_eq!(got, ino, "/lost+found/{n}");
         if let Some(Expect::File(data)) = fx.paths.get(path) {
-            assert!(read_all(fs, ino) == *data, "/lost+found/{n} ({path}): content differs");
+            assert!(
+                read_all(fs, ino) == *data,
+                "/lost+found/{n} ({path}): content differs"
+            );
         }
     }
     names.len()
@@ -480,8 +654,15 @@ impl Disk for CrashDisk {
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), mako_disk::DiskError> {
-        if self.budget.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) <= 0 {
-            return Err(mako_disk::DiskError::Injected { disk: self.inner.name().into(), what: "crash".into() });
+        if self
+            .budget
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            <= 0
+        {
+            return Err(mako_disk::DiskError::Injected {
+                disk: self.inner.name().into(),
+                what: "crash".into(),
+            });
         }
         self.inner.write_at(buf, offset)
     }

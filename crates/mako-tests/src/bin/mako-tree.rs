@@ -31,7 +31,10 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    anyhow::ensure!(args.per_dir > 0 && args.threads > 0, "--per-dir and --threads must be at least 1");
+    anyhow::ensure!(
+        args.per_dir > 0 && args.threads > 0,
+        "--per-dir and --threads must be at least 1"
+    );
     std::fs::create_dir_all(&args.dir)?;
     let dirs = args.files.div_ceil(args.per_dir);
     let next = AtomicU64::new(0);
@@ -68,6 +71,9 @@ fn main() -> anyhow::Result<()> {
     })?;
     let secs = start.elapsed().as_secs_f64();
     let n = made.load(Ordering::Relaxed);
-    println!("created {n} files in {dirs} directories in {secs:.1} s ({:.0} files/s)", n as f64 / secs.max(1e-9));
+    println!(
+        "created {n} files in {dirs} directories in {secs:.1} s ({:.0} files/s)",
+        n as f64 / secs.max(1e-9)
+    );
     Ok(())
 }

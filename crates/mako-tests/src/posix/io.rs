@@ -315,7 +315,10 @@ fn fallocate_punch_hole(c: &Ctx) -> CheckResult {
     } else {
         ensure(
             st.st_blocks <= b0,
-            format!("st_blocks grew after a punch: before {b0}, after {}", st.st_blocks),
+            format!(
+                "st_blocks grew after a punch: before {b0}, after {}",
+                st.st_blocks
+            ),
         )?;
     }
     let mut exp = data.clone();
@@ -411,17 +414,29 @@ fn fallocate_punch_whole_unit(c: &Ctx) -> CheckResult {
     fsync(&fd).ctx("fsync")?;
     let b0 = fstat(&fd).ctx("fstat")?.st_blocks;
     let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-    falloc_or_skip(&fd, mode, unit as u64, unit as u64, "PUNCH_HOLE of one whole unit")?;
+    falloc_or_skip(
+        &fd,
+        mode,
+        unit as u64,
+        unit as u64,
+        "PUNCH_HOLE of one whole unit",
+    )?;
     let st = fstat(&fd).ctx("fstat")?;
     ensure(
         (st.st_blocks as i64) <= b0 as i64 - (unit / 512) as i64,
-        format!("punching one {unit}-byte unit must free it: st_blocks before {b0}, after {}", st.st_blocks),
+        format!(
+            "punching one {unit}-byte unit must free it: st_blocks before {b0}, after {}",
+            st.st_blocks
+        ),
     )?;
     let d = read_file(&f).ctx("read")?;
     let mut exp = data;
     exp[unit..2 * unit].fill(0);
     if let Some(i) = (0..d.len()).find(|&i| d[i] != exp[i]) {
-        return fail(format!("after punching a unit, byte {i}: expected {:#x}, got {:#x}", exp[i], d[i]));
+        return fail(format!(
+            "after punching a unit, byte {i}: expected {:#x}, got {:#x}",
+            exp[i], d[i]
+        ));
     }
     Ok(())
 }
@@ -434,7 +449,11 @@ fn lseek_data_hole(c: &Ctx) -> CheckResult {
     // unit is either data or a hole: data at [0, 4K) and [2U, 2U+4K), size 4U.
     let blksize = fstat(&fd).ctx("fstat")?.st_blksize as u64;
     const MB: u64 = 1 << 20;
-    let u: u64 = if blksize > 4096 { blksize.max(2 * MB) } else { 2 * MB };
+    let u: u64 = if blksize > 4096 {
+        blksize.max(2 * MB)
+    } else {
+        2 * MB
+    };
     pwrite_all(&fd, &[1u8; 4096], 0).ctx("write at 0")?;
     pwrite_all(&fd, &[2u8; 4096], 2 * u).ctx("write at 2U")?;
     ftruncate(&fd, 4 * u as i64).ctx("extend to 4U")?;
