@@ -355,10 +355,10 @@ mod tests {
             "resize zero-fills what truncate dropped"
         );
         let mut big = AlignedBuf::zeroed(4 << 20);
-        big[4 << 20 - 1] = 1;
+        big[4 << (20 - 1)] = 1;
         big.resize(8 << 20, 0);
         assert_eq!(
-            big[4 << 20 - 1],
+            big[4 << (20 - 1)],
             1,
             "mapped buffers keep their content when they grow"
         );

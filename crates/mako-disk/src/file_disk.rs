@@ -230,7 +230,9 @@ impl FileDisk {
 }
 
 fn aligned(buf: &[u8], offset: u64) -> bool {
-    buf.as_ptr() as usize % IO_ALIGN == 0 && buf.len() as u64 % SECTOR == 0 && offset % SECTOR == 0
+    (buf.as_ptr() as usize).is_multiple_of(IO_ALIGN)
+        && (buf.len() as u64).is_multiple_of(SECTOR)
+        && offset.is_multiple_of(SECTOR)
 }
 
 impl Disk for FileDisk {
@@ -245,7 +247,7 @@ impl Disk for FileDisk {
         let err = io_err(&self.name, "read", offset, buf.len());
         match &self.direct {
             Some(d) if aligned(buf, offset) => d.read_exact_at(buf, offset).map_err(err),
-            Some(d) if offset % SECTOR == 0 => {
+            Some(d) if offset.is_multiple_of(SECTOR) => {
                 let mut bounce =
                     AlignedBuf::zeroed((buf.len() as u64).next_multiple_of(SECTOR) as usize);
                 d.read_exact_at(&mut bounce, offset).map_err(err)?;
@@ -265,7 +267,9 @@ impl Disk for FileDisk {
         }
         match &self.direct {
             Some(d) if aligned(buf, offset) => d.write_all_at(buf, offset).map_err(err),
-            Some(d) if offset % SECTOR == 0 && buf.len() as u64 % SECTOR == 0 => {
+            Some(d)
+                if offset.is_multiple_of(SECTOR) && (buf.len() as u64).is_multiple_of(SECTOR) =>
+            {
                 let bounce = AlignedBuf::from_slice(buf);
                 d.write_all_at(&bounce, offset).map_err(err)
             }

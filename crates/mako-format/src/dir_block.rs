@@ -95,8 +95,7 @@ pub fn decode_entries(
                 ));
             }
         }
-        if cookie < crate::name_hash::COOKIE_MIN
-            || cookie > crate::name_hash::COOKIE_MAX
+        if !(crate::name_hash::COOKIE_MIN..=crate::name_hash::COOKIE_MAX).contains(&cookie)
             || ino == 0
         {
             return Err(FormatError::invalid(
@@ -164,7 +163,7 @@ pub fn cookie_range(index: u64, d: u8) -> (u64, u64) {
 
 /// Bytes of each page of a block of `capacity` bytes.
 pub fn page_bytes(capacity: u32) -> u32 {
-    if capacity >= DIR_PAGE_BYTES && capacity % DIR_PAGE_BYTES == 0 {
+    if capacity >= DIR_PAGE_BYTES && capacity.is_multiple_of(DIR_PAGE_BYTES) {
         DIR_PAGE_BYTES
     } else {
         capacity

@@ -73,7 +73,7 @@ impl Geometry {
             ));
         }
         let s = self.subblocks_per_block;
-        if s == 0 || !s.is_power_of_two() || b / s < 512 || b % s != 0 {
+        if s == 0 || !s.is_power_of_two() || b / s < 512 || !b.is_multiple_of(s) {
             return Err(format!("subblocks per block {s} must be a power of two leaving subblocks of at least 512 bytes"));
         }
         let ind = self.indirect_bytes;

@@ -32,7 +32,7 @@ pub struct LogHeader {
 /// greater tail LSN. Returns it with the index of the copy, or the errors of both.
 pub fn best_copy(
     copies: [Result<LogHeader, FormatError>; 2],
-) -> Result<(LogHeader, usize), [FormatError; 2]> {
+) -> Result<(LogHeader, usize), Box<[FormatError; 2]>> {
     match copies {
         [Ok(a), Ok(b)] => Ok(if b.tail_lsn > a.tail_lsn {
             (b, 1)
@@ -41,7 +41,7 @@ pub fn best_copy(
         }),
         [Ok(a), Err(_)] => Ok((a, 0)),
         [Err(_), Ok(b)] => Ok((b, 1)),
-        [Err(a), Err(b)] => Err([a, b]),
+        [Err(a), Err(b)] => Err(Box::new([a, b])),
     }
 }
 

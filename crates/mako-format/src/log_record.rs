@@ -304,7 +304,7 @@ impl TxnHeader {
             let stored = r.u32()?;
             if length == 0
                 || length > IMAGE_BYTES_MAX
-                || length as u64 % crate::SECTOR_BYTES != 0
+                || !(length as u64).is_multiple_of(crate::SECTOR_BYTES)
                 || stored > length
             {
                 return Err(FormatError::invalid(

@@ -30,7 +30,7 @@ fn seed() -> u64 {
     std::env::var("MAKO_FUZZ_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| rand::random())
+        .unwrap_or_else(rand::random)
 }
 const LOC: Location = Location::Memory;
 
@@ -322,7 +322,7 @@ fn fuzz_log_transaction() {
     use mako_format::log_record::*;
     let mut inode = vec![0u8; 4096];
     inode[..100].copy_from_slice(&[3u8; 100]);
-    let images = vec![
+    let images = [
         LogImage::trimmed(DiskAddress::new(1, 64), &inode),
         LogImage::trimmed(DiskAddress::new(2, 4096), &[9u8; 512]),
     ];

@@ -29,7 +29,7 @@ proptest! {
         i.content = if kind == 0 || mode == 0o040755 {
             if mode == 0o040755 { InodeContent::InlineDir(vec![]) } else { InodeContent::InlineData(data) }
         } else {
-            InodeContent::Pointers(ptrs.into_iter().map(|p| DiskAddress::from_raw(p)).collect())
+            InodeContent::Pointers(ptrs.into_iter().map(DiskAddress::from_raw).collect())
         };
         let enc = i.encode(4096).unwrap();
         prop_assert_eq!(enc.len(), 4096);

@@ -22,7 +22,7 @@ pub struct AclEntry {
 }
 
 pub fn decode(bytes: &[u8]) -> Option<Vec<AclEntry>> {
-    if bytes.len() < 4 || (bytes.len() - 4) % 8 != 0 {
+    if bytes.len() < 4 || !(bytes.len() - 4).is_multiple_of(8) {
         return None;
     }
     if u32::from_le_bytes(bytes[0..4].try_into().ok()?) != VERSION {

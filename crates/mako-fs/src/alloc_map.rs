@@ -21,6 +21,9 @@ use mako_format::geometry::Geometry;
 use mako_format::DiskAddress;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+/// One changed page of an encoded allocation segment: (offset in the segment slot, bytes).
+pub type DirtyPage = (u64, Vec<u8>);
+
 /// Lock class of `mako diag counters`.
 pub static ALLOC_REGION_LOCK: LockClass = LockClass::new("alloc.region");
 
@@ -126,7 +129,7 @@ fn range_free(bm: &[u64], start: u64, len: u64) -> bool {
     let mut i = start;
     let end = start + len;
     while i < end {
-        if i % 64 == 0 && end - i >= 64 {
+        if i.is_multiple_of(64) && end - i >= 64 {
             if bm[(i / 64) as usize] != 0 {
                 return false;
             }
@@ -145,7 +148,7 @@ fn set_range(bm: &mut [u64], start: u64, len: u64, on: bool) {
     let mut i = start;
     let end = start + len;
     while i < end {
-        if i % 64 == 0 && end - i >= 64 {
+        if i.is_multiple_of(64) && end - i >= 64 {
             bm[(i / 64) as usize] = if on { u64::MAX } else { 0 };
             i += 64;
         } else {
@@ -163,7 +166,7 @@ fn set_range(bm: &mut [u64], start: u64, len: u64, on: bool) {
 fn count_used(bm: &[u64], len: u64) -> u64 {
     let full = (len / 64) as usize;
     let mut n: u64 = bm[..full].iter().map(|w| w.count_ones() as u64).sum();
-    if len % 64 != 0 {
+    if !len.is_multiple_of(64) {
         n += (bm[full] & ((1u64 << (len % 64)) - 1)).count_ones() as u64;
     }
     n
@@ -550,7 +553,7 @@ impl AllocMap {
             .boundaries
             .get(da.disk() as usize)
             .ok_or_else(|| FsError::Invalid(format!("disk address {da} names no disk")))?;
-        if da.sector() % sps != 0 {
+        if !da.sector().is_multiple_of(sps) {
             return Err(FsError::Invalid(format!(
                 "disk address {da} is not subblock aligned"
             )));
@@ -687,7 +690,7 @@ impl AllocMap {
 
     /// The changed pages of every region's encoded segment, for the log: (region,
     /// [(offset in the segment slot, page bytes)]). Clears the dirty marks.
-    pub fn take_dirty_pages(&self, slot_bytes: usize) -> Vec<(u32, Vec<(u64, Vec<u8>)>)> {
+    pub fn take_dirty_pages(&self, slot_bytes: usize) -> Vec<(u32, Vec<DirtyPage>)> {
         let mut out = Vec::new();
         for (i, r) in self.regions.iter().enumerate() {
             let mut r = r.lock();

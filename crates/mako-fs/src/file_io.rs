@@ -170,7 +170,7 @@ fn grow_prepare(core: &Core, st: &mut InodeState, new_size: u64) -> FsResult<()>
         st.inode.last_block_subblocks = 0;
         return Ok(());
     }
-    if old % bb != 0 || frag != 0 {
+    if !old.is_multiple_of(bb) || frag != 0 {
         let cached = core.pool.get((st.inode.ino, b0)).is_some();
         if cached || !block_map::lookup(core, st, b0)?.is_null() {
             let slot = core.pool.get_or_create((st.inode.ino, b0));
@@ -788,7 +788,7 @@ pub fn set_size(core: &Core, st: &mut InodeState, new: u64) -> FsResult<()> {
         core.alloc.free(da, n)?;
         st.inode.subblocks = st.inode.subblocks.saturating_sub(n as u64);
     }
-    if new % bb != 0 {
+    if !new.is_multiple_of(bb) {
         let b = new / bb;
         let cached = core.pool.get((ino, b)).is_some();
         if cached || !block_map::lookup(core, st, b)?.is_null() {

@@ -17,6 +17,9 @@ use mako_token::{ByteRange, TokenMode};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// An extended attribute: (name, value).
+type Xattr = (Vec<u8>, Vec<u8>);
+
 pub const S_IFMT: u32 = 0o170000;
 pub const S_IFDIR: u32 = 0o040000;
 pub const S_IFREG: u32 = 0o100000;
@@ -31,6 +34,7 @@ pub const XATTR_VALUE_BYTES_MAX: usize = 65536;
 
 /// Who is asking (from the FUSE request).
 #[derive(Debug, Clone, Copy, Default)]
+
 pub struct Ctx {
     pub uid: u32,
     pub gid: u32,
@@ -193,7 +197,7 @@ impl FileSystem {
         mode: u32,
         umask: u32,
         rdev: u32,
-    ) -> FsResult<(Inode, Vec<(Vec<u8>, Vec<u8>)>)> {
+    ) -> FsResult<(Inode, Vec<Xattr>)> {
         let ino = self.core.allocate_inode()?;
         let t = now();
         let mut mode = mode;
@@ -1032,7 +1036,7 @@ impl FileSystem {
 
     /// O_DIRECT read: aligned requests bypass the pagepool.
     pub fn read_direct(&self, ino: u64, offset: u64, size: u32) -> FsResult<AlignedBuf> {
-        if offset % 512 != 0 || size % 512 != 0 {
+        if !offset.is_multiple_of(512) || !size.is_multiple_of(512) {
             return self.read_with(ino, offset, size, AlignedBuf::from_slice);
         }
         let h = self.handle(ino)?;
@@ -1051,7 +1055,7 @@ impl FileSystem {
     /// through synchronously.
     pub fn write_direct(&self, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
         let h = self.handle(ino)?;
-        if offset % 512 == 0 && data.len() % 512 == 0 {
+        if offset.is_multiple_of(512) && data.len().is_multiple_of(512) {
             let _tx = self.core.begin();
             let mut st = h.state.write();
             if file_io::direct_eligible(&self.core, &st, offset, data.len())? {

@@ -52,8 +52,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// A log image with the kind of buffer it describes.
+type TypedImage = (BufferType, Arc<LogImage>);
+
 /// Where the log stands when a file system is mounted (after any replay).
 #[derive(Debug, Clone, Copy)]
+
 pub struct LogStart {
     /// LSN where the next transaction goes (= the tail: the log is empty after mount).
     pub head_lsn: u64,
@@ -77,10 +81,10 @@ pub struct Inbox {
 
 impl Inbox {
     pub(crate) fn file_inode(&self, ino: u64) {
-        if !holds_handle(self.id) {
-            if self.stray.fetch_add(1, Ordering::Relaxed) == 0 {
-                tracing::error!("inode {ino} changed outside a log transaction (a bug; the change is still logged)");
-            }
+        if !holds_handle(self.id) && self.stray.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::error!(
+                "inode {ino} changed outside a log transaction (a bug; the change is still logged)"
+            );
         }
         self.inodes.lock().insert(ino);
         self.bytes.fetch_add(self.inode_bytes, Ordering::Relaxed);
@@ -144,7 +148,7 @@ impl CheckpointRun {
     /// does not fit (the caller flushes and tries again, or writes it alone).
     fn append(&mut self, image: &LogImage, kind: BufferType) -> bool {
         let len = image.length as usize;
-        if len % 512 != 0 || len > Self::MAX_BYTES {
+        if !len.is_multiple_of(512) || len > Self::MAX_BYTES {
             return false;
         }
         match self.start {
@@ -496,7 +500,7 @@ impl Journal {
 
     /// Encode the running transaction (gate closed). Returns its sequence number and
     /// images; registers the images in the overlay.
-    fn snapshot(&self, core: &Core) -> FsResult<(u64, Vec<(BufferType, Arc<LogImage>)>)> {
+    fn snapshot(&self, core: &Core) -> FsResult<(u64, Vec<TypedImage>)> {
         let seq = self.running_seq.fetch_add(1, Ordering::AcqRel);
         let inos: Vec<u64> = {
             let mut set = self.inbox.inodes.lock();

@@ -228,8 +228,9 @@ fn read_header_with(r: &LogReader<'_>, node: u32) -> FsResult<(LogHeader, usize,
         [copies.remove(0), copies.remove(0)];
     match best_copy(copies) {
         Ok((h, i)) => Ok((h, i, problems[1 - i].clone())),
-        Err([a, b]) => Err(FsError::Invalid(format!(
-            "both recovery log header copies of node {node} are unreadable ({a}; {b}); run `mako fsck` to rebuild the log"
+        Err(both) => Err(FsError::Invalid(format!(
+            "both recovery log header copies of node {node} are unreadable ({}; {}); run `mako fsck` to rebuild the log",
+            both[0], both[1]
         ))),
     }
 }

@@ -159,6 +159,7 @@ pub fn run(dir: &Path, journal: &Path, seed: u64, ops: u64) -> std::io::Result<u
                 let data = rng.bytes(n);
                 let f = OpenOptions::new()
                     .create(true)
+                    .truncate(false)
                     .write(true)
                     .mode(0o644)
                     .open(&p)?;

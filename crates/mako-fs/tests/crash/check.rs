@@ -54,7 +54,10 @@ pub fn fsck_clean(disks: &[Arc<dyn Disk>]) -> FsckVerdict {
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(3)
         .max(1);
-    if CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % every != 0 {
+    if !CALLS
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        .is_multiple_of(every)
+    {
         return FsckVerdict::Clean;
     }
     let opts = mako_fsck::Options::check().threads(1);

@@ -88,7 +88,7 @@ impl FileData {
         if new < self.size {
             let first_gone = new.div_ceil(CHUNK_BYTES);
             self.chunks.retain(|&i, _| i < first_gone);
-            if new % CHUNK_BYTES != 0 {
+            if !new.is_multiple_of(CHUNK_BYTES) {
                 if let Some(c) = self.chunks.get_mut(&(new / CHUNK_BYTES)) {
                     Arc::make_mut(c)[(new % CHUNK_BYTES) as usize..].fill(0);
                 }
