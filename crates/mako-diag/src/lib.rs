@@ -14,8 +14,10 @@
 //!   allocation and no shared cache line on the fast path.
 
 pub mod lock_stats;
+pub mod sched;
 pub mod test_hooks;
 pub mod waiters;
 
 pub use lock_stats::{CountedMutex, CountedRwLock, LockClass, LockCounters};
+pub use sched::Condvar;
 pub use waiters::{LockMode, Wait, WaitGuard, Waiter};

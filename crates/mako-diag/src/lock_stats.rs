@@ -6,7 +6,11 @@
 //! The wrappers return parking_lot's own guards, so `Condvar::wait` and code that
 //! names `MutexGuard`/`RwLockWriteGuard` keep working unchanged.
 //!
-//! Cost: an acquisition that finds the lock free is one `try_lock` plus one relaxed
+//! Under a deterministic simulation (`sched`), every acquisition is a preemption point
+//! and a contended lock blocks the simulated task instead of the thread.
+//!
+//! Cost: an acquisition that finds the lock free is one relaxed load (no simulation
+//! running in this process), one `try_lock` plus one relaxed
 //! increment on a stripe of the class's counter chosen per thread, so threads that
 //! take different locks of one class do not bounce one cache line between cores.
 //! Only a failed `try_lock` reads the clock, registers a waiter (`waiters.rs`) and
@@ -151,6 +155,9 @@ impl<T> CountedMutex<T> {
 impl<T: ?Sized> CountedMutex<T> {
     #[inline]
     pub fn lock(&self) -> MutexGuard<'_, T> {
+        if let Some(s) = crate::sched::current() {
+            return self.lock_simulated(&*s);
+        }
         match self.inner.try_lock() {
             Some(g) => {
                 self.class.acquired();
@@ -171,6 +178,20 @@ impl<T: ?Sized> CountedMutex<T> {
         let g = self.inner.lock();
         self.class.waited(start);
         g
+    }
+
+    /// Under a simulation: a preemption point, then a lock whose contention blocks
+    /// the task (never the thread, which the other tasks need).
+    #[cold]
+    fn lock_simulated(&self, s: &dyn crate::sched::TaskScheduler) -> MutexGuard<'_, T> {
+        s.preempt(self.class.name);
+        loop {
+            if let Some(g) = self.inner.try_lock() {
+                self.class.acquired();
+                return g;
+            }
+            s.block(self.class.name);
+        }
     }
 
     /// Never blocks; a failed attempt is not counted.
@@ -223,6 +244,16 @@ impl<T> CountedRwLock<T> {
 impl<T: ?Sized> CountedRwLock<T> {
     #[inline]
     pub fn read(&self) -> RwLockReadGuard<'_, T> {
+        if let Some(s) = crate::sched::current() {
+            s.preempt(self.class.name);
+            loop {
+                if let Some(g) = self.inner.try_read() {
+                    self.class.acquired();
+                    return g;
+                }
+                s.block(self.class.name);
+            }
+        }
         match self.inner.try_read() {
             Some(g) => {
                 self.class.acquired();
@@ -234,6 +265,16 @@ impl<T: ?Sized> CountedRwLock<T> {
 
     #[inline]
     pub fn write(&self) -> RwLockWriteGuard<'_, T> {
+        if let Some(s) = crate::sched::current() {
+            s.preempt(self.class.name);
+            loop {
+                if let Some(g) = self.inner.try_write() {
+                    self.class.acquired();
+                    return g;
+                }
+                s.block(self.class.name);
+            }
+        }
         match self.inner.try_write() {
             Some(g) => {
                 self.class.acquired();

@@ -23,6 +23,7 @@ impl mako_token::CacheFlush for FsCacheFlush {
         &self,
         resource: ResourceId,
         range: ByteRange,
+        _keep: Option<mako_token::TokenMode>,
     ) -> Result<(), TokenError> {
         let Some(core) = self.core.get().and_then(|w| w.upgrade()) else {
             return Ok(());

@@ -4,9 +4,10 @@
 //! calls go to a remote token manager shard in a multi-node cluster.
 
 use crate::error::{FsError, FsResult};
+use mako_rt::{InProcessTransport, Registry, ServiceId};
 use mako_token::{
-    ByteRange, NodeId, ResourceId, ResourceKind, RevokeRegistry, TokenClient, TokenClientLimits,
-    TokenManager, TokenManagerLimits, TokenMode,
+    ByteRange, ManagerMap, ManagerService, NodeId, ResourceId, ResourceKind, TokenClient,
+    TokenClientLimits, TokenManager, TokenManagerLimits, TokenMode,
 };
 use std::sync::Arc;
 
@@ -38,14 +39,23 @@ impl TokenCoherence {
         let manager = Arc::new(TokenManager::new(TokenManagerLimits {
             tokens_max: 10_000_000,
         }));
-        let registry = Arc::new(RevokeRegistry::new());
+        let registry = Registry::new();
+        registry.register(
+            NodeId(node),
+            ServiceId::TokenManager,
+            Arc::new(ManagerService {
+                manager: manager.clone(),
+            }),
+        );
+        let transport = Arc::new(InProcessTransport::new(NodeId(node), registry.clone()));
         let client = TokenClient::new(
             NodeId(node),
-            manager.clone(),
-            registry,
-            flush,
+            transport,
+            ManagerMap::single(NodeId(node)),
             TokenClientLimits::default(),
         );
+        client.set_cache_flush(flush);
+        registry.register(NodeId(node), ServiceId::TokenClient, client.service());
         TokenCoherence {
             fs,
             manager,

@@ -9,8 +9,9 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 
+use mako_rt::{InProcessTransport, Registry, ServiceId};
 use mako_token::{
-    AcquireRequest, ByteRange, NoCache, NodeId, ResourceId, ResourceKind, RevokeRegistry,
+    AcquireRequest, ByteRange, ManagerMap, ManagerService, NodeId, ResourceId, ResourceKind,
     TokenClient, TokenClientLimits, TokenManager, TokenManagerLimits, TokenMode,
 };
 
@@ -24,14 +25,21 @@ fn main() {
         tokens_max: (iterations as usize).saturating_mul(3).max(1024),
     };
     let manager = Arc::new(TokenManager::new(limits));
-    let registry = Arc::new(RevokeRegistry::new());
+    let registry = Registry::new();
+    registry.register(
+        NodeId(1),
+        ServiceId::TokenManager,
+        Arc::new(ManagerService {
+            manager: Arc::clone(&manager),
+        }),
+    );
     let client = TokenClient::new(
         NodeId(1),
-        Arc::clone(&manager),
-        Arc::clone(&registry),
-        Arc::new(NoCache),
+        Arc::new(InProcessTransport::new(NodeId(1), registry.clone())),
+        ManagerMap::single(NodeId(1)),
         TokenClientLimits::default(),
     );
+    registry.register(NodeId(1), ServiceId::TokenClient, client.service());
     let file = ResourceId::new(1, ResourceKind::ByteRange, 42);
 
     // Covered: the node holds xw over the whole file, then reads 4 KiB blocks.
@@ -42,23 +50,33 @@ fn main() {
     for i in 0..iterations {
         let offset = (i % 1024) * 4096;
         let required = ByteRange::new(offset, offset + 4096);
-        black_box(
-            client
-                .acquire(file, TokenMode::Ro, required, ByteRange::from(offset))
-                .expect("covered"),
-        );
+        client
+            .acquire(
+                black_box(file),
+                TokenMode::Ro,
+                required,
+                ByteRange::from(offset),
+            )
+            .expect("covered");
     }
     let covered_ns = start.elapsed().as_nanos() as f64 / iterations as f64;
+
+    // The operation hot path: a hold taken and dropped under a held token.
+    let start = Instant::now();
+    for i in 0..iterations {
+        let offset = (i % 1024) * 4096;
+        let range = ByteRange::new(offset, offset + 4096);
+        black_box(client.try_hold(file, TokenMode::Xw, range).expect("held"));
+    }
+    let hold_ns = start.elapsed().as_nanos() as f64 / iterations as f64;
 
     // Uncovered through the client: a new inode each time, so each is a manager call.
     let start = Instant::now();
     for i in 0..iterations {
         let inode = ResourceId::new(1, ResourceKind::Inode, i);
-        black_box(
-            client
-                .acquire_whole(inode, TokenMode::Ro)
-                .expect("uncovered"),
-        );
+        client
+            .acquire_whole(black_box(inode), TokenMode::Ro)
+            .expect("uncovered");
     }
     let uncovered_ns = start.elapsed().as_nanos() as f64 / iterations as f64;
 
@@ -77,6 +95,7 @@ fn main() {
     let stats = client.stats();
     println!("iterations                 {iterations}");
     println!("covered acquire            {covered_ns:8.1} ns");
+    println!("try_hold + drop            {hold_ns:8.1} ns");
     println!("uncovered acquire (client) {uncovered_ns:8.1} ns");
     println!("manager acquire alone      {manager_ns:8.1} ns");
     println!(

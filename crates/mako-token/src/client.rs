@@ -1,43 +1,51 @@
-//! The per-node side of the token protocol: a cache of held tokens that answers repeat
-//! acquires without asking the manager, and the revoke protocol run against the
-//! in-process manager and the other nodes' revoke handlers.
+//! The per-node side of the token protocol (docs/coherence.md section 2): a cache of
+//! held tokens answering repeat acquires without asking the manager, the holds of
+//! operations in flight, and the revoke protocol in both directions.
+//!
+//! Per resource the client keeps what it holds, the holds (counted, by range and
+//! mode), the ranges being revoked (no new holds there) and a `busy` flag: this node's
+//! exchanges with the manager on one resource — acquires, relinquishes, downgrades —
+//! happen one at a time, so the manager always records at least what the cache holds
+//! (grants go to the manager first, gives-up go to the cache first) whatever order the
+//! network delivers messages in.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock};
+use mako_diag::{Condvar, CountedMutex, LockClass};
+use mako_rt::{CallOptions, ServiceId, Transport};
 use serde::{Deserialize, Serialize};
 
 use crate::error::TokenError;
 use crate::held_ranges::HeldRanges;
-use crate::manager::{
-    validate_range, validate_request, AcquireRequest, Grant, Holder, TokenManager,
-};
+use crate::manager::{validate_range, validate_request, AcquireRequest, Condition, Holder};
 use crate::mode::{compatible, covers, TokenMode};
+use crate::protocol::{ClientReply, ClientRequest, ManagerReply, ManagerRequest};
 use crate::range::ByteRange;
 use crate::resource::{NodeId, ResourceId};
 
-/// What a node does when another node needs part of its token: flush dirty data under
-/// `range`, invalidate its caches there, and give up (or weaken) its token so that
-/// `wanted` can be granted. Returns once the token is given up.
-pub trait RevokeHandler: Send + Sync {
-    fn revoke(
-        &self,
-        resource: ResourceId,
-        range: ByteRange,
-        wanted: TokenMode,
-    ) -> Result<(), TokenError>;
-}
+use crate::DetMap;
 
-/// The node's cached data behind its tokens (page pool, kernel page cache). Called
-/// before a token is given up, so no token ever leaves a node with dirty data under it.
+static CLIENT_SHARD_LOCK: LockClass = LockClass::new("token.client");
+
+/// Shards of a client's table: resources hash to one; holds and revokes of different
+/// resources rarely meet on a lock.
+const CLIENT_SHARDS: usize = 16;
+
+/// The node's cached data behind its tokens (pagepool, kernel caches, the log). Called
+/// before a token is given up or weakened, with the range marked revoking and every
+/// hold over it released, so no token ever leaves a node with dirty data under it.
 pub trait CacheFlush: Send + Sync {
-    /// Write back dirty data under `range` of `resource` and drop cached copies of it.
+    /// Write back what is dirty under `range` of `resource`, make it durable where the
+    /// next holder reads it, and drop the cached copies — or, with `keep`, keep clean
+    /// copies that `keep` still covers.
     fn flush_and_invalidate(
         &self,
         resource: ResourceId,
         range: ByteRange,
+        keep: Option<TokenMode>,
     ) -> Result<(), TokenError>;
 }
 
@@ -45,50 +53,35 @@ pub trait CacheFlush: Send + Sync {
 pub struct NoCache;
 
 impl CacheFlush for NoCache {
-    fn flush_and_invalidate(&self, _: ResourceId, _: ByteRange) -> Result<(), TokenError> {
+    fn flush_and_invalidate(
+        &self,
+        _: ResourceId,
+        _: ByteRange,
+        _: Option<TokenMode>,
+    ) -> Result<(), TokenError> {
         Ok(())
     }
 }
 
-/// Revoke handlers of all in-process nodes, by node id. Over the network this becomes
-/// "send a revoke message to node N".
-#[derive(Default)]
-pub struct RevokeRegistry {
-    handlers: RwLock<HashMap<NodeId, Arc<dyn RevokeHandler>>>,
+/// Which node hosts the token manager shard of a resource.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManagerMap {
+    /// Manager nodes; a resource goes to `nodes[hash % len]`.
+    pub nodes: Vec<NodeId>,
 }
 
-impl RevokeRegistry {
-    pub fn new() -> Self {
-        Self::default()
+impl ManagerMap {
+    pub fn single(node: NodeId) -> ManagerMap {
+        ManagerMap { nodes: vec![node] }
     }
-
-    /// Install `handler` for `node`, returning the one it replaces.
-    pub fn register(
-        &self,
-        node: NodeId,
-        handler: Arc<dyn RevokeHandler>,
-    ) -> Option<Arc<dyn RevokeHandler>> {
-        self.handlers.write().insert(node, handler)
-    }
-
-    pub fn unregister(&self, node: NodeId) -> Option<Arc<dyn RevokeHandler>> {
-        self.handlers.write().remove(&node)
-    }
-
-    pub fn handler(&self, node: NodeId) -> Option<Arc<dyn RevokeHandler>> {
-        self.handlers.read().get(&node).cloned()
-    }
-
-    /// Remove `node`'s handler only if it is still `handler` (a newer client for the
-    /// same node may have replaced it).
-    fn unregister_if(&self, node: NodeId, handler: &Arc<dyn RevokeHandler>) {
-        let mut handlers = self.handlers.write();
-        if handlers
-            .get(&node)
-            .is_some_and(|h| std::ptr::addr_eq(Arc::as_ptr(h), Arc::as_ptr(handler)))
-        {
-            handlers.remove(&node);
+    pub fn manager_for(&self, resource: &ResourceId) -> NodeId {
+        if self.nodes.len() <= 1 {
+            return self.nodes.first().copied().unwrap_or(NodeId(0));
         }
+        let mut h = resource.id ^ (u64::from(resource.fs) << 40) ^ ((resource.kind as u64) << 56);
+        h = h.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^= h >> 31;
+        self.nodes[(h % self.nodes.len() as u64) as usize]
     }
 }
 
@@ -99,12 +92,15 @@ pub struct TokenClientLimits {
     /// `TokenError::AttemptsExhausted`. More than one is needed when a revoked holder
     /// re-acquires, or a third node gets in, before the retry arrives.
     pub acquire_attempts_max: u32,
+    /// Deadline of each request to the manager or a holder.
+    pub call_deadline_ms: u64,
 }
 
 impl Default for TokenClientLimits {
     fn default() -> Self {
         TokenClientLimits {
-            acquire_attempts_max: 8,
+            acquire_attempts_max: 64,
+            call_deadline_ms: 60_000,
         }
     }
 }
@@ -120,343 +116,852 @@ pub struct TokenClientStats {
     pub revokes_sent: u64,
     /// Revokes this node answered for others.
     pub revokes_answered: u64,
+    /// Holds refused because the token was missing or being revoked.
+    pub hold_misses: u64,
 }
 
-/// State shared between the client and the revoke handler it registers.
-struct ClientShared {
+#[derive(Clone, Copy, Debug)]
+struct HoldEntry {
+    range: ByteRange,
+    /// `None`: the hold needs only that some token is held (any mode).
+    mode: Option<TokenMode>,
+    count: u32,
+}
+
+#[derive(Default)]
+struct ResState {
+    held: HeldRanges,
+    holds: Vec<HoldEntry>,
+    revoking: Vec<ByteRange>,
+    busy: bool,
+}
+
+impl ResState {
+    fn is_idle(&self) -> bool {
+        self.held.is_empty() && self.holds.is_empty() && self.revoking.is_empty() && !self.busy
+    }
+    fn revoking_overlaps(&self, range: &ByteRange) -> bool {
+        self.revoking.iter().any(|r| r.overlaps(range))
+    }
+    fn holds_overlap(&self, range: &ByteRange) -> bool {
+        self.holds.iter().any(|h| h.range.overlaps(range))
+    }
+    fn covers(&self, range: ByteRange, mode: Option<TokenMode>) -> bool {
+        match mode {
+            Some(m) => self.held.covering_run(range, m).is_some(),
+            None => any_mode_covers(&self.held, range),
+        }
+    }
+}
+
+/// Some token (of any modes, possibly mixed) covers all of `range`.
+fn any_mode_covers(held: &HeldRanges, range: ByteRange) -> bool {
+    let mut cursor = range.start;
+    for (piece, _) in held.pieces() {
+        if piece.end <= cursor {
+            continue;
+        }
+        if piece.start > cursor {
+            return false;
+        }
+        cursor = piece.end;
+        if cursor >= range.end {
+            return true;
+        }
+    }
+    cursor >= range.end
+}
+
+struct Shard {
+    res: DetMap<ResourceId, ResState>,
+}
+
+struct ClientInner {
+    id: usize,
     node: NodeId,
-    manager: Arc<TokenManager>,
-    cache_flush: Arc<dyn CacheFlush>,
-    /// What this node holds, as far as it knows. Always a subset of what the manager
-    /// records for it: entries are added only after the manager granted them and
-    /// removed before the manager is told they are given up.
-    cache: RwLock<HashMap<ResourceId, HeldRanges>>,
-    /// Serialises "ask the manager, then update the cache" against "update the cache,
-    /// then tell the manager", so a local acquire cannot re-insert a range a revoke is
-    /// giving up. Never held while calling another node, so nodes cannot deadlock.
-    update: Mutex<()>,
+    transport: Arc<dyn Transport>,
+    managers: ManagerMap,
+    cache_flush: OnceLock<Arc<dyn CacheFlush>>,
+    shards: Box<[(CountedMutex<Shard>, Condvar)]>,
+    limits: TokenClientLimits,
     covered: AtomicU64,
     manager_calls: AtomicU64,
     revokes_sent: AtomicU64,
     revokes_answered: AtomicU64,
+    hold_misses: AtomicU64,
 }
 
-impl ClientShared {
-    /// Give up what this node holds over `range`, keeping `keep` where the cached
-    /// token covers it (a revoke for `ro` lets an `xw` holder keep `ro`).
-    /// The caller holds `update`.
+static CLIENT_IDS: AtomicUsize = AtomicUsize::new(1);
+
+thread_local! {
+    /// Holds this thread has open, per client: a blocking acquire with holds open could
+    /// deadlock across nodes (docs/coherence.md R1).
+    static THREAD_HOLDS: RefCell<Vec<(usize, u32)>> = const { RefCell::new(Vec::new()) };
+}
+
+fn thread_holds(client: usize) -> u32 {
+    THREAD_HOLDS.with(|h| {
+        h.borrow()
+            .iter()
+            .find(|(c, _)| *c == client)
+            .map_or(0, |(_, n)| *n)
+    })
+}
+
+fn thread_holds_add(client: usize, delta: i32) {
+    THREAD_HOLDS.with(|h| {
+        let mut h = h.borrow_mut();
+        if let Some(e) = h.iter_mut().find(|(c, _)| *c == client) {
+            e.1 = (e.1 as i32 + delta).max(0) as u32;
+            if e.1 == 0 {
+                h.retain(|(c, _)| *c != client);
+            }
+        } else if delta > 0 {
+            h.push((client, delta as u32));
+        }
+    });
+}
+
+/// One node's token client.
+#[derive(Clone)]
+pub struct TokenClient {
+    inner: Arc<ClientInner>,
+}
+
+/// An operation's hold on a token: until it is dropped, the token cannot be revoked
+/// from this node (the revoke waits). Holds are taken without waiting (`try_hold`).
+pub struct Hold {
+    inner: Arc<ClientInner>,
+    resource: ResourceId,
+    range: ByteRange,
+    mode: Option<TokenMode>,
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Hold({} {} {:?})", self.resource, self.range, self.mode)
+    }
+}
+
+impl Hold {
+    pub fn resource(&self) -> ResourceId {
+        self.resource
+    }
+    pub fn range(&self) -> ByteRange {
+        self.range
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let (lock, cv) = self.inner.shard(&self.resource);
+        let mut shard = lock.lock();
+        if let Some(st) = shard.res.get_mut(&self.resource) {
+            if let Some(i) = st
+                .holds
+                .iter()
+                .position(|h| h.range == self.range && h.mode == self.mode)
+            {
+                st.holds[i].count -= 1;
+                if st.holds[i].count == 0 {
+                    st.holds.swap_remove(i);
+                    if st.revoking_overlaps(&self.range) {
+                        cv.notify_all();
+                    }
+                }
+            }
+            if st.is_idle() {
+                shard.res.remove(&self.resource);
+            }
+        }
+        drop(shard);
+        thread_holds_add(self.inner.id, -1);
+    }
+}
+
+impl ClientInner {
+    fn shard(&self, resource: &ResourceId) -> &(CountedMutex<Shard>, Condvar) {
+        let mut h = resource.id ^ ((resource.kind as u64) << 56) ^ u64::from(resource.fs);
+        h = h.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        &self.shards[(h >> 59) as usize % self.shards.len()]
+    }
+
+    fn options(&self) -> CallOptions {
+        CallOptions {
+            deadline: Duration::from_millis(self.limits.call_deadline_ms),
+            ..CallOptions::default()
+        }
+    }
+
+    fn ask_manager(
+        &self,
+        resource: &ResourceId,
+        request: ManagerRequest,
+    ) -> Result<ManagerReply, TokenError> {
+        let to = self.managers.manager_for(resource);
+        mako_rt::call(
+            &*self.transport,
+            to,
+            ServiceId::TokenManager,
+            &request,
+            self.options(),
+        )
+        .map_err(|e| TokenError::Transport(e.to_string()))
+    }
+
+    fn expect_done(reply: ManagerReply) -> Result<(), TokenError> {
+        match reply {
+            ManagerReply::Done => Ok(()),
+            ManagerReply::Failed(e) => Err(e),
+            other => Err(TokenError::Transport(format!(
+                "unexpected manager reply {other:?}"
+            ))),
+        }
+    }
+
+    /// Wait (through the scheduler seam) until `ready` holds for the resource's state.
+    fn wait_until<'a>(
+        &'a self,
+        resource: &ResourceId,
+        mut shard: parking_lot::MutexGuard<'a, Shard>,
+        mut ready: impl FnMut(&ResState) -> bool,
+    ) -> parking_lot::MutexGuard<'a, Shard> {
+        let (_, cv) = self.shard(resource);
+        loop {
+            let ok = shard.res.get(resource).is_none_or(&mut ready);
+            if ok {
+                return shard;
+            }
+            cv.wait(&mut shard);
+        }
+    }
+
+    /// Steps 1-6 of a revoke (docs/coherence.md section 2), for a request from another
+    /// node (`wanted`) or a local release (`wanted` = None: give up everything).
     fn give_up(
         &self,
         resource: ResourceId,
         range: ByteRange,
-        keep: Option<TokenMode>,
+        wanted: Option<TokenMode>,
     ) -> Result<(), TokenError> {
-        // 1. Forget the range locally first, so from now on local users go to the
-        //    manager instead of trusting a token that is about to go.
-        let kept: Vec<ByteRange> = {
-            let mut cache = self.cache.write();
-            let mut kept = Vec::new();
-            if let Some(held) = cache.get_mut(&resource) {
-                if let Some(keep) = keep {
-                    kept = held
-                        .pieces()
-                        .iter()
-                        .filter(|(_, m)| covers(*m, keep))
-                        .filter_map(|(p, _)| p.intersect(&range))
-                        .collect();
-                }
-                held.remove(range);
-                if held.is_empty() {
-                    cache.remove(&resource);
-                }
-            }
-            kept
+        let (lock, cv) = self.shard(&resource);
+        // 1. Not while this node itself talks to the manager about the resource (a
+        //    grant may be on its way: it is applied first).
+        let shard = lock.lock();
+        let mut shard = self.wait_until(&resource, shard, |st| !st.busy);
+        let st = shard.res.entry(resource).or_default();
+        st.busy = true;
+        // A shared wanted mode lets the holder keep that mode where it holds a mode
+        // covering it, instead of dropping its token.
+        let keep = wanted.filter(|w| compatible(*w, *w)).filter(|w| {
+            st.held
+                .pieces()
+                .iter()
+                .any(|(p, m)| p.overlaps(&range) && covers(*m, *w))
+        });
+        // 2. No new holds over the range.
+        st.revoking.push(range);
+        // 3. Operations in flight under it finish first.
+        let shard = self.wait_until(&resource, shard, |st| !st.holds_overlap(&range));
+        drop(shard);
+        // 4. Caches flushed and dropped (or kept clean under `keep`).
+        let flushed = match self.cache_flush.get() {
+            Some(f) => f.flush_and_invalidate(resource, range, keep),
+            None => Ok(()),
         };
-        // 2. Write back dirty data and invalidate cached copies under the range.
-        self.cache_flush.flush_and_invalidate(resource, range)?;
-        // 3. Tell the manager: weaken the kept parts, drop the rest.
+        let mut shard = lock.lock();
+        let st = shard.res.entry(resource).or_default();
+        if let Some(i) = st.revoking.iter().position(|r| *r == range) {
+            st.revoking.swap_remove(i);
+        }
+        if let Err(e) = flushed {
+            st.busy = false;
+            cv.notify_all();
+            return Err(e);
+        }
+        // Forget the range locally first: from now on the cache claims less than the
+        // manager records, never more.
+        let kept: Vec<ByteRange> = match keep {
+            Some(k) => st
+                .held
+                .pieces()
+                .iter()
+                .filter(|(_, m)| covers(*m, k))
+                .filter_map(|(p, _)| p.intersect(&range))
+                .collect(),
+            None => Vec::new(),
+        };
+        st.held.remove(range);
+        drop(shard);
+        // 5. Tell the manager, and wait for its answer.
         let mut rest = vec![range];
-        for &k in &kept {
+        for k in &kept {
             rest = rest
                 .iter()
                 .flat_map(|r| {
-                    let (a, b) = r.subtract(&k);
+                    let (a, b) = r.subtract(k);
                     [a, b]
                 })
                 .flatten()
                 .collect();
         }
-        if let Some(keep) = keep {
-            for &k in &kept {
-                self.manager.downgrade(self.node, resource, k, keep)?;
+        let mut result = Ok(());
+        if let Some(k) = keep {
+            for r in &kept {
+                let reply = self.ask_manager(
+                    &resource,
+                    ManagerRequest::Downgrade {
+                        node: self.node,
+                        resource,
+                        range: *r,
+                        to: k,
+                    },
+                );
+                result = result.and(reply.and_then(Self::expect_done));
             }
         }
         for r in rest {
-            self.manager.relinquish(self.node, resource, r)?;
+            let reply = self.ask_manager(
+                &resource,
+                ManagerRequest::Relinquish {
+                    node: self.node,
+                    resource,
+                    range: r,
+                },
+            );
+            result = result.and(reply.and_then(Self::expect_done));
         }
-        // 4. Remember the weakened parts again: the manager now records them.
-        if let Some(keep) = keep {
-            if !kept.is_empty() {
-                let mut cache = self.cache.write();
-                let held = cache.entry(resource).or_default();
-                for k in kept {
-                    held.grant(k, keep);
-                }
+        // The weakened parts are held again (the manager records them so).
+        let mut shard = lock.lock();
+        let st = shard.res.entry(resource).or_default();
+        if let (Some(k), true) = (keep, result.is_ok()) {
+            for r in kept {
+                st.held.grant(r, k);
             }
         }
-        Ok(())
+        st.busy = false;
+        if st.is_idle() {
+            shard.res.remove(&resource);
+        }
+        cv.notify_all();
+        result
     }
-}
-
-/// The revoke handler a `TokenClient` registers for its node.
-struct ClientRevokeHandler {
-    shared: Arc<ClientShared>,
-}
-
-impl RevokeHandler for ClientRevokeHandler {
-    fn revoke(
-        &self,
-        resource: ResourceId,
-        range: ByteRange,
-        wanted: TokenMode,
-    ) -> Result<(), TokenError> {
-        let shared = &self.shared;
-        let _update = shared.update.lock();
-        shared.revokes_answered.fetch_add(1, Ordering::Relaxed);
-        // A shared wanted mode (ro, rw) can coexist with itself, so the holder keeps
-        // that mode where it holds something covering it, instead of dropping it.
-        let keep = compatible(wanted, wanted).then_some(wanted);
-        shared.give_up(resource, range, keep)
-    }
-}
-
-/// One node's token client.
-pub struct TokenClient {
-    shared: Arc<ClientShared>,
-    handler: Arc<dyn RevokeHandler>,
-    registry: Arc<RevokeRegistry>,
-    limits: TokenClientLimits,
 }
 
 impl TokenClient {
-    /// A client for `node`, registering its revoke handler in `registry` (replacing
-    /// any earlier one for the same node, as after a restart).
+    /// A client for `node` that reaches its manager shards through `transport`. The
+    /// node must also offer the `TokenClient` service (`TokenClient::service`) so that
+    /// others can revoke from it. `cache_flush` is set once the node's caches exist
+    /// (`set_cache_flush`); until then nothing is flushed on revoke.
     pub fn new(
         node: NodeId,
-        manager: Arc<TokenManager>,
-        registry: Arc<RevokeRegistry>,
-        cache_flush: Arc<dyn CacheFlush>,
+        transport: Arc<dyn Transport>,
+        managers: ManagerMap,
         limits: TokenClientLimits,
-    ) -> Self {
-        let shared = Arc::new(ClientShared {
-            node,
-            manager,
-            cache_flush,
-            cache: RwLock::new(HashMap::new()),
-            update: Mutex::new(()),
-            covered: AtomicU64::new(0),
-            manager_calls: AtomicU64::new(0),
-            revokes_sent: AtomicU64::new(0),
-            revokes_answered: AtomicU64::new(0),
-        });
-        let handler: Arc<dyn RevokeHandler> = Arc::new(ClientRevokeHandler {
-            shared: Arc::clone(&shared),
-        });
-        registry.register(node, Arc::clone(&handler));
+    ) -> TokenClient {
+        let shards = (0..CLIENT_SHARDS)
+            .map(|_| {
+                (
+                    CountedMutex::new(
+                        &CLIENT_SHARD_LOCK,
+                        Shard {
+                            res: DetMap::default(),
+                        },
+                    ),
+                    Condvar::new(),
+                )
+            })
+            .collect();
         TokenClient {
-            shared,
-            handler,
-            registry,
-            limits,
+            inner: Arc::new(ClientInner {
+                id: CLIENT_IDS.fetch_add(1, Ordering::Relaxed),
+                node,
+                transport,
+                managers,
+                cache_flush: OnceLock::new(),
+                shards,
+                limits,
+                covered: AtomicU64::new(0),
+                manager_calls: AtomicU64::new(0),
+                revokes_sent: AtomicU64::new(0),
+                revokes_answered: AtomicU64::new(0),
+                hold_misses: AtomicU64::new(0),
+            }),
         }
     }
 
-    pub fn node(&self) -> NodeId {
-        self.shared.node
+    pub fn set_cache_flush(&self, flush: Arc<dyn CacheFlush>) {
+        let _ = self.inner.cache_flush.set(flush);
     }
 
-    /// Get `mode` over at least `required` (and up to `desired`) of `resource`,
-    /// revoking conflicting holders as needed.
+    pub fn node(&self) -> NodeId {
+        self.inner.node
+    }
+
+    /// The service through which other nodes revoke this node's tokens.
+    pub fn service(&self) -> Arc<dyn mako_rt::Service> {
+        Arc::new(ClientService {
+            inner: Arc::downgrade(&self.inner),
+        })
+    }
+
+    /// Holds the calling thread has open on this client.
+    pub fn holds_on_this_thread(&self) -> u32 {
+        thread_holds(self.inner.id)
+    }
+
+    /// Make sure this node holds `mode` over at least `required` (up to `desired`) of
+    /// `resource`, asking the manager and revoking conflicting holders as needed.
+    /// Blocks; must be called with no inode lock, no transaction handle and no hold
+    /// open on this thread (docs/coherence.md R1). Returns with nothing held for the
+    /// caller: take a `try_hold` next (it may fail if a revoke came in between).
     pub fn acquire(
         &self,
         resource: ResourceId,
         mode: TokenMode,
         required: ByteRange,
         desired: ByteRange,
-    ) -> Result<Grant, TokenError> {
-        let node = self.shared.node;
-        let mut req = AcquireRequest::new(node, resource, mode, required, desired);
+    ) -> Result<(), TokenError> {
+        self.acquire_if(resource, mode, required, desired, None)
+    }
+
+    /// As `acquire`, granted only while the resource version is `condition.seen_version`
+    /// (else its fallback; see `AcquireRequest::condition`).
+    pub fn acquire_if(
+        &self,
+        resource: ResourceId,
+        mode: TokenMode,
+        required: ByteRange,
+        desired: ByteRange,
+        condition: Option<Condition>,
+    ) -> Result<(), TokenError> {
+        let inner = &self.inner;
+        debug_assert_eq!(
+            thread_holds(inner.id),
+            0,
+            "{}: blocking acquire of {resource} with holds open on this thread (rule R1)",
+            inner.node
+        );
+        let mut req = AcquireRequest::new(inner.node, resource, mode, required, desired);
+        req.condition = condition;
         validate_request(&req)?;
-
-        // 1. Hot path: already covered by a cached token, so no manager call.
-        if let Some(run) = self.covered(resource, required, mode) {
-            self.shared.covered.fetch_add(1, Ordering::Relaxed);
-            let range = run.intersect(&desired).unwrap_or(required);
-            return Ok(Grant {
-                node,
-                resource,
-                mode,
-                range,
-            });
-        }
-
-        let mut last_copyset = Vec::new();
-        for _attempt in 0..self.limits.acquire_attempts_max {
-            // 2. Ask the manager, forwarding how many holders answered our revokes.
-            //    On a grant, cache it before anyone can revoke it (we hold `update`).
-            let copyset = {
-                let _update = self.shared.update.lock();
-                self.shared.manager_calls.fetch_add(1, Ordering::Relaxed);
-                match self.shared.manager.acquire(req) {
-                    Ok(grant) => {
-                        self.shared
-                            .cache
-                            .write()
-                            .entry(resource)
-                            .or_default()
-                            .grant(grant.range, grant.mode);
-                        return Ok(grant);
-                    }
-                    Err(TokenError::Conflict { copyset, .. }) => copyset,
-                    Err(other) => return Err(other),
-                }
-            };
-            // 3. Conflict: ask each holder in the copyset to give up the part of its
-            //    token that overlaps what we require (not holding our own lock, since
-            //    the holder may at the same time be revoking from us).
-            for holder in &copyset {
-                self.revoke(resource, holder, required, mode)?;
+        let (lock, cv) = inner.shard(&resource);
+        let mut last_copyset: Vec<Holder> = Vec::new();
+        for _attempt in 0..inner.limits.acquire_attempts_max {
+            // 1. Covered already (and not being revoked)?
+            let shard = lock.lock();
+            let mut shard = inner.wait_until(&resource, shard, |st| !st.busy);
+            let st = shard.res.entry(resource).or_default();
+            if st.covers(required, Some(mode)) && !st.revoking_overlaps(&required) {
+                inner.covered.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
             }
-            // 4. Retry, forwarding the answers.
+            st.busy = true;
+            drop(shard);
+            // 2. Ask the manager; a grant goes into the cache before anyone can revoke
+            //    it (revokes wait while `busy`).
+            inner.manager_calls.fetch_add(1, Ordering::Relaxed);
+            let reply = inner.ask_manager(&resource, ManagerRequest::Acquire(req));
+            let mut shard = lock.lock();
+            let st = shard.res.entry(resource).or_default();
+            st.busy = false;
+            cv.notify_all();
+            let (copyset, wanted, effective_required) = match reply {
+                Ok(ManagerReply::Granted(g)) => {
+                    st.held.grant(g.range, g.mode);
+                    return Ok(());
+                }
+                // The manager answers for the request it considered (a conditional
+                // request may have fallen back to a weaker one).
+                Ok(ManagerReply::Failed(TokenError::Conflict {
+                    copyset,
+                    mode,
+                    required,
+                    ..
+                })) => (copyset, mode, required),
+                Ok(ManagerReply::Failed(e)) => {
+                    if st.is_idle() {
+                        shard.res.remove(&resource);
+                    }
+                    return Err(e);
+                }
+                Ok(other) => {
+                    return Err(TokenError::Transport(format!(
+                        "unexpected manager reply {other:?}"
+                    )))
+                }
+                Err(e) => return Err(e),
+            };
+            drop(shard);
+            // 3. Ask every conflicting holder to give up what overlaps `required`, all
+            //    at once, holding nothing ourselves (a holder may be revoking from us).
+            let calls: Vec<_> = copyset
+                .iter()
+                .map(|h| {
+                    let range = h.range.intersect(&effective_required).unwrap_or(h.range);
+                    let body = mako_rt::encode(
+                        "revoke",
+                        &ClientRequest::Revoke {
+                            resource,
+                            range,
+                            wanted,
+                        },
+                    )
+                    .unwrap_or_default();
+                    (h.node, ServiceId::TokenClient, body)
+                })
+                .collect();
+            inner
+                .revokes_sent
+                .fetch_add(calls.len() as u64, Ordering::Relaxed);
+            let answers = inner.transport.call_many(calls, inner.options());
+            for (h, answer) in copyset.iter().zip(answers) {
+                let answer = answer
+                    .map_err(|e| TokenError::Transport(e.to_string()))
+                    .and_then(|b| {
+                        mako_rt::decode::<ClientReply>("revoke reply", &b)
+                            .map_err(|e| TokenError::Transport(e.to_string()))
+                    });
+                match answer {
+                    Ok(ClientReply::Revoked) => {}
+                    Ok(ClientReply::Failed(e)) | Err(e) => {
+                        return Err(TokenError::RevokeFailed {
+                            node: h.node,
+                            resource,
+                            range: h.range,
+                            source: Box::new(e),
+                        })
+                    }
+                }
+            }
+            // 4. Retry, forwarding how many answered.
             req.revoke_answers = u32::try_from(copyset.len()).unwrap_or(u32::MAX);
             last_copyset = copyset;
         }
         Err(TokenError::AttemptsExhausted {
-            node,
+            node: inner.node,
             resource,
             mode,
             required,
-            attempts: self.limits.acquire_attempts_max,
+            attempts: inner.limits.acquire_attempts_max,
             last_copyset,
         })
     }
 
     /// Whole-resource acquire (inode, allocation region, inode-map segment).
-    pub fn acquire_whole(
-        &self,
-        resource: ResourceId,
-        mode: TokenMode,
-    ) -> Result<Grant, TokenError> {
+    pub fn acquire_whole(&self, resource: ResourceId, mode: TokenMode) -> Result<(), TokenError> {
         self.acquire(resource, mode, ByteRange::WHOLE, ByteRange::WHOLE)
     }
 
-    /// The cache lookup of the hot path: one hash lookup under a shared lock, then a
-    /// binary search over the node's few pieces on that resource.
-    fn covered(
+    fn try_hold_inner(
         &self,
         resource: ResourceId,
+        mode: Option<TokenMode>,
         range: ByteRange,
-        mode: TokenMode,
-    ) -> Option<ByteRange> {
-        self.shared
-            .cache
-            .read()
-            .get(&resource)
-            .and_then(|held| held.covering_run(range, mode))
+    ) -> Option<Hold> {
+        let inner = &self.inner;
+        let (lock, _) = inner.shard(&resource);
+        let mut shard = lock.lock();
+        let Some(st) = shard.res.get_mut(&resource) else {
+            inner.hold_misses.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        if !st.covers(range, mode) || st.revoking_overlaps(&range) {
+            inner.hold_misses.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        match st
+            .holds
+            .iter_mut()
+            .find(|h| h.range == range && h.mode == mode)
+        {
+            Some(h) => h.count += 1,
+            None => st.holds.push(HoldEntry {
+                range,
+                mode,
+                count: 1,
+            }),
+        }
+        drop(shard);
+        thread_holds_add(inner.id, 1);
+        Some(Hold {
+            inner: inner.clone(),
+            resource,
+            range,
+            mode,
+        })
     }
 
-    fn revoke(
+    /// Hold `mode` over `range` if this node holds it and no revoke is taking it away;
+    /// never waits.
+    pub fn try_hold(
         &self,
         resource: ResourceId,
-        holder: &Holder,
+        mode: TokenMode,
+        range: ByteRange,
+    ) -> Option<Hold> {
+        self.try_hold_inner(resource, Some(mode), range)
+    }
+
+    /// Hold whatever token this node has over `range` (any mode): enough to trust a
+    /// cached copy that every mode covers (an inode handle, say).
+    pub fn try_hold_any(&self, resource: ResourceId, range: ByteRange) -> Option<Hold> {
+        self.try_hold_inner(resource, None, range)
+    }
+
+    /// Acquire then hold, retrying if a revoke slips in between. The same rule as
+    /// `acquire` applies: no locks, handles or holds on this thread.
+    pub fn hold(
+        &self,
+        resource: ResourceId,
+        mode: TokenMode,
         required: ByteRange,
-        wanted: TokenMode,
-    ) -> Result<(), TokenError> {
-        let range = holder.range.intersect(&required).unwrap_or(holder.range);
-        let handler = self
-            .registry
-            .handler(holder.node)
-            .ok_or(TokenError::NoRevokeHandler {
-                node: holder.node,
-                resource,
-            })?;
-        self.shared.revokes_sent.fetch_add(1, Ordering::Relaxed);
-        handler
-            .revoke(resource, range, wanted)
-            .map_err(|source| TokenError::RevokeFailed {
-                node: holder.node,
-                resource,
-                range,
-                source: Box::new(source),
-            })
-    }
-
-    /// Give up this node's tokens over `range`, flushing cached data there first.
-    pub fn release(&self, resource: ResourceId, range: ByteRange) -> Result<(), TokenError> {
-        validate_range(self.shared.node, resource, range)?;
-        let _update = self.shared.update.lock();
-        self.shared.give_up(resource, range, None)
-    }
-
-    /// Give up every token this node holds (unmount), flushing each resource first.
-    pub fn release_all(&self) -> Result<(), TokenError> {
-        let _update = self.shared.update.lock();
-        let resources: Vec<ResourceId> = self.shared.cache.read().keys().copied().collect();
-        for resource in resources {
-            self.shared.give_up(resource, ByteRange::WHOLE, None)?;
+        desired: ByteRange,
+    ) -> Result<Hold, TokenError> {
+        for _ in 0..self.inner.limits.acquire_attempts_max {
+            if let Some(h) = self.try_hold(resource, mode, required) {
+                return Ok(h);
+            }
+            self.acquire(resource, mode, required, desired)?;
         }
-        // The manager may record tokens the cache under-claims; drop those too.
-        self.shared.manager.release_node(self.shared.node);
-        Ok(())
+        Err(TokenError::AttemptsExhausted {
+            node: self.inner.node,
+            resource,
+            mode,
+            required,
+            attempts: self.inner.limits.acquire_attempts_max,
+            last_copyset: Vec::new(),
+        })
+    }
+
+    /// The strongest statement this node can make about `range` of `resource` right
+    /// now: the weakest mode held over all of it (no hold taken).
+    pub fn held_mode(&self, resource: ResourceId, range: ByteRange) -> Option<TokenMode> {
+        let (lock, _) = self.inner.shard(&resource);
+        let shard = lock.lock();
+        let st = shard.res.get(&resource)?;
+        let mut weakest: Option<TokenMode> = None;
+        let mut cursor = range.start;
+        for (p, m) in st.held.pieces() {
+            if p.end <= cursor {
+                continue;
+            }
+            if p.start > cursor {
+                return None;
+            }
+            weakest = Some(match weakest {
+                None => *m,
+                Some(w) if covers(*m, w) => w,
+                Some(w) if covers(w, *m) => *m,
+                // ro next to rw: neither covers the other; report ro (the reader's view).
+                Some(_) => TokenMode::Ro,
+            });
+            cursor = p.end;
+            if cursor >= range.end {
+                break;
+            }
+        }
+        (cursor >= range.end).then_some(weakest).flatten()
+    }
+
+    /// Does this node hold anything at all on `resource` over `range`?
+    pub fn holds_any(&self, resource: ResourceId, range: ByteRange) -> bool {
+        let (lock, _) = self.inner.shard(&resource);
+        let shard = lock.lock();
+        shard
+            .res
+            .get(&resource)
+            .is_some_and(|st| any_mode_covers(&st.held, range))
+    }
+
+    /// Give up this node's tokens over `range` (cache eviction): flush first, then tell
+    /// the manager. Blocks; the same rule as `acquire` applies.
+    pub fn release(&self, resource: ResourceId, range: ByteRange) -> Result<(), TokenError> {
+        validate_range(self.inner.node, resource, range)?;
+        if !self.holds_any_part(resource, range) {
+            return Ok(());
+        }
+        self.inner.give_up(resource, range, None)
+    }
+
+    fn holds_any_part(&self, resource: ResourceId, range: ByteRange) -> bool {
+        let (lock, _) = self.inner.shard(&resource);
+        let shard = lock.lock();
+        shard
+            .res
+            .get(&resource)
+            .is_some_and(|st| st.held.pieces().iter().any(|(p, _)| p.overlaps(&range)))
+    }
+
+    /// Give up every token (unmount), flushing each resource first.
+    pub fn release_all(&self) -> Result<(), TokenError> {
+        let mut resources: Vec<ResourceId> = Vec::new();
+        for (lock, _) in self.inner.shards.iter() {
+            resources.extend(lock.lock().res.keys().copied());
+        }
+        resources.sort();
+        let mut result = Ok(());
+        for r in resources {
+            result = result.and(self.inner.give_up(r, ByteRange::WHOLE, None));
+        }
+        let any = ResourceId::new(0, crate::ResourceKind::Inode, 0);
+        let reply = self
+            .inner
+            .ask_manager(&any, ManagerRequest::ReleaseNode(self.inner.node));
+        result.and(reply.and_then(ClientInner::expect_done))
+    }
+
+    /// The metanode of inode resource `resource`; with `become_if_none` this node
+    /// becomes it if there is none and it holds a write mode.
+    pub fn locate_metanode(
+        &self,
+        resource: ResourceId,
+        become_if_none: bool,
+    ) -> Result<Option<NodeId>, TokenError> {
+        match self.inner.ask_manager(
+            &resource,
+            ManagerRequest::LocateMetanode {
+                node: self.inner.node,
+                resource,
+                become_if_none,
+            },
+        )? {
+            ManagerReply::Metanode(m) => Ok(m),
+            ManagerReply::Failed(e) => Err(e),
+            other => Err(TokenError::Transport(format!(
+                "unexpected manager reply {other:?}"
+            ))),
+        }
+    }
+
+    pub fn resign_metanode(&self, resource: ResourceId) -> Result<(), TokenError> {
+        self.inner
+            .ask_manager(
+                &resource,
+                ManagerRequest::ResignMetanode {
+                    node: self.inner.node,
+                    resource,
+                },
+            )
+            .and_then(ClientInner::expect_done)
+    }
+
+    /// Record a structural change of `resource` (see `AcquireRequest::condition`).
+    pub fn set_version(&self, resource: ResourceId, version: u64) -> Result<(), TokenError> {
+        self.inner
+            .ask_manager(&resource, ManagerRequest::SetVersion { resource, version })
+            .and_then(ClientInner::expect_done)
+    }
+
+    /// Everyone holding tokens on `resource`, as the manager records it.
+    pub fn manager_holders(&self, resource: ResourceId) -> Result<Vec<Holder>, TokenError> {
+        match self
+            .inner
+            .ask_manager(&resource, ManagerRequest::Holders(resource))?
+        {
+            ManagerReply::Holders(h) => Ok(h),
+            ManagerReply::Failed(e) => Err(e),
+            other => Err(TokenError::Transport(format!(
+                "unexpected manager reply {other:?}"
+            ))),
+        }
     }
 
     /// What this node believes it holds on `resource`.
     pub fn held(&self, resource: ResourceId) -> Vec<(ByteRange, TokenMode)> {
-        self.shared
-            .cache
-            .read()
+        let (lock, _) = self.inner.shard(&resource);
+        lock.lock()
+            .res
             .get(&resource)
-            .map(|h| h.pieces().to_vec())
+            .map(|h| h.held.pieces().to_vec())
             .unwrap_or_default()
     }
 
     /// Every resource with cached tokens, with what is held on it.
     pub fn held_all(&self) -> Vec<(ResourceId, Vec<(ByteRange, TokenMode)>)> {
-        let mut out: Vec<_> = self
-            .shared
-            .cache
-            .read()
-            .iter()
-            .map(|(r, h)| (*r, h.pieces().to_vec()))
-            .collect();
+        let mut out = Vec::new();
+        for (lock, _) in self.inner.shards.iter() {
+            out.extend(
+                lock.lock()
+                    .res
+                    .iter()
+                    .filter(|(_, st)| !st.held.is_empty())
+                    .map(|(r, st)| (*r, st.held.pieces().to_vec())),
+            );
+        }
         out.sort_by_key(|(r, _)| *r);
         out
     }
 
+    /// Holds open right now, by resource (diagnostics, invariant checks).
+    pub fn holds_all(&self) -> Vec<(ResourceId, ByteRange, Option<TokenMode>, u32)> {
+        let mut out = Vec::new();
+        for (lock, _) in self.inner.shards.iter() {
+            for (r, st) in lock.lock().res.iter() {
+                for h in &st.holds {
+                    out.push((*r, h.range, h.mode, h.count));
+                }
+            }
+        }
+        out.sort_by_key(|x| (x.0, x.1));
+        out
+    }
+
     pub fn stats(&self) -> TokenClientStats {
-        let s = &self.shared;
+        let s = &self.inner;
         TokenClientStats {
             covered: s.covered.load(Ordering::Relaxed),
             manager_calls: s.manager_calls.load(Ordering::Relaxed),
             revokes_sent: s.revokes_sent.load(Ordering::Relaxed),
             revokes_answered: s.revokes_answered.load(Ordering::Relaxed),
+            hold_misses: s.hold_misses.load(Ordering::Relaxed),
         }
     }
 }
 
-impl Drop for TokenClient {
-    /// Stop answering revokes for this node. Tokens stay with the manager until the
-    /// node releases them or is recovered, as after a crash.
-    fn drop(&mut self) {
-        self.registry.unregister_if(self.shared.node, &self.handler);
+/// The `TokenClient` service of a node: other nodes' revokes.
+struct ClientService {
+    inner: std::sync::Weak<ClientInner>,
+}
+
+impl mako_rt::Service for ClientService {
+    fn handle(&self, from: NodeId, request: &[u8]) -> Vec<u8> {
+        let reply = match (
+            self.inner.upgrade(),
+            mako_rt::decode::<ClientRequest>("token client request", request),
+        ) {
+            (None, _) => {
+                ClientReply::Failed(TokenError::Transport("the token client has stopped".into()))
+            }
+            (_, Err(e)) => ClientReply::Failed(TokenError::Transport(e.to_string())),
+            (
+                Some(inner),
+                Ok(ClientRequest::Revoke {
+                    resource,
+                    range,
+                    wanted,
+                }),
+            ) => {
+                let _ = from;
+                inner.revokes_answered.fetch_add(1, Ordering::Relaxed);
+                match inner.give_up(resource, range, Some(wanted)) {
+                    Ok(()) => ClientReply::Revoked,
+                    Err(e) => ClientReply::Failed(e),
+                }
+            }
+        };
+        mako_rt::encode("token client reply", &reply).unwrap_or_default()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manager::TokenManagerLimits;
+    use crate::manager::TokenManager;
+    use crate::protocol::ManagerService;
     use crate::resource::ResourceKind;
+    use mako_rt::{InProcessTransport, Registry};
+    use parking_lot::Mutex;
     use TokenMode::*;
 
     const A: NodeId = NodeId(1);
@@ -473,7 +978,7 @@ mod tests {
     /// A node cache that records every flush, and can be told to fail.
     #[derive(Default)]
     struct RecordingCache {
-        calls: Mutex<Vec<(ResourceId, ByteRange)>>,
+        calls: Mutex<Vec<(ResourceId, ByteRange, Option<TokenMode>)>>,
         fail: std::sync::atomic::AtomicBool,
     }
 
@@ -482,8 +987,9 @@ mod tests {
             &self,
             resource: ResourceId,
             range: ByteRange,
+            keep: Option<TokenMode>,
         ) -> Result<(), TokenError> {
-            self.calls.lock().push((resource, range));
+            self.calls.lock().push((resource, range, keep));
             if self.fail.load(Ordering::Relaxed) {
                 return Err(TokenError::FlushFailed {
                     node: A,
@@ -496,50 +1002,36 @@ mod tests {
         }
     }
 
-    /// A revoke handler that records calls and otherwise does what it is told.
-    struct RecordingHandler {
-        node: NodeId,
-        manager: Arc<TokenManager>,
-        give_up: bool,
-        calls: Mutex<Vec<(ResourceId, ByteRange, TokenMode)>>,
-    }
-
-    impl RevokeHandler for RecordingHandler {
-        fn revoke(
-            &self,
-            resource: ResourceId,
-            range: ByteRange,
-            wanted: TokenMode,
-        ) -> Result<(), TokenError> {
-            self.calls.lock().push((resource, range, wanted));
-            if self.give_up {
-                self.manager.relinquish(self.node, resource, range)?;
-            }
-            Ok(())
-        }
-    }
-
     struct Cluster {
         manager: Arc<TokenManager>,
-        registry: Arc<RevokeRegistry>,
+        registry: Arc<Registry>,
     }
 
     impl Cluster {
         fn new() -> Self {
-            Cluster {
-                manager: Arc::new(TokenManager::new(TokenManagerLimits::default())),
-                registry: Arc::new(RevokeRegistry::new()),
-            }
+            let registry = Registry::new();
+            let manager = Arc::new(TokenManager::default());
+            registry.register(
+                NodeId(0),
+                ServiceId::TokenManager,
+                Arc::new(ManagerService {
+                    manager: manager.clone(),
+                }),
+            );
+            Cluster { manager, registry }
         }
 
         fn client(&self, node: NodeId, cache: Arc<RecordingCache>) -> TokenClient {
-            TokenClient::new(
+            let c = TokenClient::new(
                 node,
-                Arc::clone(&self.manager),
-                Arc::clone(&self.registry),
-                cache,
+                Arc::new(InProcessTransport::new(node, self.registry.clone())),
+                ManagerMap::single(NodeId(0)),
                 TokenClientLimits::default(),
-            )
+            );
+            c.set_cache_flush(cache);
+            self.registry
+                .register(node, ServiceId::TokenClient, c.service());
+            c
         }
     }
 
@@ -547,19 +1039,11 @@ mod tests {
     fn covered_acquire_skips_the_manager() {
         let c = Cluster::new();
         let a = c.client(A, Arc::default());
-        let g = a
-            .acquire(file(), Xw, r(0, 10), ByteRange::WHOLE)
+        a.acquire(file(), Xw, r(0, 10), ByteRange::WHOLE)
             .expect("first");
-        assert_eq!(g.range, ByteRange::WHOLE);
         let before = c.manager.stats().acquires;
-        let g = a
-            .acquire(file(), Ro, r(500, 600), r(0, 1000))
+        a.acquire(file(), Ro, r(500, 600), r(0, 1000))
             .expect("covered by xw");
-        assert_eq!(
-            g.range,
-            r(0, 1000),
-            "hit reports the cached run within desired"
-        );
         a.acquire(file(), Rw, r(5, 6), r(5, 6)).expect("covered");
         assert_eq!(
             c.manager.stats().acquires,
@@ -570,6 +1054,13 @@ mod tests {
         assert_eq!(a.stats().manager_calls, 1);
         // A hit still validates the request like the manager would.
         assert!(a.acquire(file(), Ro, r(5, 6), r(7, 8)).is_err());
+        let h = a
+            .try_hold(file(), Xw, r(0, 4096))
+            .expect("hold on a held token");
+        assert_eq!(a.holds_on_this_thread(), 1);
+        drop(h);
+        assert_eq!(a.holds_on_this_thread(), 0);
+        assert!(a.try_hold(file(), Xw, r(0, 10)).is_some());
     }
 
     #[test]
@@ -583,127 +1074,58 @@ mod tests {
         a.acquire(file(), Xw, r(0, 4096), ByteRange::WHOLE)
             .expect("a writes");
         // B wants to write [8192, 12288): A must give up that part (and nothing else).
-        let g = b
-            .acquire(file(), Xw, r(8192, 12288), ByteRange::WHOLE)
+        b.acquire(file(), Xw, r(8192, 12288), ByteRange::WHOLE)
             .expect("b after revoke");
         assert_eq!(
             *cache_a.calls.lock(),
-            vec![(file(), r(8192, 12288))],
+            vec![(file(), r(8192, 12288), None)],
             "A flushed exactly the required part"
         );
         assert!(cache_b.calls.lock().is_empty());
-        assert_eq!(
-            g.range,
-            r(8192, 12288),
-            "clipped by what A still holds on both sides"
-        );
         assert_eq!(
             a.held(file()),
             vec![(r(0, 8192), Xw), (r(12288, u64::MAX), Xw)]
         );
         assert_eq!(b.held(file()), vec![(r(8192, 12288), Xw)]);
         assert_eq!((a.stats().revokes_answered, b.stats().revokes_sent), (1, 1));
-        assert_eq!(
-            c.manager.stats().revokes,
-            1,
-            "answers were forwarded with the retry"
-        );
 
         // A reader revoking a writer lets the writer keep ro (downgrade, not drop).
         b.acquire(file(), Ro, r(0, 100), r(0, 100))
             .expect("b reads");
+        assert_eq!(cache_a.calls.lock()[1], (file(), r(0, 100), Some(Ro)));
         assert_eq!(a.held(file())[0], (r(0, 100), Ro));
-        assert!(c.manager.holders(file()).contains(&Holder {
-            node: A,
-            mode: Ro,
-            range: r(0, 100)
-        }));
-        // A's repeat read there is still a hit.
         let calls = a.stats().manager_calls;
         a.acquire(file(), Ro, r(10, 20), r(10, 20)).expect("hit");
         assert_eq!(a.stats().manager_calls, calls);
     }
 
     #[test]
-    fn raw_handler_is_called_with_holder_part_and_wanted_mode() {
+    fn a_failed_flush_keeps_the_token_and_names_the_cause() {
         let c = Cluster::new();
-        let handler = Arc::new(RecordingHandler {
-            node: A,
-            manager: Arc::clone(&c.manager),
-            give_up: true,
-            calls: Mutex::new(Vec::new()),
-        });
-        c.registry.register(A, handler.clone());
-        c.manager
-            .acquire(AcquireRequest::new(A, file(), Ro, r(0, 100), r(0, 100)))
-            .expect("a");
-        let b = c.client(B, Arc::default());
-        b.acquire(file(), Rw, r(50, 200), r(50, 200)).expect("b");
-        assert_eq!(*handler.calls.lock(), vec![(file(), r(50, 100), Rw)]);
-        assert_eq!(
-            c.manager.holders(file()),
-            vec![
-                Holder {
-                    node: A,
-                    mode: Ro,
-                    range: r(0, 50)
-                },
-                Holder {
-                    node: B,
-                    mode: Rw,
-                    range: r(50, 200)
-                },
-            ]
-        );
-    }
-
-    #[test]
-    fn revoke_errors_are_clear() {
-        let c = Cluster::new();
-        c.manager
-            .acquire(AcquireRequest::new(A, file(), Xw, r(0, 10), r(0, 10)))
-            .expect("a");
-        let b = c.client(B, Arc::default());
-        let e = b.acquire(file(), Ro, r(0, 1), r(0, 1)).unwrap_err();
-        assert!(
-            matches!(e, TokenError::NoRevokeHandler { node: A, .. }),
-            "{e}"
-        );
-        assert!(e.to_string().contains("release_node"), "{e}");
-
-        // A holder that answers but never gives up exhausts the attempts.
-        c.registry.register(
-            A,
-            Arc::new(RecordingHandler {
-                node: A,
-                manager: Arc::clone(&c.manager),
-                give_up: false,
-                calls: Mutex::new(Vec::new()),
-            }),
-        );
-        let e = b.acquire(file(), Ro, r(0, 1), r(0, 1)).unwrap_err();
-        match &e {
-            TokenError::AttemptsExhausted {
-                attempts,
-                last_copyset,
-                ..
-            } => {
-                assert_eq!(*attempts, TokenClientLimits::default().acquire_attempts_max);
-                assert_eq!(last_copyset[0].node, A);
-            }
-            other => panic!("expected AttemptsExhausted, got {other}"),
-        }
-
-        // A holder whose flush fails keeps its token and the error names it.
-        c.manager.release_node(A);
         let cache_a = Arc::new(RecordingCache::default());
         let a = c.client(A, Arc::clone(&cache_a));
-        a.acquire(file(), Xw, r(0, 10), r(0, 10)).expect("a again");
+        let b = c.client(B, Arc::default());
+        a.acquire(file(), Xw, r(0, 10), r(0, 10)).expect("a");
         cache_a.fail.store(true, Ordering::Relaxed);
         let e = b.acquire(file(), Ro, r(0, 1), r(0, 1)).unwrap_err();
         assert!(matches!(e, TokenError::RevokeFailed { node: A, .. }), "{e}");
         assert!(e.to_string().contains("injected disk error"), "{e}");
         assert_eq!(c.manager.holders(file())[0].node, A);
+        assert!(
+            a.try_hold(file(), Xw, r(0, 10)).is_some(),
+            "A still holds it"
+        );
+    }
+
+    #[test]
+    fn a_stopped_holder_is_a_clear_error() {
+        let c = Cluster::new();
+        let a = c.client(A, Arc::default());
+        a.acquire(file(), Xw, r(0, 10), r(0, 10)).expect("a");
+        drop(a);
+        let b = c.client(B, Arc::default());
+        let e = b.acquire(file(), Ro, r(0, 1), r(0, 1)).unwrap_err();
+        assert!(e.to_string().contains("stopped"), "{e}");
     }
 
     #[test]
@@ -727,76 +1149,27 @@ mod tests {
     }
 
     #[test]
-    fn dropping_a_client_unregisters_only_its_own_handler() {
+    fn metanode_follows_the_write_tokens() {
         let c = Cluster::new();
-        let old = c.client(A, Arc::default());
-        let new = c.client(A, Arc::default());
-        drop(old);
-        assert!(
-            c.registry.handler(A).is_some(),
-            "the newer client's handler stays"
+        let a = c.client(A, Arc::default());
+        let b = c.client(B, Arc::default());
+        let ino = ResourceId::new(1, ResourceKind::Inode, 5);
+        a.acquire_whole(ino, Xw).expect("a xw");
+        assert_eq!(b.locate_metanode(ino, true).expect("locate"), Some(A));
+        // A second writer shares: A keeps rw and stays metanode.
+        b.acquire_whole(ino, Rw).expect("b rw");
+        assert_eq!(a.held(ino), vec![(ByteRange::WHOLE, Rw)]);
+        assert_eq!(b.locate_metanode(ino, true).expect("locate"), Some(A));
+        // A gives up: no metanode until a writer asks to become it.
+        a.release(ino, ByteRange::WHOLE).expect("a releases");
+        assert_eq!(a.locate_metanode(ino, false).expect("locate"), None);
+        assert_eq!(
+            a.locate_metanode(ino, true).expect("locate"),
+            None,
+            "A holds nothing"
         );
-        drop(new);
-        assert!(c.registry.handler(A).is_none());
-    }
-
-    /// Several nodes on threads fight over one file. Nothing may deadlock, every
-    /// failure must be contention (attempts exhausted), and at the end the table holds
-    /// no conflicting tokens and no cache claims more than the manager records.
-    #[test]
-    fn concurrent_clients_stay_coherent() {
-        use rand::{Rng, SeedableRng};
-        let c = Arc::new(Cluster::new());
-        let clients: Vec<Arc<TokenClient>> = (0..3)
-            .map(|n| Arc::new(c.client(NodeId(n), Arc::default())))
-            .collect();
-        let threads: Vec<_> = clients
-            .iter()
-            .enumerate()
-            .map(|(seed, client)| {
-                let client = Arc::clone(client);
-                std::thread::spawn(move || {
-                    let mut rng = rand::rngs::StdRng::seed_from_u64(seed as u64);
-                    for _ in 0..2000 {
-                        let mode = TokenMode::ALL[rng.gen_range(0..3)];
-                        let start = rng.gen_range(0..64);
-                        let required = r(start, start + rng.gen_range(1..16));
-                        if rng.gen_bool(0.1) {
-                            client.release(file(), required).expect("release");
-                            continue;
-                        }
-                        match client.acquire(file(), mode, required, ByteRange::WHOLE) {
-                            Ok(g) => assert!(g.range.contains(&required)),
-                            Err(TokenError::AttemptsExhausted { .. }) => {}
-                            Err(e) => panic!("unexpected error under contention: {e}"),
-                        }
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().expect("client thread panicked");
-        }
-        let holders = c.manager.holders(file());
-        for (i, a) in holders.iter().enumerate() {
-            for b in &holders[i + 1..] {
-                if a.node != b.node && a.range.overlaps(&b.range) {
-                    assert!(compatible(a.mode, b.mode), "{a} and {b} conflict");
-                }
-            }
-        }
-        for client in &clients {
-            let mut actual = HeldRanges::default();
-            for h in holders.iter().filter(|h| h.node == client.node()) {
-                actual.grant(h.range, h.mode);
-            }
-            for (range, mode) in client.held(file()) {
-                assert!(
-                    actual.covering_run(range, mode).is_some(),
-                    "{} caches {mode} {range}",
-                    client.node()
-                );
-            }
-        }
+        assert_eq!(b.locate_metanode(ino, true).expect("locate"), Some(B));
+        b.resign_metanode(ino).expect("resign");
+        assert_eq!(b.locate_metanode(ino, false).expect("locate"), None);
     }
 }

@@ -9,7 +9,7 @@ use crate::range::ByteRange;
 use crate::resource::{NodeId, ResourceId};
 
 /// Everything that can go wrong when acquiring, giving up or revoking a token.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Error, serde::Serialize, serde::Deserialize)]
 pub enum TokenError {
     /// The request named an empty range (`start >= end`).
     #[error(
@@ -56,6 +56,8 @@ pub enum TokenError {
     Conflict {
         resource: ResourceId,
         mode: TokenMode,
+        /// The range the manager needed free (the request's, or its fallback's).
+        required: ByteRange,
         copyset: Vec<Holder>,
     },
 
@@ -85,13 +87,9 @@ pub enum TokenError {
         to: TokenMode,
     },
 
-    /// A conflicting holder has no revoke handler, so nobody can ask it to give up.
-    #[error(
-        "{node} holds a conflicting token on {resource} but has no revoke handler registered; \
-         if {node} has failed, run recovery for it (TokenManager::release_node), otherwise \
-         register its handler in the RevokeRegistry"
-    )]
-    NoRevokeHandler { node: NodeId, resource: ResourceId },
+    /// A message to the manager or a holder could not be delivered or understood.
+    #[error("token protocol message failed: {0}")]
+    Transport(String),
 
     /// A holder's revoke handler failed (for example it could not flush dirty data).
     #[error("revoke of {resource} {range} on {node} failed: {source}; the holder still has its token, retry later or recover {node}")]

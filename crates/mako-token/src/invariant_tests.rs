@@ -9,10 +9,11 @@ use proptest::prelude::*;
 
 use crate::held_ranges::HeldRanges;
 use crate::{
-    covers, AcquireRequest, ByteRange, Grant, NoCache, NodeId, ResourceId, ResourceKind,
-    RevokeHandler, RevokeRegistry, TokenClient, TokenClientLimits, TokenError, TokenManager,
-    TokenManagerLimits, TokenMode,
+    covers, AcquireRequest, ByteRange, ClientReply, ClientRequest, Grant, ManagerMap,
+    ManagerService, NodeId, ResourceId, ResourceKind, TokenClient, TokenClientLimits, TokenError,
+    TokenManager, TokenManagerLimits, TokenMode,
 };
+use mako_rt::{InProcessTransport, Registry, ServiceId};
 
 /// The DESIGN §4 table written out independently of `mode::compatible`, so that a
 /// wrong production table is caught here instead of being agreed with.
@@ -171,32 +172,47 @@ struct RawHandler {
     calls: Mutex<u64>,
 }
 
-impl RevokeHandler for RawHandler {
-    fn revoke(
-        &self,
-        resource: ResourceId,
-        range: ByteRange,
-        _wanted: TokenMode,
-    ) -> Result<(), TokenError> {
+impl mako_rt::Service for RawHandler {
+    fn handle(&self, _from: NodeId, request: &[u8]) -> Vec<u8> {
         *self.calls.lock() += 1;
-        self.manager.relinquish(self.node, resource, range)
+        let reply = match mako_rt::decode::<ClientRequest>("revoke", request) {
+            Ok(ClientRequest::Revoke {
+                resource, range, ..
+            }) => match self.manager.relinquish(self.node, resource, range) {
+                Ok(()) => ClientReply::Revoked,
+                Err(e) => ClientReply::Failed(e),
+            },
+            Err(e) => ClientReply::Failed(TokenError::Transport(e.to_string())),
+        };
+        mako_rt::encode("revoke reply", &reply).expect("encode")
     }
 }
 
+/// The node hosting the manager service (not a token holder).
+const MANAGER_NODE: NodeId = NodeId(1000);
+
 struct World {
     manager: Arc<TokenManager>,
-    registry: Arc<RevokeRegistry>,
+    registry: Arc<Registry>,
     clients: Vec<TokenClient>,
 }
 
 impl World {
     fn new() -> Self {
         let manager = Arc::new(TokenManager::with_shards(TokenManagerLimits::default(), 2));
-        let registry = Arc::new(RevokeRegistry::new());
+        let registry = Registry::new();
+        registry.register(
+            MANAGER_NODE,
+            ServiceId::TokenManager,
+            Arc::new(ManagerService {
+                manager: Arc::clone(&manager),
+            }),
+        );
         for n in 0..RAW_NODES {
             let node = NodeId(n);
             registry.register(
                 node,
+                ServiceId::TokenClient,
                 Arc::new(RawHandler {
                     node,
                     manager: Arc::clone(&manager),
@@ -214,13 +230,16 @@ impl World {
     }
 
     fn new_client(&self, client: u32) -> TokenClient {
-        TokenClient::new(
-            NodeId(RAW_NODES + client),
-            Arc::clone(&self.manager),
-            Arc::clone(&self.registry),
-            Arc::new(NoCache),
+        let node = NodeId(RAW_NODES + client);
+        let c = TokenClient::new(
+            node,
+            Arc::new(InProcessTransport::new(node, self.registry.clone())),
+            ManagerMap::single(MANAGER_NODE),
             TokenClientLimits::default(),
-        )
+        );
+        self.registry
+            .register(node, ServiceId::TokenClient, c.service());
+        c
     }
 
     fn node_held(&self, node: NodeId, resource: ResourceId) -> HeldRanges {
@@ -327,10 +346,17 @@ impl World {
             }
             Op::ClientAcquire { client, spec } => {
                 let (resource, required, desired) = spec.ranges();
-                let grant = self.clients[client as usize]
-                    .acquire(resource, spec.mode, required, desired)
+                let c = &self.clients[client as usize];
+                c.acquire(resource, spec.mode, required, desired)
                     .map_err(|e| TestCaseError::fail(format!("client acquire failed: {e}")))?;
+                let grant = Grant {
+                    node: c.node(),
+                    resource,
+                    mode: spec.mode,
+                    range: required,
+                };
                 self.check_grant(&grant, required, desired)?;
+                prop_assert!(c.try_hold(resource, spec.mode, required).is_some());
             }
             Op::ClientRelease {
                 client,

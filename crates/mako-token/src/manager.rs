@@ -4,7 +4,6 @@
 //! node. Revoking is the requester's job (see `client.rs`), which keeps the manager's
 //! work per acquire to at most two messages once this runs over the network.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -56,6 +55,22 @@ pub struct AcquireRequest {
     /// (DESIGN §4: holders answer the requester, which forwards the answers with its
     /// next request). Counted in `TokenStats::revokes`.
     pub revoke_answers: u32,
+    /// Grant this request only while the resource's version is still the one the
+    /// requester saw; once a holder has changed the structure the request was made
+    /// for (the seeds' pitfall: many nodes asking for `xw` to move a directory out of
+    /// its inode), the manager grants the fallback instead.
+    pub condition: Option<Condition>,
+}
+
+/// See [`AcquireRequest::condition`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Condition {
+    /// The resource version the requester based its request on.
+    pub seen_version: u64,
+    /// What to ask for instead when the version moved on.
+    pub fallback_mode: TokenMode,
+    pub fallback_required: ByteRange,
+    pub fallback_desired: ByteRange,
 }
 
 impl AcquireRequest {
@@ -74,6 +89,7 @@ impl AcquireRequest {
             required,
             desired,
             revoke_answers: 0,
+            condition: None,
         }
     }
 
@@ -120,6 +136,8 @@ pub struct TokenStats {
     pub table_full: u64,
     /// Tokens held right now.
     pub tokens: usize,
+    /// Conditional requests granted their fallback because the version moved on.
+    pub downgraded: u64,
 }
 
 /// Everything held on one resource, per node. A handful of nodes share a resource, so
@@ -127,6 +145,11 @@ pub struct TokenStats {
 #[derive(Default)]
 struct ResourceTokens {
     nodes: Vec<(NodeId, HeldRanges)>,
+    /// Inodes: the node that owns the inode and its indirect blocks while several
+    /// nodes write (docs/coherence.md section 4). Always a node holding `rw` or `xw`.
+    metanode: Option<NodeId>,
+    /// Structure version set by holders (`set_version`); kept while anything is held.
+    version: u64,
 }
 
 impl ResourceTokens {
@@ -147,6 +170,24 @@ impl ResourceTokens {
                 })
             })
             .filter(move |h| !compatible(h.mode, mode))
+    }
+
+    /// Does `node` hold a write mode (`rw` or `xw`) somewhere on the resource?
+    fn writes(&self, node: NodeId) -> bool {
+        self.node(node).is_some_and(|h| {
+            h.pieces()
+                .iter()
+                .any(|(_, m)| matches!(m, TokenMode::Rw | TokenMode::Xw))
+        })
+    }
+
+    /// The metanode stays only while it holds a write mode.
+    fn check_metanode(&mut self) {
+        if let Some(m) = self.metanode {
+            if !self.writes(m) {
+                self.metanode = None;
+            }
+        }
     }
 
     fn holders(&self) -> Vec<Holder> {
@@ -181,7 +222,7 @@ impl ResourceTokens {
 
 #[derive(Default)]
 struct Shard {
-    resources: HashMap<ResourceId, ResourceTokens>,
+    resources: crate::DetMap<ResourceId, ResourceTokens>,
 }
 
 /// The token manager. All methods take `&self`; state is split into shards by a hash
@@ -195,6 +236,11 @@ pub struct TokenManager {
     conflicts: AtomicU64,
     revokes: AtomicU64,
     table_full: AtomicU64,
+    downgraded: AtomicU64,
+}
+
+fn resource_of(req: &AcquireRequest) -> ResourceId {
+    req.resource
 }
 
 impl TokenManager {
@@ -215,6 +261,7 @@ impl TokenManager {
             conflicts: AtomicU64::new(0),
             revokes: AtomicU64::new(0),
             table_full: AtomicU64::new(0),
+            downgraded: AtomicU64::new(0),
         }
     }
 
@@ -242,6 +289,28 @@ impl TokenManager {
         self.revokes
             .fetch_add(u64::from(req.revoke_answers), Ordering::Relaxed);
         validate_request(&req)?;
+        let mut shard = self.shard(&resource_of(&req)).lock();
+        let req = match req.condition {
+            Some(c)
+                if shard
+                    .resources
+                    .get(&req.resource)
+                    .is_some_and(|t| t.version > c.seen_version) =>
+            {
+                // The reason for the request is gone: ask for what is needed now.
+                self.downgraded.fetch_add(1, Ordering::Relaxed);
+                let r = AcquireRequest {
+                    mode: c.fallback_mode,
+                    required: c.fallback_required,
+                    desired: c.fallback_desired,
+                    condition: None,
+                    ..req
+                };
+                validate_request(&r)?;
+                r
+            }
+            _ => req,
+        };
         let AcquireRequest {
             node,
             resource,
@@ -250,8 +319,6 @@ impl TokenManager {
             desired,
             ..
         } = req;
-
-        let mut shard = self.shard(&resource).lock();
         let tokens = shard.resources.get(&resource);
 
         // 1. Conflicts over the required range: refuse with the copyset.
@@ -267,6 +334,7 @@ impl TokenManager {
             return Err(TokenError::Conflict {
                 resource,
                 mode,
+                required,
                 copyset,
             });
         }
@@ -318,6 +386,11 @@ impl TokenManager {
         // 5. Commit, then re-check the invariant this whole crate exists for.
         let entry = shard.resources.entry(resource).or_default();
         entry.set(node, held);
+        if mode == TokenMode::Xw && resource.kind == crate::ResourceKind::Inode {
+            // The exclusive writer owns the inode: it is the metanode.
+            entry.metanode = Some(node);
+        }
+        entry.check_metanode();
         if let Some(bad) = entry
             .conflicting(node, mode)
             .find(|h| h.range.overlaps(&granted))
@@ -368,6 +441,7 @@ impl TokenManager {
             self.tokens.fetch_sub(old_len - new_len, Ordering::Relaxed);
         }
         tokens.set(node, held);
+        tokens.check_metanode();
         if tokens.nodes.is_empty() {
             shard.resources.remove(&resource);
         }
@@ -424,11 +498,56 @@ impl TokenManager {
                 if let Some(i) = tokens.nodes.iter().position(|(n, _)| *n == node) {
                     dropped += tokens.nodes.swap_remove(i).1.len();
                 }
+                tokens.check_metanode();
                 !tokens.nodes.is_empty()
             });
         }
         self.tokens.fetch_sub(dropped, Ordering::Relaxed);
         dropped
+    }
+
+    /// The metanode of inode resource `resource`. With `become_if_none`, a node that
+    /// holds a write mode on it and finds no metanode becomes it.
+    pub fn locate_metanode(
+        &self,
+        node: NodeId,
+        resource: ResourceId,
+        become_if_none: bool,
+    ) -> Option<NodeId> {
+        let mut shard = self.shard(&resource).lock();
+        let tokens = shard.resources.get_mut(&resource)?;
+        if tokens.metanode.is_none() && become_if_none && tokens.writes(node) {
+            tokens.metanode = Some(node);
+        }
+        tokens.metanode
+    }
+
+    /// `node` stops being the metanode of `resource` (it wrote the inode in place).
+    pub fn resign_metanode(&self, node: NodeId, resource: ResourceId) {
+        let mut shard = self.shard(&resource).lock();
+        if let Some(t) = shard.resources.get_mut(&resource) {
+            if t.metanode == Some(node) {
+                t.metanode = None;
+            }
+        }
+    }
+
+    /// Record that a holder changed the structure of `resource` (see
+    /// [`AcquireRequest::condition`]). Versions only grow.
+    pub fn set_version(&self, resource: ResourceId, version: u64) {
+        let mut shard = self.shard(&resource).lock();
+        if let Some(t) = shard.resources.get_mut(&resource) {
+            t.version = t.version.max(version);
+        }
+    }
+
+    /// The structure version of `resource` (0 when nothing is held on it).
+    pub fn version(&self, resource: ResourceId) -> u64 {
+        self.shard(&resource)
+            .lock()
+            .resources
+            .get(&resource)
+            .map_or(0, |t| t.version)
     }
 
     /// Everyone holding tokens on `resource`, ordered by range start then node.
@@ -460,6 +579,7 @@ impl TokenManager {
             revokes: self.revokes.load(Ordering::Relaxed),
             table_full: self.table_full.load(Ordering::Relaxed),
             tokens: self.tokens.load(Ordering::Relaxed),
+            downgraded: self.downgraded.load(Ordering::Relaxed),
         }
     }
 }
@@ -794,5 +914,50 @@ mod tests {
         let s = m.stats();
         assert_eq!((s.acquires, s.tokens), (20, 20));
         assert_eq!(d[0].1[0].to_string(), "node 1 ro [0, eof)");
+    }
+}
+
+#[cfg(test)]
+mod condition_tests {
+    use super::*;
+    use crate::resource::ResourceKind;
+    use TokenMode::*;
+
+    #[test]
+    fn a_request_whose_reason_is_gone_gets_its_fallback() {
+        let m = TokenManager::default();
+        let dir = ResourceId::new(1, ResourceKind::DirBucket, 3);
+        let (a, b) = (NodeId(1), NodeId(2));
+        m.acquire(AcquireRequest::new(
+            a,
+            dir,
+            Ro,
+            ByteRange::new(0, 10),
+            ByteRange::new(0, 10),
+        ))
+        .expect("a reads part");
+        // B asks for the whole directory exclusively to restructure it, having seen
+        // version 0. Meanwhile someone else restructured it (version 1).
+        m.set_version(dir, 1);
+        let mut req = AcquireRequest::new(b, dir, Xw, ByteRange::WHOLE, ByteRange::WHOLE);
+        req.condition = Some(Condition {
+            seen_version: 0,
+            fallback_mode: Xw,
+            fallback_required: ByteRange::new(100, 200),
+            fallback_desired: ByteRange::new(100, 200),
+        });
+        let g = m.acquire(req).expect("fallback granted without revoking A");
+        assert_eq!(g.range, ByteRange::new(100, 200));
+        assert_eq!(m.stats().downgraded, 1);
+        // With the current version the full request is considered (and conflicts).
+        req.condition = Some(Condition {
+            seen_version: 1,
+            ..req.condition.expect("set")
+        });
+        match m.acquire(req) {
+            Err(TokenError::Conflict { required, .. }) => assert_eq!(required, ByteRange::WHOLE),
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+        assert_eq!(m.version(dir), 1);
     }
 }

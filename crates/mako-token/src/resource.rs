@@ -18,6 +18,9 @@ pub enum ResourceKind {
     AllocRegion,
     /// One segment of the inode allocation map; `id` is the segment number.
     InodeMapSegment,
+    /// The file system's rename lock: renames that move a directory to another parent
+    /// hold it, so the loop check sees a stable tree. `id` is 0.
+    RenameLock,
 }
 
 impl ResourceKind {
@@ -35,6 +38,7 @@ impl ResourceKind {
             ResourceKind::DirBucket => "dirbucket",
             ResourceKind::AllocRegion => "allocregion",
             ResourceKind::InodeMapSegment => "inodemap",
+            ResourceKind::RenameLock => "renamelock",
         }
     }
 }
@@ -63,15 +67,8 @@ impl fmt::Display for ResourceId {
     }
 }
 
-/// A cluster node, as the token manager knows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct NodeId(pub u32);
-
-impl fmt::Display for NodeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "node {}", self.0)
-    }
-}
+/// A cluster node (defined with the transport, which names nodes too).
+pub use mako_rt::NodeId;
 
 #[cfg(test)]
 mod tests {

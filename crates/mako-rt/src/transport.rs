@@ -1,0 +1,293 @@
+//! How nodes talk: a request to a service on a node, a reply back (docs/coherence.md
+//! section 1). Requests and replies are encoded with postcard, so what works through
+//! the in-process and simulated transports is exactly what the network will carry.
+//!
+//! A service handler runs on whatever thread the transport gives it (the caller's, in
+//! process; a server thread over the network). It must follow the rules of the
+//! requests it serves (docs/coherence.md R4: leaf requests never wait for tokens).
+
+use mako_diag::{CountedRwLock, LockClass};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A cluster node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NodeId(pub u32);
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "node {}", self.0)
+    }
+}
+
+/// The services a node can offer (stable numbers: they go over the wire).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[repr(u16)]
+pub enum ServiceId {
+    /// The token manager (one shard per manager node).
+    TokenManager = 1,
+    /// A node's token client: revokes.
+    TokenClient = 2,
+    /// A node's file systems: metanode requests, frees for regions it owns.
+    FileSystem = 3,
+    /// The file-system manager: allocation regions and inode-map segments.
+    FsManager = 4,
+}
+
+/// Priority class of a request: small metadata messages must never queue behind bulk
+/// data (the network transport keeps separate connections for them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Priority {
+    Small,
+    Bulk,
+}
+
+/// Per-call options.
+#[derive(Clone, Copy, Debug)]
+pub struct CallOptions {
+    pub priority: Priority,
+    /// How long the caller waits for the reply before `TransportError::Timeout`.
+    pub deadline: Duration,
+}
+
+impl Default for CallOptions {
+    fn default() -> Self {
+        CallOptions {
+            priority: Priority::Small,
+            deadline: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransportError {
+    #[error("{node} offers no {service:?} service (not started, or not a member of this cluster)")]
+    NoService { node: NodeId, service: ServiceId },
+    #[error("{node} did not answer a {service:?} request within {deadline:?}")]
+    Timeout {
+        node: NodeId,
+        service: ServiceId,
+        deadline: Duration,
+    },
+    #[error("could not encode a {what}: {reason}")]
+    Encode { what: &'static str, reason: String },
+    #[error("could not decode a {what} ({bytes} bytes): {reason}")]
+    Decode {
+        what: &'static str,
+        bytes: usize,
+        reason: String,
+    },
+    #[error("{node} is unreachable: {reason}")]
+    Unreachable { node: NodeId, reason: String },
+}
+
+/// A service: takes an encoded request from `from`, returns an encoded reply. A handler
+/// answers every request; errors of the service travel inside its reply type.
+pub trait Service: Send + Sync {
+    fn handle(&self, from: NodeId, request: &[u8]) -> Vec<u8>;
+}
+
+/// One node's view of the cluster's transport.
+pub trait Transport: Send + Sync {
+    /// This node.
+    fn local_node(&self) -> NodeId;
+    /// Send `request` to `service` on `to` and wait for the reply.
+    fn call(
+        &self,
+        to: NodeId,
+        service: ServiceId,
+        request: Vec<u8>,
+        options: CallOptions,
+    ) -> Result<Vec<u8>, TransportError>;
+    /// Several calls at once (revokes to every holder of a copyset). The default sends
+    /// them one after another; transports that can overlap them do.
+    fn call_many(
+        &self,
+        calls: Vec<(NodeId, ServiceId, Vec<u8>)>,
+        options: CallOptions,
+    ) -> Vec<Result<Vec<u8>, TransportError>> {
+        calls
+            .into_iter()
+            .map(|(to, service, request)| self.call(to, service, request, options))
+            .collect()
+    }
+}
+
+pub fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>, TransportError> {
+    postcard::to_stdvec(value).map_err(|e| TransportError::Encode {
+        what,
+        reason: e.to_string(),
+    })
+}
+
+pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, TransportError> {
+    postcard::from_bytes(bytes).map_err(|e| TransportError::Decode {
+        what,
+        bytes: bytes.len(),
+        reason: e.to_string(),
+    })
+}
+
+/// A typed call: encode `request`, send it, decode the reply.
+pub fn call<Req: Serialize, Rep: DeserializeOwned>(
+    transport: &dyn Transport,
+    to: NodeId,
+    service: ServiceId,
+    request: &Req,
+    options: CallOptions,
+) -> Result<Rep, TransportError> {
+    let bytes = encode("request", request)?;
+    let reply = transport.call(to, service, bytes, options)?;
+    decode("reply", &reply)
+}
+
+static REGISTRY_LOCK: LockClass = LockClass::new("transport.registry");
+
+/// The services of the nodes in one process, by (node, service).
+pub struct Registry {
+    services: CountedRwLock<BTreeMap<(NodeId, ServiceId), Arc<dyn Service>>>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            services: CountedRwLock::new(&REGISTRY_LOCK, BTreeMap::new()),
+        }
+    }
+}
+
+impl Registry {
+    pub fn new() -> Arc<Registry> {
+        Arc::new(Registry::default())
+    }
+
+    /// Offer `service` on `node` (replacing what was there).
+    pub fn register(&self, node: NodeId, id: ServiceId, service: Arc<dyn Service>) {
+        self.services.write().insert((node, id), service);
+    }
+
+    pub fn unregister(&self, node: NodeId, id: ServiceId) {
+        self.services.write().remove(&(node, id));
+    }
+
+    /// Withdraw every service of `node` (it stopped).
+    pub fn unregister_node(&self, node: NodeId) {
+        self.services.write().retain(|(n, _), _| *n != node);
+    }
+
+    pub fn service(&self, node: NodeId, id: ServiceId) -> Option<Arc<dyn Service>> {
+        self.services.read().get(&(node, id)).cloned()
+    }
+}
+
+/// Calls between nodes of one process: the handler runs on the caller's thread, at
+/// once. Used by a single-node `makod` (its own services) and by several nodes in one
+/// process.
+pub struct InProcessTransport {
+    me: NodeId,
+    registry: Arc<Registry>,
+}
+
+impl InProcessTransport {
+    pub fn new(me: NodeId, registry: Arc<Registry>) -> InProcessTransport {
+        InProcessTransport { me, registry }
+    }
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+}
+
+impl Transport for InProcessTransport {
+    fn local_node(&self) -> NodeId {
+        self.me
+    }
+
+    fn call(
+        &self,
+        to: NodeId,
+        service: ServiceId,
+        request: Vec<u8>,
+        _options: CallOptions,
+    ) -> Result<Vec<u8>, TransportError> {
+        let handler = self
+            .registry
+            .service(to, service)
+            .ok_or(TransportError::NoService { node: to, service })?;
+        Ok(handler.handle(self.me, &request))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    enum EchoRequest {
+        Add(u32, u32),
+        Name,
+    }
+
+    struct Echo(NodeId);
+    impl Service for Echo {
+        fn handle(&self, from: NodeId, request: &[u8]) -> Vec<u8> {
+            let reply: String = match decode::<EchoRequest>("echo", request) {
+                Ok(EchoRequest::Add(a, b)) => format!("{}", a + b),
+                Ok(EchoRequest::Name) => format!("{} asked {}", from, self.0),
+                Err(e) => e.to_string(),
+            };
+            encode("echo reply", &reply).expect("encode")
+        }
+    }
+
+    #[test]
+    fn typed_calls_between_nodes_of_one_process() {
+        let reg = Registry::new();
+        reg.register(NodeId(2), ServiceId::FileSystem, Arc::new(Echo(NodeId(2))));
+        let t = InProcessTransport::new(NodeId(1), reg.clone());
+        let r: String = call(
+            &t,
+            NodeId(2),
+            ServiceId::FileSystem,
+            &EchoRequest::Add(2, 3),
+            CallOptions::default(),
+        )
+        .expect("call");
+        assert_eq!(r, "5");
+        let r: String = call(
+            &t,
+            NodeId(2),
+            ServiceId::FileSystem,
+            &EchoRequest::Name,
+            CallOptions::default(),
+        )
+        .expect("call");
+        assert_eq!(r, "node 1 asked node 2");
+        let e = call::<_, String>(
+            &t,
+            NodeId(3),
+            ServiceId::FileSystem,
+            &EchoRequest::Name,
+            CallOptions::default(),
+        )
+        .unwrap_err();
+        assert!(matches!(e, TransportError::NoService { .. }), "{e}");
+        assert!(e.to_string().contains("node 3"), "{e}");
+        reg.unregister_node(NodeId(2));
+        assert!(reg.service(NodeId(2), ServiceId::FileSystem).is_none());
+        // A reply of the wrong type is a clear decode error, never a panic.
+        reg.register(NodeId(2), ServiceId::FileSystem, Arc::new(Echo(NodeId(2))));
+        let e = call::<_, (u64, u64, u64)>(
+            &t,
+            NodeId(2),
+            ServiceId::FileSystem,
+            &EchoRequest::Add(1, 1),
+            CallOptions::default(),
+        )
+        .unwrap_err();
+        assert!(matches!(e, TransportError::Decode { .. }), "{e}");
+    }
+}

@@ -1,0 +1,180 @@
+//! The simulated network: every call is delayed by a seeded latency on the way there
+//! and back, so concurrent messages overtake each other; the handler runs on the
+//! calling task's thread as the target node (its locks and tokens are the target's).
+//! Counters say how many messages each node sent and received, per service.
+
+use crate::rng::SimRng;
+use crate::sched::Sim;
+use mako_rt::{CallOptions, NodeId, Registry, ServiceId, Transport, TransportError};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Latency of one message, drawn uniformly from `[min, max]` per message.
+#[derive(Clone, Copy, Debug)]
+pub struct NetConfig {
+    pub latency_min: Duration,
+    pub latency_max: Duration,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        NetConfig {
+            latency_min: Duration::from_micros(20),
+            latency_max: Duration::from_micros(300),
+        }
+    }
+}
+
+/// Message counts (requests and replies each count one).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetStats {
+    pub messages: u64,
+    pub bytes: u64,
+    /// Messages sent by each node (requests it made, replies it gave).
+    pub sent_by: BTreeMap<NodeId, u64>,
+    /// Requests per service.
+    pub by_service: BTreeMap<ServiceId, u64>,
+}
+
+impl NetStats {
+    /// The node that sent the most messages, and how many.
+    pub fn busiest(&self) -> Option<(NodeId, u64)> {
+        self.sent_by
+            .iter()
+            .max_by_key(|(n, c)| (**c, std::cmp::Reverse(**n)))
+            .map(|(n, c)| (*n, *c))
+    }
+}
+
+/// The network of one simulation: shared by every node's transport.
+pub struct SimNet {
+    sim: Sim,
+    config: NetConfig,
+    registry: Arc<Registry>,
+    rng: Mutex<SimRng>,
+    stats: Mutex<NetStats>,
+}
+
+impl SimNet {
+    pub fn new(sim: &Sim, config: NetConfig) -> Arc<SimNet> {
+        Arc::new(SimNet {
+            rng: Mutex::new(sim.fork_rng()),
+            sim: sim.clone(),
+            config,
+            registry: Registry::new(),
+            stats: Mutex::new(NetStats::default()),
+        })
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// A transport for `node`.
+    pub fn transport(self: &Arc<Self>, node: NodeId) -> Arc<SimTransport> {
+        Arc::new(SimTransport {
+            me: node,
+            net: self.clone(),
+        })
+    }
+
+    pub fn stats(&self) -> NetStats {
+        self.stats.lock().clone()
+    }
+
+    pub fn reset_stats(&self) {
+        *self.stats.lock() = NetStats::default();
+    }
+
+    fn latency(&self) -> Duration {
+        let lo = self.config.latency_min.as_nanos() as u64;
+        let hi = self.config.latency_max.as_nanos() as u64;
+        Duration::from_nanos(self.rng.lock().range(lo, hi.max(lo)))
+    }
+
+    fn count(&self, from: NodeId, service: Option<ServiceId>, bytes: usize) {
+        let mut s = self.stats.lock();
+        s.messages += 1;
+        s.bytes += bytes as u64;
+        *s.sent_by.entry(from).or_default() += 1;
+        if let Some(service) = service {
+            *s.by_service.entry(service).or_default() += 1;
+        }
+    }
+}
+
+/// One node's end of the simulated network.
+pub struct SimTransport {
+    me: NodeId,
+    net: Arc<SimNet>,
+}
+
+impl Transport for SimTransport {
+    fn local_node(&self) -> NodeId {
+        self.me
+    }
+
+    fn call(
+        &self,
+        to: NodeId,
+        service: ServiceId,
+        request: Vec<u8>,
+        _options: CallOptions,
+    ) -> Result<Vec<u8>, TransportError> {
+        let net = &self.net;
+        net.count(self.me, Some(service), request.len());
+        mako_diag::sched::sleep(net.latency());
+        let handler = net
+            .registry
+            .service(to, service)
+            .ok_or(TransportError::NoService { node: to, service })?;
+        let reply = handler.handle(self.me, &request);
+        net.count(to, None, reply.len());
+        mako_diag::sched::sleep(net.latency());
+        Ok(reply)
+    }
+
+    fn call_many(
+        &self,
+        calls: Vec<(NodeId, ServiceId, Vec<u8>)>,
+        options: CallOptions,
+    ) -> Vec<Result<Vec<u8>, TransportError>> {
+        if calls.len() <= 1 {
+            return calls
+                .into_iter()
+                .map(|(to, s, r)| self.call(to, s, r, options))
+                .collect();
+        }
+        // Overlapped: one task per call, the caller waits for all of them.
+        let n = calls.len();
+        type Slot = Option<Result<Vec<u8>, TransportError>>;
+        let results: Arc<Mutex<Vec<Slot>>> = Arc::new(Mutex::new(vec![None; n]));
+        for (i, (to, service, request)) in calls.into_iter().enumerate() {
+            let results = results.clone();
+            let t = SimTransport {
+                me: self.me,
+                net: self.net.clone(),
+            };
+            self.net
+                .sim
+                .spawn(format!("{}-call-{}-{i}", self.me.0, to.0), move || {
+                    let r = t.call(to, service, request, options);
+                    results.lock()[i] = Some(r);
+                });
+        }
+        mako_diag::sched::block_until("parallel calls", || {
+            results.lock().iter().all(|r| r.is_some())
+        });
+        let mut out = results.lock();
+        out.iter_mut()
+            .map(|r| {
+                r.take().unwrap_or(Err(TransportError::Unreachable {
+                    node: self.me,
+                    reason: "lost result".into(),
+                }))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,140 @@
+//! The token protocol's messages and the manager's service: what travels between a
+//! node's `TokenClient` and its token manager shard, and between a requester and the
+//! holders it revokes (docs/coherence.md section 2). Plain data, postcard on the wire.
+
+use crate::error::TokenError;
+use crate::manager::{AcquireRequest, Grant, Holder, TokenManager, TokenStats};
+use crate::mode::TokenMode;
+use crate::range::ByteRange;
+use crate::resource::{NodeId, ResourceId};
+use mako_rt::{decode, encode, Service};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// Requests to a token manager shard.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum ManagerRequest {
+    Acquire(AcquireRequest),
+    Relinquish {
+        node: NodeId,
+        resource: ResourceId,
+        range: ByteRange,
+    },
+    Downgrade {
+        node: NodeId,
+        resource: ResourceId,
+        range: ByteRange,
+        to: TokenMode,
+    },
+    /// Drop everything a node holds (it unmounted, or recovery released it).
+    ReleaseNode(NodeId),
+    LocateMetanode {
+        node: NodeId,
+        resource: ResourceId,
+        become_if_none: bool,
+    },
+    ResignMetanode {
+        node: NodeId,
+        resource: ResourceId,
+    },
+    SetVersion {
+        resource: ResourceId,
+        version: u64,
+    },
+    Holders(ResourceId),
+    Dump,
+    Stats,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum ManagerReply {
+    Granted(Grant),
+    Done,
+    Metanode(Option<NodeId>),
+    Holders(Vec<Holder>),
+    Dump(Vec<(ResourceId, Vec<Holder>)>),
+    Stats(TokenStats),
+    /// Conflicts come back as `TokenError::Conflict` with the copyset.
+    Failed(TokenError),
+}
+
+/// Requests to a node's token client.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum ClientRequest {
+    /// Give up (or weaken to what `wanted` can share with) the tokens over `range`.
+    Revoke {
+        resource: ResourceId,
+        range: ByteRange,
+        wanted: TokenMode,
+    },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum ClientReply {
+    Revoked,
+    Failed(TokenError),
+}
+
+/// The token manager as a service of the node hosting it.
+pub struct ManagerService {
+    pub manager: Arc<TokenManager>,
+}
+
+impl ManagerService {
+    pub fn answer(&self, request: ManagerRequest) -> ManagerReply {
+        let m = &self.manager;
+        match request {
+            ManagerRequest::Acquire(req) => match m.acquire(req) {
+                Ok(g) => ManagerReply::Granted(g),
+                Err(e) => ManagerReply::Failed(e),
+            },
+            ManagerRequest::Relinquish {
+                node,
+                resource,
+                range,
+            } => match m.relinquish(node, resource, range) {
+                Ok(()) => ManagerReply::Done,
+                Err(e) => ManagerReply::Failed(e),
+            },
+            ManagerRequest::Downgrade {
+                node,
+                resource,
+                range,
+                to,
+            } => match m.downgrade(node, resource, range, to) {
+                Ok(()) => ManagerReply::Done,
+                Err(e) => ManagerReply::Failed(e),
+            },
+            ManagerRequest::ReleaseNode(node) => {
+                m.release_node(node);
+                ManagerReply::Done
+            }
+            ManagerRequest::LocateMetanode {
+                node,
+                resource,
+                become_if_none,
+            } => ManagerReply::Metanode(m.locate_metanode(node, resource, become_if_none)),
+            ManagerRequest::ResignMetanode { node, resource } => {
+                m.resign_metanode(node, resource);
+                ManagerReply::Done
+            }
+            ManagerRequest::SetVersion { resource, version } => {
+                m.set_version(resource, version);
+                ManagerReply::Done
+            }
+            ManagerRequest::Holders(r) => ManagerReply::Holders(m.holders(r)),
+            ManagerRequest::Dump => ManagerReply::Dump(m.dump()),
+            ManagerRequest::Stats => ManagerReply::Stats(m.stats()),
+        }
+    }
+}
+
+impl Service for ManagerService {
+    fn handle(&self, _from: NodeId, request: &[u8]) -> Vec<u8> {
+        let reply = match decode::<ManagerRequest>("token manager request", request) {
+            Ok(r) => self.answer(r),
+            Err(e) => ManagerReply::Failed(TokenError::Transport(e.to_string())),
+        };
+        encode("token manager reply", &reply).unwrap_or_default()
+    }
+}
