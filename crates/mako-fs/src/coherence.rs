@@ -1,115 +1,185 @@
-//! The coherence seam: every cached object is covered by a token from the token
-//! manager (DESIGN.md 4). In a single-node cluster the manager is in-process and the
-//! node is the only holder, so acquires are local cache hits after the first; the same
-//! calls go to a remote token manager shard in a multi-node cluster.
+//! The coherence seam (docs/coherence.md sections 2 and 3): the tokens that cover what
+//! this node caches, named as the file system sees them. Every cached object is
+//! covered by a token acquired before the cached state is read; an operation holds
+//! (`Hold`) what it uses until it is done, so a revoke waits for it.
+//!
+//! `Need` says what an operation wants to do with an inode, and maps to modes:
+//! caching it (any token), writing data and growing it (`rw`, times and size merged by
+//! the metanode), changing anything else (`xw`).
 
 use crate::error::{FsError, FsResult};
-use mako_rt::{InProcessTransport, Registry, ServiceId};
 use mako_token::{
-    ByteRange, ManagerMap, ManagerService, NodeId, ResourceId, ResourceKind, TokenClient,
-    TokenClientLimits, TokenManager, TokenManagerLimits, TokenMode,
+    ByteRange, Hold, NodeId, ResourceId, ResourceKind, TokenClient, TokenError, TokenMode,
 };
-use std::sync::Arc;
 
-pub trait Coherence: Send + Sync {
-    /// Cover the inode's attributes (`Ro` to read, `Xw` to change).
-    fn inode(&self, ino: u64, mode: TokenMode) -> FsResult<()>;
-    /// Cover a byte range of a file's data; `required` is rounded to blocks by the caller.
-    fn data(&self, ino: u64, mode: TokenMode, required: ByteRange) -> FsResult<()>;
-    /// Give up every token on the inode (cache eviction, delete).
-    fn release(&self, ino: u64);
-    /// Token table for `mako diag tokens`: (resource, holders).
-    fn dump(&self) -> Vec<(String, Vec<String>)>;
+/// What an operation needs of an inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Need {
+    /// Cache the inode and trust what every mode promises (its identity, type, link
+    /// structure it does not change): any token.
+    Cache,
+    /// Write data, extend the size, set times to now: `rw` (or `xw`).
+    Write,
+    /// Change anything: `xw`.
+    Exclusive,
 }
 
-/// Token-manager-backed coherence for one node.
-pub struct TokenCoherence {
+/// A token an operation found missing: acquire it (with nothing held) and restart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Missing {
+    pub resource: ResourceId,
+    pub mode: TokenMode,
+    pub required: ByteRange,
+    pub desired: ByteRange,
+    /// Replace a weaker incomparable mode (`ro` → `rw`) instead of joining.
+    pub replace: bool,
+    /// Ask for this stronger mode if nobody is in the way (a node working alone then
+    /// holds everything after its first acquire).
+    pub upgrade_to: Option<TokenMode>,
+}
+
+impl std::fmt::Display for Missing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} {}", self.mode, self.resource, self.required)
+    }
+}
+
+/// This node's tokens on one file system.
+#[derive(Clone)]
+pub struct Tokens {
     fs: u32,
-    manager: Arc<TokenManager>,
     client: TokenClient,
 }
 
-impl TokenCoherence {
-    /// A single-node setup: an in-process manager and this node's client.
-    pub fn single_node(
-        fs: u32,
-        node: u32,
-        flush: Arc<dyn mako_token::CacheFlush>,
-    ) -> TokenCoherence {
-        let manager = Arc::new(TokenManager::new(TokenManagerLimits {
-            tokens_max: 10_000_000,
-        }));
-        let registry = Registry::new();
-        registry.register(
-            NodeId(node),
-            ServiceId::TokenManager,
-            Arc::new(ManagerService {
-                manager: manager.clone(),
-            }),
-        );
-        let transport = Arc::new(InProcessTransport::new(NodeId(node), registry.clone()));
-        let client = TokenClient::new(
-            NodeId(node),
-            transport,
-            ManagerMap::single(NodeId(node)),
-            TokenClientLimits::default(),
-        );
-        client.set_cache_flush(flush);
-        registry.register(NodeId(node), ServiceId::TokenClient, client.service());
-        TokenCoherence {
-            fs,
-            manager,
-            client,
-        }
-    }
-    fn res(&self, kind: ResourceKind, ino: u64) -> ResourceId {
-        ResourceId {
-            fs: self.fs,
-            kind,
-            id: ino,
-        }
-    }
+pub fn token_error(e: TokenError) -> FsError {
+    FsError::Token(e.to_string())
 }
 
-fn map_err(e: mako_token::TokenError) -> FsError {
-    FsError::Invalid(format!("token: {e}"))
-}
-
-impl Coherence for TokenCoherence {
-    fn inode(&self, ino: u64, _mode: TokenMode) -> FsResult<()> {
-        // Ask for xw whatever the need: on a single node the only holder keeps the
-        // strongest mode, so a later change needs no second round trip. A multi-node
-        // cluster must ask for `_mode` (and revoke conflicting holders).
-        self.client
-            .acquire_whole(self.res(ResourceKind::Inode, ino), TokenMode::Xw)
-            .map(|_| ())
-            .map_err(map_err)
+impl Tokens {
+    pub fn new(fs: u32, client: TokenClient) -> Tokens {
+        Tokens { fs, client }
     }
-    fn data(&self, ino: u64, _mode: TokenMode, required: ByteRange) -> FsResult<()> {
-        // As for inodes: xw on one node; `_mode` once there are others.
+
+    pub fn client(&self) -> &TokenClient {
+        &self.client
+    }
+
+    pub fn node(&self) -> NodeId {
+        self.client.node()
+    }
+
+    pub fn inode(&self, ino: u64) -> ResourceId {
+        ResourceId::new(self.fs, ResourceKind::Inode, ino)
+    }
+    pub fn data(&self, ino: u64) -> ResourceId {
+        ResourceId::new(self.fs, ResourceKind::ByteRange, ino)
+    }
+    pub fn dir(&self, ino: u64) -> ResourceId {
+        ResourceId::new(self.fs, ResourceKind::DirBucket, ino)
+    }
+    pub fn region(&self, region: u32) -> ResourceId {
+        ResourceId::new(self.fs, ResourceKind::AllocRegion, region as u64)
+    }
+    pub fn segment(&self, segment: u32) -> ResourceId {
+        ResourceId::new(self.fs, ResourceKind::InodeMapSegment, segment as u64)
+    }
+    pub fn rename_lock(&self) -> ResourceId {
+        ResourceId::new(self.fs, ResourceKind::RenameLock, 0)
+    }
+
+    /// The token acquire that `need` on `ino` calls for.
+    pub fn inode_missing(&self, ino: u64, need: Need) -> Missing {
+        let (mode, replace) = match need {
+            Need::Cache => (TokenMode::Ro, false),
+            Need::Write => (TokenMode::Rw, true),
+            Need::Exclusive => (TokenMode::Xw, false),
+        };
+        Missing {
+            resource: self.inode(ino),
+            mode,
+            required: ByteRange::WHOLE,
+            desired: ByteRange::WHOLE,
+            replace,
+            upgrade_to: Some(TokenMode::Xw),
+        }
+    }
+
+    /// Hold the inode token for `need` if this node has it; never waits.
+    pub fn try_hold_inode(&self, ino: u64, need: Need) -> Result<Hold, Missing> {
+        let r = self.inode(ino);
+        let h = match need {
+            Need::Cache => self.client.try_hold_any(r, ByteRange::WHOLE),
+            Need::Write => self.client.try_hold(r, TokenMode::Rw, ByteRange::WHOLE),
+            Need::Exclusive => self.client.try_hold(r, TokenMode::Xw, ByteRange::WHOLE),
+        };
+        h.ok_or_else(|| self.inode_missing(ino, need))
+    }
+
+    /// The mode this node holds on the inode (`ro`, `rw`, `xw`), if any.
+    pub fn inode_mode(&self, ino: u64) -> Option<TokenMode> {
+        self.client.held_mode(self.inode(ino), ByteRange::WHOLE)
+    }
+
+    /// Hold `mode` over `range` of a ranged resource if held; never waits.
+    pub fn try_hold_range(
+        &self,
+        resource: ResourceId,
+        mode: TokenMode,
+        range: ByteRange,
+        desired: ByteRange,
+    ) -> Result<Hold, Missing> {
+        self.client.try_hold(resource, mode, range).ok_or(Missing {
+            resource,
+            mode,
+            required: range,
+            desired,
+            replace: false,
+            upgrade_to: Some(TokenMode::Xw),
+        })
+    }
+
+    /// Acquire what `missing` names. Blocks: call with no lock, no transaction handle
+    /// and no hold open (docs/coherence.md R1).
+    pub fn acquire(&self, missing: Missing) -> FsResult<()> {
         self.client
-            .acquire(
-                self.res(ResourceKind::ByteRange, ino),
-                TokenMode::Xw,
-                required,
-                ByteRange::WHOLE,
+            .acquire_upgrading(
+                missing.resource,
+                missing.mode,
+                missing.required,
+                missing.desired,
+                missing.upgrade_to,
+                missing.replace,
             )
-            .map(|_| ())
-            .map_err(map_err)
+            .map_err(token_error)
     }
-    fn release(&self, ino: u64) {
-        let _ = self
-            .client
-            .release(self.res(ResourceKind::Inode, ino), ByteRange::WHOLE);
-        let _ = self
-            .client
-            .release(self.res(ResourceKind::ByteRange, ino), ByteRange::WHOLE);
+
+    /// Give up every token on the inode (eviction, delete). Blocks like `acquire`.
+    pub fn release_inode(&self, ino: u64) -> FsResult<()> {
+        self.client
+            .release(self.data(ino), ByteRange::WHOLE)
+            .map_err(token_error)?;
+        self.client
+            .release(self.dir(ino), ByteRange::WHOLE)
+            .map_err(token_error)?;
+        self.client
+            .release(self.inode(ino), ByteRange::WHOLE)
+            .map_err(token_error)
     }
-    fn dump(&self) -> Vec<(String, Vec<String>)> {
-        self.manager
-            .dump()
+
+    /// The token table as the manager records it, for `mako diag tokens`.
+    pub fn dump(&self) -> Vec<(String, Vec<String>)> {
+        self.client
+            .held_all()
             .into_iter()
-            .map(|(r, h)| (r.to_string(), h.iter().map(|x| x.to_string()).collect()))
+            .map(|(r, pieces)| {
+                (
+                    r.to_string(),
+                    pieces
+                        .iter()
+                        .map(|(range, mode)| format!("{} {mode} {range}", self.node()))
+                        .collect(),
+                )
+            })
             .collect()
     }
 }

@@ -2,7 +2,8 @@
 //! writing inodes and metadata-file ranges through the NSD.
 
 use crate::alloc_map::AllocMap;
-use crate::coherence::Coherence;
+use crate::coherence::{Need, Tokens};
+use crate::env::NodeEnv;
 use crate::error::{FsError, FsResult};
 use crate::inode_map::InodeMap;
 use crate::journal::{Inbox, Journal, LogStart};
@@ -19,9 +20,15 @@ use mako_format::indirect::IndirectBlock;
 use mako_format::inode::{Inode, Timestamp};
 use mako_format::DiskAddress;
 use parking_lot::{Mutex, RwLock};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// Maps with a fixed hasher: iteration order depends only on the contents, so a
+/// simulation seed replays exactly (std's hasher is seeded randomly per process).
+pub type FastMap<K, V> =
+    std::collections::HashMap<K, V, std::hash::BuildHasherDefault<rustc_hash::FxHasher>>;
+pub type FastSet<K> =
+    std::collections::HashSet<K, std::hash::BuildHasherDefault<rustc_hash::FxHasher>>;
 
 /// Lock classes of `mako diag counters`: every lock of a kind counts under one name.
 pub static INODE_LOCK: LockClass = LockClass::new("inode");
@@ -31,6 +38,7 @@ pub static INODE_DIR_BLOCKS_LOCK: LockClass = LockClass::new("inode.dirBlocks");
 pub static INODE_CACHE_LOCK: LockClass = LockClass::new("inode.cache");
 pub static INODE_LOOKUPS_LOCK: LockClass = LockClass::new("inode.lookups");
 pub static STAT_CACHE_LOCK: LockClass = LockClass::new("statCache");
+pub static TOKEN_RELEASE_LOCK: LockClass = LockClass::new("tokenRelease");
 pub static DESCRIPTOR_LOCK: LockClass = LockClass::new("descriptor");
 pub static CONFIG_LOCK: LockClass = LockClass::new("config");
 pub static METAFILE_BLOCKS_LOCK: LockClass = LockClass::new("metafile.blocks");
@@ -78,10 +86,16 @@ impl Default for FsConfig {
     }
 }
 
-pub fn now() -> Timestamp {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+/// The host's time as a timestamp (mkfs; a mounted file system reads its `Clock`).
+pub fn system_now() -> Timestamp {
+    timestamp(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default(),
+    )
+}
+
+pub fn timestamp(d: std::time::Duration) -> Timestamp {
     Timestamp {
         sec: d.as_secs() as i64,
         nsec: d.subsec_nanos(),
@@ -218,9 +232,9 @@ pub struct InodeState {
     pub dirty: bool,
     inbox: Arc<Inbox>,
     /// Indirect blocks by (level, index). Behind a mutex so lookups work under a read lock.
-    pub indirect: CountedMutex<HashMap<(u8, u64), IndNode>>,
+    pub indirect: CountedMutex<FastMap<(u8, u64), IndNode>>,
     /// Directory blocks by logical index.
-    pub dir_blocks: CountedMutex<HashMap<u64, DirNode>>,
+    pub dir_blocks: CountedMutex<FastMap<u64, DirNode>>,
     /// The inode was freed; the handle is stale.
     pub deleted: bool,
 }
@@ -269,8 +283,8 @@ impl InodeHandle {
                     inode,
                     dirty: false,
                     inbox: inbox.clone(),
-                    indirect: CountedMutex::new(&INODE_INDIRECT_LOCK, HashMap::new()),
-                    dir_blocks: CountedMutex::new(&INODE_DIR_BLOCKS_LOCK, HashMap::new()),
+                    indirect: CountedMutex::new(&INODE_INDIRECT_LOCK, FastMap::default()),
+                    dir_blocks: CountedMutex::new(&INODE_DIR_BLOCKS_LOCK, FastMap::default()),
                     deleted: false,
                 },
             ),
@@ -278,6 +292,27 @@ impl InodeHandle {
             opens: AtomicU32::new(0),
             last_use: AtomicU64::new(0),
         })
+    }
+}
+
+/// An inode number set aside for one operation (`Core::reserve_inode`).
+pub struct InodeReservation {
+    core: Arc<Core>,
+    ino: u64,
+    used: bool,
+}
+
+impl InodeReservation {
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+}
+
+impl Drop for InodeReservation {
+    fn drop(&mut self) {
+        if !self.used {
+            self.core.imap.unreserve(self.ino);
+        }
     }
 }
 
@@ -296,15 +331,18 @@ pub struct Core {
     pub alloc: AllocMap,
     pub alloc_slot_bytes: usize,
     pub imap: InodeMap,
-    pub inodes: CountedMutex<HashMap<u64, Arc<InodeHandle>>>,
+    pub inodes: CountedMutex<FastMap<u64, Arc<InodeHandle>>>,
     /// Kernel lookup references (FUSE nlookup) per inode.
-    pub lookups: CountedMutex<HashMap<u64, u64>>,
+    pub lookups: CountedMutex<FastMap<u64, u64>>,
     /// Disk addresses of the blocks of each metadata file, by block index.
-    pub metafile_blocks: CountedRwLock<HashMap<u64, Vec<DiskAddress>>>,
+    pub metafile_blocks: CountedRwLock<FastMap<u64, Vec<DiskAddress>>>,
     pub pool: PagePool,
     /// Serialises renames that move directories (loop checks need a stable tree).
     pub rename_lock: CountedMutex<()>,
-    pub coherence: Arc<dyn Coherence>,
+    /// This node's tokens on the file system (docs/coherence.md).
+    pub tokens: Tokens,
+    /// Identity, clock and transport of this node.
+    pub env: NodeEnv,
     pub invalidator: RwLock<Option<Arc<dyn KernelInvalidator>>>,
     pub stats: FsStats,
     /// Shared with the journal, which turns the mount read-only itself when an
@@ -314,21 +352,22 @@ pub struct Core {
     pub use_tick: AtomicU64,
     pub generation: AtomicU32,
     pub node: u32,
-    /// Attribute-only cache of inodes evicted past `maxFilesToCache` (`maxStatCache`).
-    pub stat_cache: CountedMutex<(HashMap<u64, Inode>, std::collections::VecDeque<u64>)>,
+    /// Attribute cache of inodes evicted past `maxFilesToCache` (`maxStatCache`), each
+    /// entry covered by the inode's token.
+    pub stat_cache: CountedMutex<crate::stat_cache::StatCache>,
+    /// Inodes whose tokens this node may give back once nothing uses them (freed or
+    /// pushed out of every cache); `workers::release_tokens` does it outside operations.
+    pub token_release: CountedMutex<Vec<u64>>,
     /// Write-behind and prefetch work.
     pub flushq: CountedMutex<std::collections::VecDeque<(u64, u64)>>,
     pub prefetchq: CountedMutex<std::collections::VecDeque<(u64, u64)>>,
-    pub prefetch_cv: parking_lot::Condvar,
+    pub prefetch_cv: mako_diag::Condvar,
     /// Serialises growth of the inode file.
     pub inode_file_grow: CountedMutex<()>,
     /// The recovery log: transactions, commits, checkpoints.
     pub journal: Journal,
     /// Inode-file chunks missed recently (a set and its insertion order).
-    chunk_misses: Mutex<(
-        std::collections::HashSet<u64>,
-        std::collections::VecDeque<u64>,
-    )>,
+    chunk_misses: Mutex<(FastSet<u64>, std::collections::VecDeque<u64>)>,
 }
 
 /// The mount's read-only state: once set (damage, a failed commit), nothing more is
@@ -373,10 +412,12 @@ impl Core {
         alloc: AllocMap,
         imap: InodeMap,
         cfg: FsConfig,
-        coherence: Arc<dyn Coherence>,
-        node: u32,
+        env: NodeEnv,
+        tokens: Tokens,
         log: LogStart,
     ) -> Core {
+        let node = env.node;
+        let max_stat_cache = cfg.max_stat_cache;
         let geo = desc.geometry;
         let log_ino = desc.metadata_inodes.log_first + node as u64;
         let read_only = Arc::new(ReadOnly::default());
@@ -391,10 +432,7 @@ impl Core {
         );
         let alloc_slot_bytes = crate::alloc_map::segment_slot_bytes(&desc);
         let pool = PagePool::new(cfg.pagepool_bytes);
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs() as u32)
-            .unwrap_or(1);
+        let seed = env.clock.wall().as_secs() as u32;
         Core {
             nsd,
             desc: CountedMutex::new(&DESCRIPTOR_LOCK, desc),
@@ -403,12 +441,13 @@ impl Core {
             alloc,
             alloc_slot_bytes,
             imap,
-            inodes: CountedMutex::new(&INODE_CACHE_LOCK, HashMap::new()),
-            lookups: CountedMutex::new(&INODE_LOOKUPS_LOCK, HashMap::new()),
-            metafile_blocks: CountedRwLock::new(&METAFILE_BLOCKS_LOCK, HashMap::new()),
+            inodes: CountedMutex::new(&INODE_CACHE_LOCK, FastMap::default()),
+            lookups: CountedMutex::new(&INODE_LOOKUPS_LOCK, FastMap::default()),
+            metafile_blocks: CountedRwLock::new(&METAFILE_BLOCKS_LOCK, FastMap::default()),
             pool,
             rename_lock: CountedMutex::new(&RENAME_LOCK, ()),
-            coherence,
+            tokens,
+            env,
             invalidator: RwLock::new(None),
             stats: FsStats::default(),
             read_only,
@@ -418,15 +457,21 @@ impl Core {
             node,
             stat_cache: CountedMutex::new(
                 &STAT_CACHE_LOCK,
-                (HashMap::new(), std::collections::VecDeque::new()),
+                crate::stat_cache::StatCache::new(max_stat_cache),
             ),
+            token_release: CountedMutex::new(&TOKEN_RELEASE_LOCK, Vec::new()),
             flushq: CountedMutex::new(&WRITEBEHIND_QUEUE_LOCK, std::collections::VecDeque::new()),
             prefetchq: CountedMutex::new(&PREFETCH_QUEUE_LOCK, std::collections::VecDeque::new()),
-            prefetch_cv: parking_lot::Condvar::new(),
+            prefetch_cv: mako_diag::Condvar::new(),
             inode_file_grow: CountedMutex::new(&INODE_FILE_GROW_LOCK, ()),
             journal,
             chunk_misses: Mutex::new(Default::default()),
         }
+    }
+
+    /// The time for timestamps, from this node's clock.
+    pub fn now(&self) -> Timestamp {
+        timestamp(self.env.clock.wall())
     }
 
     /// Open a log transaction handle (see `journal`): before any inode lock.
@@ -453,14 +498,33 @@ impl Core {
         self.prefetch_cv.notify_one();
     }
 
-    /// Allocate an inode number, growing the inode file when the number lies past its end.
-    pub fn allocate_inode(&self) -> FsResult<u64> {
-        let ino = self.imap.allocate()?;
-        if let Err(e) = self.ensure_inode_slot(ino) {
-            let _ = self.imap.free(ino);
-            return Err(e);
-        }
-        Ok(ino)
+    /// Set aside a free inode number for an operation (see `InodeMap::reserve`); the
+    /// reservation is given back when the guard drops unless `use_it` was called.
+    pub fn reserve_inode(self: &Arc<Self>) -> FsResult<InodeReservation> {
+        Ok(InodeReservation {
+            core: self.clone(),
+            ino: self.imap.reserve()?,
+            used: false,
+        })
+    }
+
+    /// True if the inode file already has a slot for `ino` (no growth needed).
+    pub fn inode_slot_exists(&self, ino: u64) -> bool {
+        let inode_file = self.metadata_inodes().inode_file;
+        let block = ino * self.inode_bytes() as u64 / self.block_bytes();
+        self.metafile_blocks
+            .read()
+            .get(&inode_file)
+            .is_some_and(|v| (v.len() as u64) > block)
+    }
+
+    /// Take a reserved inode number into use, growing the inode file when the number
+    /// lies past its end. Part of the operation's transaction.
+    pub fn allocate_reserved_inode(&self, r: &mut InodeReservation) -> FsResult<u64> {
+        self.ensure_inode_slot(r.ino)?;
+        self.imap.use_reserved(r.ino)?;
+        r.used = true;
+        Ok(r.ino)
     }
 
     fn ensure_inode_slot(&self, ino: u64) -> FsResult<()> {
@@ -699,8 +763,11 @@ impl Core {
         false
     }
 
-    /// The cached handle of `ino`, loading it from disk on a miss.
+    /// The cached handle of `ino`, loading it from disk on a miss. Holds the inode's
+    /// token for the running operation first (`op`): a cached inode is only trusted
+    /// under a token.
     pub fn get(&self, ino: u64) -> FsResult<Arc<InodeHandle>> {
+        crate::op::hold_inode(self, ino, Need::Cache)?;
         let tick = self.use_tick.fetch_add(1, Ordering::Relaxed);
         if let Some(h) = self.inodes.lock().get(&ino) {
             h.last_use.store(tick, Ordering::Relaxed);
@@ -711,7 +778,7 @@ impl Core {
             return Err(FsError::Stale(ino));
         }
         self.stats.inode_misses.fetch_add(1, Ordering::Relaxed);
-        let cached = self.stat_cache.lock().0.remove(&ino);
+        let cached = self.stat_cache.lock().take(ino);
         let inode = match cached {
             Some(i) => {
                 self.stats.stat_cache_hits.fetch_add(1, Ordering::Relaxed);
@@ -724,9 +791,6 @@ impl Core {
             // crash. It is fsck's to reclaim; to users it does not exist.
             return Err(FsError::Stale(ino));
         }
-        // Caching the inode requires its token (a local hit after the first acquire on
-        // a single node; a round trip to the token manager shard in a cluster).
-        self.coherence.inode(ino, mako_token::TokenMode::Ro)?;
         let mut map = self.inodes.lock();
         let h = map
             .entry(ino)

@@ -44,6 +44,13 @@ pub enum FsError {
     Disk(DiskError),
     #[error("stale file handle: inode {0}")]
     Stale(u64),
+    /// The token protocol failed (a node stopped answering, a revoke failed).
+    #[error("cluster coherence: {0}")]
+    Token(String),
+    /// An operation needs a token this node does not hold: `op::run` acquires it and
+    /// restarts the operation. Never reaches a user.
+    #[error("operation needs token {0}")]
+    NeedToken(crate::coherence::Missing),
 }
 
 pub type FsResult<T> = Result<T, FsError>;
@@ -64,6 +71,13 @@ impl From<DiskError> for FsError {
 }
 
 impl FsError {
+    /// An operation found a token missing. Counts as damage for the journal's check:
+    /// an operation that already changed memory must not commit (see `op`).
+    pub fn need_token(missing: crate::coherence::Missing) -> FsError {
+        crate::journal::note_damage();
+        FsError::NeedToken(missing)
+    }
+
     /// The one conversion to errno (used by the FUSE adapter).
     pub fn errno(&self) -> i32 {
         use libc::*;
@@ -87,11 +101,17 @@ impl FsError {
             FsError::Corrupt(_) => EIO,
             FsError::Disk(_) => EIO,
             FsError::Stale(_) => ESTALE,
+            FsError::Token(_) => EIO,
+            // Only escapes `op::run` by a bug.
+            FsError::NeedToken(_) => EIO,
         }
     }
     /// Errors worth a line in the daemon log (damage, I/O), as opposed to ordinary
     /// POSIX outcomes like ENOENT.
     pub fn is_serious(&self) -> bool {
-        matches!(self, FsError::Corrupt(_) | FsError::Disk(_))
+        matches!(
+            self,
+            FsError::Corrupt(_) | FsError::Disk(_) | FsError::Token(_)
+        )
     }
 }

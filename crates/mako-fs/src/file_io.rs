@@ -9,7 +9,7 @@
 
 use crate::alloc_map::AllocKind;
 use crate::block_map;
-use crate::core::{now, Core, InodeHandle, InodeState};
+use crate::core::{Core, InodeHandle, InodeState};
 use crate::error::{FsError, FsResult};
 use crate::pagepool::DataBuffer;
 use mako_disk::nsd::IoTag;
@@ -217,7 +217,7 @@ fn write_locked(
         .checked_add(len)
         .filter(|e| *e <= FILE_BYTES_MAX)
         .ok_or_else(|| FsError::TooBig(format!("write at {offset}+{len}")))?;
-    let t = now();
+    let t = core.now();
     if len == 0 {
         return Ok(0);
     }
@@ -515,7 +515,7 @@ pub fn write_direct(core: &Core, st: &mut InodeState, offset: u64, data: &[u8]) 
         core.pool
             .remove_from_range(ino, offset / bb, end.div_ceil(bb)),
     );
-    let t = now();
+    let t = core.now();
     st.inode.mtime = t;
     st.inode.ctime = t;
     st.mark_dirty();

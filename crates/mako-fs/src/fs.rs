@@ -7,7 +7,8 @@
 
 use crate::acl;
 use crate::block_map;
-use crate::core::{now, Core, InodeHandle, InodeState};
+use crate::coherence::Need;
+use crate::core::{Core, InodeHandle, InodeState};
 use crate::directory;
 use crate::error::{FsError, FsResult};
 use crate::file_io;
@@ -150,6 +151,35 @@ impl FileSystem {
         self.core.get(ino)
     }
 
+    /// Hold the inode's token for what the operation is about to do (docs/coherence.md
+    /// section 3): before the first change, never after.
+    fn need(&self, ino: u64, need: Need) -> FsResult<()> {
+        crate::op::hold_inode(&self.core, ino, need)
+    }
+
+    /// Hold a directory's names in `mode` (all of them, for now: one name range per
+    /// directory).
+    fn need_names(&self, dir: u64, mode: TokenMode) -> FsResult<()> {
+        crate::op::hold_range(
+            &self.core,
+            self.core.tokens.dir(dir),
+            mode,
+            ByteRange::WHOLE,
+            ByteRange::WHOLE,
+        )
+    }
+
+    /// Hold a file's data over `range` in `mode`.
+    fn need_data(&self, ino: u64, mode: TokenMode, range: ByteRange) -> FsResult<()> {
+        crate::op::hold_range(
+            &self.core,
+            self.core.tokens.data(ino),
+            mode,
+            range,
+            ByteRange::WHOLE,
+        )
+    }
+
     fn live_dir<'a>(&self, st: &'a InodeState) -> FsResult<&'a Inode> {
         if st.deleted {
             return Err(FsError::Stale(st.inode.ino));
@@ -161,33 +191,40 @@ impl FileSystem {
     }
 
     pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
-        let h = self.handle(ino)?;
-        let st = h.state.read();
-        if st.deleted {
-            return Err(FsError::Stale(ino));
-        }
-        Ok(self.attr_of(&st.inode))
+        crate::op::run(&self.core, || {
+            let h = self.handle(ino)?;
+            let st = h.state.read();
+            if st.deleted {
+                return Err(FsError::Stale(ino));
+            }
+            Ok(self.attr_of(&st.inode))
+        })
     }
 
     pub fn lookup(&self, parent: u64, name: &[u8]) -> FsResult<Attr> {
-        self.core.stats.lookups.fetch_add(1, Ordering::Relaxed);
-        let p = self.handle(parent)?;
-        let ino = {
-            let st = p.state.read();
-            let dir = self.live_dir(&st)?;
-            match name {
-                b"." => dir.ino,
-                b".." => dir.parent,
-                _ => {
-                    directory::lookup(&self.core, &st, name)?
-                        .ok_or_else(|| {
-                            FsError::NotFound(String::from_utf8_lossy(name).into_owned())
-                        })?
-                        .ino
-                }
+        crate::op::run(&self.core, || {
+            self.core.stats.lookups.fetch_add(1, Ordering::Relaxed);
+            let p = self.handle(parent)?;
+            if !matches!(name, b"." | b"..") {
+                self.need_names(parent, TokenMode::Ro)?;
             }
-        };
-        self.getattr(ino)
+            let ino = {
+                let st = p.state.read();
+                let dir = self.live_dir(&st)?;
+                match name {
+                    b"." => dir.ino,
+                    b".." => dir.parent,
+                    _ => {
+                        directory::lookup(&self.core, &st, name)?
+                            .ok_or_else(|| {
+                                FsError::NotFound(String::from_utf8_lossy(name).into_owned())
+                            })?
+                            .ino
+                    }
+                }
+            };
+            self.getattr(ino)
+        })
     }
 
     fn new_inode(
@@ -197,9 +234,9 @@ impl FileSystem {
         mode: u32,
         umask: u32,
         rdev: u32,
+        ino: u64,
     ) -> FsResult<(Inode, Vec<Xattr>)> {
-        let ino = self.core.allocate_inode()?;
-        let t = now();
+        let t = self.core.now();
         let mut mode = mode;
         let mut xattrs = Vec::new();
         let default_acl = parent
@@ -261,44 +298,78 @@ impl FileSystem {
         exclusive: bool,
     ) -> FsResult<Attr> {
         self.core.check_writable()?;
-        let _tx = self.core.begin();
         directory::check_name(name)?;
-        let p = self.handle(parent)?;
-        let mut pst = p.state.write();
-        self.live_dir(&pst)?;
-        if let Some(e) = directory::lookup(&self.core, &pst, name)? {
+        // The new inode's number is set aside first, so its token can be held before
+        // anything changes; it goes back to the map if the operation fails.
+        let mut reservation = self.core.reserve_inode()?;
+        let ino = reservation.ino();
+        crate::op::run(&self.core, || {
+            self.need(ino, Need::Exclusive)?;
+            self.need_data(ino, TokenMode::Xw, ByteRange::WHOLE)?;
+            if !self.core.inode_slot_exists(ino) {
+                self.need(self.core.metadata_inodes().inode_file, Need::Exclusive)?;
+            }
+            let p = self.handle(parent)?;
+            self.need(parent, Need::Exclusive)?;
+            self.need_names(parent, TokenMode::Xw)?;
+            let _tx = self.core.begin();
+            let mut pst = p.state.write();
+            self.make_locked(
+                ctx,
+                &mut pst,
+                name,
+                (mode, umask, rdev),
+                target,
+                exclusive,
+                &mut reservation,
+            )
+        })
+    }
+
+    /// The part of `make` under the parent's lock, with every token held.
+    #[allow(clippy::too_many_arguments)]
+    fn make_locked(
+        &self,
+        ctx: Ctx,
+        pst: &mut InodeState,
+        name: &[u8],
+        (mode, umask, rdev): (u32, u32, u32),
+        target: Option<&[u8]>,
+        exclusive: bool,
+        reservation: &mut crate::core::InodeReservation,
+    ) -> FsResult<Attr> {
+        let parent = pst.inode.ino;
+        self.live_dir(pst)?;
+        if let Some(e) = directory::lookup(&self.core, pst, name)? {
             if exclusive || is_dir_mode(mode) {
                 return Err(FsError::Exists(String::from_utf8_lossy(name).into_owned()));
             }
-            drop(pst);
             return self.getattr(e.ino);
         }
         if is_dir_mode(mode) && pst.inode.nlink >= LINKS_MAX {
             return Err(FsError::TooManyLinks(format!("directory inode {parent}")));
         }
-        let (mut inode, xattrs) = self.new_inode(ctx, &pst, mode, umask, rdev)?;
+        let ino = self.core.allocate_reserved_inode(reservation)?;
+        let (mut inode, xattrs) = self.new_inode(ctx, pst, mode, umask, rdev, ino)?;
         inode.xattrs = xattrs;
-        let ino = inode.ino;
-        if let Err(e) = directory::insert(&self.core, &mut pst, name, ino, dtype(inode.mode)) {
+        if let Err(e) = directory::insert(&self.core, pst, name, ino, dtype(inode.mode)) {
             let _ = self.core.imap.free(ino);
             return Err(e);
         }
         if is_dir_mode(inode.mode) {
             pst.inode.nlink += 1;
         }
-        let t = now();
+        let t = self.core.now();
         pst.inode.mtime = t;
         pst.inode.ctime = t;
         pst.mark_dirty();
         let h = self.core.insert_new(inode);
-        self.core.coherence.inode(ino, TokenMode::Xw)?;
         if let Some(target) = target {
             file_io::write(&self.core, &h, 0, target)?;
             // A symlink is metadata to its users: a target too long for the inode goes
             // to disk now, so no commit ever names a symlink whose target is not there.
             file_io::flush_data(&self.core, &h)?;
         }
-        drop(pst);
         self.core.stats.creates.fetch_add(1, Ordering::Relaxed);
         let st = h.state.read();
         Ok(self.attr_of(&st.inode))
@@ -386,68 +457,85 @@ impl FileSystem {
     }
 
     pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
-        let h = self.handle(ino)?;
-        let st = h.state.read();
-        if st.inode.mode & S_IFMT != S_IFLNK {
-            return Err(FsError::Invalid(format!("inode {ino} is not a symlink")));
-        }
-        Ok(file_io::read(&self.core, &st, 0, st.inode.size as usize, true)?.to_vec())
+        crate::op::run(&self.core, || {
+            let h = self.handle(ino)?;
+            let st = h.state.read();
+            if st.inode.mode & S_IFMT != S_IFLNK {
+                return Err(FsError::Invalid(format!("inode {ino} is not a symlink")));
+            }
+            Ok(file_io::read(&self.core, &st, 0, st.inode.size as usize, true)?.to_vec())
+        })
     }
 
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> FsResult<Attr> {
-        self.core.check_writable()?;
-        let _tx = self.core.begin();
-        directory::check_name(newname)?;
-        let p = self.handle(newparent)?;
-        let c = self.handle(ino)?;
-        let mut pst = p.state.write();
-        self.live_dir(&pst)?;
-        let mut cst = c.state.write();
-        if cst.deleted || cst.inode.nlink == 0 {
-            return Err(FsError::NotFound(format!("inode {ino}")));
-        }
-        if is_dir_mode(cst.inode.mode) {
-            return Err(FsError::Perm(
-                "hard links to directories are not allowed".into(),
-            ));
-        }
-        if cst.inode.nlink >= LINKS_MAX {
-            return Err(FsError::TooManyLinks(format!("inode {ino}")));
-        }
-        directory::insert(&self.core, &mut pst, newname, ino, dtype(cst.inode.mode))?;
-        let t = now();
-        cst.inode.nlink += 1;
-        cst.inode.ctime = t;
-        cst.mark_dirty();
-        pst.inode.mtime = t;
-        pst.inode.ctime = t;
-        pst.mark_dirty();
-        Ok(self.attr_of(&cst.inode))
+        crate::op::run(&self.core, || {
+            self.core.check_writable()?;
+            directory::check_name(newname)?;
+            let p = self.handle(newparent)?;
+            let c = self.handle(ino)?;
+            self.need(newparent, Need::Exclusive)?;
+            self.need_names(newparent, TokenMode::Xw)?;
+            self.need(ino, Need::Exclusive)?;
+            let _tx = self.core.begin();
+            let mut pst = p.state.write();
+            self.live_dir(&pst)?;
+            let mut cst = c.state.write();
+            if cst.deleted || cst.inode.nlink == 0 {
+                return Err(FsError::NotFound(format!("inode {ino}")));
+            }
+            if is_dir_mode(cst.inode.mode) {
+                return Err(FsError::Perm(
+                    "hard links to directories are not allowed".into(),
+                ));
+            }
+            if cst.inode.nlink >= LINKS_MAX {
+                return Err(FsError::TooManyLinks(format!("inode {ino}")));
+            }
+            directory::insert(&self.core, &mut pst, newname, ino, dtype(cst.inode.mode))?;
+            let t = self.core.now();
+            cst.inode.nlink += 1;
+            cst.inode.ctime = t;
+            cst.mark_dirty();
+            pst.inode.mtime = t;
+            pst.inode.ctime = t;
+            pst.mark_dirty();
+            Ok(self.attr_of(&cst.inode))
+        })
     }
 
     pub fn unlink(&self, parent: u64, name: &[u8]) -> FsResult<()> {
-        self.remove(parent, name, false)
+        crate::op::run(&self.core, || self.remove(parent, name, false))
     }
 
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> FsResult<()> {
-        if name == b"." {
-            return Err(FsError::Invalid("rmdir of .".into()));
-        }
-        if name == b".." {
-            return Err(FsError::NotEmpty("..".into()));
-        }
-        self.remove(parent, name, true)
+        crate::op::run(&self.core, || {
+            if name == b"." {
+                return Err(FsError::Invalid("rmdir of .".into()));
+            }
+            if name == b".." {
+                return Err(FsError::NotEmpty("..".into()));
+            }
+            self.remove(parent, name, true)
+        })
     }
 
     fn remove(&self, parent: u64, name: &[u8], dir: bool) -> FsResult<()> {
         self.core.check_writable()?;
-        let _tx = self.core.begin();
         let p = self.handle(parent)?;
+        self.need(parent, Need::Exclusive)?;
+        self.need_names(parent, TokenMode::Xw)?;
+        let _tx = self.core.begin();
         let mut pst = p.state.write();
         self.live_dir(&pst)?;
         let e = directory::lookup(&self.core, &pst, name)?
             .ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(name).into_owned()))?;
         let c = self.handle(e.ino)?;
+        // The victim's link count changes, and it may be freed here: all of it.
+        self.need(e.ino, Need::Exclusive)?;
+        self.need_data(e.ino, TokenMode::Xw, ByteRange::WHOLE)?;
+        if e.kind == dtype(S_IFDIR) {
+            self.need_names(e.ino, TokenMode::Xw)?;
+        }
         let mut cst = c.state.write();
         let is_dir = is_dir_mode(cst.inode.mode);
         if dir && !is_dir {
@@ -462,7 +550,7 @@ impl FileSystem {
             ));
         }
         directory::remove(&self.core, &mut pst, name)?;
-        let t = now();
+        let t = self.core.now();
         if is_dir {
             cst.inode.nlink = 0;
             pst.inode.nlink = pst.inode.nlink.saturating_sub(1);
@@ -482,20 +570,30 @@ impl FileSystem {
 
     /// Free an inode whose last link is gone once no kernel reference or open remains.
     pub fn maybe_free(&self, h: &Arc<InodeHandle>) -> FsResult<()> {
-        let lookups = self.core.lookups.lock().get(&h.ino).copied().unwrap_or(0);
-        if lookups > 0 || h.opens.load(Ordering::SeqCst) > 0 {
-            return Ok(());
-        }
-        if self.core.read_only.load(Ordering::Relaxed) {
-            // Left for fsck (an orphan) rather than changed on a damaged file system.
-            return Ok(());
-        }
-        let _tx = self.core.begin();
-        let mut st = h.state.write();
-        if st.deleted || st.inode.nlink > 0 {
-            return Ok(());
-        }
-        crate::workers::free_inode(&self.core, &mut st)
+        crate::op::run(&self.core, || {
+            let lookups = self.core.lookups.lock().get(&h.ino).copied().unwrap_or(0);
+            if lookups > 0 || h.opens.load(Ordering::SeqCst) > 0 {
+                return Ok(());
+            }
+            if self.core.read_only.load(Ordering::Relaxed) {
+                // Left for fsck (an orphan) rather than changed on a damaged file system.
+                return Ok(());
+            }
+            {
+                let st = h.state.read();
+                if st.deleted || st.inode.nlink > 0 {
+                    return Ok(());
+                }
+            }
+            self.need(h.ino, Need::Exclusive)?;
+            self.need_data(h.ino, TokenMode::Xw, ByteRange::WHOLE)?;
+            let _tx = self.core.begin();
+            let mut st = h.state.write();
+            if st.deleted || st.inode.nlink > 0 {
+                return Ok(());
+            }
+            crate::workers::free_inode(&self.core, &mut st)
+        })
     }
 
     /// The directories from `ino` up to the root, `ino` first. Called under
@@ -528,6 +626,7 @@ impl FileSystem {
         let entry =
             |parent: u64, name: &[u8]| -> FsResult<Option<mako_format::dir_block::DirEntry>> {
                 let h = self.handle(parent)?;
+                self.need_names(parent, TokenMode::Ro)?;
                 let st = h.state.read();
                 if st.deleted || !is_dir_mode(st.inode.mode) {
                     return Ok(None);
@@ -546,113 +645,200 @@ impl FileSystem {
 
     /// rename(2) / renameat2(2) with RENAME_NOREPLACE (1) and RENAME_EXCHANGE (2).
     pub fn rename(&self, p1: u64, n1: &[u8], p2: u64, n2: &[u8], flags: u32) -> FsResult<()> {
-        const NOREPLACE: u32 = 1;
-        const EXCHANGE: u32 = 2;
-        self.core.check_writable()?;
-        if flags & !(NOREPLACE | EXCHANGE) != 0 {
-            return Err(FsError::NotSupported(format!(
-                "rename flags {flags:#x} (only RENAME_NOREPLACE and RENAME_EXCHANGE)"
-            )));
-        }
-        if flags & NOREPLACE != 0 && flags & EXCHANGE != 0 {
-            return Err(FsError::Invalid(
-                "RENAME_NOREPLACE with RENAME_EXCHANGE".into(),
-            ));
-        }
-        directory::check_name(n2)?;
-        self.flush_before_replace(p1, n1, p2, n2)?;
-        let _tx = self.core.begin();
-        let _serial = self.core.rename_lock.lock();
-        let h1 = self.handle(p1)?;
-        let h2 = self.handle(p2)?;
-        let up1 = self.ancestors(p1)?;
-        let up2 = self.ancestors(p2)?;
-        // Lock the parents ancestor first.
-        let (g1, g2);
-        let (mut s1, mut s2_opt) = if p1 == p2 {
-            g1 = h1.state.write();
-            (g1, None)
-        } else if up1.contains(&p2) {
-            g2 = h2.state.write();
-            g1 = h1.state.write();
-            (g1, Some(g2))
-        } else {
-            g1 = h1.state.write();
-            g2 = h2.state.write();
-            (g1, Some(g2))
-        };
-        // The target directory: the second parent, or the first when they are one.
-        macro_rules! target_dir {
-            () => {
-                match s2_opt.as_deref_mut() {
-                    Some(s) => s,
-                    None => &mut s1,
-                }
-            };
-        }
-        self.live_dir(&s1)?;
-        if let Some(s2) = &s2_opt {
-            self.live_dir(s2)?;
-        }
-        let src = directory::lookup(&self.core, &s1, n1)?
-            .ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(n1).into_owned()))?;
-        let dst = {
-            let s2: &InodeState = s2_opt.as_deref().unwrap_or(&s1);
-            directory::lookup(&self.core, s2, n2)?
-        };
-        if let Some(d) = &dst {
-            if d.ino == src.ino {
-                return Ok(()); // two names of one inode: POSIX says do nothing
+        crate::op::run(&self.core, || {
+            const NOREPLACE: u32 = 1;
+            const EXCHANGE: u32 = 2;
+            self.core.check_writable()?;
+            if flags & !(NOREPLACE | EXCHANGE) != 0 {
+                return Err(FsError::NotSupported(format!(
+                    "rename flags {flags:#x} (only RENAME_NOREPLACE and RENAME_EXCHANGE)"
+                )));
             }
-        }
-        let src_h = self.handle(src.ino)?;
-        let src_is_dir = src.kind == dtype(S_IFDIR);
-        if src_is_dir && p1 != p2 && up2.contains(&src.ino) {
-            return Err(FsError::Invalid(
-                "cannot move a directory into itself".into(),
-            ));
-        }
-        let t = now();
-        if flags & EXCHANGE != 0 {
-            let d =
-                dst.ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(n2).into_owned()))?;
-            let dst_is_dir = d.kind == dtype(S_IFDIR);
-            if dst_is_dir && p1 != p2 && up1.contains(&d.ino) {
+            if flags & NOREPLACE != 0 && flags & EXCHANGE != 0 {
+                return Err(FsError::Invalid(
+                    "RENAME_NOREPLACE with RENAME_EXCHANGE".into(),
+                ));
+            }
+            directory::check_name(n2)?;
+            self.flush_before_replace(p1, n1, p2, n2)?;
+            let h1 = self.handle(p1)?;
+            let h2 = self.handle(p2)?;
+            self.need(p1, Need::Exclusive)?;
+            self.need(p2, Need::Exclusive)?;
+            self.need_names(p1, TokenMode::Xw)?;
+            self.need_names(p2, TokenMode::Xw)?;
+            let _tx = self.core.begin();
+            let _serial = self.core.rename_lock.lock();
+            let up1 = self.ancestors(p1)?;
+            let up2 = self.ancestors(p2)?;
+            // Lock the parents ancestor first.
+            let (g1, g2);
+            let (mut s1, mut s2_opt) = if p1 == p2 {
+                g1 = h1.state.write();
+                (g1, None)
+            } else if up1.contains(&p2) {
+                g2 = h2.state.write();
+                g1 = h1.state.write();
+                (g1, Some(g2))
+            } else {
+                g1 = h1.state.write();
+                g2 = h2.state.write();
+                (g1, Some(g2))
+            };
+            // The target directory: the second parent, or the first when they are one.
+            macro_rules! target_dir {
+                () => {
+                    match s2_opt.as_deref_mut() {
+                        Some(s) => s,
+                        None => &mut s1,
+                    }
+                };
+            }
+            self.live_dir(&s1)?;
+            if let Some(s2) = &s2_opt {
+                self.live_dir(s2)?;
+            }
+            let src = directory::lookup(&self.core, &s1, n1)?
+                .ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(n1).into_owned()))?;
+            let dst = {
+                let s2: &InodeState = s2_opt.as_deref().unwrap_or(&s1);
+                directory::lookup(&self.core, s2, n2)?
+            };
+            if let Some(d) = &dst {
+                if d.ino == src.ino {
+                    return Ok(()); // two names of one inode: POSIX says do nothing
+                }
+            }
+            let src_h = self.handle(src.ino)?;
+            self.need(src.ino, Need::Exclusive)?;
+            let src_is_dir = src.kind == dtype(S_IFDIR);
+            if src_is_dir && p1 != p2 {
+                // A directory moves: the loop check above must have seen a tree no node
+                // can change meanwhile (the cluster's rename lock; checked before any
+                // change, so a restart recomputes the ancestors under it).
+                crate::op::hold_range(
+                    &self.core,
+                    self.core.tokens.rename_lock(),
+                    TokenMode::Xw,
+                    ByteRange::WHOLE,
+                    ByteRange::WHOLE,
+                )?;
+            }
+            if let Some(d) = &dst {
+                self.need(d.ino, Need::Exclusive)?;
+                self.need_data(d.ino, TokenMode::Xw, ByteRange::WHOLE)?;
+                if d.kind == dtype(S_IFDIR) {
+                    self.need_names(d.ino, TokenMode::Xw)?;
+                }
+            }
+            if src_is_dir && p1 != p2 && up2.contains(&src.ino) {
                 return Err(FsError::Invalid(
                     "cannot move a directory into itself".into(),
                 ));
             }
-            directory::replace(&self.core, &mut s1, n1, d.ino, d.kind)?;
-            {
+            let t = self.core.now();
+            if flags & EXCHANGE != 0 {
+                let d =
+                    dst.ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(n2).into_owned()))?;
+                let dst_is_dir = d.kind == dtype(S_IFDIR);
+                if dst_is_dir && p1 != p2 && up1.contains(&d.ino) {
+                    return Err(FsError::Invalid(
+                        "cannot move a directory into itself".into(),
+                    ));
+                }
+                directory::replace(&self.core, &mut s1, n1, d.ino, d.kind)?;
+                {
+                    let s2: &mut InodeState = target_dir!();
+                    directory::replace(&self.core, s2, n2, src.ino, src.kind)?;
+                }
+                let dst_h = self.handle(d.ino)?;
+                if p1 != p2 {
+                    let s2 = s2_opt.as_deref_mut().expect("two parents");
+                    if src_is_dir != dst_is_dir {
+                        if src_is_dir {
+                            s1.inode.nlink -= 1;
+                            s2.inode.nlink += 1;
+                        } else {
+                            s1.inode.nlink += 1;
+                            s2.inode.nlink -= 1;
+                        }
+                    }
+                    let (a, b) = if src.ino < d.ino {
+                        (&src_h, &dst_h)
+                    } else {
+                        (&dst_h, &src_h)
+                    };
+                    let mut ga = a.state.write();
+                    let mut gb = b.state.write();
+                    for g in [&mut ga, &mut gb] {
+                        if is_dir_mode(g.inode.mode) {
+                            g.inode.parent = if g.inode.ino == src.ino { p2 } else { p1 };
+                        }
+                        g.inode.ctime = t;
+                        g.mark_dirty();
+                    }
+                }
+                s1.inode.mtime = t;
+                s1.inode.ctime = t;
+                s1.mark_dirty();
+                if let Some(s2) = s2_opt.as_deref_mut() {
+                    s2.inode.mtime = t;
+                    s2.inode.ctime = t;
+                    s2.mark_dirty();
+                }
+                return Ok(());
+            }
+            let mut victim = None;
+            if let Some(d) = &dst {
+                if flags & NOREPLACE != 0 {
+                    return Err(FsError::Exists(String::from_utf8_lossy(n2).into_owned()));
+                }
+                let dst_is_dir = d.kind == dtype(S_IFDIR);
+                let dh = self.handle(d.ino)?;
+                {
+                    let dst_st = dh.state.read();
+                    if src_is_dir && !dst_is_dir {
+                        return Err(FsError::NotDir(String::from_utf8_lossy(n2).into_owned()));
+                    }
+                    if !src_is_dir && dst_is_dir {
+                        return Err(FsError::IsDir(String::from_utf8_lossy(n2).into_owned()));
+                    }
+                    if dst_is_dir && dst_st.inode.entries > 0 {
+                        return Err(FsError::NotEmpty(String::from_utf8_lossy(n2).into_owned()));
+                    }
+                }
                 let s2: &mut InodeState = target_dir!();
                 directory::replace(&self.core, s2, n2, src.ino, src.kind)?;
+                victim = Some((dh, dst_is_dir));
+            } else {
+                let s2: &mut InodeState = target_dir!();
+                directory::insert(&self.core, s2, n2, src.ino, src.kind)?;
             }
-            let dst_h = self.handle(d.ino)?;
-            if p1 != p2 {
-                let s2 = s2_opt.as_deref_mut().expect("two parents");
-                if src_is_dir != dst_is_dir {
-                    if src_is_dir {
-                        s1.inode.nlink -= 1;
-                        s2.inode.nlink += 1;
-                    } else {
-                        s1.inode.nlink += 1;
-                        s2.inode.nlink -= 1;
-                    }
-                }
-                let (a, b) = if src.ino < d.ino {
-                    (&src_h, &dst_h)
+            directory::remove(&self.core, &mut s1, n1)?;
+            if let Some((dh, dst_is_dir)) = &victim {
+                let mut vs = dh.state.write();
+                if *dst_is_dir {
+                    vs.inode.nlink = 0;
+                    let s2: &mut InodeState = target_dir!();
+                    s2.inode.nlink = s2.inode.nlink.saturating_sub(1);
                 } else {
-                    (&dst_h, &src_h)
-                };
-                let mut ga = a.state.write();
-                let mut gb = b.state.write();
-                for g in [&mut ga, &mut gb] {
-                    if is_dir_mode(g.inode.mode) {
-                        g.inode.parent = if g.inode.ino == src.ino { p2 } else { p1 };
-                    }
-                    g.inode.ctime = t;
-                    g.mark_dirty();
+                    vs.inode.nlink = vs.inode.nlink.saturating_sub(1);
                 }
+                vs.inode.ctime = t;
+                vs.mark_dirty();
+            }
+            if src_is_dir && p1 != p2 {
+                s1.inode.nlink = s1.inode.nlink.saturating_sub(1);
+                let s2 = s2_opt.as_deref_mut().expect("two parents");
+                s2.inode.nlink += 1;
+            }
+            {
+                let mut ss = src_h.state.write();
+                if src_is_dir {
+                    ss.inode.parent = p2;
+                }
+                ss.inode.ctime = t;
+                ss.mark_dirty();
             }
             s1.inode.mtime = t;
             s1.inode.ctime = t;
@@ -662,170 +848,117 @@ impl FileSystem {
                 s2.inode.ctime = t;
                 s2.mark_dirty();
             }
-            return Ok(());
-        }
-        let mut victim = None;
-        if let Some(d) = &dst {
-            if flags & NOREPLACE != 0 {
-                return Err(FsError::Exists(String::from_utf8_lossy(n2).into_owned()));
+            drop(s1);
+            drop(s2_opt);
+            if let Some((dh, _)) = victim {
+                self.maybe_free(&dh)?;
             }
-            let dst_is_dir = d.kind == dtype(S_IFDIR);
-            let dh = self.handle(d.ino)?;
-            {
-                let dst_st = dh.state.read();
-                if src_is_dir && !dst_is_dir {
-                    return Err(FsError::NotDir(String::from_utf8_lossy(n2).into_owned()));
-                }
-                if !src_is_dir && dst_is_dir {
-                    return Err(FsError::IsDir(String::from_utf8_lossy(n2).into_owned()));
-                }
-                if dst_is_dir && dst_st.inode.entries > 0 {
-                    return Err(FsError::NotEmpty(String::from_utf8_lossy(n2).into_owned()));
-                }
-            }
-            let s2: &mut InodeState = target_dir!();
-            directory::replace(&self.core, s2, n2, src.ino, src.kind)?;
-            victim = Some((dh, dst_is_dir));
-        } else {
-            let s2: &mut InodeState = target_dir!();
-            directory::insert(&self.core, s2, n2, src.ino, src.kind)?;
-        }
-        directory::remove(&self.core, &mut s1, n1)?;
-        if let Some((dh, dst_is_dir)) = &victim {
-            let mut vs = dh.state.write();
-            if *dst_is_dir {
-                vs.inode.nlink = 0;
-                let s2: &mut InodeState = target_dir!();
-                s2.inode.nlink = s2.inode.nlink.saturating_sub(1);
-            } else {
-                vs.inode.nlink = vs.inode.nlink.saturating_sub(1);
-            }
-            vs.inode.ctime = t;
-            vs.mark_dirty();
-        }
-        if src_is_dir && p1 != p2 {
-            s1.inode.nlink = s1.inode.nlink.saturating_sub(1);
-            let s2 = s2_opt.as_deref_mut().expect("two parents");
-            s2.inode.nlink += 1;
-        }
-        {
-            let mut ss = src_h.state.write();
-            if src_is_dir {
-                ss.inode.parent = p2;
-            }
-            ss.inode.ctime = t;
-            ss.mark_dirty();
-        }
-        s1.inode.mtime = t;
-        s1.inode.ctime = t;
-        s1.mark_dirty();
-        if let Some(s2) = s2_opt.as_deref_mut() {
-            s2.inode.mtime = t;
-            s2.inode.ctime = t;
-            s2.mark_dirty();
-        }
-        drop(s1);
-        drop(s2_opt);
-        if let Some((dh, _)) = victim {
-            self.maybe_free(&dh)?;
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Before a write by a caller without CAP_FSETID: clear S_ISUID, and S_ISGID when
     /// the group may execute, as the kernel does itself for writes through its page
     /// cache. Writes that bypass the page cache (FUSE direct I/O) leave it to us.
     pub fn kill_setid_for_write(&self, ino: u64) -> FsResult<()> {
-        let h = self.handle(ino)?;
-        let kill = |mode: u32| {
-            let mut k = mode & S_ISUID;
-            if mode & S_ISGID != 0 && mode & 0o010 != 0 {
-                k |= S_ISGID;
+        crate::op::run(&self.core, || {
+            let h = self.handle(ino)?;
+            let kill = |mode: u32| {
+                let mut k = mode & S_ISUID;
+                if mode & S_ISGID != 0 && mode & 0o010 != 0 {
+                    k |= S_ISGID;
+                }
+                k
+            };
+            if kill(h.state.read().inode.mode) == 0 {
+                return Ok(());
             }
-            k
-        };
-        if kill(h.state.read().inode.mode) == 0 {
-            return Ok(());
-        }
-        self.core.check_writable()?;
-        let _tx = self.core.begin();
-        let mut st = h.state.write();
-        let k = kill(st.inode.mode);
-        if k != 0 && !st.deleted {
-            st.inode.mode &= !k;
-            st.inode.ctime = now();
-            st.mark_dirty();
-        }
-        Ok(())
+            self.core.check_writable()?;
+            self.need(ino, Need::Exclusive)?;
+            let _tx = self.core.begin();
+            let mut st = h.state.write();
+            let k = kill(st.inode.mode);
+            if k != 0 && !st.deleted {
+                st.inode.mode &= !k;
+                st.inode.ctime = self.core.now();
+                st.mark_dirty();
+            }
+            Ok(())
+        })
     }
 
     pub fn setattr(&self, ino: u64, set: SetAttr) -> FsResult<Attr> {
-        self.core.check_writable()?;
-        let _tx = self.core.begin();
-        let h = self.handle(ino)?;
-        let mut st = h.state.write();
-        if st.deleted {
-            return Err(FsError::Stale(ino));
-        }
-        let t = now();
-        if let Some(size) = set.size {
-            if is_dir_mode(st.inode.mode) {
-                return Err(FsError::IsDir(format!("inode {ino}")));
+        crate::op::run(&self.core, || {
+            self.core.check_writable()?;
+            let h = self.handle(ino)?;
+            self.need(ino, Need::Exclusive)?;
+            if set.size.is_some() {
+                self.need_data(ino, TokenMode::Xw, ByteRange::WHOLE)?;
             }
-            if st.inode.mode & S_IFMT != S_IFREG {
-                return Err(FsError::Invalid(format!(
-                    "truncate of a special file (inode {ino})"
-                )));
+            let _tx = self.core.begin();
+            let mut st = h.state.write();
+            if st.deleted {
+                return Err(FsError::Stale(ino));
             }
-            self.core
-                .coherence
-                .data(ino, TokenMode::Xw, ByteRange::WHOLE)?;
-            file_io::set_size(&self.core, &mut st, size)?;
-            st.inode.mtime = t;
-            st.inode.ctime = t;
-        }
-        if let Some(mode) = set.mode {
-            st.inode.mode = (st.inode.mode & S_IFMT) | (mode & 0o7777);
-            if let Some(pos) = st.inode.xattrs.iter().position(|(n, _)| n == acl::ACCESS) {
-                if let Some(mut entries) = acl::decode(&st.inode.xattrs[pos].1) {
-                    acl::chmod(&mut entries, mode);
-                    st.inode.xattrs[pos].1 = acl::encode(&entries);
+            let t = self.core.now();
+            if let Some(size) = set.size {
+                if is_dir_mode(st.inode.mode) {
+                    return Err(FsError::IsDir(format!("inode {ino}")));
                 }
+                if st.inode.mode & S_IFMT != S_IFREG {
+                    return Err(FsError::Invalid(format!(
+                        "truncate of a special file (inode {ino})"
+                    )));
+                }
+                file_io::set_size(&self.core, &mut st, size)?;
+                st.inode.mtime = t;
+                st.inode.ctime = t;
             }
-            st.inode.ctime = t;
-        }
-        if let Some(uid) = set.uid {
-            st.inode.uid = uid;
-            st.inode.ctime = t;
-        }
-        if let Some(gid) = set.gid {
-            st.inode.gid = gid;
-            st.inode.ctime = t;
-        }
-        let resolve = |s: TimeSet| match s {
-            TimeSet::Now => t,
-            TimeSet::At(ts) => ts,
-        };
-        if let Some(a) = set.atime {
-            st.inode.atime = resolve(a);
-            st.inode.ctime = t;
-        }
-        if let Some(m) = set.mtime {
-            st.inode.mtime = resolve(m);
-            st.inode.ctime = t;
-        }
-        if let Some(c) = set.ctime {
-            st.inode.ctime = c;
-        }
-        st.mark_dirty();
-        Ok(self.attr_of(&st.inode))
+            if let Some(mode) = set.mode {
+                st.inode.mode = (st.inode.mode & S_IFMT) | (mode & 0o7777);
+                if let Some(pos) = st.inode.xattrs.iter().position(|(n, _)| n == acl::ACCESS) {
+                    if let Some(mut entries) = acl::decode(&st.inode.xattrs[pos].1) {
+                        acl::chmod(&mut entries, mode);
+                        st.inode.xattrs[pos].1 = acl::encode(&entries);
+                    }
+                }
+                st.inode.ctime = t;
+            }
+            if let Some(uid) = set.uid {
+                st.inode.uid = uid;
+                st.inode.ctime = t;
+            }
+            if let Some(gid) = set.gid {
+                st.inode.gid = gid;
+                st.inode.ctime = t;
+            }
+            let resolve = |s: TimeSet| match s {
+                TimeSet::Now => t,
+                TimeSet::At(ts) => ts,
+            };
+            if let Some(a) = set.atime {
+                st.inode.atime = resolve(a);
+                st.inode.ctime = t;
+            }
+            if let Some(m) = set.mtime {
+                st.inode.mtime = resolve(m);
+                st.inode.ctime = t;
+            }
+            if let Some(c) = set.ctime {
+                st.inode.ctime = c;
+            }
+            st.mark_dirty();
+            Ok(self.attr_of(&st.inode))
+        })
     }
 
     pub fn open(&self, ino: u64) -> FsResult<Attr> {
-        let h = self.handle(ino)?;
-        h.opens.fetch_add(1, Ordering::SeqCst);
-        let st = h.state.read();
-        Ok(self.attr_of(&st.inode))
+        crate::op::run(&self.core, || {
+            let h = self.handle(ino)?;
+            h.opens.fetch_add(1, Ordering::SeqCst);
+            let st = h.state.read();
+            Ok(self.attr_of(&st.inode))
+        })
     }
 
     pub fn release(&self, ino: u64) -> FsResult<()> {
@@ -882,63 +1015,72 @@ impl FileSystem {
         size: u32,
         f: impl FnOnce(&[u8]) -> R,
     ) -> FsResult<R> {
-        self.core.stats.reads.fetch_add(1, Ordering::Relaxed);
-        let h = self.handle(ino)?;
-        let bb = self.core.block_bytes();
-        let sequential = {
-            let mut p = h.pattern.lock();
-            // The kernel's readahead sends several requests of a window at once and our
-            // threads serve them in any order, so "sequential" means near where the
-            // stream is: within a block behind it or two blocks ahead of it.
-            let near = p.next_offset > 0
-                && offset + bb > p.next_offset
-                && offset <= p.next_offset.saturating_add(2 * bb);
-            let seq = near || offset == p.next_offset;
-            p.run = if seq { p.run.saturating_add(1) } else { 0 };
-            if seq {
-                p.next_offset = p.next_offset.max(offset + size as u64);
-            } else {
-                // A new pass (a re-read from the start, a seek): what was prefetched
-                // for the last one says nothing about this one.
-                p.prefetched_upto = 0;
-                p.next_offset = offset + size as u64;
+        // Called once, at the end, after every token is held: a restart never needs it.
+        let mut f = Some(f);
+        crate::op::run(&self.core, || {
+            self.core.stats.reads.fetch_add(1, Ordering::Relaxed);
+            let h = self.handle(ino)?;
+            let bb = self.core.block_bytes();
+            self.need_data(ino, TokenMode::Ro, block_range(offset, size as u64, bb))?;
+            let sequential = {
+                let mut p = h.pattern.lock();
+                // The kernel's readahead sends several requests of a window at once and our
+                // threads serve them in any order, so "sequential" means near where the
+                // stream is: within a block behind it or two blocks ahead of it.
+                let near = p.next_offset > 0
+                    && offset + bb > p.next_offset
+                    && offset <= p.next_offset.saturating_add(2 * bb);
+                let seq = near || offset == p.next_offset;
+                p.run = if seq { p.run.saturating_add(1) } else { 0 };
+                if seq {
+                    p.next_offset = p.next_offset.max(offset + size as u64);
+                } else {
+                    // A new pass (a re-read from the start, a seek): what was prefetched
+                    // for the last one says nothing about this one.
+                    p.prefetched_upto = 0;
+                    p.next_offset = offset + size as u64;
+                }
+                p.run >= 2
+            };
+            let (out, atime_due) = {
+                let st = h.state.read();
+                if st.deleted {
+                    return Err(FsError::Stale(ino));
+                }
+                if is_dir_mode(st.inode.mode) {
+                    return Err(FsError::IsDir(format!("inode {ino}")));
+                }
+                // Queue read-ahead first, so prefetch overlaps this read's copy.
+                if sequential {
+                    self.schedule_prefetch(&h, offset + size as u64, st.inode.size);
+                }
+                // relatime: update atime when it is older than mtime/ctime or a day old.
+                let i = &st.inode;
+                let t = self.core.now();
+                let due = i.atime.sec < i.mtime.sec
+                    || (i.atime.sec == i.mtime.sec && i.atime.nsec <= i.mtime.nsec)
+                    || i.atime.sec < i.ctime.sec
+                    || t.sec - i.atime.sec >= 24 * 3600;
+                let f = f.take().expect("the read's reply is made once");
+                (
+                    file_io::read_with(&self.core, &st, offset, size as usize, sequential, f)?,
+                    due,
+                )
+            };
+            // atime is updated by a node that may write the inode anyway; a reader that
+            // shares the file with writers on other nodes leaves it to them (taking a
+            // write token for every read would bounce the inode between nodes).
+            if atime_due
+                && !self.core.read_only.load(Ordering::Relaxed)
+                && self.need(ino, Need::Write).is_ok()
+            {
+                let _tx = self.core.begin();
+                let mut st = h.state.write();
+                st.inode.atime = self.core.now();
+                st.mark_dirty();
             }
-            p.run >= 2
-        };
-        self.core
-            .coherence
-            .data(ino, TokenMode::Ro, block_range(offset, size as u64, bb))?;
-        let (out, atime_due) = {
-            let st = h.state.read();
-            if st.deleted {
-                return Err(FsError::Stale(ino));
-            }
-            if is_dir_mode(st.inode.mode) {
-                return Err(FsError::IsDir(format!("inode {ino}")));
-            }
-            // Queue read-ahead first, so prefetch overlaps this read's copy.
-            if sequential {
-                self.schedule_prefetch(&h, offset + size as u64, st.inode.size);
-            }
-            // relatime: update atime when it is older than mtime/ctime or a day old.
-            let i = &st.inode;
-            let t = now();
-            let due = i.atime.sec < i.mtime.sec
-                || (i.atime.sec == i.mtime.sec && i.atime.nsec <= i.mtime.nsec)
-                || i.atime.sec < i.ctime.sec
-                || t.sec - i.atime.sec >= 24 * 3600;
-            (
-                file_io::read_with(&self.core, &st, offset, size as usize, sequential, f)?,
-                due,
-            )
-        };
-        if atime_due && !self.core.read_only.load(Ordering::Relaxed) {
-            let _tx = self.core.begin();
-            let mut st = h.state.write();
-            st.inode.atime = now();
-            st.mark_dirty();
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     fn schedule_prefetch(&self, h: &Arc<InodeHandle>, from: u64, fsize: u64) {
@@ -983,50 +1125,60 @@ impl FileSystem {
     /// Write `data` at `offset` (at the end of file when `append`). Returns the bytes
     /// written and the offset they went to.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8], append: bool) -> FsResult<usize> {
-        self.core.stats.writes.fetch_add(1, Ordering::Relaxed);
-        let core = &self.core;
-        if !core.cfg.read().background_workers {
-            // No write-behind threads (deterministic tests): the writer makes room itself.
-            while core.pool.dirty_bytes() + data.len() as u64 > core.pool.dirty_limit() {
-                let before = core.pool.dirty_bytes();
-                for (i, b) in core.pool.dirty_keys(8) {
-                    if let Some(h) = core.cached_handle(i) {
-                        file_io::flush_block(core, &h, b)?;
+        crate::op::run(&self.core, || {
+            self.core.stats.writes.fetch_add(1, Ordering::Relaxed);
+            let core = &self.core;
+            if !core.cfg.read().background_workers {
+                // No write-behind threads (deterministic tests): the writer makes room itself.
+                while core.pool.dirty_bytes() + data.len() as u64 > core.pool.dirty_limit() {
+                    let before = core.pool.dirty_bytes();
+                    for (i, b) in core.pool.dirty_keys(8) {
+                        if let Some(h) = core.cached_handle(i) {
+                            file_io::flush_block(core, &h, b)?;
+                        }
+                    }
+                    if core.pool.dirty_bytes() >= before {
+                        break;
                     }
                 }
-                if core.pool.dirty_bytes() >= before {
-                    break;
+            }
+            core.pool.wait_for_room(data.len() as u64, &|| {
+                core.read_only.load(Ordering::Relaxed)
+            });
+            match self.write_logged(ino, offset, data, append) {
+                // Space freed recently is reusable only after a checkpoint: make one, retry.
+                Err(FsError::NoSpace(_)) if core.alloc.quarantined_subblocks() > 0 => {
+                    core.journal.quiesce(core)?;
+                    self.write_logged(ino, offset, data, append)
                 }
+                r => r,
             }
-        }
-        core.pool.wait_for_room(data.len() as u64, &|| {
-            core.read_only.load(Ordering::Relaxed)
-        });
-        match self.write_logged(ino, offset, data, append) {
-            // Space freed recently is reusable only after a checkpoint: make one, retry.
-            Err(FsError::NoSpace(_)) if core.alloc.quarantined_subblocks() > 0 => {
-                core.journal.quiesce(core)?;
-                self.write_logged(ino, offset, data, append)
-            }
-            r => r,
-        }
+        })
     }
 
     fn write_logged(&self, ino: u64, offset: u64, data: &[u8], append: bool) -> FsResult<usize> {
-        let _tx = self.core.begin();
         let h = self.handle(ino)?;
+        let bb = self.core.block_bytes();
+        if append {
+            // O_APPEND must see every other node's appends: the size is only certain
+            // under an exclusive token, and the data from it on.
+            self.need(ino, Need::Exclusive)?;
+            self.need_data(ino, TokenMode::Xw, ByteRange::WHOLE)?;
+        } else {
+            self.need(ino, Need::Write)?;
+            self.need_data(
+                ino,
+                TokenMode::Xw,
+                block_range(offset, data.len() as u64, bb),
+            )?;
+        }
+        let _tx = self.core.begin();
         {
             let st = h.state.read();
             if is_dir_mode(st.inode.mode) {
                 return Err(FsError::IsDir(format!("inode {ino}")));
             }
         }
-        let bb = self.core.block_bytes();
-        self.core.coherence.data(
-            ino,
-            TokenMode::Xw,
-            block_range(offset, data.len() as u64, bb),
-        )?;
         if append {
             // O_APPEND: the offset is the size, read under the write's own lock.
             return file_io::write_append(&self.core, &h, data);
@@ -1036,87 +1188,104 @@ impl FileSystem {
 
     /// O_DIRECT read: aligned requests bypass the pagepool.
     pub fn read_direct(&self, ino: u64, offset: u64, size: u32) -> FsResult<AlignedBuf> {
-        if !offset.is_multiple_of(512) || !size.is_multiple_of(512) {
-            return self.read_with(ino, offset, size, AlignedBuf::from_slice);
-        }
-        let h = self.handle(ino)?;
-        // Dirty buffers under the range go to disk first so the disk is current.
-        let bb = self.core.block_bytes();
-        for b in offset / bb..(offset + size as u64).div_ceil(bb) {
-            file_io::flush_block(&self.core, &h, b)?;
-        }
-        self.core.stats.direct_reads.fetch_add(1, Ordering::Relaxed);
-        let st = h.state.read();
-        file_io::read_direct(&self.core, &st, offset, size as usize)
+        crate::op::run(&self.core, || {
+            if !offset.is_multiple_of(512) || !size.is_multiple_of(512) {
+                return self.read_with(ino, offset, size, AlignedBuf::from_slice);
+            }
+            let h = self.handle(ino)?;
+            let bb = self.core.block_bytes();
+            self.need_data(ino, TokenMode::Ro, block_range(offset, size as u64, bb))?;
+            // Dirty buffers under the range go to disk first so the disk is current.
+            for b in offset / bb..(offset + size as u64).div_ceil(bb) {
+                file_io::flush_block(&self.core, &h, b)?;
+            }
+            self.core.stats.direct_reads.fetch_add(1, Ordering::Relaxed);
+            let st = h.state.read();
+            file_io::read_direct(&self.core, &st, offset, size as usize)
+        })
     }
 
     /// O_DIRECT write: aligned overwrites of allocated full blocks go straight to disk;
     /// anything else (allocation, small or unaligned I/O) is buffered and then written
     /// through synchronously.
     pub fn write_direct(&self, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
-        let h = self.handle(ino)?;
-        if offset.is_multiple_of(512) && data.len().is_multiple_of(512) {
-            let _tx = self.core.begin();
-            let mut st = h.state.write();
-            if file_io::direct_eligible(&self.core, &st, offset, data.len())? {
-                self.core
-                    .stats
-                    .direct_writes
-                    .fetch_add(1, Ordering::Relaxed);
-                return file_io::write_direct(&self.core, &mut st, offset, data);
+        crate::op::run(&self.core, || {
+            let h = self.handle(ino)?;
+            if offset.is_multiple_of(512) && data.len().is_multiple_of(512) {
+                let bb = self.core.block_bytes();
+                self.need(ino, Need::Write)?;
+                self.need_data(
+                    ino,
+                    TokenMode::Xw,
+                    block_range(offset, data.len() as u64, bb),
+                )?;
+                let _tx = self.core.begin();
+                let mut st = h.state.write();
+                if file_io::direct_eligible(&self.core, &st, offset, data.len())? {
+                    self.core
+                        .stats
+                        .direct_writes
+                        .fetch_add(1, Ordering::Relaxed);
+                    return file_io::write_direct(&self.core, &mut st, offset, data);
+                }
             }
-        }
-        let n = self.write(ino, offset, data, false)?;
-        let bb = self.core.block_bytes();
-        for b in offset / bb..(offset + data.len() as u64).div_ceil(bb) {
-            file_io::flush_block(&self.core, &h, b)?;
-        }
-        Ok(n)
+            let n = self.write(ino, offset, data, false)?;
+            let bb = self.core.block_bytes();
+            for b in offset / bb..(offset + data.len() as u64).div_ceil(bb) {
+                file_io::flush_block(&self.core, &h, b)?;
+            }
+            Ok(n)
+        })
     }
 
     /// fsync/fdatasync of a file or directory: its dirty data is written, then the log
     /// is committed up to now (which covers every metadata change made before the call,
     /// this file's and any other's: one compound transaction, as in GPFS and ext4).
     pub fn fsync(&self, ino: u64, _datasync: bool) -> FsResult<()> {
-        self.core.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-        let h = self.handle(ino)?;
-        file_io::flush_data(&self.core, &h)?;
-        let seq = self.core.journal.running_seq();
-        self.core.journal.commit_upto(&self.core, seq)
+        crate::op::run(&self.core, || {
+            self.core.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+            let h = self.handle(ino)?;
+            file_io::flush_data(&self.core, &h)?;
+            let seq = self.core.journal.running_seq();
+            self.core.journal.commit_upto(&self.core, seq)
+        })
     }
 
     pub fn readdir(&self, ino: u64, after: u64, max: usize) -> FsResult<Vec<DirListing>> {
-        let h = self.handle(ino)?;
-        let st = h.state.read();
-        let dir = self.live_dir(&st)?;
-        let mut out = Vec::new();
-        if after < 1 {
-            out.push(DirListing {
-                cookie: 1,
-                ino: dir.ino,
-                kind: dtype(S_IFDIR),
-                name: b".".to_vec(),
-            });
-        }
-        if after < 2 && out.len() < max {
-            out.push(DirListing {
-                cookie: 2,
-                ino: dir.parent,
-                kind: dtype(S_IFDIR),
-                name: b"..".to_vec(),
-            });
-        }
-        if out.len() < max {
-            for e in directory::list(&self.core, &st, after.max(2), max - out.len())? {
+        crate::op::run(&self.core, || {
+            let h = self.handle(ino)?;
+            self.need_names(ino, TokenMode::Ro)?;
+            let st = h.state.read();
+            let dir = self.live_dir(&st)?;
+            let mut out = Vec::new();
+            if after < 1 {
                 out.push(DirListing {
-                    cookie: e.cookie,
-                    ino: e.ino,
-                    kind: e.kind,
-                    name: e.name,
+                    cookie: 1,
+                    ino: dir.ino,
+                    kind: dtype(S_IFDIR),
+                    name: b".".to_vec(),
                 });
             }
-        }
-        Ok(out)
+            if after < 2 && out.len() < max {
+                out.push(DirListing {
+                    cookie: 2,
+                    ino: dir.parent,
+                    kind: dtype(S_IFDIR),
+                    name: b"..".to_vec(),
+                });
+            }
+            if out.len() < max {
+                for e in directory::list(&self.core, &st, after.max(2), max - out.len())? {
+                    out.push(DirListing {
+                        cookie: e.cookie,
+                        ino: e.ino,
+                        kind: e.kind,
+                        name: e.name,
+                    });
+                }
+            }
+            Ok(out)
+        })
     }
 
     pub fn statfs(&self) -> StatFs {
@@ -1155,172 +1324,190 @@ impl FileSystem {
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> FsResult<()> {
-        self.core.check_writable()?;
-        let _tx = self.core.begin();
-        Self::check_xattr_name(name)?;
-        if value.len() > XATTR_VALUE_BYTES_MAX {
-            return Err(FsError::TooBig(format!(
-                "xattr value of {} bytes (at most {XATTR_VALUE_BYTES_MAX})",
-                value.len()
-            )));
-        }
-        let h = self.handle(ino)?;
-        let mut st = h.state.write();
-        let kind = st.inode.mode & S_IFMT;
-        if name.starts_with(b"user.") && kind != S_IFREG && kind != S_IFDIR {
-            return Err(FsError::Perm(
-                "user.* attributes only on files and directories".into(),
-            ));
-        }
-        if (name == acl::ACCESS || name == acl::DEFAULT) && acl::decode(value).is_none() {
-            return Err(FsError::Invalid("malformed POSIX ACL".into()));
-        }
-        if name == acl::DEFAULT && kind != S_IFDIR {
-            return Err(FsError::Perm("default ACLs only on directories".into()));
-        }
-        let pos = st.inode.xattrs.iter().position(|(n, _)| n == name);
-        match (pos, flags) {
-            (Some(_), f) if f & libc::XATTR_CREATE != 0 => {
-                return Err(FsError::Exists(String::from_utf8_lossy(name).into_owned()))
-            }
-            (None, f) if f & libc::XATTR_REPLACE != 0 => return Err(FsError::NoAttr),
-            _ => {}
-        }
-        let old = pos.map(|p| st.inode.xattrs.remove(p));
-        st.inode.xattrs.push((name.to_vec(), value.to_vec()));
-        if !st.inode.fits(self.core.inode_bytes()) {
-            // Make room by moving inline data or entries out of the inode.
-            match &st.inode.content {
-                InodeContent::InlineData(_) => file_io::convert_inline(&self.core, &mut st)?,
-                InodeContent::InlineDir(_) => {
-                    st.inode.xattrs.pop();
-                    directory::force_out_of_inode(&self.core, &mut st)?;
-                    st.inode.xattrs.push((name.to_vec(), value.to_vec()));
-                }
-                InodeContent::Pointers(_) => {}
-            }
-            if !st.inode.fits(self.core.inode_bytes()) {
-                st.inode.xattrs.pop();
-                if let Some(o) = old {
-                    st.inode.xattrs.push(o);
-                }
-                let room = mako_format::inode::payload_bytes(self.core.inode_bytes())
-                    .saturating_sub(
-                        mako_format::inode::xattrs_encoded_len(&st.inode.xattrs)
-                            + st.inode.content_len(self.core.inode_bytes()),
-                    );
-                return Err(FsError::NoSpace(format!(
-                    "extended attributes live in the inode: {room} bytes free in inode {ino}; use a larger inode size (-i 4K)"
+        crate::op::run(&self.core, || {
+            self.core.check_writable()?;
+
+            Self::check_xattr_name(name)?;
+            if value.len() > XATTR_VALUE_BYTES_MAX {
+                return Err(FsError::TooBig(format!(
+                    "xattr value of {} bytes (at most {XATTR_VALUE_BYTES_MAX})",
+                    value.len()
                 )));
             }
-        }
-        if name == acl::ACCESS {
-            if let Some(m) = acl::decode(value).and_then(|e| acl::mode_from(&e)) {
-                st.inode.mode = (st.inode.mode & !0o777) | m;
+            let h = self.handle(ino)?;
+            self.need(ino, Need::Exclusive)?;
+            let _tx = self.core.begin();
+            let mut st = h.state.write();
+            let kind = st.inode.mode & S_IFMT;
+            if name.starts_with(b"user.") && kind != S_IFREG && kind != S_IFDIR {
+                return Err(FsError::Perm(
+                    "user.* attributes only on files and directories".into(),
+                ));
             }
-        }
-        st.inode.ctime = now();
-        st.mark_dirty();
-        Ok(())
+            if (name == acl::ACCESS || name == acl::DEFAULT) && acl::decode(value).is_none() {
+                return Err(FsError::Invalid("malformed POSIX ACL".into()));
+            }
+            if name == acl::DEFAULT && kind != S_IFDIR {
+                return Err(FsError::Perm("default ACLs only on directories".into()));
+            }
+            let pos = st.inode.xattrs.iter().position(|(n, _)| n == name);
+            match (pos, flags) {
+                (Some(_), f) if f & libc::XATTR_CREATE != 0 => {
+                    return Err(FsError::Exists(String::from_utf8_lossy(name).into_owned()))
+                }
+                (None, f) if f & libc::XATTR_REPLACE != 0 => return Err(FsError::NoAttr),
+                _ => {}
+            }
+            let old = pos.map(|p| st.inode.xattrs.remove(p));
+            st.inode.xattrs.push((name.to_vec(), value.to_vec()));
+            if !st.inode.fits(self.core.inode_bytes()) {
+                // Make room by moving inline data or entries out of the inode.
+                match &st.inode.content {
+                    InodeContent::InlineData(_) => file_io::convert_inline(&self.core, &mut st)?,
+                    InodeContent::InlineDir(_) => {
+                        st.inode.xattrs.pop();
+                        directory::force_out_of_inode(&self.core, &mut st)?;
+                        st.inode.xattrs.push((name.to_vec(), value.to_vec()));
+                    }
+                    InodeContent::Pointers(_) => {}
+                }
+                if !st.inode.fits(self.core.inode_bytes()) {
+                    st.inode.xattrs.pop();
+                    if let Some(o) = old {
+                        st.inode.xattrs.push(o);
+                    }
+                    let room = mako_format::inode::payload_bytes(self.core.inode_bytes())
+                        .saturating_sub(
+                            mako_format::inode::xattrs_encoded_len(&st.inode.xattrs)
+                                + st.inode.content_len(self.core.inode_bytes()),
+                        );
+                    return Err(FsError::NoSpace(format!(
+                    "extended attributes live in the inode: {room} bytes free in inode {ino}; use a larger inode size (-i 4K)"
+                )));
+                }
+            }
+            if name == acl::ACCESS {
+                if let Some(m) = acl::decode(value).and_then(|e| acl::mode_from(&e)) {
+                    st.inode.mode = (st.inode.mode & !0o777) | m;
+                }
+            }
+            st.inode.ctime = self.core.now();
+            st.mark_dirty();
+            Ok(())
+        })
     }
 
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
-        let h = self.handle(ino)?;
-        let st = h.state.read();
-        st.inode
-            .xattrs
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.clone())
-            .ok_or(FsError::NoAttr)
+        crate::op::run(&self.core, || {
+            let h = self.handle(ino)?;
+            let st = h.state.read();
+            st.inode
+                .xattrs
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+                .ok_or(FsError::NoAttr)
+        })
     }
 
     pub fn listxattr(&self, ino: u64) -> FsResult<Vec<u8>> {
-        let h = self.handle(ino)?;
-        let st = h.state.read();
-        let mut out = Vec::new();
-        for (n, _) in &st.inode.xattrs {
-            out.extend_from_slice(n);
-            out.push(0);
-        }
-        Ok(out)
+        crate::op::run(&self.core, || {
+            let h = self.handle(ino)?;
+            let st = h.state.read();
+            let mut out = Vec::new();
+            for (n, _) in &st.inode.xattrs {
+                out.extend_from_slice(n);
+                out.push(0);
+            }
+            Ok(out)
+        })
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()> {
-        self.core.check_writable()?;
-        let _tx = self.core.begin();
-        let h = self.handle(ino)?;
-        let mut st = h.state.write();
-        let pos = st
-            .inode
-            .xattrs
-            .iter()
-            .position(|(n, _)| n == name)
-            .ok_or(FsError::NoAttr)?;
-        st.inode.xattrs.remove(pos);
-        st.inode.ctime = now();
-        st.mark_dirty();
-        Ok(())
+        crate::op::run(&self.core, || {
+            self.core.check_writable()?;
+            let h = self.handle(ino)?;
+            self.need(ino, Need::Exclusive)?;
+            let _tx = self.core.begin();
+            let mut st = h.state.write();
+            let pos = st
+                .inode
+                .xattrs
+                .iter()
+                .position(|(n, _)| n == name)
+                .ok_or(FsError::NoAttr)?;
+            st.inode.xattrs.remove(pos);
+            st.inode.ctime = self.core.now();
+            st.mark_dirty();
+            Ok(())
+        })
     }
 
     // ---- space management -------------------------------------------------------
 
     /// fallocate(2): mode 0, FALLOC_FL_KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE, ZERO_RANGE.
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
-        self.core.check_writable()?;
-        let _tx = self.core.begin();
-        let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
-        let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
-        let zero = mode & libc::FALLOC_FL_ZERO_RANGE != 0;
-        let known =
-            libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
-        if mode & !known != 0 {
-            return Err(FsError::NotSupported(format!(
-                "fallocate mode {mode:#x} (collapse/insert range are not supported)"
-            )));
-        }
-        if len == 0 {
-            return Err(FsError::Invalid("fallocate length 0".into()));
-        }
-        if punch && !keep {
-            return Err(FsError::NotSupported(
-                "FALLOC_FL_PUNCH_HOLE needs FALLOC_FL_KEEP_SIZE".into(),
-            ));
-        }
-        let h = self.handle(ino)?;
-        let mut st = h.state.write();
-        if st.inode.mode & S_IFMT != S_IFREG {
-            return Err(FsError::NotSupported(format!(
-                "fallocate on a non-regular file (inode {ino})"
-            )));
-        }
-        let t = now();
-        if punch {
-            file_io::punch_hole(&self.core, &mut st, offset, len)?;
-        } else if zero {
-            let end = offset.saturating_add(len);
-            file_io::punch_hole(&self.core, &mut st, offset, len)?;
-            if !keep && end > st.inode.size {
-                file_io::set_size(&self.core, &mut st, end)?;
+        crate::op::run(&self.core, || {
+            self.core.check_writable()?;
+            let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+            let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
+            let zero = mode & libc::FALLOC_FL_ZERO_RANGE != 0;
+            let known =
+                libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+            if mode & !known != 0 {
+                return Err(FsError::NotSupported(format!(
+                    "fallocate mode {mode:#x} (collapse/insert range are not supported)"
+                )));
             }
-        } else {
-            file_io::allocate_range(&self.core, &mut st, offset, len, keep)?;
-        }
-        st.inode.mtime = t;
-        st.inode.ctime = t;
-        st.mark_dirty();
-        Ok(())
+            if len == 0 {
+                return Err(FsError::Invalid("fallocate length 0".into()));
+            }
+            if punch && !keep {
+                return Err(FsError::NotSupported(
+                    "FALLOC_FL_PUNCH_HOLE needs FALLOC_FL_KEEP_SIZE".into(),
+                ));
+            }
+            let h = self.handle(ino)?;
+            self.need(ino, Need::Exclusive)?;
+            self.need_data(ino, TokenMode::Xw, ByteRange::WHOLE)?;
+            let _tx = self.core.begin();
+            let mut st = h.state.write();
+            if st.inode.mode & S_IFMT != S_IFREG {
+                return Err(FsError::NotSupported(format!(
+                    "fallocate on a non-regular file (inode {ino})"
+                )));
+            }
+            let t = self.core.now();
+            if punch {
+                file_io::punch_hole(&self.core, &mut st, offset, len)?;
+            } else if zero {
+                let end = offset.saturating_add(len);
+                file_io::punch_hole(&self.core, &mut st, offset, len)?;
+                if !keep && end > st.inode.size {
+                    file_io::set_size(&self.core, &mut st, end)?;
+                }
+            } else {
+                file_io::allocate_range(&self.core, &mut st, offset, len, keep)?;
+            }
+            st.inode.mtime = t;
+            st.inode.ctime = t;
+            st.mark_dirty();
+            Ok(())
+        })
     }
 
     /// lseek SEEK_DATA (3) and SEEK_HOLE (4); other whence values are the kernel's.
     pub fn lseek(&self, ino: u64, offset: u64, whence: i32) -> FsResult<u64> {
-        let h = self.handle(ino)?;
-        let st = h.state.read();
-        match whence {
-            libc::SEEK_DATA => file_io::seek_data(&self.core, &st, offset),
-            libc::SEEK_HOLE => file_io::seek_hole(&self.core, &st, offset),
-            _ => Err(FsError::Invalid(format!("lseek whence {whence}"))),
-        }
+        crate::op::run(&self.core, || {
+            let h = self.handle(ino)?;
+            self.need_data(ino, TokenMode::Ro, ByteRange::WHOLE)?;
+            let st = h.state.read();
+            match whence {
+                libc::SEEK_DATA => file_io::seek_data(&self.core, &st, offset),
+                libc::SEEK_HOLE => file_io::seek_hole(&self.core, &st, offset),
+                _ => Err(FsError::Invalid(format!("lseek whence {whence}"))),
+            }
+        })
     }
 
     /// Flush everything and drop clean cached data (benchmarks' cache drop).
@@ -1336,22 +1523,28 @@ impl FileSystem {
 
     /// Blocks and hash depth of a directory (tests, diagnostics).
     pub fn dir_shape(&self, ino: u64) -> FsResult<(usize, u8, u64)> {
-        let h = self.handle(ino)?;
-        let st = h.state.read();
-        let (n, d) = directory::shape(&self.core, &st);
-        Ok((n, d, st.inode.size))
+        crate::op::run(&self.core, || {
+            let h = self.handle(ino)?;
+            let st = h.state.read();
+            let (n, d) = directory::shape(&self.core, &st);
+            Ok((n, d, st.inode.size))
+        })
     }
 
     /// Allocated units of a file (tests: fragments, holes, striping).
     pub fn block_list(&self, ino: u64) -> FsResult<Vec<(u64, mako_format::DiskAddress)>> {
-        let h = self.handle(ino)?;
-        let st = h.state.read();
-        block_map::allocated_from(&self.core, &st, 0, usize::MAX)
+        crate::op::run(&self.core, || {
+            let h = self.handle(ino)?;
+            let st = h.state.read();
+            block_map::allocated_from(&self.core, &st, 0, usize::MAX)
+        })
     }
 
     pub fn raw_inode(&self, ino: u64) -> FsResult<Inode> {
-        let h = self.handle(ino)?;
-        let st = h.state.read();
-        Ok(st.inode.clone())
+        crate::op::run(&self.core, || {
+            let h = self.handle(ino)?;
+            let st = h.state.read();
+            Ok(st.inode.clone())
+        })
     }
 }

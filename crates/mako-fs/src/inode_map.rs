@@ -16,7 +16,13 @@ pub struct InodeMap {
     cursor: AtomicUsize,
     /// Segments changed since the last commit (for the log's size estimate).
     dirty_segments: AtomicU64,
+    /// Numbers set aside for operations in flight (`reserve`): free in the map, but not
+    /// handed to anyone else until used or given back.
+    reserved: CountedMutex<crate::core::FastSet<u64>>,
 }
+
+/// Lock class of `mako diag counters`.
+pub static INODE_MAP_RESERVED_LOCK: LockClass = LockClass::new("inodeMap.reserved");
 
 impl InodeMap {
     pub fn segment_count(inodes_max: u64, per_segment: u32) -> u32 {
@@ -44,7 +50,73 @@ impl InodeMap {
             used: AtomicU64::new(used),
             cursor: AtomicUsize::new(0),
             dirty_segments: AtomicU64::new(0),
+            reserved: CountedMutex::new(&INODE_MAP_RESERVED_LOCK, Default::default()),
         }
+    }
+
+    /// Set aside a free inode number for an operation that will use it once it holds
+    /// the number's token (`use_reserved`), or give it back (`unreserve`). Changes
+    /// nothing on disk, so an operation may restart after reserving.
+    pub fn reserve(&self) -> FsResult<u64> {
+        let mut reserved = self.reserved.lock();
+        let n = self.segments.len();
+        let start = self.cursor.load(Ordering::Relaxed);
+        for k in 0..n {
+            let s = (start + k) % n;
+            let g = self.segments[s].lock();
+            let seg = &g.0;
+            for (wi, w) in seg.bitmap.iter().enumerate() {
+                if *w == u64::MAX {
+                    continue;
+                }
+                let mut free = !*w;
+                while free != 0 {
+                    let bit = free.trailing_zeros() as u64;
+                    free &= free - 1;
+                    let ino = seg.first_ino + wi as u64 * 64 + bit;
+                    if ino >= self.inodes_max {
+                        break;
+                    }
+                    if reserved.insert(ino) {
+                        self.cursor.store(s, Ordering::Relaxed);
+                        return Ok(ino);
+                    }
+                }
+            }
+        }
+        Err(FsError::NoSpace(format!(
+            "all {} inodes are in use; raise the inode limit (`mako fs create --inodes`)",
+            self.inodes_max
+        )))
+    }
+
+    pub fn is_reserved(&self, ino: u64) -> bool {
+        self.reserved.lock().contains(&ino)
+    }
+
+    pub fn unreserve(&self, ino: u64) {
+        self.reserved.lock().remove(&ino);
+    }
+
+    /// Mark a reserved number used (part of the operation's transaction).
+    pub fn use_reserved(&self, ino: u64) -> FsResult<()> {
+        let (s, w, b) = self.slot(ino)?;
+        let mut g = self.segments[s].lock();
+        if g.0.bitmap[w] >> b & 1 == 1 {
+            return Err(FsError::Invalid(format!(
+                "reserved inode {ino} is already in use; run `mako fsck`"
+            )));
+        }
+        g.0.bitmap[w] |= 1 << b;
+        crate::journal::note_change();
+        if !g.1 {
+            g.1 = true;
+            self.dirty_segments.fetch_add(1, Ordering::Relaxed);
+        }
+        self.used.fetch_add(1, Ordering::Relaxed);
+        drop(g);
+        self.reserved.lock().remove(&ino);
+        Ok(())
     }
 
     pub fn used(&self) -> u64 {
@@ -55,6 +127,7 @@ impl InodeMap {
     }
 
     pub fn allocate(&self) -> FsResult<u64> {
+        let reserved = self.reserved.lock();
         let n = self.segments.len();
         let start = self.cursor.load(Ordering::Relaxed);
         for k in 0..n {
@@ -63,7 +136,17 @@ impl InodeMap {
             let (seg, dirty) = &mut *g;
             for (wi, w) in seg.bitmap.iter_mut().enumerate() {
                 if *w != u64::MAX {
-                    let bit = (!*w).trailing_zeros() as u64;
+                    let mut free = !*w;
+                    let mut pick = None;
+                    while free != 0 {
+                        let bit = free.trailing_zeros() as u64;
+                        free &= free - 1;
+                        if !reserved.contains(&(seg.first_ino + wi as u64 * 64 + bit)) {
+                            pick = Some(bit);
+                            break;
+                        }
+                    }
+                    let Some(bit) = pick else { continue };
                     let ino = seg.first_ino + wi as u64 * 64 + bit;
                     if ino >= self.inodes_max {
                         break;

@@ -35,8 +35,10 @@
 //! block that a not-yet-durable old pointer still names, or let replay of an older
 //! image overwrite the block's new contents.
 
+use crate::core::FastSet;
 use crate::core::{Core, INODE_CACHE_KEY};
 use crate::error::{FsError, FsResult};
+use mako_diag::{Condvar, CountedMutex, CountedRwLock, LockClass};
 use mako_diag::{Wait, WaitGuard};
 use mako_disk::nsd::IoTag;
 use mako_disk::BufferType;
@@ -45,12 +47,19 @@ use mako_format::log_header::{
 };
 use mako_format::log_record::{encode_txn, LogImage};
 use mako_format::DiskAddress;
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::Mutex;
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// Lock classes of `mako diag counters`.
+pub static JOURNAL_GATE_LOCK: LockClass = LockClass::new("log.gate");
+pub static JOURNAL_COMMIT_LOCK: LockClass = LockClass::new("log.commit");
+pub static JOURNAL_CHECKPOINT_LOCK: LockClass = LockClass::new("log.checkpoint");
+pub static JOURNAL_STATE_LOCK: LockClass = LockClass::new("log.state");
+pub static JOURNAL_PENDING_LOCK: LockClass = LockClass::new("log.overlay");
 
 /// A log image with the kind of buffer it describes.
 type TypedImage = (BufferType, Arc<LogImage>);
@@ -70,7 +79,7 @@ pub struct LogStart {
 pub struct Inbox {
     /// Identity of the journal, to recognise this thread's open handles.
     pub(crate) id: usize,
-    inodes: Mutex<HashSet<u64>>,
+    inodes: Mutex<FastSet<u64>>,
     /// Upper bound of the bytes the running transaction's images will take.
     bytes: AtomicU64,
     inode_bytes: u64,
@@ -210,7 +219,7 @@ pub struct Journal {
     /// Bytes of the circular area.
     capacity: u64,
     inbox: Arc<Inbox>,
-    gate: Mutex<Gate>,
+    gate: CountedMutex<Gate>,
     gate_cv: Condvar,
     /// Images for the running transaction made outside any inode (freed inodes).
     extra: Mutex<Vec<(BufferType, LogImage)>>,
@@ -219,13 +228,13 @@ pub struct Journal {
     /// Sequence number the running transaction will get.
     running_seq: AtomicU64,
     durable_seq: AtomicU64,
-    commit_lock: Mutex<()>,
-    checkpoint_lock: Mutex<()>,
-    state: Mutex<LogState>,
+    commit_lock: CountedMutex<()>,
+    checkpoint_lock: CountedMutex<()>,
+    state: CountedMutex<LogState>,
     /// Committed images by disk address, not yet in place: normally one, two when a
     /// newer image is committed while the older one is still being checkpointed.
     /// Ordered by sequence number; reads see the last.
-    pending: RwLock<BTreeMap<DiskAddress, Vec<Pending>>>,
+    pending: CountedRwLock<BTreeMap<DiskAddress, Vec<Pending>>>,
     pending_sectors_max: AtomicU64,
     pub stats: LogStats,
     last_checkpoint: Mutex<Instant>,
@@ -293,28 +302,34 @@ impl Journal {
             capacity,
             inbox: Arc::new(Inbox {
                 id,
-                inodes: Mutex::new(HashSet::new()),
+                inodes: Mutex::new(FastSet::default()),
                 bytes: AtomicU64::new(0),
                 inode_bytes: inode_bytes as u64,
                 stray: AtomicU64::new(0),
             }),
-            gate: Mutex::new(Gate {
-                active: 0,
-                closing: false,
-            }),
+            gate: CountedMutex::new(
+                &JOURNAL_GATE_LOCK,
+                Gate {
+                    active: 0,
+                    closing: false,
+                },
+            ),
             gate_cv: Condvar::new(),
             extra: Mutex::new(Vec::new()),
             ordered_writes: AtomicBool::new(false),
             running_seq: AtomicU64::new(start.next_seq),
             durable_seq: AtomicU64::new(start.next_seq - 1),
-            commit_lock: Mutex::new(()),
-            checkpoint_lock: Mutex::new(()),
-            state: Mutex::new(LogState {
-                head_lsn: start.head_lsn,
-                tail_lsn: start.head_lsn,
-                txns: VecDeque::new(),
-            }),
-            pending: RwLock::new(BTreeMap::new()),
+            commit_lock: CountedMutex::new(&JOURNAL_COMMIT_LOCK, ()),
+            checkpoint_lock: CountedMutex::new(&JOURNAL_CHECKPOINT_LOCK, ()),
+            state: CountedMutex::new(
+                &JOURNAL_STATE_LOCK,
+                LogState {
+                    head_lsn: start.head_lsn,
+                    tail_lsn: start.head_lsn,
+                    txns: VecDeque::new(),
+                },
+            ),
+            pending: CountedRwLock::new(&JOURNAL_PENDING_LOCK, BTreeMap::new()),
             pending_sectors_max: AtomicU64::new(0),
             stats: LogStats::default(),
             last_checkpoint: Mutex::new(Instant::now()),

@@ -4,8 +4,7 @@
 
 use crate::alloc_map::{AllocKind, AllocMap};
 use crate::block_map;
-use crate::coherence::TokenCoherence;
-use crate::core::{now, Core, FsConfig};
+use crate::core::{system_now, Core, FsConfig};
 use crate::error::{FsError, FsResult};
 use crate::inode_map::InodeMap;
 use crate::mount::{open_disk_files, write_descriptor};
@@ -262,7 +261,7 @@ pub fn format_disks(
         inodes_max,
         regions,
         inodes_per_segment: INODES_PER_SEGMENT,
-        created_unix: now().sec,
+        created_unix: system_now().sec,
         mounted: false,
         metadata_inodes: MetadataInodes {
             inode_file: INODE_FILE_INO,
@@ -288,19 +287,16 @@ pub fn format_disks(
         pagepool_bytes: 64 << 20,
         ..FsConfig::default()
     };
-    let coherence = Arc::new(TokenCoherence::single_node(
-        0,
-        0,
-        Arc::new(mako_token::NoCache),
-    ));
+    let env = crate::env::NodeEnv::single_node(0);
+    let tokens = crate::mount::node_tokens(&env);
     let core = Core::new(
         nsd.clone(),
         desc,
         alloc,
         imap,
         cfg,
-        coherence,
-        0,
+        env,
+        tokens,
         crate::journal::LogStart {
             head_lsn: 0,
             next_seq: 1,
@@ -312,7 +308,7 @@ pub fn format_disks(
     for ino in 0..FIRST_USER_INO {
         core.imap.mark_used(ino)?;
     }
-    let t = now();
+    let t = system_now();
     let slot_alloc = core.alloc_slot_bytes as u64;
     let slot_imap = core.imap.slot_bytes() as u64;
     let nseg = InodeMap::segment_count(inodes_max, INODES_PER_SEGMENT) as u64;

@@ -3,8 +3,9 @@
 //! start the workers. Unmounting writes everything back and marks the descriptor clean.
 
 use crate::alloc_map::AllocMap;
-use crate::coherence::TokenCoherence;
+use crate::coherence::Tokens;
 use crate::core::{Core, FsConfig};
+use crate::env::NodeEnv;
 use crate::error::{FsError, FsResult};
 use crate::fs::FileSystem;
 use crate::inode_map::InodeMap;
@@ -313,7 +314,34 @@ pub fn mount(specs: &[DiskSpec], cfg: FsConfig, node: u32) -> FsResult<Mounted> 
     mount_disks(open_disk_files(specs)?, cfg, node)
 }
 
+/// Mount as a single-node cluster: this node is its own token manager and
+/// file-system manager (through the same in-process services a cluster uses).
 pub fn mount_disks(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, node: u32) -> FsResult<Mounted> {
+    mount_node(disks, cfg, NodeEnv::single_node(node))
+}
+
+/// This node's token client, offered as its `TokenClient` service.
+pub fn node_tokens(env: &NodeEnv) -> Tokens {
+    let client = mako_token::TokenClient::new(
+        env.node_id(),
+        env.transport.clone(),
+        env.managers.clone(),
+        mako_token::TokenClientLimits::default(),
+    );
+    if let Some(reg) = &env.registry {
+        reg.register(
+            env.node_id(),
+            mako_rt::ServiceId::TokenClient,
+            client.service(),
+        );
+    }
+    Tokens::new(env.fs_index, client)
+}
+
+/// Mount one node of a file system whose disks it shares with others (`env` says who
+/// it is and how it reaches the cluster's services).
+pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsResult<Mounted> {
+    let node = env.node;
     let (mut desc, disks) = find_descriptor(disks)?;
     let geo = desc.geometry;
     let nsd: Arc<dyn Nsd> = Arc::new(LocalNsd::new(disks, cfg.iohist_size));
@@ -424,15 +452,16 @@ pub fn mount_disks(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, node: u32) -> FsRes
     nsd.sync_all()?;
     // 5. The in-memory file system.
     let flush = Arc::new(crate::cache_flush::FsCacheFlush::default());
-    let coherence = Arc::new(TokenCoherence::single_node(0, node, flush.clone()));
+    let tokens = node_tokens(&env);
+    tokens.client().set_cache_flush(flush.clone());
     let core = Arc::new(Core::new(
         nsd,
         desc,
         alloc,
         imap,
         cfg,
-        coherence,
-        node,
+        env,
+        tokens,
         recovery.start(),
     ));
     flush.attach(&core);

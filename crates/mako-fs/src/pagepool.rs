@@ -9,9 +9,10 @@
 //! - Lock order: inode state lock, then a buffer's lock; the pool's map lock is never
 //!   held while taking a buffer lock.
 
+use mako_diag::Condvar;
 use mako_diag::{CountedMutex, LockClass, Wait, WaitGuard};
 use mako_disk::AlignedBuf;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -23,6 +23,16 @@ pub struct FsStats {
     pub background_errors: AtomicU64,
     pub direct_reads: AtomicU64,
     pub direct_writes: AtomicU64,
+    /// Operations restarted because a token they needed was not held (or was revoked
+    /// before they could hold it).
+    pub op_restarts: AtomicU64,
+    /// Revokes this node answered, by what they covered.
+    pub revokes_inode: AtomicU64,
+    pub revokes_data: AtomicU64,
+    pub revokes_dir: AtomicU64,
+    /// Requests this node served as metanode, and sent to other metanodes.
+    pub metanode_served: AtomicU64,
+    pub metanode_sent: AtomicU64,
 }
 
 impl FsStats {
@@ -48,6 +58,12 @@ impl FsStats {
             f("background_errors", &self.background_errors),
             f("direct_reads", &self.direct_reads),
             f("direct_writes", &self.direct_writes),
+            f("op_restarts", &self.op_restarts),
+            f("revokes_inode", &self.revokes_inode),
+            f("revokes_data", &self.revokes_data),
+            f("revokes_dir", &self.revokes_dir),
+            f("metanode_served", &self.metanode_served),
+            f("metanode_sent", &self.metanode_sent),
         ]
     }
 }

@@ -66,7 +66,8 @@ pub fn free_inode(core: &Core, st: &mut InodeState) -> FsResult<()> {
     core.imap.free(ino)?;
     core.inodes.lock().remove(&ino);
     core.lookups.lock().remove(&ino);
-    core.coherence.release(ino);
+    // The operation still holds the tokens; they go back later, outside it.
+    core.token_release.lock().push(ino);
     Ok(())
 }
 
@@ -114,20 +115,28 @@ pub fn evict_inodes(core: &Core) -> FsResult<()> {
             map.remove(&h.ino);
         }
         core.alloc.unreserve(core.pool.remove_from(h.ino, 0));
-        core.coherence.release(h.ino);
-        if max_stat > 0 {
-            let mut sc = core.stat_cache.lock();
-            let (m, order) = &mut *sc;
-            m.insert(inode.ino, inode);
-            order.push_back(h.ino);
-            while m.len() > max_stat {
-                match order.pop_front() {
-                    Some(old) => {
-                        m.remove(&old);
-                    }
-                    None => break,
-                }
-            }
+        // The attributes stay (under the token this node keeps); what the stat cache
+        // pushes out gives its token back.
+        let pushed = core.stat_cache.lock().insert(inode);
+        core.token_release.lock().extend(pushed);
+    }
+    let _ = max_stat;
+    release_tokens(core)
+}
+
+/// Give back the tokens of inodes that nothing on this node uses any more: freed ones,
+/// and those pushed out of the stat cache. Blocks (a release flushes); call outside
+/// operations.
+pub fn release_tokens(core: &Core) -> FsResult<()> {
+    let mut inos = std::mem::take(&mut *core.token_release.lock());
+    inos.sort_unstable();
+    inos.dedup();
+    for ino in inos {
+        let in_use = core.inodes.lock().contains_key(&ino)
+            || core.stat_cache.lock().contains(ino)
+            || core.imap.is_reserved(ino);
+        if !in_use {
+            core.tokens.release_inode(ino)?;
         }
     }
     Ok(())

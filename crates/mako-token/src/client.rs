@@ -522,7 +522,19 @@ impl TokenClient {
         required: ByteRange,
         desired: ByteRange,
     ) -> Result<(), TokenError> {
-        self.acquire_if(resource, mode, required, desired, None)
+        self.acquire_with(resource, mode, required, desired, None, false)
+    }
+
+    /// As `acquire`, replacing (not joining) what this node holds over the grant: `ro`
+    /// becomes `rw`. Waits for this node's own `ro` holds there to end first.
+    pub fn acquire_replacing(
+        &self,
+        resource: ResourceId,
+        mode: TokenMode,
+        required: ByteRange,
+        desired: ByteRange,
+    ) -> Result<(), TokenError> {
+        self.acquire_with(resource, mode, required, desired, None, true)
     }
 
     /// As `acquire`, granted only while the resource version is `condition.seen_version`
@@ -535,6 +547,46 @@ impl TokenClient {
         desired: ByteRange,
         condition: Option<Condition>,
     ) -> Result<(), TokenError> {
+        self.acquire_with(resource, mode, required, desired, condition, false)
+    }
+
+    /// As `acquire`, getting `upgrade_to` instead where nobody else is in the way (see
+    /// `AcquireRequest::upgrade_to`), and replacing held modes if `replace`.
+    pub fn acquire_upgrading(
+        &self,
+        resource: ResourceId,
+        mode: TokenMode,
+        required: ByteRange,
+        desired: ByteRange,
+        upgrade_to: Option<TokenMode>,
+        replace: bool,
+    ) -> Result<(), TokenError> {
+        self.acquire_full(resource, mode, required, desired, None, replace, upgrade_to)
+    }
+
+    fn acquire_with(
+        &self,
+        resource: ResourceId,
+        mode: TokenMode,
+        required: ByteRange,
+        desired: ByteRange,
+        condition: Option<Condition>,
+        replace: bool,
+    ) -> Result<(), TokenError> {
+        self.acquire_full(resource, mode, required, desired, condition, replace, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn acquire_full(
+        &self,
+        resource: ResourceId,
+        mode: TokenMode,
+        required: ByteRange,
+        desired: ByteRange,
+        condition: Option<Condition>,
+        replace: bool,
+        upgrade_to: Option<TokenMode>,
+    ) -> Result<(), TokenError> {
         let inner = &self.inner;
         debug_assert_eq!(
             thread_holds(inner.id),
@@ -544,13 +596,22 @@ impl TokenClient {
         );
         let mut req = AcquireRequest::new(inner.node, resource, mode, required, desired);
         req.condition = condition;
+        req.replace = replace;
+        req.upgrade_to = upgrade_to;
         validate_request(&req)?;
         let (lock, cv) = inner.shard(&resource);
         let mut last_copyset: Vec<Holder> = Vec::new();
         for _attempt in 0..inner.limits.acquire_attempts_max {
             // 1. Covered already (and not being revoked)?
             let shard = lock.lock();
-            let mut shard = inner.wait_until(&resource, shard, |st| !st.busy);
+            // A replacing grant must not take a promise from this node's own holds.
+            let mut shard = inner.wait_until(&resource, shard, |st| {
+                !st.busy
+                    && (!replace
+                        || !st.holds.iter().any(|h| {
+                            h.range.overlaps(&desired) && h.mode.is_some_and(|m| !covers(mode, m))
+                        }))
+            });
             let st = shard.res.entry(resource).or_default();
             if st.covers(required, Some(mode)) && !st.revoking_overlaps(&required) {
                 inner.covered.fetch_add(1, Ordering::Relaxed);
@@ -568,6 +629,9 @@ impl TokenClient {
             cv.notify_all();
             let (copyset, wanted, effective_required) = match reply {
                 Ok(ManagerReply::Granted(g)) => {
+                    if replace {
+                        st.held.remove(g.range);
+                    }
                     st.held.grant(g.range, g.mode);
                     return Ok(());
                 }

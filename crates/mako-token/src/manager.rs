@@ -60,6 +60,14 @@ pub struct AcquireRequest {
     /// for (the seeds' pitfall: many nodes asking for `xw` to move a directory out of
     /// its inode), the manager grants the fallback instead.
     pub condition: Option<Condition>,
+    /// Replace what the node holds over the granted range instead of joining modes: a
+    /// node that held `ro` and now wants `rw` gives up `ro`'s promise (it will ask the
+    /// metanode for attributes) rather than ending up with `xw`.
+    pub replace: bool,
+    /// Grant this stronger mode instead when nobody else holds anything in the way
+    /// over `required` (the first node to touch an object gets it exclusively, so a
+    /// node working alone never asks twice; a later sharer revokes it down).
+    pub upgrade_to: Option<TokenMode>,
 }
 
 /// See [`AcquireRequest::condition`].
@@ -90,6 +98,8 @@ impl AcquireRequest {
             desired,
             revoke_answers: 0,
             condition: None,
+            replace: false,
+            upgrade_to: None,
         }
     }
 
@@ -314,12 +324,21 @@ impl TokenManager {
         let AcquireRequest {
             node,
             resource,
-            mode,
+            mut mode,
             required,
             desired,
             ..
         } = req;
         let tokens = shard.resources.get(&resource);
+        if let Some(up) = req.upgrade_to.filter(|up| crate::mode::covers(*up, mode)) {
+            let free = tokens.is_none_or(|t| {
+                t.conflicting(node, up)
+                    .all(|h| !h.range.overlaps(&required))
+            });
+            if free {
+                mode = up;
+            }
+        }
 
         // 1. Conflicts over the required range: refuse with the copyset.
         let copyset: Vec<Holder> = tokens
@@ -367,6 +386,9 @@ impl TokenManager {
         let old = tokens.and_then(|t| t.node(node));
         let old_len = old.map_or(0, HeldRanges::len);
         let mut held = old.cloned().unwrap_or_default();
+        if req.replace {
+            held.remove(granted);
+        }
         held.grant(granted, mode);
 
         // 4. Reserve table space for new pieces before changing anything.
@@ -386,9 +408,12 @@ impl TokenManager {
         // 5. Commit, then re-check the invariant this whole crate exists for.
         let entry = shard.resources.entry(resource).or_default();
         entry.set(node, held);
-        if mode == TokenMode::Xw && resource.kind == crate::ResourceKind::Inode {
-            // The exclusive writer owns the inode: it is the metanode.
-            entry.metanode = Some(node);
+        if resource.kind == crate::ResourceKind::Inode {
+            // The exclusive writer owns the inode; the first shared writer becomes its
+            // metanode (docs/coherence.md section 4).
+            if mode == TokenMode::Xw || (mode == TokenMode::Rw && entry.metanode.is_none()) {
+                entry.metanode = Some(node);
+            }
         }
         entry.check_metanode();
         if let Some(bad) = entry

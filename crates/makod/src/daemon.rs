@@ -532,7 +532,7 @@ impl ControlHandler for Daemon {
                 Request::DiagStats => Response::Stats(self.stats_view()),
                 Request::DiagTokens => {
                     let mut out = Vec::new();
-                    for list in self.each_fs(None, |_, m| m.core().coherence.dump()) {
+                    for list in self.each_fs(None, |_, m| m.core().tokens.dump()) {
                         out.extend(
                             list.into_iter()
                                 .map(|(resource, holders)| TokenView { resource, holders }),
