@@ -1,10 +1,14 @@
-//! What this node does when another node's request revokes one of its tokens: write
-//! back dirty data under the range and drop the cached copies, in the pagepool and in
-//! the kernel (DESIGN.md 4). With one node nothing revokes; the path is wired so that
-//! multi-node coherence only has to call it.
+//! What this node does before a token leaves it (docs/coherence.md section 5): make
+//! what the token covers durable where the next holder will read it, then drop (or
+//! keep read-only) the cached copies, in makod and in the kernel. Called by the token
+//! client with the range marked revoking and every operation's hold on it released, on
+//! the thread of whoever asked for the token; it holds no hold of its own.
 
-use crate::core::Core;
-use mako_token::{ByteRange, ResourceId, ResourceKind, TokenError};
+use crate::core::{Core, INODE_CACHE_KEY};
+use crate::error::FsResult;
+use crate::file_io;
+use mako_token::{ByteRange, NodeId, ResourceId, ResourceKind, TokenError, TokenMode};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock, Weak};
 
 #[derive(Default)]
@@ -23,45 +27,126 @@ impl mako_token::CacheFlush for FsCacheFlush {
         &self,
         resource: ResourceId,
         range: ByteRange,
-        _keep: Option<mako_token::TokenMode>,
+        keep: Option<TokenMode>,
     ) -> Result<(), TokenError> {
         let Some(core) = self.core.get().and_then(|w| w.upgrade()) else {
+            // Not mounted yet, or unmounted: nothing is cached.
             return Ok(());
         };
-        let ino = resource.id;
-        if let Some(h) = core.cached_handle(ino) {
-            if resource.kind == ResourceKind::ByteRange {
-                let bb = core.block_bytes();
-                let first = range.start / bb;
-                let last = if range.end == u64::MAX {
-                    u64::MAX
-                } else {
-                    range.end.div_ceil(bb)
-                };
-                for (_, b) in core.pool.keys_of(ino, true) {
-                    if b >= first && b < last {
-                        crate::file_io::flush_block(&core, &h, b).map_err(|e| {
-                            TokenError::FlushFailed {
-                                node: mako_token::NodeId(core.node),
-                                resource,
-                                range,
-                                reason: e.to_string(),
-                            }
-                        })?;
-                    }
-                }
-                core.alloc
-                    .unreserve(core.pool.remove_from_range(ino, first, last));
-            } else {
-                crate::workers::flush_inode(&core, &h).map_err(|e| TokenError::FlushFailed {
-                    node: mako_token::NodeId(core.node),
-                    resource,
-                    range,
-                    reason: e.to_string(),
-                })?;
+        let r = match resource.kind {
+            ResourceKind::Inode => revoke_inode(&core, resource.id, keep),
+            ResourceKind::ByteRange => revoke_data(&core, resource.id, range, keep),
+            ResourceKind::DirBucket => revoke_names(&core, resource.id, keep),
+            ResourceKind::AllocRegion => crate::ownership::revoke_region(&core, resource.id),
+            ResourceKind::InodeMapSegment => crate::ownership::revoke_segment(&core, resource.id),
+            // Covers no cached state: the loop check of a rename reads under it.
+            ResourceKind::RenameLock => Ok(()),
+        };
+        r.map_err(|e| TokenError::FlushFailed {
+            node: NodeId(core.node),
+            resource,
+            range,
+            reason: e.to_string(),
+        })
+    }
+}
+
+/// The inode token leaves (or weakens): the file's dirty data first (without the
+/// inode token this node could no longer record where it wrote it), then its metadata
+/// committed and written in place, then the cached inode dropped or kept read-only.
+fn revoke_inode(core: &Arc<Core>, ino: u64, keep: Option<TokenMode>) -> FsResult<()> {
+    core.stats.revokes_inode.fetch_add(1, Ordering::Relaxed);
+    if let Some(h) = core.cached_handle(ino) {
+        file_io::flush_data(core, &h)?;
+    }
+    core.journal.write_in_place(core, ino)?;
+    if keep.is_some() {
+        // The cached copy is clean and still covered (read-only, or shared write with
+        // the metanode role kept by the manager).
+        return Ok(());
+    }
+    core.stat_cache.lock().remove(ino);
+    drop_inode_chunk(core, ino);
+    if let Some(h) = core.cached_handle(ino) {
+        let opens = h.opens.load(Ordering::SeqCst);
+        let mut st = h.state.write();
+        // Everything was committed above; what is cached is clean but may go stale.
+        st.indirect.lock().clear();
+        st.dir_blocks.lock().clear();
+        if opens > 0 || Arc::strong_count(&h) > 2 {
+            // Open files keep their handle (it counts the opens); the inode is read
+            // again from disk at the next use.
+            st.stale = true;
+        } else {
+            drop(st);
+            core.inodes.lock().remove(&ino);
+        }
+    }
+    core.invalidate_kernel_attrs(ino);
+    Ok(())
+}
+
+/// The cached inode-file chunk holding `ino` may be changed by the next holder: drop it.
+fn drop_inode_chunk(core: &Core, ino: u64) {
+    let chunk = core.inode_chunk_bytes();
+    let index = ino * core.inode_bytes() as u64 / chunk;
+    // Inode-file chunks are clean metadata: no space is reserved under them.
+    let _ = core
+        .pool
+        .remove_from_range(INODE_CACHE_KEY, index, index + 1);
+}
+
+/// A byte range of file data leaves (or becomes read-only): dirty blocks under it are
+/// written back, cached blocks dropped (unless kept for reading), and the kernel's page
+/// cache for the range invalidated.
+fn revoke_data(
+    core: &Arc<Core>,
+    ino: u64,
+    range: ByteRange,
+    keep: Option<TokenMode>,
+) -> FsResult<()> {
+    core.stats.revokes_data.fetch_add(1, Ordering::Relaxed);
+    let bb = core.block_bytes();
+    let first = range.start / bb;
+    let last = if range.end == u64::MAX {
+        u64::MAX
+    } else {
+        range.end.div_ceil(bb)
+    };
+    if let Some(h) = core.cached_handle(ino) {
+        for (_, b) in core.pool.keys_of(ino, true) {
+            if b >= first && b < last {
+                file_io::flush_block(core, &h, b)?;
             }
         }
-        core.invalidate_kernel_inode(ino);
-        Ok(())
     }
+    if keep.is_none() {
+        core.alloc
+            .unreserve(core.pool.remove_from_range(ino, first, last));
+        let (off, len) = if range.end == u64::MAX {
+            (range.start as i64, 0)
+        } else {
+            (
+                range.start as i64,
+                (range.end - range.start).min(i64::MAX as u64) as i64,
+            )
+        };
+        core.invalidate_kernel_data(ino, off, len);
+    }
+    Ok(())
+}
+
+/// A directory's names leave (or become read-only): its changed pages are committed
+/// and written in place, the cached directory blocks dropped.
+fn revoke_names(core: &Arc<Core>, dir: u64, keep: Option<TokenMode>) -> FsResult<()> {
+    core.stats.revokes_dir.fetch_add(1, Ordering::Relaxed);
+    core.journal.write_in_place(core, dir)?;
+    if keep.is_some() {
+        return Ok(());
+    }
+    if let Some(h) = core.cached_handle(dir) {
+        h.state.read().dir_blocks.lock().clear();
+    }
+    core.invalidate_kernel_names(dir);
+    Ok(())
 }

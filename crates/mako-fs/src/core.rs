@@ -237,6 +237,9 @@ pub struct InodeState {
     pub dir_blocks: CountedMutex<FastMap<u64, DirNode>>,
     /// The inode was freed; the handle is stale.
     pub deleted: bool,
+    /// The inode's token left this node while the handle stayed (the file is open):
+    /// the next use reads the inode again from disk (`Core::get`).
+    pub stale: bool,
 }
 
 impl InodeState {
@@ -286,6 +289,7 @@ impl InodeHandle {
                     indirect: CountedMutex::new(&INODE_INDIRECT_LOCK, FastMap::default()),
                     dir_blocks: CountedMutex::new(&INODE_DIR_BLOCKS_LOCK, FastMap::default()),
                     deleted: false,
+                    stale: false,
                 },
             ),
             pattern: CountedMutex::new(&INODE_READ_PATTERN_LOCK, ReadPattern::default()),
@@ -321,6 +325,8 @@ impl Drop for InodeReservation {
 pub trait KernelInvalidator: Send + Sync {
     fn invalidate_inode(&self, ino: u64, offset: i64, len: i64);
     fn invalidate_entry(&self, parent: u64, name: &[u8]);
+    /// Every name of directory `dir` the kernel may have cached.
+    fn invalidate_names(&self, dir: u64);
 }
 
 pub struct Core {
@@ -769,10 +775,23 @@ impl Core {
     pub fn get(&self, ino: u64) -> FsResult<Arc<InodeHandle>> {
         crate::op::hold_inode(self, ino, Need::Cache)?;
         let tick = self.use_tick.fetch_add(1, Ordering::Relaxed);
-        if let Some(h) = self.inodes.lock().get(&ino) {
+        let cached = self.inodes.lock().get(&ino).cloned();
+        if let Some(h) = cached {
             h.last_use.store(tick, Ordering::Relaxed);
             self.stats.inode_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(h.clone());
+            if h.state.read().stale {
+                // The token came back after it left: what another node changed is on
+                // disk (it wrote it there before giving the token up).
+                let inode = self.read_inode(ino)?;
+                let mut st = h.state.write();
+                if st.stale {
+                    st.inode = inode;
+                    st.indirect.lock().clear();
+                    st.dir_blocks.lock().clear();
+                    st.stale = false;
+                }
+            }
+            return Ok(h);
         }
         if ino >= self.imap.inodes_max() || !self.imap.is_used(ino) {
             return Err(FsError::Stale(ino));
@@ -823,6 +842,28 @@ impl Core {
     pub fn invalidate_kernel_inode(&self, ino: u64) {
         if let Some(inv) = self.invalidator.read().as_ref() {
             inv.invalidate_inode(ino, 0, 0);
+        }
+    }
+
+    /// The kernel must ask again for the inode's attributes (its token left).
+    pub fn invalidate_kernel_attrs(&self, ino: u64) {
+        if let Some(inv) = self.invalidator.read().as_ref() {
+            // A negative offset invalidates the attributes only (FUSE_NOTIFY_INVAL_INODE).
+            inv.invalidate_inode(ino, -1, 0);
+        }
+    }
+
+    /// The kernel must drop its page cache of `len` bytes at `offset` (0: to the end).
+    pub fn invalidate_kernel_data(&self, ino: u64, offset: i64, len: i64) {
+        if let Some(inv) = self.invalidator.read().as_ref() {
+            inv.invalidate_inode(ino, offset, len);
+        }
+    }
+
+    /// The kernel must look names in directory `dir` up again.
+    pub fn invalidate_kernel_names(&self, dir: u64) {
+        if let Some(inv) = self.invalidator.read().as_ref() {
+            inv.invalidate_names(dir);
         }
     }
 }

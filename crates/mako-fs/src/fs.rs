@@ -638,7 +638,7 @@ impl FileSystem {
         };
         if src.kind == dtype(S_IFREG) {
             let h = self.handle(src.ino)?;
-            file_io::flush_data(&self.core, &h)?;
+            crate::workers::flush_inode(&self.core, &h)?;
         }
         Ok(())
     }
@@ -1134,7 +1134,7 @@ impl FileSystem {
                     let before = core.pool.dirty_bytes();
                     for (i, b) in core.pool.dirty_keys(8) {
                         if let Some(h) = core.cached_handle(i) {
-                            file_io::flush_block(core, &h, b)?;
+                            crate::workers::writebehind_block(core, &h, b)?;
                         }
                     }
                     if core.pool.dirty_bytes() >= before {
@@ -1197,7 +1197,7 @@ impl FileSystem {
             self.need_data(ino, TokenMode::Ro, block_range(offset, size as u64, bb))?;
             // Dirty buffers under the range go to disk first so the disk is current.
             for b in offset / bb..(offset + size as u64).div_ceil(bb) {
-                file_io::flush_block(&self.core, &h, b)?;
+                crate::workers::writebehind_block(&self.core, &h, b)?;
             }
             self.core.stats.direct_reads.fetch_add(1, Ordering::Relaxed);
             let st = h.state.read();
@@ -1245,7 +1245,7 @@ impl FileSystem {
         crate::op::run(&self.core, || {
             self.core.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
             let h = self.handle(ino)?;
-            file_io::flush_data(&self.core, &h)?;
+            crate::workers::flush_inode(&self.core, &h)?;
             let seq = self.core.journal.running_seq();
             self.core.journal.commit_upto(&self.core, seq)
         })

@@ -139,8 +139,16 @@ struct Gate {
 struct Pending {
     seq: u64,
     kind: BufferType,
+    /// Whose metadata the image is (an inode number, or `OWNER_ALLOC_MAP` /
+    /// `OWNER_INODE_MAP`): a revoke writes one owner's images in place.
+    owner: u64,
     image: Arc<LogImage>,
 }
+
+/// Owner of allocation-map images in the overlay.
+pub const OWNER_ALLOC_MAP: u64 = u64::MAX - 10;
+/// Owner of inode-map images in the overlay.
+pub const OWNER_INODE_MAP: u64 = u64::MAX - 11;
 
 /// Consecutive checkpoint images gathered into one write.
 #[derive(Default)]
@@ -210,6 +218,8 @@ pub struct LogStats {
     pub checkpoints: AtomicU64,
     pub checkpoint_bytes: AtomicU64,
     pub barriers: AtomicU64,
+    /// Images written in place because a token covering them left this node.
+    pub revoke_writes: AtomicU64,
 }
 
 pub struct Journal {
@@ -221,8 +231,9 @@ pub struct Journal {
     inbox: Arc<Inbox>,
     gate: CountedMutex<Gate>,
     gate_cv: Condvar,
-    /// Images for the running transaction made outside any inode (freed inodes).
-    extra: Mutex<Vec<(BufferType, LogImage)>>,
+    /// Images for the running transaction made outside any inode (freed inodes), with
+    /// their owner.
+    extra: Mutex<Vec<(BufferType, u64, LogImage)>>,
     /// Data reached a disk since the last barrier: the next commit syncs first.
     ordered_writes: AtomicBool,
     /// Sequence number the running transaction will get.
@@ -425,14 +436,14 @@ impl Journal {
 
     /// Add an image to the running transaction directly (a freed inode, whose handle
     /// leaves the cache). Call with a handle open.
-    pub fn add_image(&self, kind: BufferType, image: LogImage) {
+    pub fn add_image(&self, kind: BufferType, owner: u64, image: LogImage) {
         debug_assert!(
             holds_handle(self.inbox.id),
             "add_image without an open handle"
         );
         note_change();
         self.inbox.note(image.length as u64);
-        self.extra.lock().push((kind, image));
+        self.extra.lock().push((kind, owner, image));
     }
 
     fn close_gate(&self) {
@@ -527,7 +538,7 @@ impl Journal {
         if trace_enabled() {
             eprintln!("snapshot seq {seq}: inodes {inos:?}");
         }
-        let mut images: Vec<(BufferType, LogImage)> = std::mem::take(&mut *self.extra.lock());
+        let mut images: Vec<(BufferType, u64, LogImage)> = std::mem::take(&mut *self.extra.lock());
         for ino in inos {
             let Some(h) = core.cached_handle(ino) else {
                 continue;
@@ -548,6 +559,7 @@ impl Journal {
                 let node = ind.get_mut(&k).expect("dirty indirect block");
                 images.push((
                     BufferType::Indirect,
+                    ino,
                     LogImage::from_vec(node.da, node.block.encode(core.geo.indirect_bytes)),
                 ));
                 node.dirty = false;
@@ -569,6 +581,7 @@ impl Journal {
                         if node.dirty_pages >> p & 1 == 1 {
                             images.push((
                                 BufferType::Directory,
+                                ino,
                                 LogImage::from_vec(
                                     node.da.offset_by(p as u64 * pb),
                                     node.encode_page(p),
@@ -582,7 +595,7 @@ impl Journal {
             }
             drop(dirs);
             let (da, bytes) = core.encode_inode(&st.inode)?;
-            images.push((BufferType::Inode, LogImage::from_vec(da, bytes)));
+            images.push((BufferType::Inode, ino, LogImage::from_vec(da, bytes)));
             st.dirty = false;
         }
         let m = core.metadata_inodes();
@@ -593,22 +606,24 @@ impl Journal {
                     region as u64 * core.alloc_slot_bytes as u64 + offset,
                     &bytes,
                 )? {
-                    images.push((BufferType::AllocMap, img));
+                    images.push((BufferType::AllocMap, OWNER_ALLOC_MAP, img));
                 }
             }
         }
         let islot = core.imap.slot_bytes() as u64;
         for (s, bytes) in core.imap.take_dirty() {
             for img in core.metafile_images(m.inode_alloc_map, s as u64 * islot, &bytes)? {
-                images.push((BufferType::InodeMap, img));
+                images.push((BufferType::InodeMap, OWNER_INODE_MAP, img));
             }
         }
         // Space freed by this transaction becomes reusable once it is checkpointed.
         core.alloc.tag_frees(seq);
-        let images: Vec<(BufferType, Arc<LogImage>)> =
-            images.into_iter().map(|(k, i)| (k, Arc::new(i))).collect();
+        let owned: Vec<(BufferType, u64, Arc<LogImage>)> = images
+            .into_iter()
+            .map(|(k, o, i)| (k, o, Arc::new(i)))
+            .collect();
         let mut pending = self.pending.write();
-        for (kind, img) in &images {
+        for (kind, owner, img) in &owned {
             let sectors = img.length as u64 / 512;
             self.pending_sectors_max
                 .fetch_max(sectors, Ordering::Relaxed);
@@ -621,9 +636,11 @@ impl Journal {
             v.push(Pending {
                 seq,
                 kind: *kind,
+                owner: *owner,
                 image: img.clone(),
             });
         }
+        let images = owned.into_iter().map(|(k, _, i)| (k, i)).collect();
         Ok((seq, images))
     }
 
@@ -806,6 +823,62 @@ impl Journal {
         self.stats
             .checkpoint_bytes
             .fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Make `owner`'s metadata durable where the next holder of its token reads it: commit
+    /// the running transaction, write `owner`'s committed images in place, sync, and
+    /// drop them from the overlay so that no later checkpoint writes them again (another
+    /// node may change them once the token has gone). Called by a revoke, with no
+    /// handle open on this thread (docs/coherence.md section 5).
+    pub fn write_in_place(&self, core: &Core, owner: u64) -> FsResult<()> {
+        self.commit(core)?;
+        let _k = self.checkpoint_lock.lock();
+        let upto = self.durable_seq();
+        let work: Vec<Pending> = self
+            .pending
+            .read()
+            .values()
+            .filter_map(|v| {
+                v.iter()
+                    .rev()
+                    .find(|p| p.seq <= upto && p.owner == owner)
+                    .cloned()
+            })
+            .collect();
+        if work.is_empty() {
+            return Ok(());
+        }
+        let mut run = CheckpointRun::default();
+        for p in &work {
+            if !run.append(&p.image, p.kind) {
+                run.flush(core)?;
+                if !run.append(&p.image, p.kind) {
+                    core.nsd.write(
+                        p.image.da,
+                        &p.image.expanded(),
+                        IoTag {
+                            buffer_type: p.kind,
+                            ino: owner,
+                        },
+                    )?;
+                }
+            }
+        }
+        run.flush(core)?;
+        self.barrier(core)?;
+        let mut pending = self.pending.write();
+        for p in &work {
+            if let Some(v) = pending.get_mut(&p.image.da) {
+                v.retain(|q| !(q.owner == owner && q.seq <= upto));
+                if v.is_empty() {
+                    pending.remove(&p.image.da);
+                }
+            }
+        }
+        self.stats
+            .revoke_writes
+            .fetch_add(work.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 

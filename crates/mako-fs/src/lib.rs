@@ -28,6 +28,7 @@ pub mod journal;
 pub mod mkfs;
 pub mod mount;
 pub mod op;
+pub mod ownership;
 pub mod pagepool;
 pub mod recovery;
 pub mod stat_cache;

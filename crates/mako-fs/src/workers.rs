@@ -13,9 +13,47 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// The tokens a write-back of `ino`'s blocks needs (the inode's write token, to record
+/// where the blocks go, and the data token over them), held for its duration. `None`
+/// while a revoke takes one of them away: the revoke writes the data back itself.
+pub fn flush_holds(core: &Core, ino: u64, blocks: std::ops::Range<u64>) -> Option<FlushHolds> {
+    let bb = core.block_bytes();
+    let inode = core
+        .tokens
+        .try_hold_inode(ino, crate::coherence::Need::Write)
+        .ok()?;
+    let range = mako_token::ByteRange::new(
+        blocks.start.saturating_mul(bb),
+        blocks
+            .end
+            .saturating_mul(bb)
+            .max(blocks.start.saturating_mul(bb) + 1),
+    );
+    let data =
+        core.tokens
+            .client()
+            .try_hold(core.tokens.data(ino), mako_token::TokenMode::Xw, range)?;
+    Some(FlushHolds {
+        _inode: inode,
+        _data: data,
+    })
+}
+
+/// See `flush_holds`.
+pub struct FlushHolds {
+    _inode: mako_token::Hold,
+    _data: mako_token::Hold,
+}
+
 /// Write an inode's dirty data back (write-behind's work, done now). Metadata is not
 /// written here: it reaches disk through the recovery log (`journal`).
 pub fn flush_inode(core: &Core, h: &InodeHandle) -> FsResult<()> {
+    if core.pool.keys_of(h.ino, true).is_empty() {
+        return Ok(());
+    }
+    let Some(_holds) = flush_holds(core, h.ino, 0..u64::MAX / core.block_bytes()) else {
+        return Ok(());
+    };
     file_io::flush_data(core, h)
 }
 
@@ -26,9 +64,7 @@ pub fn sync_all(core: &Core) -> FsResult<()> {
     // In inode order: the same state always gives the same writes (reproducible tests).
     handles.sort_unstable_by_key(|h| h.ino);
     for h in &handles {
-        if !core.pool.keys_of(h.ino, true).is_empty() {
-            file_io::flush_data(core, h)?;
-        }
+        flush_inode(core, h)?;
     }
     core.journal.commit(core)
 }
@@ -59,6 +95,7 @@ pub fn free_inode(core: &Core, st: &mut InodeState) -> FsResult<()> {
     let (da, bytes) = core.encode_inode(&st.inode)?;
     core.journal.add_image(
         mako_disk::BufferType::Inode,
+        ino,
         mako_format::log_record::LogImage::trimmed(da, &bytes),
     );
     st.dirty = false;
@@ -206,7 +243,10 @@ impl Drop for Workers {
 
 /// Write one block back; when space is short only because freed space waits for a
 /// checkpoint, checkpoint and try again.
-fn writebehind_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
+pub fn writebehind_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
+    let Some(_holds) = flush_holds(core, h.ino, b..b + 1) else {
+        return Ok(());
+    };
     match file_io::flush_block(core, h, b) {
         Err(FsError::NoSpace(_)) if core.alloc.quarantined_subblocks() > 0 => {
             core.journal.quiesce(core)?;
@@ -261,6 +301,29 @@ fn writebehind_loop(core: &Core) {
     }
 }
 
+/// Read one block ahead, if this node still holds the tokens that make a cached copy
+/// trustworthy (the inode, and the data over the block); otherwise skip it.
+pub fn prefetch_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
+    let bb = core.block_bytes();
+    let Some(_inode) = core
+        .tokens
+        .client()
+        .try_hold_any(core.tokens.inode(h.ino), mako_token::ByteRange::WHOLE)
+    else {
+        return Ok(());
+    };
+    let range =
+        mako_token::ByteRange::new(b.saturating_mul(bb), b.saturating_add(1).saturating_mul(bb));
+    let Some(_data) =
+        core.tokens
+            .client()
+            .try_hold(core.tokens.data(h.ino), mako_token::TokenMode::Ro, range)
+    else {
+        return Ok(());
+    };
+    file_io::prefetch_block(core, h, b)
+}
+
 fn prefetch_loop(core: &Core) {
     loop {
         let job = {
@@ -274,7 +337,7 @@ fn prefetch_loop(core: &Core) {
         match job {
             Some((ino, b)) => {
                 if let Some(h) = core.cached_handle(ino) {
-                    if let Err(e) = file_io::prefetch_block(core, &h, b) {
+                    if let Err(e) = prefetch_block(core, &h, b) {
                         report(core, &format!("prefetch of inode {ino} block {b}"), e);
                     }
                 }

@@ -882,6 +882,11 @@ impl KernelInvalidator for Invalidator {
             let _ = n.inval_entry(INodeNo(parent), OsStr::from_bytes(name));
         }
     }
+    fn invalidate_names(&self, dir: u64) {
+        // Entries the kernel cached under `dir` expire with the entry TTL; the
+        // directory's own attributes and listing are dropped now.
+        self.invalidate_inode(dir, 0, 0);
+    }
 }
 
 /// A mounted FUSE session.
