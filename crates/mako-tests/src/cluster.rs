@@ -350,13 +350,18 @@ impl TestCluster {
         Ok(())
     }
 
-    /// After `crash` (and after everything using the mount has stopped): detach the dead
-    /// mount (`umount -l`) and `mako up` (which replays the recovery log).
+    /// After `crash` (and after everything using the mount has stopped): `mako up`, which
+    /// must clean up the dead mount, socket and pid file itself (and say so) and replays
+    /// the recovery log.
     pub fn up_after_crash(&self) -> Result<()> {
-        if let Ok(c) = std::ffi::CString::new(self.mnt.as_os_str().to_string_lossy().as_bytes()) {
-            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        let out = self.mako(&["up"])?;
+        if !out.success() {
+            bail!("mako up after a crash failed: {out}");
         }
-        self.up_again()
+        if !out.stdout.contains("Cleaned up after makod") {
+            bail!("mako up after a crash did not say what it cleaned up: {out}");
+        }
+        self.wait_mounted()
     }
 
     /// `mako down` then `mako up`.

@@ -11,19 +11,12 @@ use mako_format::disk_header::DiskUsage;
 use mako_fs::{DiskSpec, FsConfig, Mounted};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-struct MountedFs {
-    mounted: Mounted,
-    fuse: mako_fuse::FuseMount,
-    /// `fuseDirectIoFileSize` as the FUSE adapter reads it at each open.
-    direct_io_file_size: Arc<AtomicU64>,
-    mountpoint: PathBuf,
-    disk_paths: Vec<(String, PathBuf)>,
-}
+use crate::mount_state::{Health, MountedFs};
 
 /// One file system's counters: name, named counters, per-disk counters.
 pub(crate) type FsCounters = (String, Vec<(String, u64)>, Vec<mako_disk::nsd::DiskStats>);
@@ -33,6 +26,10 @@ pub struct Daemon {
     cluster: Mutex<ClusterConfig>,
     config: RwLock<EffectiveConfig>,
     mounts: Mutex<HashMap<String, MountedFs>>,
+    /// Held by whatever mounts, unmounts or releases a file system, so that two of them
+    /// never work on the same file system at once (the `mounts` lock is not held for
+    /// the length of a mount).
+    mount_ops: Mutex<()>,
     started: Instant,
     stop: Arc<AtomicBool>,
 }
@@ -109,8 +106,30 @@ impl Daemon {
     }
 
     fn mount_fs(&self, name: &str) -> Result<String> {
-        if self.mounts.lock().contains_key(name) {
-            return Ok(format!("{name} is already mounted"));
+        let _ops = self.mount_ops.lock();
+        let known = self.mounts.lock().remove(name);
+        if let Some(m) = known {
+            // What makod remembers is checked against the kernel first: a mount that
+            // was unmounted from outside is released and mounted again.
+            match m.settle() {
+                Health::Mounted => {
+                    let mp = m.mountpoint.clone();
+                    self.mounts.lock().insert(name.to_string(), m);
+                    return Ok(format!("{name} is already mounted on {}", mp.display()));
+                }
+                Health::Ended => self.release_outside(m)?,
+                Health::Detached => {
+                    let mp = m.mountpoint.clone();
+                    self.mounts.lock().insert(name.to_string(), m);
+                    bail!(
+                        "{name} was detached from {} (`umount -l`) while files on it were open; \
+                         makod serves those files until they are closed, and only then can it \
+                         mount {name} again. Close them (or end the programs using them), then \
+                         run `mako fs mount {name}` again",
+                        mp.display()
+                    );
+                }
+            }
         }
         let cluster = ClusterConfig::load(self.dir.root.as_path())?;
         *self.cluster.lock() = cluster.clone();
@@ -166,6 +185,14 @@ impl Daemon {
                 fsdef.mountpoint.display()
             );
         }
+        let device = MountedFs::find_device(name, &fsdef.mountpoint);
+        if device.is_none() {
+            tracing::warn!(
+                "mounted {name} on {}, but the kernel's mount table does not show it there; \
+                 makod will go by the mount point alone",
+                fsdef.mountpoint.display()
+            );
+        }
         tracing::info!("mounted {name} on {}", fsdef.mountpoint.display());
         let disk_paths = specs
             .iter()
@@ -174,38 +201,103 @@ impl Daemon {
         self.mounts.lock().insert(
             name.to_string(),
             MountedFs {
+                name: name.to_string(),
                 mounted,
                 fuse,
                 direct_io_file_size,
                 mountpoint: fsdef.mountpoint.clone(),
                 disk_paths,
+                device,
             },
         );
         Ok(format!("{name} mounted on {}", fsdef.mountpoint.display()))
     }
 
     fn unmount_fs(&self, name: &str) -> Result<String> {
+        let _ops = self.mount_ops.lock();
         let m = self
             .mounts
             .lock()
             .remove(name)
             .with_context(|| format!("{name} is not mounted"))?;
         let mp = m.mountpoint.clone();
+        match m.settle() {
+            Health::Mounted => {}
+            Health::Ended => {
+                self.release_outside(m)?;
+                return Ok(format!(
+                    "{name} had been unmounted from {} from outside; it is written back",
+                    mp.display()
+                ));
+            }
+            Health::Detached => {
+                self.mounts.lock().insert(name.to_string(), m);
+                bail!(
+                    "{name} was detached from {} (`umount -l`) while files on it were open; \
+                     makod serves those files until they are closed and then writes {name} \
+                     back by itself",
+                    mp.display()
+                );
+            }
+        }
+        let device = m.device;
         // 1. Detach from the kernel (no new requests), 2. write everything back.
         if let Err(e) = m.fuse.unmount() {
             tracing::warn!(
                 "FUSE unmount of {}: {e}; trying a lazy unmount",
                 mp.display()
             );
-            let c = std::ffi::CString::new(mp.as_os_str().to_string_lossy().as_bytes())
-                .unwrap_or_default();
-            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            // Only our own mount: never detach what someone else mounted there since.
+            let ours = mako_control::mount_table::at(&mp)
+                .is_some_and(|e| Some(e.device) == device || e.mako_fs() == Some(name));
+            if ours {
+                if let Err(e) = mako_control::mount_table::lazy_unmount(&mp) {
+                    tracing::warn!("lazy unmount of {}: {e}", mp.display());
+                }
+            }
         }
         m.mounted
             .unmount()
             .with_context(|| format!("writing back {name}"))?;
         tracing::info!("unmounted {name} from {}", mp.display());
         Ok(format!("{name} unmounted from {}", mp.display()))
+    }
+
+    /// Writes back and forgets a mount whose FUSE session ended without makod ending
+    /// it (an admin's `umount`), and says so in the log.
+    fn release_outside(&self, m: MountedFs) -> Result<()> {
+        let (name, mp) = (m.name.clone(), m.mountpoint.clone());
+        tracing::warn!(
+            "{name} was unmounted from outside ({} is no longer its mount point, e.g. by \
+             `umount`); writing it back. `mako fs mount {name}` or `mako up` mounts it again",
+            mp.display()
+        );
+        m.release_ended()?;
+        tracing::info!("{name}: written back after the unmount from outside");
+        Ok(())
+    }
+
+    /// Releases every mount whose FUSE session has ended (see `mount_state`). Skipped
+    /// while a mount or unmount is under way: that one checks for itself.
+    pub(crate) fn release_ended_mounts(&self) {
+        let Some(_ops) = self.mount_ops.try_lock() else {
+            return;
+        };
+        let ended: Vec<MountedFs> = {
+            let mut mounts = self.mounts.lock();
+            let names: Vec<String> = mounts
+                .iter()
+                .filter(|(_, m)| m.fuse.session_ended())
+                .map(|(n, _)| n.clone())
+                .collect();
+            names.iter().filter_map(|n| mounts.remove(n)).collect()
+        };
+        for m in ended {
+            let name = m.name.clone();
+            if let Err(e) = self.release_outside(m) {
+                tracing::error!("{name}: {e:#}");
+            }
+        }
     }
 
     fn fs_status(&self, def: &mako_control::FsDef) -> FsStatus {
@@ -228,7 +320,11 @@ impl Daemon {
             read_only: false,
             disks: Vec::new(),
         };
-        match mounts.get(&def.name) {
+        // Mounted means mounted in the kernel, not only remembered by makod.
+        match mounts
+            .get(&def.name)
+            .filter(|m| m.health() == Health::Mounted)
+        {
             Some(m) => {
                 let core = m.mounted.core();
                 let sb = core.geo.subblock_bytes() as u64;
@@ -609,6 +705,7 @@ pub fn run(root: &Path) -> Result<()> {
         cluster: Mutex::new(cluster.clone()),
         config: RwLock::new(config),
         mounts: Mutex::new(HashMap::new()),
+        mount_ops: Mutex::new(()),
         started: Instant::now(),
         stop: stop.clone(),
     });
@@ -644,6 +741,7 @@ pub fn run(root: &Path) -> Result<()> {
         bail!("no file system could be mounted: {}", failed.join("; "));
     }
     while !stop.load(Ordering::SeqCst) {
+        daemon.release_ended_mounts();
         std::thread::sleep(Duration::from_millis(100));
     }
     let names: Vec<String> = daemon.mounts.lock().keys().cloned().collect();
