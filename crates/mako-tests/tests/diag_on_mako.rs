@@ -20,7 +20,7 @@
 //!
 //! JSON is read by a minimal parser below (this crate has no JSON dependency).
 
-use mako_tests::cluster::{fuse_available_or_skip, run_cmd, ClusterOptions, TestCluster};
+use mako_tests::cluster::{require_fuse, run_cmd, ClusterOptions, TestCluster};
 use mako_tests::pattern;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -289,7 +289,7 @@ fn iohist(c: &TestCluster, last: usize) -> Vec<Io> {
 
 #[test]
 fn iohist_lists_exactly_the_data_ios() {
-    if !fuse_available_or_skip("iohist_lists_exactly_the_data_ios") {
+    if !require_fuse("iohist_lists_exactly_the_data_ios") {
         return;
     }
     let c = small_cluster();
@@ -357,7 +357,7 @@ fn iohist_lists_exactly_the_data_ios() {
 
 #[test]
 fn config_out_of_range_is_refused_with_its_range() {
-    if !fuse_available_or_skip("config_out_of_range_is_refused_with_its_range") {
+    if !require_fuse("config_out_of_range_is_refused_with_its_range") {
         return;
     }
     let c = small_cluster();
@@ -395,7 +395,7 @@ fn config_out_of_range_is_refused_with_its_range() {
 
 #[test]
 fn immediate_config_changes_reach_the_running_daemon() {
-    if !fuse_available_or_skip("immediate_config_changes_reach_the_running_daemon") {
+    if !require_fuse("immediate_config_changes_reach_the_running_daemon") {
         return;
     }
     let c = small_cluster();
@@ -443,7 +443,7 @@ fn immediate_config_changes_reach_the_running_daemon() {
 
 #[test]
 fn waiters_show_a_slow_data_write() {
-    if !fuse_available_or_skip("waiters_show_a_slow_data_write") {
+    if !require_fuse("waiters_show_a_slow_data_write") {
         return;
     }
     const DELAY_MS: u64 = 1500;
@@ -560,7 +560,7 @@ fn waiters_show_a_slow_data_write() {
 
 #[test]
 fn counters_count_a_known_number_of_renames() {
-    if !fuse_available_or_skip("counters_count_a_known_number_of_renames") {
+    if !require_fuse("counters_count_a_known_number_of_renames") {
         return;
     }
     let c = small_cluster();
@@ -727,7 +727,7 @@ fn parse_exposition(text: &str) -> BTreeMap<String, f64> {
 
 #[test]
 fn prometheus_endpoint_matches_diag_stats() {
-    if !fuse_available_or_skip("prometheus_endpoint_matches_diag_stats") {
+    if !require_fuse("prometheus_endpoint_matches_diag_stats") {
         return;
     }
     let c = small_cluster();

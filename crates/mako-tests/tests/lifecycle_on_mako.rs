@@ -7,7 +7,7 @@
 //!   file system is not mounted, `mako fs mount` and `mako up` mount it again (never
 //!   "already mounted" with nothing mounted), and nothing written before is lost.
 
-use mako_tests::cluster::{fuse_available_or_skip, is_mounted, ClusterOptions, TestCluster};
+use mako_tests::cluster::{is_mounted, require_fuse, ClusterOptions, TestCluster};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -56,7 +56,7 @@ fn fs1_state(cluster: &TestCluster) -> String {
 
 #[test]
 fn up_after_kill_9_cleans_up_the_dead_mount_and_starts() {
-    if !fuse_available_or_skip("up_after_kill_9_cleans_up_the_dead_mount_and_starts") {
+    if !require_fuse("up_after_kill_9_cleans_up_the_dead_mount_and_starts") {
         return;
     }
     let cluster = TestCluster::up(small()).unwrap_or_else(|e| panic!("{e:#}"));
@@ -114,7 +114,7 @@ fn up_after_kill_9_cleans_up_the_dead_mount_and_starts() {
 
 #[test]
 fn a_plain_umount_is_noticed_and_mounted_again() {
-    if !fuse_available_or_skip("a_plain_umount_is_noticed_and_mounted_again") {
+    if !require_fuse("a_plain_umount_is_noticed_and_mounted_again") {
         return;
     }
     let cluster = TestCluster::up(small()).unwrap_or_else(|e| panic!("{e:#}"));
