@@ -177,3 +177,53 @@ fn a_plain_umount_is_noticed_and_mounted_again() {
     }
     cluster.down().unwrap();
 }
+
+/// SIGTERM and SIGINT stop makod as `mako down` does: written back, unmounted, its pid
+/// file and socket removed, so the next `mako up` has nothing to clean up.
+#[test]
+fn sigterm_and_sigint_stop_makod_cleanly() {
+    if !require_fuse("sigterm_and_sigint_stop_makod_cleanly") {
+        return;
+    }
+    let cluster = TestCluster::up(small()).unwrap_or_else(|e| panic!("{e:#}"));
+    let file = cluster.mount().join("kept");
+    for (round, signal) in [(1, libc::SIGTERM), (2, libc::SIGINT)] {
+        let content = format!("round {round}, not fsynced");
+        std::fs::write(&file, &content).unwrap();
+        let pid = cluster.makod_pid().expect("makod.pid");
+        // SAFETY: kill(2) of the makod this test started.
+        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, signal) }, 0);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while mako_tests::cluster::process_alive(pid) {
+            assert!(
+                Instant::now() < deadline,
+                "makod (pid {pid}) still runs 60 s after signal {signal}:\n{}",
+                cluster.log_tail(20)
+            );
+            std::thread::sleep(Duration::from_millis(20)); // poll
+        }
+        let log = std::fs::read_to_string(cluster.data_dir().join("makod.log")).unwrap();
+        assert!(
+            log.contains(&format!("signal {signal}: stopping")),
+            "{}",
+            cluster.log_tail(20)
+        );
+        assert!(
+            log.trim_end().ends_with("makod stopped cleanly"),
+            "{}",
+            cluster.log_tail(20)
+        );
+        assert!(!is_mounted(cluster.mount()), "still mounted after the stop");
+        assert!(!cluster.data_dir().join("makod.pid").exists());
+        assert!(!cluster.data_dir().join("makod.sock").exists());
+        let out = cluster.mako(&["up"]).unwrap();
+        assert!(out.success(), "{out}");
+        assert!(
+            !out.text().contains("Cleaned up"),
+            "nothing to clean: {out}"
+        );
+        assert!(is_mounted(cluster.mount()));
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), content);
+    }
+    cluster.down().unwrap();
+}

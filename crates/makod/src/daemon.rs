@@ -658,32 +658,29 @@ impl ControlHandler for Daemon {
     }
 }
 
-/// Block SIGTERM/SIGINT/SIGHUP in every thread and turn them into a stop request.
-fn watch_signals(stop: Arc<AtomicBool>) {
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGHUP);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        std::thread::Builder::new()
-            .name("signals".into())
-            .spawn(move || {
-                let mut sig = 0;
-                if libc::sigwait(&set, &mut sig) == 0 {
-                    tracing::info!("signal {sig}: stopping");
-                    stop.store(true, Ordering::SeqCst);
-                }
-            })
-            .expect("spawn signal thread");
-    }
+/// SIGTERM, SIGINT and SIGHUP become a stop request: makod writes everything back and
+/// unmounts, as for `mako down`. The handlers (signal-hook's, with SA_RESTART) only
+/// wake the "signals" thread, which sets the flag the main loop watches.
+fn watch_signals(stop: Arc<AtomicBool>) -> Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
+        .context("installing the handlers of SIGTERM, SIGINT and SIGHUP")?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                tracing::info!("signal {signal}: stopping");
+                stop.store(true, Ordering::SeqCst);
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(())
 }
 
 pub fn run(root: &Path) -> Result<()> {
     let dir = DataDir::new(root);
     let stop = Arc::new(AtomicBool::new(false));
-    watch_signals(stop.clone());
+    watch_signals(stop.clone())?;
     let cluster = ClusterConfig::load(root).with_context(|| {
         format!(
             "no cluster in {}; create one with `mako up`",
@@ -756,10 +753,24 @@ pub fn run(root: &Path) -> Result<()> {
     if let Some(m) = metrics {
         let _ = m.join();
     }
+    remove_own_pid_file(&dir);
     if !errors.is_empty() {
         bail!("stopped with errors: {}", errors.join("; "));
     }
     Ok(())
+}
+
+/// Removes `makod.pid` (written by `mako up`) if it names this process, so that after a
+/// stop by a signal a pid file is left only by a makod that died.
+fn remove_own_pid_file(dir: &DataDir) {
+    let path = dir.pid_file();
+    let ours = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+        == Some(std::process::id());
+    if ours {
+        let _ = std::fs::remove_file(&path);
+    }
 }
 
 /// The committed state of a mounted file system, as `mako_fsck` reads it online.
