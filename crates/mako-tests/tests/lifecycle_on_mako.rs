@@ -227,3 +227,68 @@ fn sigterm_and_sigint_stop_makod_cleanly() {
     }
     cluster.down().unwrap();
 }
+
+/// `umount -l` while a file is open detaches the mount but keeps serving that file:
+/// makod reports it as not mounted, refuses to mount a second copy while the old one
+/// still serves (saying why), and once the file is closed mounts it again.
+#[test]
+fn a_lazy_umount_with_an_open_file_is_detached_until_it_closes() {
+    if !require_fuse("a_lazy_umount_with_an_open_file_is_detached_until_it_closes") {
+        return;
+    }
+    let cluster = TestCluster::up(small()).unwrap_or_else(|e| panic!("{e:#}"));
+    let path = cluster.mount().join("open");
+    std::fs::write(&path, b"before").unwrap();
+    let mut open = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    lazy_unmount(cluster.mount());
+    assert!(!is_mounted(cluster.mount()));
+    // The open file is still served.
+    {
+        use std::io::{Read, Seek, SeekFrom, Write};
+        open.seek(SeekFrom::End(0)).unwrap();
+        open.write_all(b", after").unwrap();
+        open.sync_all().unwrap();
+        let mut back = String::new();
+        open.seek(SeekFrom::Start(0)).unwrap();
+        open.read_to_string(&mut back).unwrap();
+        assert_eq!(back, "before, after");
+    }
+    assert_eq!(fs1_state(&cluster), "not mounted");
+    let out = cluster.mako(&["fs", "mount", "fs1"]).unwrap();
+    assert!(
+        !out.success(),
+        "a second mount while the first serves: {out}"
+    );
+    assert!(
+        out.text().contains("detached") && out.text().contains("open"),
+        "the refusal must say why: {out}"
+    );
+    assert!(!is_mounted(cluster.mount()));
+    // Closing the last file ends the session; makod writes back and mounts again.
+    drop(open);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = cluster.mako(&["fs", "mount", "fs1"]).unwrap();
+        if out.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still refused 30 s after the close: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(100)); // poll
+    }
+    assert!(is_mounted(cluster.mount()));
+    assert_eq!(std::fs::read(&path).unwrap(), b"before, after");
+    cluster.down().unwrap();
+}
+
+fn lazy_unmount(path: &Path) {
+    let c = mako_tests::sys::cstr(path);
+    // SAFETY: umount2(MNT_DETACH) of a path this test mounted.
+    assert_eq!(unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) }, 0);
+}
