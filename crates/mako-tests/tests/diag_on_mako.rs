@@ -874,13 +874,18 @@ fn prometheus_endpoint_matches_diag_stats() {
     assert_eq!(raw_request(port, &huge), 431);
     assert_eq!(http_get(port, "/metrics").0, 200);
     assert!(Path::new(c.mount()).is_dir());
-    // curl, as the README shows it, if installed.
-    if let Ok(out) = run_cmd(
+    // curl, as the README shows it (scripts/install-deps installs it).
+    match run_cmd(
         Path::new("curl"),
         &["-sf", &format!("http://127.0.0.1:{port}/metrics")],
         Duration::from_secs(10),
     ) {
-        if out.success() {
+        Err(e) => mako_tests::skip::cannot_run(
+            "prometheus_endpoint_matches_diag_stats (curl check)",
+            &format!("curl cannot run: {e:#}"),
+        ),
+        Ok(out) => {
+            assert!(out.success(), "curl: {out}");
             assert!(out.stdout.contains("# TYPE mako_fs_creates counter"));
             assert!(out.stdout.contains("mako_fs_creates_total{fs=\"fs1\"}"));
         }
