@@ -230,7 +230,8 @@ fn sigterm_and_sigint_stop_makod_cleanly() {
 
 /// `umount -l` while a file is open detaches the mount but keeps serving that file:
 /// makod reports it as not mounted, refuses to mount a second copy while the old one
-/// still serves (saying why), and once the file is closed mounts it again.
+/// still serves (saying why), and once the file is closed mounts it again. `mako down`
+/// with such a mount ends it and writes back what came through the open file.
 #[test]
 fn a_lazy_umount_with_an_open_file_is_detached_until_it_closes() {
     if !require_fuse("a_lazy_umount_with_an_open_file_is_detached_until_it_closes") {
@@ -284,6 +285,34 @@ fn a_lazy_umount_with_an_open_file_is_detached_until_it_closes() {
     }
     assert!(is_mounted(cluster.mount()));
     assert_eq!(std::fs::read(&path).unwrap(), b"before, after");
+
+    // `mako down` with a detached mount still serving a file: makod aborts that
+    // connection, writes everything back (also what came through the open file) and stops.
+    let mut open = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    lazy_unmount(cluster.mount());
+    {
+        use std::io::Write;
+        open.write_all(b", detached").unwrap();
+    }
+    cluster.down().unwrap();
+    {
+        use std::io::Write;
+        let late = open.write_all(b", too late").and_then(|()| open.sync_all());
+        assert!(late.is_err(), "the aborted connection must refuse writes");
+    }
+    drop(open);
+    assert!(
+        std::fs::read_to_string(cluster.data_dir().join("makod.log"))
+            .unwrap()
+            .contains("aborting its FUSE connection"),
+        "{}",
+        cluster.log_tail(20)
+    );
+    cluster.up_again().unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), b"before, after, detached");
     cluster.down().unwrap();
 }
 

@@ -213,7 +213,10 @@ impl Daemon {
         Ok(format!("{name} mounted on {}", fsdef.mountpoint.display()))
     }
 
-    fn unmount_fs(&self, name: &str) -> Result<String> {
+    /// Unmounts `name`. A mount detached by `umount -l` that still serves open files is
+    /// refused (it is written back when they close), unless makod is `stopping`: then its
+    /// connection is aborted and it is written back.
+    fn unmount_fs(&self, name: &str, stopping: bool) -> Result<String> {
         let _ops = self.mount_ops.lock();
         let m = self
             .mounts
@@ -228,6 +231,29 @@ impl Daemon {
                 return Ok(format!(
                     "{name} had been unmounted from {} from outside; it is written back",
                     mp.display()
+                ));
+            }
+            Health::Detached if stopping => {
+                tracing::warn!(
+                    "{name} was detached from {} (`umount -l`) and still serves open files; \
+                     makod is stopping: aborting its FUSE connection (those files fail from \
+                     now on) and writing it back",
+                    mp.display()
+                );
+                if let Err(e) = m.abort_connection() {
+                    // Write back all the same: what was accepted must reach the disks.
+                    tracing::error!("{e:#}; writing {name} back with its session running");
+                    m.mounted
+                        .unmount()
+                        .with_context(|| format!("writing back {name}"))?;
+                    // Not `FuseMount::unmount`: it would unmount whatever is at the mount
+                    // point now. The connection ends when makod exits.
+                    std::mem::forget(m.fuse);
+                    return Ok(format!("{name} written back"));
+                }
+                m.release_ended()?;
+                return Ok(format!(
+                    "{name} written back after aborting its detached mount"
                 ));
             }
             Health::Detached => {
@@ -549,7 +575,7 @@ impl ControlHandler for Daemon {
             Ok(match request {
                 Request::Status => Response::Status(self.status()),
                 Request::Mount { fs } => Response::ok(self.mount_fs(&fs)?),
-                Request::Unmount { fs } => Response::ok(self.unmount_fs(&fs)?),
+                Request::Unmount { fs } => Response::ok(self.unmount_fs(&fs, false)?),
                 Request::Shutdown => {
                     self.stop.store(true, Ordering::SeqCst);
                     Response::ok("makod is stopping: writing back and unmounting")
@@ -744,7 +770,7 @@ pub fn run(root: &Path) -> Result<()> {
     let names: Vec<String> = daemon.mounts.lock().keys().cloned().collect();
     let mut errors = Vec::new();
     for n in names {
-        if let Err(e) = daemon.unmount_fs(&n) {
+        if let Err(e) = daemon.unmount_fs(&n, true) {
             tracing::error!("{e:#}");
             errors.push(format!("{e:#}"));
         }

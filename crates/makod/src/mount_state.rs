@@ -89,6 +89,51 @@ impl MountedFs {
         }
     }
 
+    /// Ends the FUSE connection of a detached mount (`umount -l` with files open) by
+    /// writing to its `abort` file in the FUSE control file system (mounted at
+    /// `/sys/fs/fuse/connections` first if it is not), then waits for the session to
+    /// end. Files still open on it fail from then on (ENOTCONN), as after `umount -f`.
+    pub(crate) fn abort_connection(&self) -> Result<()> {
+        let (_, minor) = self.device.with_context(|| {
+            format!(
+                "the kernel device of {}'s FUSE connection is not known",
+                self.name
+            )
+        })?;
+        let connections = std::path::Path::new("/sys/fs/fuse/connections");
+        let abort = connections.join(minor.to_string()).join("abort");
+        if !abort.exists() {
+            // SAFETY: mount(2) of the FUSE control file system with constant arguments.
+            let mounted = unsafe {
+                libc::mount(
+                    c"fusectl".as_ptr(),
+                    c"/sys/fs/fuse/connections".as_ptr(),
+                    c"fusectl".as_ptr(),
+                    0,
+                    std::ptr::null(),
+                )
+            };
+            if mounted != 0 {
+                let e = std::io::Error::last_os_error();
+                tracing::warn!("mounting fusectl on {}: {e}", connections.display());
+            }
+        }
+        std::fs::write(&abort, "1")
+            .with_context(|| format!("aborting the FUSE connection of {}", self.name))?;
+        let deadline = Instant::now() + SESSION_END_WAIT;
+        while !self.fuse.session_ended() {
+            if Instant::now() >= deadline {
+                anyhow::bail!(
+                    "the FUSE session of {} did not end within {} s of its abort",
+                    self.name,
+                    SESSION_END_WAIT.as_secs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
     /// Releases a mount whose session has ended: joins the request threads and writes
     /// everything back, so that the file system can be mounted again.
     pub(crate) fn release_ended(self) -> Result<()> {
