@@ -1,75 +1,33 @@
-//! Size parsing and human-readable formatting shared by `perf` and `bench`.
+//! Sizes and durations as `perf` and `bench` read and print them.
 //!
 //! Sizes follow gpfsperf's convention: suffixes are binary (`4k` = 4096, `1g` = 2^30),
-//! so `-r 16m -n 200g` means the same thing here as in the admins' old scripts.
+//! so `-r 16m -n 200g` means the same thing here as in the admins' old scripts. They are
+//! parsed and printed by Mako's one implementation, `mako_config::value`; this module
+//! only gives the benchmarks' wording of errors and their two print forms names.
 
-/// Parses a size such as `47008`, `4k`, `1m`, `16M`, `1g`, `2t`, `4KiB`.
+/// Parses a size such as `47008`, `4k`, `1m`, `16M`, `1g`, `2t`, `4KiB`, `1.5g`, with
+/// Mako's one size notation (`mako_config::value::parse_size`).
 ///
 /// Returns a message that says what was wrong, because the text comes straight from
 /// the command line.
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    let trimmed = text.trim();
-    if trimmed.is_empty() {
-        return Err("empty size; give a number such as 4k, 1m, 47008 or 1g".to_string());
-    }
-    let lower = trimmed.to_ascii_lowercase();
-    let digits_end = lower
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(lower.len());
-    let (number, suffix) = lower.split_at(digits_end);
-    if number.is_empty() {
-        return Err(format!(
-            "size '{text}' does not start with a number; use e.g. 4k, 1m, 47008, 1g"
-        ));
-    }
-    let value: u64 = number
-        .parse()
-        .map_err(|_| format!("size '{text}' is too large"))?;
-    let shift = match suffix {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        "p" | "pb" | "pib" => 50,
-        _ => {
-            return Err(format!(
-                "size '{text}' has an unknown suffix '{suffix}'; use k, m, g, t or p (binary: 1k = 1024)"
-            ))
-        }
-    };
-    value
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("size '{text}' does not fit in 64 bits"))
+    mako_config::value::parse_size(text).map_err(|problem| {
+        format!(
+            "size '{text}': {problem}; use e.g. 4k, 1m, 47008 or 1g (binary suffixes k, m, g, \
+             t, p: 1k = 1024)"
+        )
+    })
 }
 
 /// Formats a byte count the way gpfsperf prints `recSize 16M`: the largest binary unit
 /// that divides it exactly, otherwise the plain number (`47008`).
 pub fn format_size_exact(bytes: u64) -> String {
-    const UNITS: [(u32, &str); 5] = [(50, "P"), (40, "T"), (30, "G"), (20, "M"), (10, "K")];
-    for (shift, unit) in UNITS {
-        let unit_bytes = 1u64 << shift;
-        if bytes >= unit_bytes && bytes % unit_bytes == 0 {
-            return format!("{}{unit}", bytes >> shift);
-        }
-    }
-    bytes.to_string()
+    mako_config::value::format_bytes(bytes)
 }
 
 /// Formats a byte count approximately with a binary unit (`1.50 GiB`), for totals.
 pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.2} {}", UNITS[unit])
-    }
+    mako_config::value::human_bytes(bytes, 2)
 }
 
 /// Formats a duration in nanoseconds with a unit that keeps 3–4 significant digits.

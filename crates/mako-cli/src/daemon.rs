@@ -10,6 +10,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
+use mako_control::mount_table::{self, Probe};
 use mako_control::{
     ClientError, ClusterConfig, ControlClient, DaemonStatus, DataDir, DiskDef, FsDef, Request,
     Response,
@@ -113,43 +114,9 @@ pub fn read_pid(data: &DataDir) -> Option<u32> {
         .and_then(|t| t.trim().parse().ok())
 }
 
-/// Mount points currently in the kernel's mount table (`/proc/self/mounts`).
-pub fn kernel_mounts() -> Vec<PathBuf> {
-    let Ok(text) = fs::read_to_string("/proc/self/mounts") else {
-        return Vec::new();
-    };
-    text.lines()
-        .filter_map(|line| line.split(' ').nth(1))
-        .map(|field| PathBuf::from(unescape_mount_field(field)))
-        .collect()
-}
-
-/// True if `path` is a mount point now.
+/// True if anything is mounted at `path` now (the kernel's mount table).
 pub fn is_mounted(path: &Path) -> bool {
-    kernel_mounts().iter().any(|m| m == path)
-}
-
-/// `/proc/self/mounts` writes space, tab, newline and backslash as `\ooo` octal.
-fn unescape_mount_field(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
-            let digits = &bytes[i + 1..i + 4];
-            if digits.iter().all(|d| (b'0'..=b'7').contains(d)) {
-                let value = digits.iter().fold(0u32, |v, d| v * 8 + u32::from(d - b'0'));
-                if let Ok(value) = u8::try_from(value) {
-                    out.push(value);
-                    i += 4;
-                    continue;
-                }
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    mount_table::is_mounted(path)
 }
 
 /// A one-line progress indicator on stderr (only when stderr is a terminal).
@@ -334,12 +301,128 @@ fn store_pagepool(data: &DataDir, pagepool: &str) -> Result<()> {
 }
 
 fn all_automounts_mounted(cluster: &ClusterConfig, status: &DaemonStatus) -> bool {
-    cluster.filesystems.iter().filter(|f| f.automount).all(|f| {
-        status
-            .filesystems
-            .iter()
-            .any(|s| s.name == f.name && s.mounted)
-    })
+    cluster
+        .filesystems
+        .iter()
+        .filter(|f| f.automount)
+        .all(|f| mounted_now(f, status))
+}
+
+/// True if makod reports `fs` mounted. makod checks its mounts against the kernel's
+/// mount table before it answers (`makod::mount_state`), so this is the real state.
+fn mounted_now(fs: &FsDef, status: &DaemonStatus) -> bool {
+    status
+        .filesystems
+        .iter()
+        .any(|s| s.name == fs.name && s.mounted)
+}
+
+/// How long a look at a possibly dead mount may take before it counts as hung.
+const PROBE_LIMIT: Duration = Duration::from_secs(5);
+
+/// Cleans up after a makod that is gone (`kill -9`, a crash of the node): its FUSE
+/// mounts stay in the kernel's mount table, dead (every access fails with ENOTCONN or
+/// ECONNABORTED),
+/// and its control socket and pid file stay in the data directory. Only what is
+/// certainly its own is touched: a mount at a mount point of this cluster whose source
+/// is `mako:NAME` of the file system configured there and whose connection is gone, and
+/// the socket and pid file of a pid that no longer runs makod (a zombie counts as
+/// gone). Anything else mounted at a mount point is an error that says what to do.
+/// Returns what was done, one line each; nothing if there was nothing to do.
+pub fn clean_up_after_dead_daemon(data: &DataDir, cluster: &ClusterConfig) -> Result<Vec<String>> {
+    let mut done = Vec::new();
+    for fs in &cluster.filesystems {
+        let mp = &fs.mountpoint;
+        // A failed earlier attempt may have left mounts stacked: clean them one by one.
+        for _ in 0..8 {
+            let Some(entry) = mount_table::at(mp) else {
+                break;
+            };
+            if entry.mako_fs() != Some(fs.name.as_str()) {
+                if !fs.automount {
+                    break;
+                }
+                bail!(
+                    "{} is the mount point of {}, but another file system is mounted there \
+                     ({} {}). Unmount it (`umount {}`), then run `mako up` again",
+                    mp.display(),
+                    fs.name,
+                    entry.fstype,
+                    entry.source,
+                    mp.display()
+                );
+            }
+            match mount_table::probe(mp, PROBE_LIMIT) {
+                Probe::Dead => {}
+                Probe::Answers => bail!(
+                    "{} is mounted ({}) and answers, but no makod runs for {}: a makod with \
+                     another --data-dir may serve it. Stop that one, or unmount it with \
+                     `umount -l {}`, then run `mako up` again",
+                    mp.display(),
+                    entry.source,
+                    data.root.display(),
+                    mp.display()
+                ),
+                Probe::Unknown(why) => bail!(
+                    "{} is still mounted ({}) but no makod runs, and looking at it failed \
+                     ({why}). Remove it with `umount -l {}` (or `fusermount -uz {}`), then run \
+                     `mako up` again",
+                    mp.display(),
+                    entry.source,
+                    mp.display(),
+                    mp.display()
+                ),
+            }
+            mount_table::lazy_unmount(mp).with_context(|| {
+                format!(
+                    "cannot remove the dead mount of {} on {}; remove it with `umount -l {}` \
+                     (or `fusermount -uz {}`), then run `mako up` again",
+                    fs.name,
+                    mp.display(),
+                    mp.display(),
+                    mp.display()
+                )
+            })?;
+            done.push(format!(
+                "lazily unmounted the dead FUSE mount of {} on {} (its connection is gone)",
+                fs.name,
+                mp.display()
+            ));
+        }
+    }
+    let socket = data.socket_file();
+    if socket.exists() {
+        fs::remove_file(&socket)
+            .with_context(|| format!("cannot remove the stale socket {}", socket.display()))?;
+        done.push(format!(
+            "removed the stale control socket {}",
+            socket.display()
+        ));
+    }
+    if let Some(pid) = read_pid(data) {
+        fs::remove_file(data.pid_file()).with_context(|| {
+            format!(
+                "cannot remove the stale pid file {}",
+                data.pid_file().display()
+            )
+        })?;
+        done.push(format!(
+            "removed the stale pid file {} (makod pid {pid} is gone)",
+            data.pid_file().display()
+        ));
+    }
+    Ok(done)
+}
+
+/// Prints what `clean_up_after_dead_daemon` did.
+fn print_clean_up(done: &[String]) {
+    if done.is_empty() {
+        return;
+    }
+    println!("Cleaned up after makod, which is gone (killed, or the node crashed):");
+    for line in done {
+        println!("  - {line}");
+    }
 }
 
 /// Creates data dir, disk files, file system `fs1`, cluster.toml and config.toml.
@@ -467,16 +550,11 @@ pub fn absolute(path: &Path) -> Result<PathBuf> {
 fn start_and_wait(data: &DataDir, cluster: &ClusterConfig) -> Result<()> {
     // 1.
     let daemon_answers = query_status(data).ok().flatten().is_some();
+    let live_pid = read_pid(data).filter(|&pid| process_alive(pid) && pid_is_makod(pid));
+    if !daemon_answers && live_pid.is_none() {
+        print_clean_up(&clean_up_after_dead_daemon(data, cluster)?);
+    }
     for fs in cluster.filesystems.iter().filter(|f| f.automount) {
-        if !daemon_answers && is_mounted(&fs.mountpoint) {
-            bail!(
-                "{} is still mounted, but no makod runs (left over from a crash?). Remove the \
-                 stale mount with `umount -l {}` (or `fusermount -u {}`), then run `mako up` again",
-                fs.mountpoint.display(),
-                fs.mountpoint.display(),
-                fs.mountpoint.display()
-            );
-        }
         fs::create_dir_all(&fs.mountpoint).with_context(|| {
             format!(
                 "cannot create mount point {} of {}",
@@ -491,6 +569,17 @@ fn start_and_wait(data: &DataDir, cluster: &ClusterConfig) -> Result<()> {
         .as_ref()
         .map(|s| s.pid)
         .or_else(|| read_pid(data).filter(|&pid| process_alive(pid) && pid_is_makod(pid)));
+    if let Some(status) = &running {
+        for fs in cluster.filesystems.iter().filter(|f| f.automount) {
+            if !mounted_now(fs, status) {
+                println!(
+                    "{} is not mounted although makod (pid {}) runs (unmounted from outside?); \
+                     mounting it again.",
+                    fs.name, status.pid
+                );
+            }
+        }
+    }
     let mut child = None;
     let pid = match existing_pid {
         Some(pid) => pid,
@@ -559,12 +648,7 @@ fn start_and_wait(data: &DataDir, cluster: &ClusterConfig) -> Result<()> {
                     .filesystems
                     .iter()
                     .filter(|f| f.automount)
-                    .filter(|f| {
-                        !status
-                            .filesystems
-                            .iter()
-                            .any(|s| s.name == f.name && s.mounted)
-                    })
+                    .filter(|f| !mounted_now(f, &status))
                     .collect();
                 if missing.is_empty() {
                     spinner.finish();
@@ -683,20 +767,17 @@ pub fn down(context: &Context) -> Result<ExitCode> {
                 data.socket_file().display()
             );
         }
-        let _ = fs::remove_file(data.pid_file());
         println!(
             "makod is not running (data dir {}); nothing to stop.",
             data.root.display()
         );
-        let stale: Vec<&PathBuf> = mountpoints.iter().filter(|m| is_mounted(m)).collect();
-        for m in stale {
-            println!(
-                "warning: {} is still in the mount table without a daemon; remove it with \
-                 `umount -l {}` (or `fusermount -u {}`)",
-                m.display(),
-                m.display(),
-                m.display()
-            );
+        if let Some(cluster) = &cluster {
+            match clean_up_after_dead_daemon(data, cluster) {
+                Ok(done) => print_clean_up(&done),
+                Err(e) => println!("warning: {e:#}"),
+            }
+        } else {
+            let _ = fs::remove_file(data.pid_file());
         }
         return Ok(ExitCode::SUCCESS);
     };
@@ -759,14 +840,6 @@ pub fn down(context: &Context) -> Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mount_table_escapes() {
-        assert_eq!(unescape_mount_field("/mnt/a\\040b"), "/mnt/a b");
-        assert_eq!(unescape_mount_field("/plain"), "/plain");
-        assert_eq!(unescape_mount_field("/end\\"), "/end\\");
-        assert_eq!(unescape_mount_field("/x\\01"), "/x\\01");
-    }
 
     #[test]
     fn no_daemon_is_not_an_error_for_queries() {

@@ -144,32 +144,30 @@ fn refuse_if_mounted(context: &Context, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// A flag set by SIGINT or SIGTERM. The signals are blocked in this thread (and so in
-/// the checker's threads, which inherit the mask) and taken by a thread of their own,
-/// so the checker stops at its next safe point instead of dying mid-repair.
+/// A flag set by SIGINT or SIGTERM: the checker stops at its next safe point instead
+/// of dying mid-repair. signal-hook's handlers (with SA_RESTART) wake a thread of its
+/// own, which sets the flag and says so. If the handlers cannot be installed the
+/// signals keep their default action.
 fn cancel_on_signals() -> Arc<AtomicBool> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
     let flag = Arc::new(AtomicBool::new(false));
-    // SAFETY: plain libc signal-mask calls on a zeroed, initialised sigset_t.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-            return flag;
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
+        return flag;
+    };
+    let taken = flag.clone();
+    let spawned = std::thread::Builder::new()
+        .name("fsck-signals".into())
+        .spawn(move || {
+            if signals.forever().next().is_some() {
+                taken.store(true, Ordering::SeqCst);
+                eprintln!("\nmako fsck: interrupted; stopping at the next safe point (a repair finishes its current step)");
+            }
+        });
+    if spawned.is_err() {
+        // No thread to report it: the handlers set the flag themselves, silently.
+        for signal in [SIGINT, SIGTERM] {
+            let _ = signal_hook::flag::register(signal, flag.clone());
         }
-        let taken = flag.clone();
-        std::thread::Builder::new()
-            .name("fsck-signals".into())
-            .spawn(move || {
-                let mut signal = 0;
-                // SAFETY: `set` is a valid sigset_t blocked in every thread.
-                if libc::sigwait(&set, &mut signal) == 0 {
-                    taken.store(true, Ordering::SeqCst);
-                    eprintln!("\nmako fsck: interrupted; stopping at the next safe point (a repair finishes its current step)");
-                }
-            })
-            .ok();
     }
     flag
 }
@@ -210,5 +208,26 @@ impl Progress for Bar {
     }
     fn finish(&self) {
         self.bar.finish_and_clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// A SIGTERM to the process (here raised by the test's own thread) sets the flag,
+    /// whichever thread the kernel delivers it to.
+    #[test]
+    fn a_signal_sets_the_cancel_flag() {
+        let flag = cancel_on_signals();
+        assert!(!flag.load(Ordering::SeqCst));
+        // SAFETY: raise(3) of a signal whose handler was just installed.
+        assert_eq!(unsafe { libc::raise(libc::SIGTERM) }, 0);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !flag.load(Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "SIGTERM did not set the flag");
+            std::thread::sleep(Duration::from_millis(1)); // poll
+        }
     }
 }

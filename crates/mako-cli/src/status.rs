@@ -239,10 +239,9 @@ pub fn render_offline(cluster: &ClusterConfig, data: &DataDir) -> String {
     out.push_str("\nSpace, inodes and pagepool are reported by the daemon only.\n");
     for m in stale {
         out.push_str(&format!(
-            "warning: {} is still mounted although makod is down; run `umount -l {}` \
-             (or `fusermount -u {}`) before `mako up`\n",
-            m.display(),
-            m.display(),
+            "warning: {} is still mounted although makod is down (left by a makod that was \
+             killed or crashed?); `mako up` cleans it up and starts makod, `mako down` only \
+             cleans up\n",
             m.display()
         ));
     }

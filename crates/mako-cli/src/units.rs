@@ -2,6 +2,7 @@
 //! sizes, durations and times for people.
 
 use anyhow::{bail, Result};
+use jiff::tz::TimeZone;
 
 /// Reads a size like `8G`, `512M`, `64K`, `1.5G` or `4096` given to `flag`.
 pub fn parse_size_flag(flag: &str, text: &str) -> Result<u64> {
@@ -25,19 +26,9 @@ pub fn parse_count_flag(flag: &str, text: &str) -> Result<u64> {
     }
 }
 
-/// `4.0 GiB`, `512 B`, `1.5 MiB`.
+/// `4.0 GiB`, `512 B`, `1.5 MiB` (Mako's one size printer, `mako_config::value`).
 pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1} {}", UNITS[unit])
+    mako_config::value::human_bytes(bytes, 1)
 }
 
 /// Compact exact size for flags and tables: `4M`, `8K`, `1536M`, `4097`.
@@ -72,55 +63,39 @@ pub fn percent(part: u64, whole: u64) -> u64 {
 /// Local wall-clock time of a Unix time in microseconds: `2024-05-01 13:04:05.123456`
 /// when `with_date`, else `13:04:05.123456`.
 pub fn local_time_micros(unix_micros: u64, with_date: bool) -> String {
-    let secs = (unix_micros / 1_000_000) as libc::time_t;
+    local_time_micros_in(unix_micros, with_date, &TimeZone::system())
+}
+
+fn local_time_micros_in(unix_micros: u64, with_date: bool, zone: &TimeZone) -> String {
     let micros = unix_micros % 1_000_000;
-    // SAFETY: `tm` is plain data; localtime_r writes it and we read it only on success.
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    let ok = unsafe { !libc::localtime_r(&secs, &mut tm).is_null() };
-    if !ok {
+    let Some(time) = zoned(i64::try_from(unix_micros / 1_000_000).ok(), zone) else {
         return format!("{unix_micros}us");
-    }
-    let time = format!(
-        "{:02}:{:02}:{:02}.{micros:06}",
-        tm.tm_hour, tm.tm_min, tm.tm_sec
-    );
-    if with_date {
-        format!(
-            "{:04}-{:02}-{:02} {time}",
-            tm.tm_year + 1900,
-            tm.tm_mon + 1,
-            tm.tm_mday
-        )
+    };
+    let format = if with_date {
+        "%Y-%m-%d %H:%M:%S"
     } else {
-        time
-    }
+        "%H:%M:%S"
+    };
+    format!("{}.{micros:06}", time.strftime(format))
 }
 
 /// Local date and time of a Unix time in seconds: `2024-05-01 13:04:05 CEST`.
 pub fn local_date_time(unix_secs: i64) -> String {
-    let secs = unix_secs as libc::time_t;
-    // SAFETY: as in `local_time_micros`.
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    let ok = unsafe { !libc::localtime_r(&secs, &mut tm).is_null() };
-    if !ok {
-        return format!("@{unix_secs}");
+    local_date_time_in(unix_secs, &TimeZone::system())
+}
+
+fn local_date_time_in(unix_secs: i64, zone: &TimeZone) -> String {
+    match zoned(Some(unix_secs), zone) {
+        Some(time) => time.strftime("%Y-%m-%d %H:%M:%S %Z").to_string(),
+        None => format!("@{unix_secs}"),
     }
-    let zone = if tm.tm_zone.is_null() {
-        String::new()
-    } else {
-        // SAFETY: localtime_r points tm_zone at a static NUL-terminated string.
-        let name = unsafe { std::ffi::CStr::from_ptr(tm.tm_zone) };
-        format!(" {}", name.to_string_lossy())
-    };
-    format!(
-        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}{zone}",
-        tm.tm_year + 1900,
-        tm.tm_mon + 1,
-        tm.tm_mday,
-        tm.tm_hour,
-        tm.tm_min,
-        tm.tm_sec
-    )
+}
+
+/// The time `unix_secs` in `zone` (the system's: `TZ`, else `/etc/localtime`, as the C
+/// library reads them); `None` outside the range of dates jiff represents.
+fn zoned(unix_secs: Option<i64>, zone: &TimeZone) -> Option<jiff::ZonedDateTime> {
+    let instant = jiff::Timestamp::from_second(unix_secs?).ok()?;
+    Some(instant.to_zoned_datetime(zone.clone()))
 }
 
 #[cfg(test)]
@@ -147,6 +122,59 @@ mod tests {
             .unwrap_err()
             .to_string()
             .starts_with("--inodes -5"));
+    }
+
+    /// Local times as the C library's `localtime_r` printed them before the switch to
+    /// jiff (recorded with `TZ=… date -d @… '+%Y-%m-%d %H:%M:%S %Z'`, which uses it).
+    #[test]
+    fn local_times_as_localtime_r_printed_them() {
+        let cases = [
+            ("UTC", 0, "1970-01-01 00:00:00 UTC"),
+            ("UTC", 1714561445, "2024-05-01 11:04:05 UTC"),
+            ("Europe/Berlin", 0, "1970-01-01 01:00:00 CET"),
+            ("Europe/Berlin", 1714561445, "2024-05-01 13:04:05 CEST"),
+            ("Europe/Berlin", 1700000000, "2023-11-14 23:13:20 CET"),
+            ("Europe/Berlin", 1711846800, "2024-03-31 03:00:00 CEST"),
+            ("America/New_York", 0, "1969-12-31 19:00:00 EST"),
+            ("America/New_York", 1711846800, "2024-03-30 21:00:00 EDT"),
+            ("Asia/Kolkata", 1700000000, "2023-11-15 03:43:20 IST"),
+            (
+                "Australia/Lord_Howe",
+                1714561445,
+                "2024-05-01 21:34:05 +1030",
+            ),
+            ("Australia/Lord_Howe", 1700000000, "2023-11-15 09:13:20 +11"),
+        ];
+        for (name, unix, expected) in cases {
+            let zone = TimeZone::get(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(local_date_time_in(unix, &zone), expected, "{name} {unix}");
+        }
+        let berlin = TimeZone::get("Europe/Berlin").unwrap();
+        assert_eq!(
+            local_time_micros_in(1_714_561_445_000_042, true, &berlin),
+            "2024-05-01 13:04:05.000042"
+        );
+        assert_eq!(
+            local_time_micros_in(1_714_561_445_123_456, false, &berlin),
+            "13:04:05.123456"
+        );
+    }
+
+    /// In the zone of this machine (and of this process's `TZ`), the same text as the
+    /// C library's `date`.
+    #[test]
+    fn local_time_matches_the_c_library_here() {
+        for unix in [0i64, 1_714_561_445, 1_700_000_000, 2_000_000_000] {
+            let out = std::process::Command::new("date")
+                .arg("-d")
+                .arg(format!("@{unix}"))
+                .arg("+%Y-%m-%d %H:%M:%S %Z")
+                .output()
+                .expect("date(1) is part of coreutils");
+            assert!(out.status.success());
+            let expected = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            assert_eq!(local_date_time(unix), expected, "{unix}");
+        }
     }
 
     #[test]

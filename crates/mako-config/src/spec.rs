@@ -17,6 +17,8 @@ pub const MIB: u64 = 1024 * KIB;
 pub const GIB: u64 = 1024 * MIB;
 /// One tebibyte.
 pub const TIB: u64 = 1024 * GIB;
+/// One pebibyte.
+pub const PIB: u64 = 1024 * TIB;
 
 /// Milliseconds per second, for writing time limits readably.
 const SEC_MS: u64 = 1000;

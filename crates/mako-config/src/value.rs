@@ -4,8 +4,12 @@
 //!
 //! Notation, all case-insensitive:
 //! - sizes: a number with an optional fraction and an optional binary suffix `K`, `M`,
-//!   `G`, `T` (with or without a trailing `B` or `iB`); `1.5G` is 1536 MiB; a fraction
-//!   of a byte is dropped. Printed with the largest suffix that divides exactly.
+//!   `G`, `T`, `P` (with or without a trailing `B` or `iB`); `1.5G` is 1536 MiB; a
+//!   fraction of a byte is dropped. Printed with the largest suffix that divides exactly
+//!   ([`format_bytes`]), or approximately for people ([`human_bytes`]: `1.5 GiB`).
+//!
+//! This is Mako's one implementation of sizes: the CLI (`mako`), the benchmarks
+//! (`mako perf`, `mako bench`) and the configuration all parse and print sizes here.
 //! - whole numbers: optional `-`, digits, optional `K`/`M`/`G` (powers of 1024).
 //! - durations: a number with an optional fraction and a suffix `ms`, `s`, `m`, `h`; a
 //!   bare number is in the parameter's own unit (seconds for GPFS-named timeouts such
@@ -17,7 +21,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use crate::error::{Bound, ConfigError, Result};
-use crate::spec::{lookup, ParamKind, ParamSpec, TimeUnit, GIB, KIB, MIB, TIB};
+use crate::spec::{lookup, ParamKind, ParamSpec, TimeUnit, GIB, KIB, MIB, PIB, TIB};
 
 /// A parameter's value.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -88,8 +92,24 @@ impl fmt::Display for Value {
     }
 }
 
-const BYTE_UNITS: [(u64, &str); 4] = [(TIB, "T"), (GIB, "G"), (MIB, "M"), (KIB, "K")];
+const BYTE_UNITS: [(u64, &str); 5] = [(PIB, "P"), (TIB, "T"), (GIB, "G"), (MIB, "M"), (KIB, "K")];
 const TIME_UNITS: [(u64, &str); 4] = [(3_600_000, "h"), (60_000, "m"), (1000, "s"), (1, "ms")];
+
+/// Prints a size approximately, for people: `512 B`, then with the largest binary unit
+/// it reaches and `decimals` digits after the point (`1.5 GiB` with 1, `1.50 GiB` with 2).
+pub fn human_bytes(bytes: u64, decimals: usize) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < KIB {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.decimals$} {}", UNITS[unit])
+}
 
 /// Prints a size with the largest binary suffix that divides it exactly (`4G`, `1536M`,
 /// `4097`).
@@ -350,6 +370,7 @@ pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
         "m" | "mb" | "mib" => MIB,
         "g" | "gb" | "gib" => GIB,
         "t" | "tb" | "tib" => TIB,
+        "p" | "pb" | "pib" => PIB,
         other => return Err(format!("`{other}` is not a size suffix")),
     };
     scale(&decimal, multiplier)
@@ -409,6 +430,83 @@ mod tests {
     use super::*;
     use crate::spec::{ParamId, PARAMS};
     use proptest::prelude::*;
+
+    /// The outputs of the three implementations this one replaced (mako-config's
+    /// `format_bytes`, mako-bench's `format_size_exact` and `format_bytes`, mako-cli's
+    /// `human_bytes`), recorded before the switch: what users see must not change. The
+    /// one difference: a multiple of 1 PiB is printed `1P` (as mako-bench did) where
+    /// mako-config printed `1024T`; both parse back to the same size now.
+    #[test]
+    fn sizes_print_as_before_the_shared_implementation() {
+        // (bytes, exact, approximate with 2 decimals (bench), with 1 decimal (CLI))
+        let cases: &[(u64, &str, &str, &str)] = &[
+            (0, "0", "0 B", "0 B"),
+            (1, "1", "1 B", "1 B"),
+            (512, "512", "512 B", "512 B"),
+            (1023, "1023", "1023 B", "1023 B"),
+            (1024, "1K", "1.00 KiB", "1.0 KiB"),
+            (1536, "1536", "1.50 KiB", "1.5 KiB"),
+            (4096, "4K", "4.00 KiB", "4.0 KiB"),
+            (4097, "4097", "4.00 KiB", "4.0 KiB"),
+            (47008, "47008", "45.91 KiB", "45.9 KiB"),
+            (65536, "64K", "64.00 KiB", "64.0 KiB"),
+            (1 << 20, "1M", "1.00 MiB", "1.0 MiB"),
+            (1536 << 20, "1536M", "1.50 GiB", "1.5 GiB"),
+            (16 << 20, "16M", "16.00 MiB", "16.0 MiB"),
+            (1 << 30, "1G", "1.00 GiB", "1.0 GiB"),
+            (4 << 30, "4G", "4.00 GiB", "4.0 GiB"),
+            (1 << 40, "1T", "1.00 TiB", "1.0 TiB"),
+            (5 << 40, "5T", "5.00 TiB", "5.0 TiB"),
+            (1 << 50, "1P", "1.00 PiB", "1.0 PiB"),
+            (3 << 50, "3P", "3.00 PiB", "3.0 PiB"),
+            (u64::MAX, "18446744073709551615", "16.00 EiB", "16.0 EiB"),
+            (1000, "1000", "1000 B", "1000 B"),
+            (1_000_000, "1000000", "976.56 KiB", "976.6 KiB"),
+            (123_456_789, "123456789", "117.74 MiB", "117.7 MiB"),
+        ];
+        for &(bytes, exact, approx2, approx1) in cases {
+            assert_eq!(format_bytes(bytes), exact, "{bytes}");
+            assert_eq!(human_bytes(bytes, 2), approx2, "{bytes}");
+            assert_eq!(human_bytes(bytes, 1), approx1, "{bytes}");
+            assert_eq!(parse_size(&format_bytes(bytes)), Ok(bytes), "{bytes}");
+        }
+    }
+
+    #[test]
+    fn sizes_parse_as_both_notations_did() {
+        // What mako-config and mako-bench both read, and what only one of them read.
+        for (text, bytes) in [
+            ("0", 0),
+            ("4k", 4096),
+            ("4K", 4096),
+            ("1m", 1 << 20),
+            ("16M", 16 << 20),
+            ("47008", 47008),
+            ("1g", 1 << 30),
+            ("200g", 214_748_364_800),
+            ("4KiB", 4096),
+            ("4mb", 4 << 20),
+            ("2t", 2 << 40),
+            (" 8G ", 8 << 30),
+            ("1.5G", 1536 << 20),
+            ("0.5k", 512),
+            ("1p", 1 << 50),
+            ("1PiB", 1 << 50),
+        ] {
+            assert_eq!(parse_size(text), Ok(bytes), "{text}");
+        }
+        for text in [
+            "",
+            "k",
+            "4x",
+            "99999999999999999999",
+            "100000p",
+            "-1",
+            "16E",
+        ] {
+            assert!(parse_size(text).is_err(), "{text}");
+        }
+    }
 
     #[test]
     fn sizes() {

@@ -8,6 +8,9 @@
 //!   line with a protocol version `"v"` checked on both sides, and the plain data
 //!   views (`DaemonStatus`, `IoRecordView`, …) the daemon reports.
 //! - `client`: `ControlClient`, the CLI side of the control socket.
+//! - `mount_table`: the kernel's mount table (`/proc/self/mountinfo`): what is mounted
+//!   where, which mounts are Mako's, whether a mount's daemon is gone; both makod and
+//!   the CLI decide "is it mounted" here.
 //! - `server`: `serve`, the daemon side: one thread per connection, a
 //!   `ControlHandler` answers each request.
 //!
@@ -16,6 +19,7 @@
 
 pub mod client;
 pub mod cluster;
+pub mod mount_table;
 pub mod protocol;
 pub mod server;
 

@@ -199,13 +199,27 @@ mod tests {
 
     struct TestHandler;
 
+    /// Holds `diag waiters` requests until a test opens it: a daemon that does not
+    /// answer in time, without a sleep that merely hopes to be longer than the timeout.
+    static GATE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+    static GATE_OPENED: std::sync::Condvar = std::sync::Condvar::new();
+
+    fn open_gate() {
+        *GATE.lock().unwrap() = true;
+        GATE_OPENED.notify_all();
+    }
+
     impl ControlHandler for TestHandler {
         fn handle(&self, request: Request) -> Response {
             match request {
                 Request::Mount { fs } if fs == "boom" => panic!("test panic"),
                 Request::Mount { fs } => Response::ok(format!("{fs} mounted")),
-                Request::DiagWaiters { threshold_ms } => {
-                    std::thread::sleep(Duration::from_millis(threshold_ms));
+                Request::DiagWaiters { .. } => {
+                    let open = GATE.lock().unwrap();
+                    // Bounded, so that a test that never opens the gate still ends.
+                    let _open = GATE_OPENED
+                        .wait_timeout_while(open, Duration::from_secs(60), |open| !*open)
+                        .unwrap();
                     Response::Waiters(Vec::new())
                 }
                 other => Response::error(format!("unsupported {}", other.name())),
@@ -268,6 +282,7 @@ mod tests {
             .unwrap_err();
         assert!(matches!(error, ClientError::Timeout { .. }), "{error}");
         assert!(error.to_string().contains("did not answer `diag_waiters`"));
+        open_gate();
         stop.store(true, Ordering::SeqCst);
         handle.join().unwrap();
     }

@@ -217,16 +217,27 @@ mod tests {
             })
             .unwrap();
         rx.recv().unwrap();
-        std::thread::sleep(Duration::from_millis(60));
-        let w: Vec<Waiter> = snapshot(Duration::from_millis(50))
-            .into_iter()
-            .filter(|w| w.thread == "diag-test-blocked")
-            .collect();
+        // The wait is registered; it shows above a 50 ms threshold once it is that old.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let w: Vec<Waiter> = loop {
+            let w: Vec<Waiter> = snapshot(Duration::from_millis(50))
+                .into_iter()
+                .filter(|w| w.thread == "diag-test-blocked")
+                .collect();
+            if !w.is_empty() {
+                break w;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the blocked thread never showed above the threshold"
+            );
+            std::thread::sleep(Duration::from_millis(1)); // poll
+        };
         assert_eq!(w.len(), 1, "{w:?}");
         assert_eq!(w[0].what, "disk I/O write data 2:8192 64 sectors inode 7");
         assert!(
-            w[0].waiting >= Duration::from_millis(60),
-            "{:?}",
+            w[0].waiting >= Duration::from_millis(50),
+            "listed below the threshold: {:?}",
             w[0].waiting
         );
         assert!(w[0].waiting < Duration::from_secs(30));

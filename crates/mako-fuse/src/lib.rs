@@ -896,6 +896,13 @@ pub struct FuseMount {
 }
 
 impl FuseMount {
+    /// True once the FUSE session has ended: the kernel closed the connection (the
+    /// file system was unmounted from outside, e.g. by `umount`, or the connection was
+    /// aborted) and the request threads have returned. Nothing is served any more.
+    pub fn session_ended(&self) -> bool {
+        self.session.as_ref().is_none_or(|s| s.guard.is_finished())
+    }
+
     /// Unmount from the kernel and wait for the request threads to finish.
     pub fn unmount(mut self) -> std::io::Result<()> {
         match self.session.take() {

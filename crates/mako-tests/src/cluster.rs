@@ -12,8 +12,8 @@
 //! test executable (`target/<profile>/deps/xxx` → `target/<profile>/`). Build them first with
 //! `cargo build --workspace [--release]`.
 //!
-//! Tests call [`fuse_available_or_skip`] first: without `/dev/fuse` or root they print a loud
-//! SKIPPED message and return early, unless `MAKO_REQUIRE_FUSE=1` (CI) — then they fail.
+//! Tests call [`require_fuse`] first: without `/dev/fuse` or root they fail, unless the run
+//! allows skips (`MAKO_ALLOW_SKIP=1`, recorded for the summary of `scripts/test`).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -87,11 +87,13 @@ impl std::fmt::Display for CmdOutput {
     }
 }
 
-/// True if FUSE tests can run here (`/dev/fuse` exists and we are root). Otherwise prints a loud
-/// SKIPPED message naming `test` and returns false — or panics if `MAKO_REQUIRE_FUSE=1`.
-pub fn fuse_available_or_skip(test: &str) -> bool {
+/// True if FUSE tests can run here (`/dev/fuse` exists and we are root). Otherwise the
+/// test fails (panics) naming `test` and what is missing — unless the run allows skips
+/// (`MAKO_ALLOW_SKIP=1`, see [`crate::skip`]): then the skip is recorded and this returns
+/// false, and the test returns.
+pub fn require_fuse(test: &str) -> bool {
     let reason = if !Path::new("/dev/fuse").exists() {
-        Some("/dev/fuse is missing".to_string())
+        Some("/dev/fuse is missing (modprobe fuse; install fuse3)".to_string())
     } else if unsafe { libc::geteuid() } != 0 {
         Some(
             "not running as root (mako up mounts with allow_other and the tests chown)".to_string(),
@@ -100,15 +102,7 @@ pub fn fuse_available_or_skip(test: &str) -> bool {
         None
     };
     let Some(reason) = reason else { return true };
-    if std::env::var("MAKO_REQUIRE_FUSE").is_ok_and(|v| v == "1") {
-        panic!("{test}: FUSE is required (MAKO_REQUIRE_FUSE=1) but unavailable: {reason}");
-    }
-    eprintln!();
-    eprintln!("************************************************************************");
-    eprintln!("*** SKIPPED {test}: {reason}");
-    eprintln!("*** (set MAKO_REQUIRE_FUSE=1 to make this a failure)");
-    eprintln!("************************************************************************");
-    eprintln!();
+    crate::skip::cannot_run(test, &reason);
     false
 }
 
@@ -350,13 +344,18 @@ impl TestCluster {
         Ok(())
     }
 
-    /// After `crash` (and after everything using the mount has stopped): detach the dead
-    /// mount (`umount -l`) and `mako up` (which replays the recovery log).
+    /// After `crash` (and after everything using the mount has stopped): `mako up`, which
+    /// must clean up the dead mount, socket and pid file itself (and say so) and replays
+    /// the recovery log.
     pub fn up_after_crash(&self) -> Result<()> {
-        if let Ok(c) = std::ffi::CString::new(self.mnt.as_os_str().to_string_lossy().as_bytes()) {
-            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        let out = self.mako(&["up"])?;
+        if !out.success() {
+            bail!("mako up after a crash failed: {out}");
         }
-        self.up_again()
+        if !out.stdout.contains("Cleaned up after makod") {
+            bail!("mako up after a crash did not say what it cleaned up: {out}");
+        }
+        self.wait_mounted()
     }
 
     /// `mako down` then `mako up`.

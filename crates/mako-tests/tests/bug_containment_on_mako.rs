@@ -3,12 +3,12 @@
 //! caller EIO, leaves makod and the mount serving reads, and turns the mount read-only
 //! so that half-changed in-memory state never reaches disk. `mako down` still works.
 
-use mako_tests::cluster::{fuse_available_or_skip, ClusterOptions, TestCluster};
+use mako_tests::cluster::{require_fuse, ClusterOptions, TestCluster};
 use std::time::{Duration, Instant};
 
 #[test]
 fn a_panicking_handler_gives_eio_and_a_read_only_mount() {
-    if !fuse_available_or_skip("a_panicking_handler_gives_eio_and_a_read_only_mount") {
+    if !require_fuse("a_panicking_handler_gives_eio_and_a_read_only_mount") {
         return;
     }
     let c = TestCluster::up(ClusterOptions {

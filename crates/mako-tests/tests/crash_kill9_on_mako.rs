@@ -7,7 +7,7 @@
 //! `MAKO_KILL9_ROUNDS` (default 50) sets the number of crashes; `MAKO_KILL9_SEED`
 //! replays a run (the seed is printed first).
 
-use mako_tests::cluster::{fuse_available_or_skip, ClusterOptions, TestCluster};
+use mako_tests::cluster::{require_fuse, ClusterOptions, TestCluster};
 use mako_tests::crashload;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,7 +18,7 @@ fn env_u64(name: &str) -> Option<u64> {
 
 #[test]
 fn kill_9_at_random_moments_keeps_every_promise() {
-    if !fuse_available_or_skip("kill_9_at_random_moments_keeps_every_promise") {
+    if !require_fuse("kill_9_at_random_moments_keeps_every_promise") {
         return;
     }
     let rounds = env_u64("MAKO_KILL9_ROUNDS").unwrap_or(50);

@@ -20,7 +20,7 @@
 //!
 //! JSON is read by a minimal parser below (this crate has no JSON dependency).
 
-use mako_tests::cluster::{fuse_available_or_skip, run_cmd, ClusterOptions, TestCluster};
+use mako_tests::cluster::{require_fuse, run_cmd, ClusterOptions, TestCluster};
 use mako_tests::pattern;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -289,7 +289,7 @@ fn iohist(c: &TestCluster, last: usize) -> Vec<Io> {
 
 #[test]
 fn iohist_lists_exactly_the_data_ios() {
-    if !fuse_available_or_skip("iohist_lists_exactly_the_data_ios") {
+    if !require_fuse("iohist_lists_exactly_the_data_ios") {
         return;
     }
     let c = small_cluster();
@@ -357,7 +357,7 @@ fn iohist_lists_exactly_the_data_ios() {
 
 #[test]
 fn config_out_of_range_is_refused_with_its_range() {
-    if !fuse_available_or_skip("config_out_of_range_is_refused_with_its_range") {
+    if !require_fuse("config_out_of_range_is_refused_with_its_range") {
         return;
     }
     let c = small_cluster();
@@ -395,7 +395,7 @@ fn config_out_of_range_is_refused_with_its_range() {
 
 #[test]
 fn immediate_config_changes_reach_the_running_daemon() {
-    if !fuse_available_or_skip("immediate_config_changes_reach_the_running_daemon") {
+    if !require_fuse("immediate_config_changes_reach_the_running_daemon") {
         return;
     }
     let c = small_cluster();
@@ -443,7 +443,7 @@ fn immediate_config_changes_reach_the_running_daemon() {
 
 #[test]
 fn waiters_show_a_slow_data_write() {
-    if !fuse_available_or_skip("waiters_show_a_slow_data_write") {
+    if !require_fuse("waiters_show_a_slow_data_write") {
         return;
     }
     const DELAY_MS: u64 = 1500;
@@ -560,7 +560,7 @@ fn waiters_show_a_slow_data_write() {
 
 #[test]
 fn counters_count_a_known_number_of_renames() {
-    if !fuse_available_or_skip("counters_count_a_known_number_of_renames") {
+    if !require_fuse("counters_count_a_known_number_of_renames") {
         return;
     }
     let c = small_cluster();
@@ -638,9 +638,26 @@ fn http_get(port: u16, path: &str) -> (u16, String, String) {
     (code, head.to_ascii_lowercase(), body.to_string())
 }
 
-/// Parses and validates a text exposition: HELP and TYPE once per family before its
-/// samples, a family's samples together, valid names, numeric values, no duplicate
-/// series. Returns series ("name{labels}") → value.
+/// Sends `request` as is; returns the status code of the answer.
+fn raw_request(port: u16, request: &[u8]) -> u16 {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))
+        .unwrap_or_else(|e| panic!("connect 127.0.0.1:{port}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // The server may answer and close before it has read everything.
+    let _ = s.write_all(request);
+    let mut all = Vec::new();
+    let _ = s.read_to_end(&mut all);
+    let all = String::from_utf8_lossy(&all);
+    all.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {all:?}"))
+}
+
+/// Parses and validates an OpenMetrics text exposition: HELP and TYPE once per family
+/// before its samples (a counter family's samples are its name with `_total`), a
+/// family's samples together, valid names, numeric values, no duplicate series, `# EOF`
+/// last. Returns series ("name{labels}") → value.
 fn parse_exposition(text: &str) -> BTreeMap<String, f64> {
     let valid_name = |n: &str| {
         !n.is_empty()
@@ -653,6 +670,9 @@ fn parse_exposition(text: &str) -> BTreeMap<String, f64> {
     let mut finished: BTreeSet<String> = BTreeSet::new();
     let mut current = String::new();
     let mut series = BTreeMap::new();
+    let text = text
+        .strip_suffix("# EOF\n")
+        .unwrap_or_else(|| panic!("the exposition must end with # EOF:\n{text}"));
     assert!(text.ends_with('\n'), "exposition ends with a newline");
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("# HELP ") {
@@ -683,12 +703,16 @@ fn parse_exposition(text: &str) -> BTreeMap<String, f64> {
             .unwrap_or_else(|| panic!("no value: {line}"));
         let name = key.split('{').next().unwrap();
         assert!(valid_name(name), "{line}");
-        assert!(types.contains_key(name), "sample before its TYPE: {line}");
-        assert!(helps.contains(name), "sample without HELP: {line}");
-        if types[name] == "counter" {
+        let family = match name.strip_suffix("_total") {
+            Some(family) if types.get(family).is_some_and(|t| t == "counter") => family,
+            _ => name,
+        };
+        assert!(types.contains_key(family), "sample before its TYPE: {line}");
+        assert!(helps.contains(family), "sample without HELP: {line}");
+        if types[family] == "counter" {
             assert!(
                 name.ends_with("_total"),
-                "counter names end in _total: {name}"
+                "counter samples end in _total: {name}"
             );
         }
         if name != current {
@@ -727,7 +751,7 @@ fn parse_exposition(text: &str) -> BTreeMap<String, f64> {
 
 #[test]
 fn prometheus_endpoint_matches_diag_stats() {
-    if !fuse_available_or_skip("prometheus_endpoint_matches_diag_stats") {
+    if !require_fuse("prometheus_endpoint_matches_diag_stats") {
         return;
     }
     let c = small_cluster();
@@ -774,7 +798,7 @@ fn prometheus_endpoint_matches_diag_stats() {
     let (code, head, first) = http_get(port, "/metrics");
     assert_eq!(code, 200);
     assert!(
-        head.contains("content-type: text/plain; version=0.0.4"),
+        head.contains("content-type: application/openmetrics-text; version=1.0.0"),
         "{head}"
     );
     let stats = mako_json(&c, &["diag", "stats"]);
@@ -843,15 +867,27 @@ fn prometheus_endpoint_matches_diag_stats() {
     assert!(s1.contains_key("mako_waiters") && s1.contains_key("mako_waiter_longest_seconds"));
 
     assert_eq!(http_get(port, "/nothing-here").0, 404);
+    // Malformed and oversized requests get an answer, and the endpoint lives on.
+    assert_eq!(raw_request(port, b"\x01\x02 nonsense\r\n\r\n"), 400);
+    let mut huge = b"GET /metrics HTTP/1.1\r\nX-Filler: ".to_vec();
+    huge.extend(std::iter::repeat_n(b'a', 64 << 10));
+    assert_eq!(raw_request(port, &huge), 431);
+    assert_eq!(http_get(port, "/metrics").0, 200);
     assert!(Path::new(c.mount()).is_dir());
-    // curl, as the README shows it, if installed.
-    if let Ok(out) = run_cmd(
+    // curl, as the README shows it (scripts/install-deps installs it).
+    match run_cmd(
         Path::new("curl"),
         &["-sf", &format!("http://127.0.0.1:{port}/metrics")],
         Duration::from_secs(10),
     ) {
-        if out.success() {
-            assert!(out.stdout.contains("# TYPE mako_fs_creates_total counter"));
+        Err(e) => mako_tests::skip::cannot_run(
+            "prometheus_endpoint_matches_diag_stats (curl check)",
+            &format!("curl cannot run: {e:#}"),
+        ),
+        Ok(out) => {
+            assert!(out.success(), "curl: {out}");
+            assert!(out.stdout.contains("# TYPE mako_fs_creates counter"));
+            assert!(out.stdout.contains("mako_fs_creates_total{fs=\"fs1\"}"));
         }
     }
 }

@@ -13,7 +13,7 @@
 //! random order, the directory shrinking); then the ratio of the last slice's cost per
 //! operation to the first slice's.
 
-use mako_tests::cluster::{fuse_available_or_skip, ClusterOptions, TestCluster};
+use mako_tests::cluster::{require_fuse, ClusterOptions, TestCluster};
 use mako_tests::fsx::Rng;
 use mako_tests::sys;
 use std::collections::HashSet;
@@ -36,7 +36,7 @@ fn create(p: &Path) -> Result<(), sys::Errno> {
 
 #[test]
 fn directory_with_many_entries() {
-    if !fuse_available_or_skip("directory_with_many_entries") {
+    if !require_fuse("directory_with_many_entries") {
         return;
     }
     let n: usize = std::env::var("MAKO_DIR_ENTRIES")

@@ -14,9 +14,7 @@
 //!     `mako fs create … -B 3M` are refused (non-zero exit) naming the parameter and its
 //!     allowed range, and change nothing.
 
-use mako_tests::cluster::{
-    fuse_available_or_skip, is_mounted, process_alive, ClusterOptions, TestCluster,
-};
+use mako_tests::cluster::{is_mounted, process_alive, require_fuse, ClusterOptions, TestCluster};
 use mako_tests::pattern;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -70,7 +68,7 @@ fn errno_of(e: &std::io::Error) -> i32 {
 
 #[test]
 fn full_file_system_gives_enospc_and_recovers() {
-    if !fuse_available_or_skip("full_file_system_gives_enospc_and_recovers") {
+    if !require_fuse("full_file_system_gives_enospc_and_recovers") {
         return;
     }
     let cluster = TestCluster::up(ClusterOptions {
@@ -298,7 +296,7 @@ impl Drop for BindMount {
 
 #[test]
 fn bad_disks_make_up_fail_naming_the_disk() {
-    if !fuse_available_or_skip("bad_disks_make_up_fail_naming_the_disk") {
+    if !require_fuse("bad_disks_make_up_fail_naming_the_disk") {
         return;
     }
     let cluster = TestCluster::up(ClusterOptions {
@@ -355,8 +353,10 @@ fn bad_disks_make_up_fail_naming_the_disk() {
             .status()
             .is_ok_and(|s| s.success());
         if !bind {
-            println!("SKIPPED read-only disk case: neither chattr +i nor a bind mount works here");
-            return;
+            return mako_tests::skip::cannot_run(
+                "bad_disks_make_up_fail_naming_the_disk (read-only disk case)",
+                "neither chattr +i nor a bind mount works here",
+            );
         }
         let guard = BindMount(dir.clone());
         let ro = Command::new("mount")
@@ -365,8 +365,10 @@ fn bad_disks_make_up_fail_naming_the_disk() {
             .status()
             .is_ok_and(|s| s.success());
         if !ro {
-            println!("SKIPPED read-only disk case: cannot remount the bind mount read-only");
-            return;
+            return mako_tests::skip::cannot_run(
+                "bad_disks_make_up_fail_naming_the_disk (read-only disk case)",
+                "cannot remount the bind mount read-only",
+            );
         }
         // Every disk is read-only now; the message must still name one; d0 is opened first.
         let out = cluster.mako(&["up"]).unwrap();
@@ -386,7 +388,7 @@ fn bad_disks_make_up_fail_naming_the_disk() {
 
 #[test]
 fn out_of_range_parameters_are_refused() {
-    if !fuse_available_or_skip("out_of_range_parameters_are_refused") {
+    if !require_fuse("out_of_range_parameters_are_refused") {
         return;
     }
     let cluster = TestCluster::up(ClusterOptions {

@@ -5,7 +5,7 @@
 //! found (exit 4), repaired (exit 1), and the file system then checks clean, mounts and
 //! reads back every file the damage did not hit.
 
-use mako_tests::cluster::{fuse_available_or_skip, ClusterOptions, TestCluster};
+use mako_tests::cluster::{require_fuse, ClusterOptions, TestCluster};
 use mako_tests::pattern;
 use mako_tests::sys;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -90,7 +90,7 @@ fn flip(path: &Path, offset: u64) {
 
 #[test]
 fn fsck_of_file_systems_written_by_makod() {
-    if !fuse_available_or_skip("fsck_of_file_systems_written_by_makod") {
+    if !require_fuse("fsck_of_file_systems_written_by_makod") {
         return;
     }
     let c = TestCluster::up(ClusterOptions {

@@ -13,7 +13,7 @@
 //! seed runs on its own fresh cluster; on failure the
 //! seed, failing op and a reproduction line are printed.
 
-use mako_tests::cluster::{fuse_available_or_skip, ClusterOptions, TestCluster};
+use mako_tests::cluster::{require_fuse, ClusterOptions, TestCluster};
 use mako_tests::fsx::{run_fsx, FsxOptions};
 
 const REMOUNT_EVERY: u64 = 25_000;
@@ -40,7 +40,7 @@ fn seeds() -> Vec<u64> {
 
 #[test]
 fn fsx_with_remounts_on_mako() {
-    if !fuse_available_or_skip("fsx_with_remounts_on_mako") {
+    if !require_fuse("fsx_with_remounts_on_mako") {
         return;
     }
     let ops: u64 = std::env::var("MAKO_FSX_OPS")

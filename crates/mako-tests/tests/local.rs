@@ -73,8 +73,10 @@ impl Drop for Mount {
 #[test]
 fn posix_suite_passes_on_tmpfs() {
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipping: mounting tmpfs needs root");
-        return;
+        return mako_tests::skip::cannot_run(
+            "posix_suite_passes_on_tmpfs",
+            "mounting tmpfs needs root",
+        );
     }
     let dir = tempdir("mako-posix-tmpfs-");
     let (src, fstype, data) = (c"mako-tests", c"tmpfs", c"size=256m,mode=0755");
@@ -89,11 +91,10 @@ fn posix_suite_passes_on_tmpfs() {
         )
     };
     if r != 0 {
-        eprintln!(
-            "skipping: cannot mount tmpfs: {}",
-            std::io::Error::last_os_error()
+        return mako_tests::skip::cannot_run(
+            "posix_suite_passes_on_tmpfs",
+            &format!("cannot mount tmpfs: {}", std::io::Error::last_os_error()),
         );
-        return;
     }
     let _m = Mount(dir.path().to_path_buf());
     let report = run_posix_suite(dir.path(), None);

@@ -6,7 +6,7 @@
 //! memory (VmHWM = peak RSS, and VmRSS sampled every 100 ms) at or below
 //! `pagepool + OVERHEAD`. The measured numbers are printed either way.
 
-use mako_tests::cluster::{fuse_available_or_skip, ClusterOptions, TestCluster};
+use mako_tests::cluster::{require_fuse, ClusterOptions, TestCluster};
 use std::io::{Read, Write};
 use std::os::unix::io::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -42,7 +42,7 @@ fn fill(buf: &mut [u8], record: u64) {
 
 #[test]
 fn makod_memory_stays_within_pagepool_plus_overhead() {
-    if !fuse_available_or_skip("makod_memory_stays_within_pagepool_plus_overhead") {
+    if !require_fuse("makod_memory_stays_within_pagepool_plus_overhead") {
         return;
     }
     let cluster = TestCluster::up(ClusterOptions {

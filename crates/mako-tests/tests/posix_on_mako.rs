@@ -5,12 +5,12 @@
 //! locks, directories — passes (no failures; skips only where the check itself says it needs
 //! something this machine lacks). The report is printed either way.
 
-use mako_tests::cluster::{fuse_available_or_skip, ClusterOptions, TestCluster};
+use mako_tests::cluster::{require_fuse, ClusterOptions, TestCluster};
 use mako_tests::posix::{run_posix_suite, Outcome};
 
 #[test]
 fn posix_suite_passes_on_mako() {
-    if !fuse_available_or_skip("posix_suite_passes_on_mako") {
+    if !require_fuse("posix_suite_passes_on_mako") {
         return;
     }
     let cluster = TestCluster::up(ClusterOptions::default()).expect("mako up");

@@ -16,9 +16,7 @@
 //! last 64 KiB up to EOF and 4 KiB probes in the hole (reading 1 TiB of zeros through FUSE is
 //! not practical), plus size and allocated blocks.
 
-use mako_tests::cluster::{
-    fuse_available_or_skip, is_mounted, kernel_mounts, ClusterOptions, TestCluster,
-};
+use mako_tests::cluster::{is_mounted, kernel_mounts, require_fuse, ClusterOptions, TestCluster};
 use mako_tests::pattern;
 use mako_tests::sys;
 use std::collections::hash_map::DefaultHasher;
@@ -339,7 +337,7 @@ fn report(diffs: Vec<String>) {
 
 #[test]
 fn tree_survives_remount_and_up_is_idempotent() {
-    if !fuse_available_or_skip("tree_survives_remount_and_up_is_idempotent") {
+    if !require_fuse("tree_survives_remount_and_up_is_idempotent") {
         return;
     }
     let cluster = TestCluster::up(ClusterOptions::default()).expect("mako up");

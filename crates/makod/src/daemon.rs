@@ -11,19 +11,12 @@ use mako_format::disk_header::DiskUsage;
 use mako_fs::{DiskSpec, FsConfig, Mounted};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-struct MountedFs {
-    mounted: Mounted,
-    fuse: mako_fuse::FuseMount,
-    /// `fuseDirectIoFileSize` as the FUSE adapter reads it at each open.
-    direct_io_file_size: Arc<AtomicU64>,
-    mountpoint: PathBuf,
-    disk_paths: Vec<(String, PathBuf)>,
-}
+use crate::mount_state::{Health, MountedFs};
 
 /// One file system's counters: name, named counters, per-disk counters.
 pub(crate) type FsCounters = (String, Vec<(String, u64)>, Vec<mako_disk::nsd::DiskStats>);
@@ -33,6 +26,10 @@ pub struct Daemon {
     cluster: Mutex<ClusterConfig>,
     config: RwLock<EffectiveConfig>,
     mounts: Mutex<HashMap<String, MountedFs>>,
+    /// Held by whatever mounts, unmounts or releases a file system, so that two of them
+    /// never work on the same file system at once (the `mounts` lock is not held for
+    /// the length of a mount).
+    mount_ops: Mutex<()>,
     started: Instant,
     stop: Arc<AtomicBool>,
 }
@@ -109,8 +106,30 @@ impl Daemon {
     }
 
     fn mount_fs(&self, name: &str) -> Result<String> {
-        if self.mounts.lock().contains_key(name) {
-            return Ok(format!("{name} is already mounted"));
+        let _ops = self.mount_ops.lock();
+        let known = self.mounts.lock().remove(name);
+        if let Some(m) = known {
+            // What makod remembers is checked against the kernel first: a mount that
+            // was unmounted from outside is released and mounted again.
+            match m.settle() {
+                Health::Mounted => {
+                    let mp = m.mountpoint.clone();
+                    self.mounts.lock().insert(name.to_string(), m);
+                    return Ok(format!("{name} is already mounted on {}", mp.display()));
+                }
+                Health::Ended => self.release_outside(m)?,
+                Health::Detached => {
+                    let mp = m.mountpoint.clone();
+                    self.mounts.lock().insert(name.to_string(), m);
+                    bail!(
+                        "{name} was detached from {} (`umount -l`) while files on it were open; \
+                         makod serves those files until they are closed, and only then can it \
+                         mount {name} again. Close them (or end the programs using them), then \
+                         run `mako fs mount {name}` again",
+                        mp.display()
+                    );
+                }
+            }
         }
         let cluster = ClusterConfig::load(self.dir.root.as_path())?;
         *self.cluster.lock() = cluster.clone();
@@ -166,6 +185,14 @@ impl Daemon {
                 fsdef.mountpoint.display()
             );
         }
+        let device = MountedFs::find_device(name, &fsdef.mountpoint);
+        if device.is_none() {
+            tracing::warn!(
+                "mounted {name} on {}, but the kernel's mount table does not show it there; \
+                 makod will go by the mount point alone",
+                fsdef.mountpoint.display()
+            );
+        }
         tracing::info!("mounted {name} on {}", fsdef.mountpoint.display());
         let disk_paths = specs
             .iter()
@@ -174,38 +201,129 @@ impl Daemon {
         self.mounts.lock().insert(
             name.to_string(),
             MountedFs {
+                name: name.to_string(),
                 mounted,
                 fuse,
                 direct_io_file_size,
                 mountpoint: fsdef.mountpoint.clone(),
                 disk_paths,
+                device,
             },
         );
         Ok(format!("{name} mounted on {}", fsdef.mountpoint.display()))
     }
 
-    fn unmount_fs(&self, name: &str) -> Result<String> {
+    /// Unmounts `name`. A mount detached by `umount -l` that still serves open files is
+    /// refused (it is written back when they close), unless makod is `stopping`: then its
+    /// connection is aborted and it is written back.
+    fn unmount_fs(&self, name: &str, stopping: bool) -> Result<String> {
+        let _ops = self.mount_ops.lock();
         let m = self
             .mounts
             .lock()
             .remove(name)
             .with_context(|| format!("{name} is not mounted"))?;
         let mp = m.mountpoint.clone();
+        match m.settle() {
+            Health::Mounted => {}
+            Health::Ended => {
+                self.release_outside(m)?;
+                return Ok(format!(
+                    "{name} had been unmounted from {} from outside; it is written back",
+                    mp.display()
+                ));
+            }
+            Health::Detached if stopping => {
+                tracing::warn!(
+                    "{name} was detached from {} (`umount -l`) and still serves open files; \
+                     makod is stopping: aborting its FUSE connection (those files fail from \
+                     now on) and writing it back",
+                    mp.display()
+                );
+                if let Err(e) = m.abort_connection() {
+                    // Write back all the same: what was accepted must reach the disks.
+                    tracing::error!("{e:#}; writing {name} back with its session running");
+                    m.mounted
+                        .unmount()
+                        .with_context(|| format!("writing back {name}"))?;
+                    // Not `FuseMount::unmount`: it would unmount whatever is at the mount
+                    // point now. The connection ends when makod exits.
+                    std::mem::forget(m.fuse);
+                    return Ok(format!("{name} written back"));
+                }
+                m.release_ended()?;
+                return Ok(format!(
+                    "{name} written back after aborting its detached mount"
+                ));
+            }
+            Health::Detached => {
+                self.mounts.lock().insert(name.to_string(), m);
+                bail!(
+                    "{name} was detached from {} (`umount -l`) while files on it were open; \
+                     makod serves those files until they are closed and then writes {name} \
+                     back by itself",
+                    mp.display()
+                );
+            }
+        }
+        let device = m.device;
         // 1. Detach from the kernel (no new requests), 2. write everything back.
         if let Err(e) = m.fuse.unmount() {
             tracing::warn!(
                 "FUSE unmount of {}: {e}; trying a lazy unmount",
                 mp.display()
             );
-            let c = std::ffi::CString::new(mp.as_os_str().to_string_lossy().as_bytes())
-                .unwrap_or_default();
-            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            // Only our own mount: never detach what someone else mounted there since.
+            let ours = mako_control::mount_table::at(&mp)
+                .is_some_and(|e| Some(e.device) == device || e.mako_fs() == Some(name));
+            if ours {
+                if let Err(e) = mako_control::mount_table::lazy_unmount(&mp) {
+                    tracing::warn!("lazy unmount of {}: {e}", mp.display());
+                }
+            }
         }
         m.mounted
             .unmount()
             .with_context(|| format!("writing back {name}"))?;
         tracing::info!("unmounted {name} from {}", mp.display());
         Ok(format!("{name} unmounted from {}", mp.display()))
+    }
+
+    /// Writes back and forgets a mount whose FUSE session ended without makod ending
+    /// it (an admin's `umount`), and says so in the log.
+    fn release_outside(&self, m: MountedFs) -> Result<()> {
+        let (name, mp) = (m.name.clone(), m.mountpoint.clone());
+        tracing::warn!(
+            "{name} was unmounted from outside ({} is no longer its mount point, e.g. by \
+             `umount`); writing it back. `mako fs mount {name}` or `mako up` mounts it again",
+            mp.display()
+        );
+        m.release_ended()?;
+        tracing::info!("{name}: written back after the unmount from outside");
+        Ok(())
+    }
+
+    /// Releases every mount whose FUSE session has ended (see `mount_state`). Skipped
+    /// while a mount or unmount is under way: that one checks for itself.
+    pub(crate) fn release_ended_mounts(&self) {
+        let Some(_ops) = self.mount_ops.try_lock() else {
+            return;
+        };
+        let ended: Vec<MountedFs> = {
+            let mut mounts = self.mounts.lock();
+            let names: Vec<String> = mounts
+                .iter()
+                .filter(|(_, m)| m.fuse.session_ended())
+                .map(|(n, _)| n.clone())
+                .collect();
+            names.iter().filter_map(|n| mounts.remove(n)).collect()
+        };
+        for m in ended {
+            let name = m.name.clone();
+            if let Err(e) = self.release_outside(m) {
+                tracing::error!("{name}: {e:#}");
+            }
+        }
     }
 
     fn fs_status(&self, def: &mako_control::FsDef) -> FsStatus {
@@ -228,7 +346,11 @@ impl Daemon {
             read_only: false,
             disks: Vec::new(),
         };
-        match mounts.get(&def.name) {
+        // Mounted means mounted in the kernel, not only remembered by makod.
+        match mounts
+            .get(&def.name)
+            .filter(|m| m.health() == Health::Mounted)
+        {
             Some(m) => {
                 let core = m.mounted.core();
                 let sb = core.geo.subblock_bytes() as u64;
@@ -453,7 +575,7 @@ impl ControlHandler for Daemon {
             Ok(match request {
                 Request::Status => Response::Status(self.status()),
                 Request::Mount { fs } => Response::ok(self.mount_fs(&fs)?),
-                Request::Unmount { fs } => Response::ok(self.unmount_fs(&fs)?),
+                Request::Unmount { fs } => Response::ok(self.unmount_fs(&fs, false)?),
                 Request::Shutdown => {
                     self.stop.store(true, Ordering::SeqCst);
                     Response::ok("makod is stopping: writing back and unmounting")
@@ -562,32 +684,29 @@ impl ControlHandler for Daemon {
     }
 }
 
-/// Block SIGTERM/SIGINT/SIGHUP in every thread and turn them into a stop request.
-fn watch_signals(stop: Arc<AtomicBool>) {
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGHUP);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        std::thread::Builder::new()
-            .name("signals".into())
-            .spawn(move || {
-                let mut sig = 0;
-                if libc::sigwait(&set, &mut sig) == 0 {
-                    tracing::info!("signal {sig}: stopping");
-                    stop.store(true, Ordering::SeqCst);
-                }
-            })
-            .expect("spawn signal thread");
-    }
+/// SIGTERM, SIGINT and SIGHUP become a stop request: makod writes everything back and
+/// unmounts, as for `mako down`. The handlers (signal-hook's, with SA_RESTART) only
+/// wake the "signals" thread, which sets the flag the main loop watches.
+fn watch_signals(stop: Arc<AtomicBool>) -> Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
+        .context("installing the handlers of SIGTERM, SIGINT and SIGHUP")?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                tracing::info!("signal {signal}: stopping");
+                stop.store(true, Ordering::SeqCst);
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(())
 }
 
 pub fn run(root: &Path) -> Result<()> {
     let dir = DataDir::new(root);
     let stop = Arc::new(AtomicBool::new(false));
-    watch_signals(stop.clone());
+    watch_signals(stop.clone())?;
     let cluster = ClusterConfig::load(root).with_context(|| {
         format!(
             "no cluster in {}; create one with `mako up`",
@@ -609,6 +728,7 @@ pub fn run(root: &Path) -> Result<()> {
         cluster: Mutex::new(cluster.clone()),
         config: RwLock::new(config),
         mounts: Mutex::new(HashMap::new()),
+        mount_ops: Mutex::new(()),
         started: Instant::now(),
         stop: stop.clone(),
     });
@@ -644,12 +764,13 @@ pub fn run(root: &Path) -> Result<()> {
         bail!("no file system could be mounted: {}", failed.join("; "));
     }
     while !stop.load(Ordering::SeqCst) {
+        daemon.release_ended_mounts();
         std::thread::sleep(Duration::from_millis(100));
     }
     let names: Vec<String> = daemon.mounts.lock().keys().cloned().collect();
     let mut errors = Vec::new();
     for n in names {
-        if let Err(e) = daemon.unmount_fs(&n) {
+        if let Err(e) = daemon.unmount_fs(&n, true) {
             tracing::error!("{e:#}");
             errors.push(format!("{e:#}"));
         }
@@ -658,10 +779,24 @@ pub fn run(root: &Path) -> Result<()> {
     if let Some(m) = metrics {
         let _ = m.join();
     }
+    remove_own_pid_file(&dir);
     if !errors.is_empty() {
         bail!("stopped with errors: {}", errors.join("; "));
     }
     Ok(())
+}
+
+/// Removes `makod.pid` (written by `mako up`) if it names this process, so that after a
+/// stop by a signal a pid file is left only by a makod that died.
+fn remove_own_pid_file(dir: &DataDir) {
+    let path = dir.pid_file();
+    let ours = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+        == Some(std::process::id());
+    if ours {
+        let _ = std::fs::remove_file(&path);
+    }
 }
 
 /// The committed state of a mounted file system, as `mako_fsck` reads it online.

@@ -5,6 +5,7 @@
 
 mod daemon;
 mod metrics;
+mod mount_state;
 
 use clap::Parser;
 use std::path::PathBuf;

@@ -1,15 +1,26 @@
-//! The Prometheus endpoint: `GET /metrics` in the text exposition format (version
-//! 0.0.4), with the figures of `mako diag stats`, `mako diag counters` and
-//! `mako diag waiters`, and the space and pagepool gauges of `mako status`.
+//! The Prometheus endpoint: `GET /metrics` in the OpenMetrics text format (1.0.0,
+//! which Prometheus reads), with the figures of `mako diag stats`, `mako diag counters`
+//! and `mako diag waiters`, and the space and pagepool gauges of `mako status`.
 //!
-//! A deliberately small HTTP/1.1 server on `std::net::TcpListener`: one thread, one
-//! request per connection (`Connection: close`), bounded request size and time, so
-//! a slow or hostile client cannot hold memory or the thread for long. Scrapes are
-//! rare (seconds apart) and cheap, which is why one thread is enough and why no HTTP
-//! crate is pulled in. It listens on loopback unless `prometheusAddress` says otherwise.
+//! The exposition is encoded by `prometheus-client` from a snapshot of the daemon's
+//! figures taken at each scrape (a `Collector`): makod's counters live where they are
+//! counted, so nothing is registered ahead of time. The request head is parsed by
+//! `httparse`. The server around it stays small and ours: one thread, one request per
+//! connection (`Connection: close`), the head bounded in bytes and in time, so a slow or
+//! hostile client cannot hold memory or the thread for long — tiny_http, the small
+//! synchronous server crate, reads a header line without limit and has no read timeout,
+//! which would let one client grow makod's memory. Scrapes are rare (seconds apart) and
+//! cheap, which is why one thread is enough. It listens on loopback unless
+//! `prometheusAddress` says otherwise.
 
-use crate::daemon::Daemon;
-use std::fmt::Write as _;
+use crate::daemon::{Daemon, FsCounters};
+use mako_control::DaemonStatus;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +35,7 @@ const CLIENT_TIMEOUT_MS: u64 = 2_000;
 /// How often the accept loop looks at the stop flag.
 const STOP_POLL_MS: u64 = 50;
 
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Binds `addr` and serves until `stop` is set. A bind failure is logged with what to
 /// do about it and returns `None`: metrics are never a reason to refuse to start.
@@ -86,61 +97,97 @@ pub fn start(
     }
 }
 
-/// Reads one request head and answers it.
+/// Largest number of header lines a request may have (a scrape sends a handful).
+const REQUEST_HEADERS_MAX: usize = 32;
+
+/// Reads one request head (bounded in size and time) and answers it. The head is
+/// parsed by httparse.
 fn serve_one(mut stream: TcpStream, daemon: &Daemon) -> std::io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(Duration::from_millis(CLIENT_TIMEOUT_MS)))?;
     stream.set_write_timeout(Some(Duration::from_millis(CLIENT_TIMEOUT_MS)))?;
     let mut head = Vec::with_capacity(512);
     let mut chunk = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
-        if head.len() >= REQUEST_HEAD_BYTES_MAX {
-            return respond(
-                &mut stream,
-                431,
-                "text/plain",
-                "request head too large\n",
-                false,
-            );
+    // The whole head within the client timeout, not each read: a client that sends a
+    // byte at a time must not hold the thread for long.
+    let deadline = std::time::Instant::now() + Duration::from_millis(CLIENT_TIMEOUT_MS);
+    let (method, path) = loop {
+        if std::time::Instant::now() >= deadline {
+            return refuse(&mut stream, 408, "request timeout\n");
         }
         let n = stream.read(&mut chunk)?;
-        if n == 0 {
-            break;
-        }
         head.extend_from_slice(&chunk[..n]);
-    }
-    let text = String::from_utf8_lossy(&head);
-    let mut parts = text.lines().next().unwrap_or("").split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
+        let mut headers = [httparse::EMPTY_HEADER; REQUEST_HEADERS_MAX];
+        let mut request = httparse::Request::new(&mut headers);
+        match request.parse(&head) {
+            Ok(httparse::Status::Complete(_)) => {
+                let method = request.method.unwrap_or("").to_string();
+                let target = request.path.unwrap_or("");
+                let path = target.split('?').next().unwrap_or("").to_string();
+                break (method, path);
+            }
+            Ok(httparse::Status::Partial) if n > 0 && head.len() < REQUEST_HEAD_BYTES_MAX => {}
+            Ok(httparse::Status::Partial) if n == 0 => {
+                return refuse(&mut stream, 400, "incomplete request\n");
+            }
+            Ok(httparse::Status::Partial) | Err(httparse::Error::TooManyHeaders) => {
+                return refuse(&mut stream, 431, "request head too large\n");
+            }
+            Err(e) => return refuse(&mut stream, 400, &format!("bad request: {e}\n")),
+        }
+    };
     let head_only = method == "HEAD";
-    match (method, path) {
+    match (method.as_str(), path.as_str()) {
         ("GET" | "HEAD", "/metrics") => {
             respond(&mut stream, 200, CONTENT_TYPE, &render(daemon), head_only)
         }
         ("GET" | "HEAD", "/") => respond(
             &mut stream,
             200,
-            "text/plain; charset=utf-8",
+            TEXT,
             "Mako metrics: GET /metrics\n",
             head_only,
         ),
         ("GET" | "HEAD", _) => respond(
             &mut stream,
             404,
-            "text/plain; charset=utf-8",
+            TEXT,
             "not found: the metrics are at /metrics\n",
             head_only,
         ),
         _ => respond(
             &mut stream,
             405,
-            "text/plain; charset=utf-8",
+            TEXT,
             "only GET and HEAD are served\n",
             false,
         ),
     }
 }
+
+/// Largest number of bytes of a refused request read and dropped after the answer.
+const REFUSED_DRAIN_BYTES_MAX: usize = 1 << 20;
+
+/// Answers a request that is not read to its end, then stops sending and reads what the
+/// client still sends (at most 1 MiB, for at most the client timeout) before closing: closing with unread
+/// data would reset the connection, and the client could lose the answer.
+fn refuse(stream: &mut TcpStream, code: u16, body: &str) -> std::io::Result<()> {
+    respond(stream, code, TEXT, body, false)?;
+    stream.shutdown(std::net::Shutdown::Write)?;
+    let mut chunk = [0u8; 4096];
+    let mut drained = 0;
+    let deadline = std::time::Instant::now() + Duration::from_millis(CLIENT_TIMEOUT_MS);
+    while drained < REFUSED_DRAIN_BYTES_MAX && std::time::Instant::now() < deadline {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => drained += n,
+        }
+    }
+    Ok(())
+}
+
+/// The type of the plain-text answers other than the metrics.
+const TEXT: &str = "text/plain; charset=utf-8";
 
 fn respond(
     stream: &mut TcpStream,
@@ -151,6 +198,8 @@ fn respond(
 ) -> std::io::Result<()> {
     let reason = match code {
         200 => "OK",
+        400 => "Bad Request",
+        408 => "Request Timeout",
         404 => "Not Found",
         405 => "Method Not Allowed",
         _ => "Request Header Fields Too Large",
@@ -171,15 +220,17 @@ fn respond(
 }
 
 /// One metric family: its samples are written together under one HELP and TYPE.
+#[derive(Debug)]
 struct Family {
     name: String,
     kind: &'static str,
     help: String,
-    samples: Vec<String>,
+    samples: Vec<(Vec<(&'static str, String)>, f64)>,
 }
 
-/// Collects samples by family, in first-seen order, and renders the exposition.
-#[derive(Default)]
+/// Collects samples by family, in first-seen order; prometheus-client encodes them
+/// (`Collector`), so the exposition is always well-formed OpenMetrics.
+#[derive(Debug, Default)]
 struct Exposition {
     families: Vec<Family>,
 }
@@ -190,7 +241,7 @@ impl Exposition {
         name: &str,
         kind: &'static str,
         help: &str,
-        labels: &[(&str, &str)],
+        labels: &[(&'static str, &str)],
         value: f64,
     ) {
         let i = match self.families.iter().position(|f| f.name == name) {
@@ -205,57 +256,54 @@ impl Exposition {
                 self.families.len() - 1
             }
         };
-        let mut line = String::from(name);
-        if !labels.is_empty() {
-            line.push('{');
-            for (k, (key, v)) in labels.iter().enumerate() {
-                if k > 0 {
-                    line.push(',');
-                }
-                let _ = write!(line, "{key}=\"{}\"", escape_label(v));
-            }
-            line.push('}');
-        }
-        let _ = write!(line, " {}", format_value(value));
-        self.families[i].samples.push(line);
+        let labels = labels.iter().map(|(k, v)| (*k, v.to_string())).collect();
+        self.families[i].samples.push((labels, value));
     }
 
-    fn render(&self) -> String {
+    fn render(self) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(self));
         let mut out = String::new();
-        for f in &self.families {
-            let _ = writeln!(
-                out,
-                "# HELP {} {}",
-                f.name,
-                f.help.replace('\\', "\\\\").replace('\n', "\\n")
-            );
-            let _ = writeln!(out, "# TYPE {} {}", f.name, f.kind);
-            for s in &f.samples {
-                out.push_str(s);
-                out.push('\n');
-            }
+        // Writing to a String cannot fail; an error would be a bug in the encoder.
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &registry) {
+            tracing::error!("encoding the metrics failed: {e}");
         }
         out
     }
 }
 
-fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+impl Collector for Exposition {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        for family in &self.families {
+            // OpenMetrics names a counter family without its samples' `_total`.
+            let (name, metric_type) = match family.kind {
+                "counter" => (
+                    family.name.strip_suffix("_total").unwrap_or(&family.name),
+                    MetricType::Counter,
+                ),
+                _ => (family.name.as_str(), MetricType::Gauge),
+            };
+            let mut metric = encoder.encode_descriptor(name, &family.help, None, metric_type)?;
+            for (labels, value) in &family.samples {
+                if labels.is_empty() {
+                    encode_value(metric_type, *value, metric)?;
+                    break;
+                }
+                encode_value(metric_type, *value, metric.encode_family(labels)?)?;
+            }
+        }
+        Ok(())
+    }
 }
 
-/// Integers exactly (counters up to 2^53 are exact in f64), others in Rust's shortest
-/// round-trip form, which Prometheus parses.
-fn format_value(v: f64) -> String {
-    if v.is_nan() {
-        "NaN".into()
-    } else if v.is_infinite() {
-        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
-    } else if v.fract() == 0.0 && v.abs() < 9.0e15 {
-        format!("{}", v as i64)
-    } else {
-        format!("{v}")
+/// Whole values as integers (exact for counters up to 2^53), others as floats.
+fn encode_value(kind: MetricType, value: f64, encoder: MetricEncoder) -> std::fmt::Result {
+    let whole = value.fract() == 0.0 && (0.0..9.0e15).contains(&value);
+    match (kind, whole) {
+        (MetricType::Counter, true) => ConstCounter::new(value as u64).encode(encoder),
+        (MetricType::Counter, false) => ConstCounter::new(value).encode(encoder),
+        (_, true) => ConstGauge::new(value as i64).encode(encoder),
+        (_, false) => ConstGauge::new(value).encode(encoder),
     }
 }
 
@@ -324,10 +372,34 @@ fn counter_help(name: &str) -> String {
     }
 }
 
+/// Everything the exposition shows, taken from the daemon at one moment.
+pub(crate) struct Figures {
+    status: DaemonStatus,
+    fs_counters: Vec<FsCounters>,
+    locks: Vec<mako_diag::lock_stats::LockCounters>,
+    /// Threads waiting now and the longest current wait.
+    waiters: (usize, Duration),
+}
+
+impl Figures {
+    fn of(daemon: &Daemon) -> Figures {
+        Figures {
+            status: daemon.status(),
+            fs_counters: daemon.fs_counters(),
+            locks: mako_diag::lock_stats::snapshot(),
+            waiters: mako_diag::waiters::summary(),
+        }
+    }
+}
+
 /// The whole exposition for the daemon now.
 pub fn render(daemon: &Daemon) -> String {
+    render_figures(&Figures::of(daemon))
+}
+
+fn render_figures(figures: &Figures) -> String {
     let mut x = Exposition::default();
-    let status = daemon.status();
+    let status = &figures.status;
     x.add("mako_up", "gauge", "1 while makod answers.", &[], 1.0);
     x.add(
         "mako_build_info",
@@ -412,18 +484,18 @@ pub fn render(daemon: &Daemon) -> String {
             if fs.read_only { 1.0 } else { 0.0 },
         );
     }
-    for (fs, counters, disks) in daemon.fs_counters() {
-        for (name, value) in &counters {
+    for (fs, counters, disks) in &figures.fs_counters {
+        for (name, value) in counters {
             let metric = format!("mako_fs_{}_total", metric_part(name));
             x.add(
                 &metric,
                 "counter",
                 &counter_help(name),
-                &[("fs", &fs)],
+                &[("fs", fs)],
                 *value as f64,
             );
         }
-        for d in &disks {
+        for d in disks {
             let l = [("fs", fs.as_str()), ("disk", d.name.as_str())];
             x.add(
                 "mako_disk_reads_total",
@@ -476,7 +548,7 @@ pub fn render(daemon: &Daemon) -> String {
             );
         }
     }
-    for c in mako_diag::lock_stats::snapshot() {
+    for c in &figures.locks {
         let l = [("lock", c.name)];
         x.add(
             "mako_lock_acquisitions_total",
@@ -507,7 +579,7 @@ pub fn render(daemon: &Daemon) -> String {
             c.wait_max_ns as f64 / 1e9,
         );
     }
-    let (waiting, longest) = mako_diag::waiters::summary();
+    let (waiting, longest) = figures.waiters;
     x.add(
         "mako_waiters",
         "gauge",
@@ -528,6 +600,98 @@ pub fn render(daemon: &Daemon) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mako_control::{DiskStatusView, FsStatus};
+    use mako_diag::lock_stats::LockCounters;
+    use mako_disk::nsd::DiskStats;
+
+    /// A daemon's figures with every kind of sample: a mounted and an unmounted file
+    /// system, counters, two disks, fractional seconds, two lock classes, waiters, and
+    /// label values that need escaping.
+    fn fixture() -> Figures {
+        let fs = |name: &str, mounted: bool| FsStatus {
+            name: name.into(),
+            mountpoint: format!("/mako/{name}"),
+            mounted,
+            block_bytes: 4 << 20,
+            subblock_bytes: 128 << 10,
+            inode_bytes: 4096,
+            total_bytes: 32 << 30,
+            free_bytes: 30 << 30,
+            inodes_used: 1234,
+            inodes_max: 1 << 20,
+            pagepool_bytes: 1 << 30,
+            pagepool_used_bytes: 300 << 20,
+            pagepool_dirty_bytes: 12 << 20,
+            read_only: false,
+            disks: vec![DiskStatusView {
+                name: "d0".into(),
+                path: "/var/lib/mako/disks/d0.img".into(),
+                size_bytes: 8 << 30,
+                free_bytes: 7 << 30,
+                pool: "system".into(),
+                failure_group: 1,
+                usage: "dataAndMetadata".into(),
+                status: "ready".into(),
+            }],
+        };
+        let disk = |name: &str, n: u64| DiskStats {
+            name: name.into(),
+            reads: 17 * n,
+            writes: 23 * n,
+            read_bytes: (17 * n) << 20,
+            write_bytes: (23 * n) << 20,
+            read_micros: 1_234_567 * n,
+            write_micros: 250_000 * n,
+            errors: n - 1,
+        };
+        let counters: Vec<(String, u64)> = [
+            "creates",
+            "removes",
+            "bytes_written",
+            "pagepool_hits",
+            "writer_waits_for_writebehind",
+            "log_commits",
+            "log_replay_millis",
+            "a_counter_without_help",
+        ]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.to_string(), (i as u64 + 1) * 1000 + 7))
+        .collect();
+        Figures {
+            status: DaemonStatus {
+                node_name: "node \"one\"\\a".into(),
+                node_id: 0,
+                pid: 4242,
+                data_dir: "/var/lib/mako".into(),
+                uptime_secs: 3725,
+                version: "0.1.0".into(),
+                filesystems: vec![fs("fs1", true), fs("fs2", false)],
+            },
+            fs_counters: vec![("fs1".into(), counters, vec![disk("d0", 1), disk("d1", 2)])],
+            locks: vec![
+                LockCounters {
+                    name: "inode",
+                    acquisitions: 3941,
+                    contended: 12,
+                    wait_total_ns: 1_500_000,
+                    wait_max_ns: 250_000,
+                },
+                LockCounters {
+                    name: "buffer",
+                    acquisitions: 0,
+                    contended: 0,
+                    wait_total_ns: 0,
+                    wait_max_ns: 0,
+                },
+            ],
+            waiters: (3, Duration::from_millis(1500)),
+        }
+    }
+
+    /// The exposition of the fixture as the hand-written encoder printed it (recorded
+    /// before the switch to prometheus-client, `metrics_golden.txt`).
+    const GOLDEN: &str = include_str!("metrics_golden.txt");
 
     #[test]
     fn families_are_grouped_typed_and_escaped() {
@@ -535,14 +699,93 @@ mod tests {
         x.add("a_total", "counter", "A.", &[("fs", "fs1")], 3.0);
         x.add("b", "gauge", "B.", &[], 0.25);
         x.add("a_total", "counter", "A.", &[("fs", "we\"ird\\")], 4.0);
+        x.add("c_seconds_total", "counter", "C.", &[("lock", "x")], 0.5);
         let text = x.render();
         assert_eq!(
             text,
-            "# HELP a_total A.\n# TYPE a_total counter\na_total{fs=\"fs1\"} 3\na_total{fs=\"we\\\"ird\\\\\"} 4\n\
-             # HELP b B.\n# TYPE b gauge\nb 0.25\n"
+            "# HELP a A.\n# TYPE a counter\na_total{fs=\"fs1\"} 3\na_total{fs=\"we\\\"ird\\\\\"} 4\n\
+             # HELP b B.\n# TYPE b gauge\nb 0.25\n\
+             # HELP c_seconds C.\n# TYPE c_seconds counter\nc_seconds_total{lock=\"x\"} 0.5\n# EOF\n"
         );
         assert_eq!(metric_part("writer-waits.X"), "writer_waits_x");
-        assert_eq!(format_value(f64::INFINITY), "+Inf");
-        assert_eq!(format_value(12345678.0), "12345678");
+    }
+
+    /// An exposition read back: samples in order (name, labels as written, value), and
+    /// each family's HELP and TYPE by family name.
+    struct Parsed {
+        samples: Vec<(String, String, f64)>,
+        help: std::collections::HashMap<String, String>,
+        types: std::collections::HashMap<String, String>,
+    }
+
+    fn parse(text: &str) -> Parsed {
+        let mut parsed = Parsed {
+            samples: Vec::new(),
+            help: Default::default(),
+            types: Default::default(),
+        };
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let (name, help) = rest.split_once(' ').unwrap();
+                parsed.help.insert(name.into(), help.into());
+            } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                parsed.types.insert(name.into(), kind.into());
+            } else if line == "# EOF" {
+                continue;
+            } else {
+                let (series, value) = line.rsplit_once(' ').unwrap();
+                let (name, labels) = match series.split_once('{') {
+                    Some((name, labels)) => (name, labels.trim_end_matches('}')),
+                    None => (series, ""),
+                };
+                let value: f64 = value.parse().unwrap_or_else(|e| panic!("{line}: {e}"));
+                parsed.samples.push((name.into(), labels.into(), value));
+            }
+        }
+        parsed
+    }
+
+    /// The HELP and TYPE of sample `name`: its own family, or (OpenMetrics) the counter
+    /// family it is the `_total` of.
+    fn family_of<'a>(parsed: &'a Parsed, name: &str) -> (&'a str, &'a str) {
+        let family = if parsed.types.contains_key(name) {
+            name
+        } else {
+            name.strip_suffix("_total").unwrap_or(name)
+        };
+        (
+            parsed
+                .help
+                .get(family)
+                .map(String::as_str)
+                .unwrap_or("(no HELP)"),
+            parsed
+                .types
+                .get(family)
+                .map(String::as_str)
+                .unwrap_or("(no TYPE)"),
+        )
+    }
+
+    /// The exposition carries exactly what the hand-written encoder's did: the same
+    /// samples (names, labels, values) in the same order, each with the same HELP and
+    /// TYPE. Only the framing is OpenMetrics: a counter family is named without
+    /// `_total` in its HELP and TYPE lines, and `# EOF` ends the text.
+    #[test]
+    fn the_exposition_carries_what_was_recorded() {
+        let text = render_figures(&fixture());
+        assert!(text.ends_with("\n# EOF\n"), "{text}");
+        let (old, new) = (parse(GOLDEN), parse(&text));
+        assert_eq!(new.samples.len(), old.samples.len(), "{text}");
+        for (was, now) in old.samples.iter().zip(&new.samples) {
+            assert_eq!(now, was);
+            assert_eq!(
+                family_of(&new, &now.0),
+                family_of(&old, &was.0),
+                "HELP and TYPE of {}",
+                now.0
+            );
+        }
     }
 }

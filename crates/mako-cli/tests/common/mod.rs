@@ -22,12 +22,22 @@ pub struct Setup {
 }
 
 /// `makod`: `None` for the fake daemon, `Some(script)` for a shell script in its place.
+/// Without the built fake daemon the test fails (or, with `MAKO_ALLOW_SKIP=1`, is
+/// recorded as skipped and gets `None`).
 pub fn setup(makod: Option<&str>) -> Option<Setup> {
     let fake = built("examples/fake_makod");
     if !fake.exists() {
-        eprintln!(
-            "skipped: {} not built (cargo test builds it)",
-            fake.display()
+        // libtest names each test's thread after the test.
+        let test = std::thread::current()
+            .name()
+            .unwrap_or("a CLI test")
+            .to_string();
+        mako_tests::skip::cannot_run(
+            &test,
+            &format!(
+                "{} is not built (`cargo test -p mako-cli` builds it; `cargo build --examples` too)",
+                fake.display()
+            ),
         );
         return None;
     }

@@ -184,15 +184,24 @@ fn atime_relatime(c: &Ctx) -> CheckResult {
     )
     .ctx("set atime old, mtime now")?;
     pread(&fd, &mut buf, 0).ctx("read after mtime moved")?;
-    // Outlive the kernel's attribute cache (FUSE entry/attr TTL, 2 s on Mako), so the
-    // stat asks the file system, which must have seen the read: a read the kernel
-    // served from its page cache would leave the stored atime old.
-    std::thread::sleep(std::time::Duration::from_millis(2100));
-    let a3 = stat(&f).ctx("stat")?;
-    ensure(
-        a3.st_atime > 1_500_000_000,
-        "relatime: atime updated when mtime is newer than atime",
-    )
+    // The kernel's attribute cache (FUSE entry/attr TTL, 2 s on Mako) may answer stat
+    // with the old atime for a while; once it expires, stat asks the file system, which
+    // must have seen the read (a read the kernel served from its page cache would leave
+    // the stored atime old). Poll until the update shows, for well past the TTL.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let a3 = stat(&f).ctx("stat")?;
+        if a3.st_atime > 1_500_000_000 {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            return ensure(
+                false,
+                "relatime: atime updated when mtime is newer than atime (still old after 10 s)",
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50)); // poll
+    }
 }
 
 fn name_max_255(c: &Ctx) -> CheckResult {

@@ -1,0 +1,149 @@
+//! What makod knows about each of its FUSE mounts, checked against the kernel.
+//!
+//! A mount makod made can end without makod doing anything: `umount` by an admin ends
+//! the kernel's FUSE connection, the request threads return and the mount is gone from
+//! the mount table; `umount -l` while files are open detaches it from its mount point
+//! but keeps serving those files. makod must not go on reporting "mounted" (or refuse
+//! `mako fs mount` as "already mounted") from what it remembers, so every report and
+//! every mount or unmount first asks [`MountedFs::health`], which looks at the FUSE
+//! session and the kernel's mount table (`mako_control::mount_table`), and a mount whose
+//! session ended is released — written back and forgotten — by
+//! [`MountedFs::release_ended`]. makod's main loop also looks a few times a second, so
+//! the write-back happens and `makod.log` records it soon after the unmount, not only at
+//! the next request.
+
+use anyhow::{Context, Result};
+use mako_control::mount_table;
+use mako_fs::Mounted;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a mount request waits for the session of a mount that was just unmounted
+/// from outside to end (the request threads return within milliseconds).
+const SESSION_END_WAIT: Duration = Duration::from_secs(5);
+
+/// A file system makod mounted.
+pub(crate) struct MountedFs {
+    pub(crate) name: String,
+    pub(crate) mounted: Mounted,
+    pub(crate) fuse: mako_fuse::FuseMount,
+    /// `fuseDirectIoFileSize` as the FUSE adapter reads it at each open.
+    pub(crate) direct_io_file_size: Arc<AtomicU64>,
+    pub(crate) mountpoint: PathBuf,
+    pub(crate) disk_paths: Vec<(String, PathBuf)>,
+    /// The kernel's device of this mount (its FUSE connection), read from the mount
+    /// table right after mounting; `None` if it could not be found there.
+    pub(crate) device: Option<(u32, u32)>,
+}
+
+/// A mount's state, as the kernel sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Health {
+    /// At its mount point in the kernel's mount table, and served.
+    Mounted,
+    /// The FUSE session ended: unmounted from outside (`umount`) or the connection was
+    /// aborted. Nothing is served; the file system still has to be written back.
+    Ended,
+    /// The session runs but the mount is no longer at its mount point (`umount -l` while
+    /// files on it are open): only files opened before are served, until they close.
+    Detached,
+}
+
+impl MountedFs {
+    /// The device of the Mako mount of `name` now visible at `mountpoint`.
+    pub(crate) fn find_device(name: &str, mountpoint: &std::path::Path) -> Option<(u32, u32)> {
+        mount_table::at(mountpoint)
+            .filter(|e| e.mako_fs() == Some(name))
+            .map(|e| e.device)
+    }
+
+    /// The mount's state now: its FUSE session, then the kernel's mount table.
+    pub(crate) fn health(&self) -> Health {
+        if self.fuse.session_ended() {
+            return Health::Ended;
+        }
+        let entry = mount_table::at(&self.mountpoint);
+        let ours = entry.is_some_and(|e| match self.device {
+            Some(device) => e.device == device,
+            None => e.mako_fs() == Some(self.name.as_str()),
+        });
+        if ours {
+            Health::Mounted
+        } else {
+            Health::Detached
+        }
+    }
+
+    /// Waits (briefly) for a mount that is no longer in the mount table to end its
+    /// session: right after `umount` the request threads may still be returning.
+    pub(crate) fn settle(&self) -> Health {
+        let deadline = Instant::now() + SESSION_END_WAIT;
+        loop {
+            let health = self.health();
+            if health != Health::Detached || Instant::now() >= deadline {
+                return health;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Ends the FUSE connection of a detached mount (`umount -l` with files open) by
+    /// writing to its `abort` file in the FUSE control file system (mounted at
+    /// `/sys/fs/fuse/connections` first if it is not), then waits for the session to
+    /// end. Files still open on it fail from then on (ENOTCONN), as after `umount -f`.
+    pub(crate) fn abort_connection(&self) -> Result<()> {
+        let (_, minor) = self.device.with_context(|| {
+            format!(
+                "the kernel device of {}'s FUSE connection is not known",
+                self.name
+            )
+        })?;
+        let connections = std::path::Path::new("/sys/fs/fuse/connections");
+        let abort = connections.join(minor.to_string()).join("abort");
+        if !abort.exists() {
+            // SAFETY: mount(2) of the FUSE control file system with constant arguments.
+            let mounted = unsafe {
+                libc::mount(
+                    c"fusectl".as_ptr(),
+                    c"/sys/fs/fuse/connections".as_ptr(),
+                    c"fusectl".as_ptr(),
+                    0,
+                    std::ptr::null(),
+                )
+            };
+            if mounted != 0 {
+                let e = std::io::Error::last_os_error();
+                tracing::warn!("mounting fusectl on {}: {e}", connections.display());
+            }
+        }
+        std::fs::write(&abort, "1")
+            .with_context(|| format!("aborting the FUSE connection of {}", self.name))?;
+        let deadline = Instant::now() + SESSION_END_WAIT;
+        while !self.fuse.session_ended() {
+            if Instant::now() >= deadline {
+                anyhow::bail!(
+                    "the FUSE session of {} did not end within {} s of its abort",
+                    self.name,
+                    SESSION_END_WAIT.as_secs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
+    /// Releases a mount whose session has ended: joins the request threads and writes
+    /// everything back, so that the file system can be mounted again.
+    pub(crate) fn release_ended(self) -> Result<()> {
+        let name = self.name.clone();
+        if let Err(e) = self.fuse.unmount() {
+            // The session is over either way; its final error is only worth a note.
+            tracing::warn!("FUSE session of {name} ended with: {e}");
+        }
+        self.mounted
+            .unmount()
+            .with_context(|| format!("writing back {name}"))
+    }
+}
