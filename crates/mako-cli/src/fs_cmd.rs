@@ -381,6 +381,7 @@ pub fn plan_create(
         avoid_dir_fragments: args.avoid_dir_fragments,
         dir_pre_split_levels: args.pre_split_levels,
         regions: None,
+        nodes: 1,
     };
     Ok((params, chosen, mountpoint))
 }

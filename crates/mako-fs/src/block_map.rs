@@ -48,6 +48,11 @@ pub fn last_unit(core: &Core, inode: &Inode) -> Option<u64> {
 
 /// Subblocks currently allocated to `unit` (assuming it is allocated).
 pub fn allocated_subblocks(core: &Core, st: &InodeState, unit: u64) -> u32 {
+    if let Some(s) = &st.shared {
+        if let Some((_, sb)) = s.blocks.get(&unit) {
+            return *sb;
+        }
+    }
     if Some(unit) == last_unit(core, &st.inode) && st.inode.last_block_subblocks != 0 {
         st.inode.last_block_subblocks as u32
     } else {
@@ -117,8 +122,16 @@ fn load_indirect(core: &Core, st: &InodeState, id: IndirectId, da: DiskAddress) 
     Ok(())
 }
 
-/// Disk address of `unit`, or NULL for a hole.
+/// Disk address of `unit`, or NULL for a hole. A shared writer (see `metanode`) answers
+/// from what the metanode told it; a unit it does not know yet is `FsError::NeedBlocks`
+/// (the operation fetches it with no lock held and starts again).
 pub fn lookup(core: &Core, st: &InodeState, unit: u64) -> FsResult<DiskAddress> {
+    if let Some(s) = &st.shared {
+        return match s.blocks.get(&unit) {
+            Some((da, _)) => Ok(*da),
+            None => Err(FsError::need_blocks(st.inode.ino, unit)),
+        };
+    }
     let inode = &st.inode;
     let depth = inode.depth;
     if unit >= capacity(core, depth) {
@@ -199,7 +212,36 @@ fn grow_to(core: &Core, st: &mut InodeState, unit: u64) -> FsResult<()> {
 }
 
 /// Point `unit` at `da` (NULL punches a hole). Allocates indirect blocks on the way.
+/// A shared writer records the change for the metanode instead (always a whole unit).
 pub fn set(core: &Core, st: &mut InodeState, unit: u64, da: DiskAddress) -> FsResult<()> {
+    let full = unit_subblocks(core, &st.inode);
+    if let Some(s) = st.shared.as_mut() {
+        let old = s
+            .blocks
+            .get(&unit)
+            .map(|(d, _)| *d)
+            .ok_or_else(|| FsError::need_blocks(st.inode.ino, unit))?;
+        // Relative to what the metanode last knew: an unreported earlier move of this
+        // unit keeps its `old`, and the block it moved to (never reported, so never
+        // referenced) goes back to this node's own map.
+        let mut first_old = old.raw();
+        if let Some(i) = s.pending.iter().position(|p| p.unit == unit) {
+            let earlier = s.pending.remove(i);
+            first_old = earlier.old;
+            let unreported = DiskAddress::from_raw(earlier.new);
+            if !unreported.is_null() && unreported != da {
+                core.alloc.free(unreported, earlier.subblocks)?;
+            }
+        }
+        s.pending.push(crate::metanode::SetBlock {
+            unit,
+            old: first_old,
+            new: da.raw(),
+            subblocks: full,
+        });
+        s.blocks.insert(unit, (da, full));
+        return Ok(());
+    }
     if da.is_null() && unit >= capacity(core, st.inode.depth) {
         return Ok(());
     }

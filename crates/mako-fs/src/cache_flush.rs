@@ -58,12 +58,26 @@ fn revoke_inode(core: &Arc<Core>, ino: u64, keep: Option<TokenMode>) -> FsResult
     core.stats.revokes_inode.fetch_add(1, Ordering::Relaxed);
     if let Some(h) = core.cached_handle(ino) {
         file_io::flush_data(core, &h)?;
+        // A shared writer's blocks and size reach the metanode before the token goes.
+        crate::metanode::report(core, &h)?;
     }
     core.journal.write_in_place(core, ino)?;
-    if keep.is_some() {
-        // The cached copy is clean and still covered (read-only, or shared write with
-        // the metanode role kept by the manager).
-        return Ok(());
+    match keep {
+        // Shared write kept: the metanode stays metanode, a shared writer stays one.
+        Some(TokenMode::Rw) => return Ok(()),
+        // Read-only from now on: the disk holds the merged inode; a shared writer's
+        // view is replaced by it at the next use.
+        Some(_) => {
+            if let Some(h) = core.cached_handle(ino) {
+                let mut st = h.state.write();
+                st.metanode = false;
+                if st.shared.take().is_some() {
+                    st.stale = true;
+                }
+            }
+            return Ok(());
+        }
+        None => {}
     }
     core.stat_cache.lock().remove(ino);
     drop_inode_chunk(core, ino);
@@ -73,6 +87,8 @@ fn revoke_inode(core: &Arc<Core>, ino: u64, keep: Option<TokenMode>) -> FsResult
         // Everything was committed above; what is cached is clean but may go stale.
         st.indirect.lock().clear();
         st.dir_blocks.lock().clear();
+        st.metanode = false;
+        st.shared = None;
         if opens > 0 || Arc::strong_count(&h) > 2 {
             // Open files keep their handle (it counts the opens); the inode is read
             // again from disk at the next use.
@@ -117,6 +133,13 @@ fn revoke_data(
         for (_, b) in core.pool.keys_of(ino, true) {
             if b >= first && b < last {
                 file_io::flush_block(core, &h, b)?;
+            }
+        }
+        // Where the blocks went reaches the metanode before the next holder asks it.
+        crate::metanode::report(core, &h)?;
+        if keep.is_none() {
+            if let Some(s) = h.state.write().shared.as_mut() {
+                s.blocks.retain(|u, _| *u < first || *u >= last);
             }
         }
     }

@@ -240,12 +240,22 @@ pub struct InodeState {
     /// The inode's token left this node while the handle stayed (the file is open):
     /// the next use reads the inode again from disk (`Core::get`).
     pub stale: bool,
+    /// This node is the file's metanode: it owns the inode and its indirect blocks
+    /// (it holds `xw`, or `rw` and the manager made it metanode).
+    pub metanode: bool,
+    /// This node writes the file beside others and another node is the metanode: the
+    /// inode here is a view, changes go to the metanode (`metanode.rs`).
+    pub shared: Option<Box<crate::metanode::Shared>>,
 }
 
 impl InodeState {
     /// Record that the inode (or one of its indirect or directory blocks) changed: the
     /// next log commit writes it. Call with a transaction handle open.
     pub fn mark_dirty(&mut self) {
+        if self.shared.is_some() {
+            // A shared writer's inode is a view: its changes go to the metanode.
+            return;
+        }
         crate::journal::note_change();
         if !self.dirty {
             self.dirty = true;
@@ -255,6 +265,9 @@ impl InodeState {
     /// Account images of `bytes` (an indirect or directory block that just turned
     /// dirty) to the running transaction, and mark the inode dirty.
     pub fn mark_unit_dirty(&mut self, bytes: u64) {
+        if self.shared.is_some() {
+            return;
+        }
         self.inbox.note(bytes);
         self.mark_dirty();
     }
@@ -290,6 +303,8 @@ impl InodeHandle {
                     dir_blocks: CountedMutex::new(&INODE_DIR_BLOCKS_LOCK, FastMap::default()),
                     deleted: false,
                     stale: false,
+                    metanode: false,
+                    shared: None,
                 },
             ),
             pattern: CountedMutex::new(&INODE_READ_PATTERN_LOCK, ReadPattern::default()),
@@ -791,6 +806,7 @@ impl Core {
                     st.stale = false;
                 }
             }
+            crate::metanode::settle(self, &h)?;
             return Ok(h);
         }
         if ino >= self.imap.inodes_max() || !self.imap.is_used(ino) {
@@ -810,12 +826,14 @@ impl Core {
             // crash. It is fsck's to reclaim; to users it does not exist.
             return Err(FsError::Stale(ino));
         }
-        let mut map = self.inodes.lock();
-        let h = map
-            .entry(ino)
-            .or_insert_with(|| InodeHandle::new(inode, self.journal.inbox()))
-            .clone();
+        let h = {
+            let mut map = self.inodes.lock();
+            map.entry(ino)
+                .or_insert_with(|| InodeHandle::new(inode, self.journal.inbox()))
+                .clone()
+        };
         h.last_use.store(tick, Ordering::Relaxed);
+        crate::metanode::settle(self, &h)?;
         Ok(h)
     }
 

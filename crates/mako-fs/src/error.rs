@@ -51,6 +51,10 @@ pub enum FsError {
     /// restarts the operation. Never reaches a user.
     #[error("operation needs token {0}")]
     NeedToken(crate::coherence::Missing),
+    /// A shared writer needs block addresses from the file's metanode: `op::run`
+    /// fetches them and restarts the operation. Never reaches a user.
+    #[error("inode {ino} needs the address of unit {unit} from its metanode")]
+    NeedBlocks { ino: u64, unit: u64 },
 }
 
 pub type FsResult<T> = Result<T, FsError>;
@@ -71,6 +75,12 @@ impl From<DiskError> for FsError {
 }
 
 impl FsError {
+    /// See `FsError::NeedBlocks`; counts as damage for the journal like `need_token`.
+    pub fn need_blocks(ino: u64, unit: u64) -> FsError {
+        crate::journal::note_damage();
+        FsError::NeedBlocks { ino, unit }
+    }
+
     /// An operation found a token missing. Counts as damage for the journal's check:
     /// an operation that already changed memory must not commit (see `op`).
     pub fn need_token(missing: crate::coherence::Missing) -> FsError {
@@ -104,6 +114,7 @@ impl FsError {
             FsError::Token(_) => EIO,
             // Only escapes `op::run` by a bug.
             FsError::NeedToken(_) => EIO,
+            FsError::NeedBlocks { .. } => EIO,
         }
     }
     /// Errors worth a line in the daemon log (damage, I/O), as opposed to ordinary

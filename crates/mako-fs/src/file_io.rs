@@ -617,10 +617,13 @@ pub fn prefetch_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
 /// Write one dirty block back to disk, allocating (or re-sizing: fragment <-> full
 /// block) its space first. Called by write-behind, fsync and sync.
 pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
+    // A shared writer learns the block's address first, with no lock held.
+    crate::metanode::fetch_blocks(core, h, b, b + 1)?;
     // The handle stays open until the data write is done: a commit that logs the new
     // pointer waits for it, so the log never names a block whose data is not written.
     let _tx = core.begin();
     let mut st = h.state.write();
+    let shared = st.shared.is_some();
     if st.deleted {
         return Ok(());
     }
@@ -646,7 +649,8 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
     let spb = core.geo.subblocks_per_block;
     let valid = valid_len(core, size, b);
     let is_last = block_map::last_unit(core, &st.inode) == Some(b);
-    let desired = if is_last && (valid as u64) < bb {
+    // Shared writers allocate whole blocks only: the metanode owns fragments.
+    let desired = if is_last && (valid as u64) < bb && !shared {
         valid.div_ceil(sb) as u32
     } else {
         spb
@@ -668,7 +672,9 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
             .alloc
             .allocate_reserved(AllocKind::Data, desired, h.ino, b, buf.reserved)?;
         buf.reserved = 0;
-        if !cur.is_null() {
+        // A shared writer's old block is freed by the metanode when it moves the
+        // pointer (it owns the block map; see `metanode::apply_update`).
+        if !cur.is_null() && !shared {
             core.alloc.free(cur, cur_sb)?;
             st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64);
         }

@@ -193,6 +193,11 @@ impl FileSystem {
     pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
         crate::op::run(&self.core, || {
             let h = self.handle(ino)?;
+            // A shared writer's size and times are the metanode's merge.
+            crate::metanode::prepare(&self.core, &h)?;
+            if h.state.read().shared.is_some() {
+                crate::metanode::refresh_attr(&self.core, &h)?;
+            }
             let st = h.state.read();
             if st.deleted {
                 return Err(FsError::Stale(ino));
@@ -1022,6 +1027,7 @@ impl FileSystem {
             let h = self.handle(ino)?;
             let bb = self.core.block_bytes();
             self.need_data(ino, TokenMode::Ro, block_range(offset, size as u64, bb))?;
+            crate::metanode::prepare(&self.core, &h)?;
             let sequential = {
                 let mut p = h.pattern.lock();
                 // The kernel's readahead sends several requests of a window at once and our
@@ -1172,6 +1178,17 @@ impl FileSystem {
                 block_range(offset, data.len() as u64, bb),
             )?;
         }
+        crate::metanode::prepare(&self.core, &h)?;
+        {
+            let st = h.state.read();
+            if st.shared.is_some() && !matches!(st.inode.content, InodeContent::Pointers(_)) {
+                // Data in the inode is the metanode's: a shared writer of a small file
+                // takes the inode exclusively (it leaves the inode once it grows).
+                drop(st);
+                self.need(ino, Need::Exclusive)?;
+            }
+        }
+        crate::metanode::defer_report(&self.core, &h)?;
         let _tx = self.core.begin();
         {
             let st = h.state.read();
@@ -1195,6 +1212,7 @@ impl FileSystem {
             let h = self.handle(ino)?;
             let bb = self.core.block_bytes();
             self.need_data(ino, TokenMode::Ro, block_range(offset, size as u64, bb))?;
+            crate::metanode::prepare(&self.core, &h)?;
             // Dirty buffers under the range go to disk first so the disk is current.
             for b in offset / bb..(offset + size as u64).div_ceil(bb) {
                 crate::workers::writebehind_block(&self.core, &h, b)?;
@@ -1219,6 +1237,8 @@ impl FileSystem {
                     TokenMode::Xw,
                     block_range(offset, data.len() as u64, bb),
                 )?;
+                crate::metanode::prepare(&self.core, &h)?;
+                crate::metanode::defer_report(&self.core, &h)?;
                 let _tx = self.core.begin();
                 let mut st = h.state.write();
                 if file_io::direct_eligible(&self.core, &st, offset, data.len())? {
@@ -1246,6 +1266,8 @@ impl FileSystem {
             self.core.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
             let h = self.handle(ino)?;
             crate::workers::flush_inode(&self.core, &h)?;
+            // A shared writer's pointers and size live in the metanode's log.
+            crate::metanode::sync_metanode(&self.core, &h)?;
             let seq = self.core.journal.running_seq();
             self.core.journal.commit_upto(&self.core, seq)
         })
@@ -1501,6 +1523,11 @@ impl FileSystem {
         crate::op::run(&self.core, || {
             let h = self.handle(ino)?;
             self.need_data(ino, TokenMode::Ro, ByteRange::WHOLE)?;
+            crate::metanode::prepare(&self.core, &h)?;
+            if h.state.read().shared.is_some() {
+                // Holes are in the metanode's block map: take the inode over (rare).
+                self.need(ino, Need::Exclusive)?;
+            }
             let st = h.state.read();
             match whence {
                 libc::SEEK_DATA => file_io::seek_data(&self.core, &st, offset),

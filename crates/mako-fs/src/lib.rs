@@ -25,6 +25,7 @@ pub mod file_io;
 pub mod fs;
 pub mod inode_map;
 pub mod journal;
+pub mod metanode;
 pub mod mkfs;
 pub mod mount;
 pub mod op;

@@ -36,7 +36,13 @@ pub struct MkfsParams {
     pub avoid_dir_fragments: bool,
     pub dir_pre_split_levels: u8,
     pub regions: Option<u32>,
+    /// Nodes that may mount the file system: one recovery log each.
+    pub nodes: u32,
 }
+
+/// Most recovery logs a file system has: the system inodes between the first log and
+/// the first user inode.
+pub const NODES_MAX: u32 = (FIRST_USER_INO - LOG_FIRST_INO) as u32;
 
 impl Default for MkfsParams {
     fn default() -> Self {
@@ -56,6 +62,7 @@ impl Default for MkfsParams {
             avoid_dir_fragments: false,
             dir_pre_split_levels: 0,
             regions: None,
+            nodes: 1,
         }
     }
 }
@@ -154,11 +161,20 @@ pub fn validate(params: &MkfsParams) -> FsResult<Geometry> {
             ),
         ));
     }
-    // Recovery finds the log's inode in the first block of the inode file.
-    if (LOG_FIRST_INO + 1) * params.inode_bytes as u64 > params.block_bytes as u64 {
+    if params.nodes == 0 || params.nodes > NODES_MAX {
+        return Err(range_err(
+            "nodes (-n)",
+            params.nodes,
+            &format!("1..{NODES_MAX}"),
+        ));
+    }
+    // Recovery finds the logs' inodes in the first block of the inode file.
+    if (LOG_FIRST_INO + params.nodes as u64) * params.inode_bytes as u64 > params.block_bytes as u64
+    {
         return Err(FsError::Invalid(format!(
-            "inode size {} with block size {}: the recovery log's inode must lie in the first block",
-            params.inode_bytes, params.block_bytes
+            "inode size {} with block size {}: the inodes of {} recovery logs must lie in the first block; \
+             use fewer nodes or a larger block size",
+            params.inode_bytes, params.block_bytes, params.nodes
         )));
     }
     if params.dir_pre_split_levels > 10 {
@@ -269,7 +285,7 @@ pub fn format_disks(
             block_alloc_map: BLOCK_ALLOC_MAP_INO,
             inode_alloc_map: INODE_ALLOC_MAP_INO,
             log_first: LOG_FIRST_INO,
-            log_count: 1,
+            log_count: params.nodes,
             first_user_inode: FIRST_USER_INO,
         },
         inode_file_start: DiskAddress::new(0, 1),
@@ -312,12 +328,14 @@ pub fn format_disks(
     let slot_alloc = core.alloc_slot_bytes as u64;
     let slot_imap = core.imap.slot_bytes() as u64;
     let nseg = InodeMap::segment_count(inodes_max, INODES_PER_SEGMENT) as u64;
-    let metafiles = [
+    let mut metafiles = vec![
         (INODE_FILE_INO, bb),
         (BLOCK_ALLOC_MAP_INO, regions as u64 * slot_alloc),
         (INODE_ALLOC_MAP_INO, nseg * slot_imap),
-        (LOG_FIRST_INO, params.log_bytes),
     ];
+    for n in 0..params.nodes as u64 {
+        metafiles.push((LOG_FIRST_INO + n, params.log_bytes));
+    }
     let mut handles = Vec::new();
     for (ino, bytes) in metafiles {
         let mut inode = Inode::new(ino, 0o100000);
@@ -360,22 +378,25 @@ pub fn format_disks(
             ino: 0,
         },
     )?;
-    let log = LogHeader {
-        node: 0,
-        log_bytes: params.log_bytes,
-        tail_lsn: 0,
-        head_lsn: 0,
-        clean: true,
-    };
-    for off in mako_format::log_header::LOG_HEADER_OFFSETS {
-        core.metafile_write(LOG_FIRST_INO, off, &log.encode(), BufferType::Log)?;
+    for n in 0..params.nodes {
+        let log = LogHeader {
+            node: n,
+            log_bytes: params.log_bytes,
+            tail_lsn: 0,
+            head_lsn: 0,
+            clean: true,
+        };
+        let ino = LOG_FIRST_INO + n as u64;
+        for off in mako_format::log_header::LOG_HEADER_OFFSETS {
+            core.metafile_write(ino, off, &log.encode(), BufferType::Log)?;
+        }
+        core.metafile_write(
+            ino,
+            mako_format::log_header::LOG_RECORDS_OFFSET,
+            &[0u8; 4096],
+            BufferType::Log,
+        )?;
     }
-    core.metafile_write(
-        LOG_FIRST_INO,
-        mako_format::log_header::LOG_RECORDS_OFFSET,
-        &[0u8; 4096],
-        BufferType::Log,
-    )?;
     // The root directory.
     let mut root = Inode::new(ROOT_INO, 0o040755);
     root.nlink = 2;

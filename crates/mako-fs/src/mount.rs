@@ -343,6 +343,13 @@ pub fn node_tokens(env: &NodeEnv) -> Tokens {
 pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsResult<Mounted> {
     let node = env.node;
     let (mut desc, disks) = find_descriptor(disks)?;
+    if node >= desc.metadata_inodes.log_count {
+        return Err(FsError::Invalid(format!(
+            "node {node} has no recovery log in file system {}: it was created for {} node(s) \
+             (`mako fs create -n`)",
+            desc.fs_name, desc.metadata_inodes.log_count
+        )));
+    }
     let geo = desc.geometry;
     let nsd: Arc<dyn Nsd> = Arc::new(LocalNsd::new(disks, cfg.iohist_size));
     let tag = |bt, ino| IoTag {
@@ -465,6 +472,11 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
         recovery.start(),
     ));
     flush.attach(&core);
+    let service = Arc::new(crate::metanode::FsService::default());
+    service.attach(&core);
+    if let Some(reg) = &core.env.registry {
+        reg.register(core.env.node_id(), mako_rt::ServiceId::FileSystem, service);
+    }
     for (ino, inode, blocks) in metafiles {
         core.metafile_blocks.write().insert(ino, blocks);
         let h = core.new_handle(inode);

@@ -66,6 +66,15 @@ pub fn run<T>(core: &Core, mut f: impl FnMut() -> FsResult<T>) -> FsResult<T> {
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 core.tokens.acquire(missing)?;
             }
+            Err(FsError::NeedBlocks { ino, unit }) => {
+                drop(frame.holds);
+                core.stats
+                    .op_restarts
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if let Some(h) = core.cached_handle(ino) {
+                    crate::metanode::fetch_blocks(core, &h, unit, unit + 1)?;
+                }
+            }
             other => {
                 // Phase C: what the operation owes other nodes, holds still kept.
                 let mut result = other;

@@ -54,7 +54,8 @@ pub fn flush_inode(core: &Core, h: &InodeHandle) -> FsResult<()> {
     let Some(_holds) = flush_holds(core, h.ino, 0..u64::MAX / core.block_bytes()) else {
         return Ok(());
     };
-    file_io::flush_data(core, h)
+    file_io::flush_data(core, h)?;
+    crate::metanode::report(core, h)
 }
 
 /// Write back every dirty data block of every cached inode, then commit the log: what
@@ -250,10 +251,11 @@ pub fn writebehind_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
     match file_io::flush_block(core, h, b) {
         Err(FsError::NoSpace(_)) if core.alloc.quarantined_subblocks() > 0 => {
             core.journal.quiesce(core)?;
-            file_io::flush_block(core, h, b)
+            file_io::flush_block(core, h, b)?;
         }
-        r => r,
+        r => r?,
     }
+    crate::metanode::report(core, h)
 }
 
 fn writebehind_loop(core: &Core) {

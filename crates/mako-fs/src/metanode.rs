@@ -1,0 +1,562 @@
+//! The metanode (docs/coherence.md section 4). While several nodes write one file, one
+//! of them — the metanode — owns its inode and indirect blocks: it alone changes and
+//! logs them. The others hold the inode in `rw` and keep a *shared* view (`Shared`):
+//! block addresses they asked the metanode for (cached under their data tokens),
+//! blocks they allocated themselves and must report, and the size and times of their
+//! own writes. They send the metanode idempotent updates (sizes and times are maxima,
+//! a block pointer changes only from the address the sender saw), so a retried or
+//! duplicated update is harmless.
+//!
+//! This module has both sides: the `FileSystem` service that answers as metanode, and
+//! the calls a shared writer makes. Requests to a metanode are *leaf* requests: their
+//! handler takes only local locks and the local log gate, never a token or a remote
+//! call (rule R4).
+
+use crate::core::{timestamp, Core, InodeHandle, InodeState};
+use crate::error::{FsError, FsResult};
+use mako_format::error::Location;
+use mako_format::inode::{Inode, Timestamp};
+use mako_format::DiskAddress;
+use mako_rt::{CallOptions, NodeId, Service, ServiceId};
+use mako_token::TokenMode;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+/// A block pointer a shared writer changed: `unit` now lives at `new` (`subblocks` of
+/// it) instead of `old` (null for a hole). The metanode applies it only where the
+/// pointer is still `old` (or already `new`), and frees `old`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetBlock {
+    pub unit: u64,
+    pub old: u64,
+    pub new: u64,
+    pub subblocks: u32,
+}
+
+/// What a shared writer reports: the file is at least `size_at_least` long, was
+/// modified at `mtime` and changed at `ctime`, and these blocks moved.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Update {
+    pub ino: u64,
+    pub size_at_least: u64,
+    pub mtime: (i64, u32),
+    pub ctime: (i64, u32),
+    pub sets: Vec<SetBlock>,
+}
+
+/// Requests of the `FileSystem` service.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum FsRequest {
+    /// The metanode's merged inode.
+    GetAttr {
+        ino: u64,
+    },
+    /// Addresses of `count` units from `first`: (unit, address, subblocks).
+    GetBlocks {
+        ino: u64,
+        first: u64,
+        count: u32,
+    },
+    Update(Update),
+    /// Commit the metanode's log (a shared writer's fsync).
+    Sync {
+        ino: u64,
+    },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum FsReply {
+    /// An encoded inode.
+    Inode(Vec<u8>),
+    Blocks(Vec<(u64, u64, u32)>),
+    Done,
+    /// This node is not (or no longer) the file's metanode: locate it again.
+    NotMetanode,
+    Failed(String),
+}
+
+/// A shared writer's view of a file whose metanode is another node.
+#[derive(Debug, Default)]
+pub struct Shared {
+    pub metanode: Option<NodeId>,
+    /// Unit -> (address, subblocks), as the metanode said or as this node set them.
+    /// Valid while this node holds a data token over the unit.
+    pub blocks: BTreeMap<u64, (DiskAddress, u32)>,
+    /// Pointers this node changed and has not reported yet.
+    pub pending: Vec<SetBlock>,
+}
+
+/// Units fetched per `GetBlocks` beyond what an operation needs (read-ahead of the
+/// block map: a streaming writer asks once per this many blocks).
+pub const BLOCK_MAP_FETCH: u64 = 64;
+/// Attempts to reach the metanode while it changes hands.
+const LOCATE_ATTEMPTS_MAX: u32 = 1000;
+
+fn ts(t: Timestamp) -> (i64, u32) {
+    (t.sec, t.nsec)
+}
+fn from_ts((sec, nsec): (i64, u32)) -> Timestamp {
+    Timestamp { sec, nsec }
+}
+fn later(a: Timestamp, b: Timestamp) -> Timestamp {
+    if (b.sec, b.nsec) > (a.sec, a.nsec) {
+        b
+    } else {
+        a
+    }
+}
+
+// ---- the metanode's side ---------------------------------------------------------
+
+/// The `FileSystem` service of a node.
+#[derive(Default)]
+pub struct FsService {
+    core: OnceLock<Weak<Core>>,
+}
+
+impl FsService {
+    pub fn attach(&self, core: &Arc<Core>) {
+        let _ = self.core.set(Arc::downgrade(core));
+    }
+}
+
+impl Service for FsService {
+    fn handle(&self, _from: NodeId, request: &[u8]) -> Vec<u8> {
+        let reply = match (
+            self.core.get().and_then(|w| w.upgrade()),
+            mako_rt::decode::<FsRequest>("file system request", request),
+        ) {
+            (None, _) => FsReply::NotMetanode,
+            (_, Err(e)) => FsReply::Failed(e.to_string()),
+            (Some(core), Ok(req)) => {
+                core.stats.metanode_served.fetch_add(1, Ordering::Relaxed);
+                match serve(&core, req) {
+                    Ok(r) => r,
+                    Err(e) => FsReply::Failed(e.to_string()),
+                }
+            }
+        };
+        mako_rt::encode("file system reply", &reply).unwrap_or_default()
+    }
+}
+
+fn serve(core: &Arc<Core>, req: FsRequest) -> FsResult<FsReply> {
+    let ino = match &req {
+        FsRequest::GetAttr { ino } | FsRequest::GetBlocks { ino, .. } => *ino,
+        FsRequest::Update(u) => u.ino,
+        FsRequest::Sync { ino } => *ino,
+    };
+    // Still the metanode, and staying so while this request is served?
+    let Ok(_hold) = core
+        .tokens
+        .try_hold_inode(ino, crate::coherence::Need::Write)
+    else {
+        return Ok(FsReply::NotMetanode);
+    };
+    let Some(h) = core.cached_handle(ino) else {
+        return Ok(FsReply::NotMetanode);
+    };
+    if !h.state.read().metanode {
+        return Ok(FsReply::NotMetanode);
+    }
+    match req {
+        FsRequest::GetAttr { .. } => {
+            let st = h.state.read();
+            Ok(FsReply::Inode(st.inode.encode(core.inode_bytes())?))
+        }
+        FsRequest::GetBlocks { first, count, .. } => {
+            let st = h.state.read();
+            let mut out = Vec::with_capacity(count as usize);
+            for unit in first..first.saturating_add(count as u64) {
+                let da = crate::block_map::lookup(core, &st, unit)?;
+                let sb = if da.is_null() {
+                    0
+                } else {
+                    crate::block_map::allocated_subblocks(core, &st, unit)
+                };
+                out.push((unit, da.raw(), sb));
+            }
+            Ok(FsReply::Blocks(out))
+        }
+        FsRequest::Update(u) => {
+            let _tx = core.begin();
+            let mut st = h.state.write();
+            apply_update(core, &mut st, &u)?;
+            Ok(FsReply::Done)
+        }
+        FsRequest::Sync { .. } => {
+            let seq = core.journal.running_seq();
+            core.journal.commit_upto(core, seq)?;
+            Ok(FsReply::Done)
+        }
+    }
+}
+
+/// Merge a shared writer's update into the inode this node owns as metanode. Call with
+/// a transaction handle open and the inode locked.
+pub fn apply_update(core: &Core, st: &mut InodeState, u: &Update) -> FsResult<()> {
+    debug_assert!(st.metanode, "update applied by a node that is not metanode");
+    let mut changed = false;
+    for s in &u.sets {
+        let cur = crate::block_map::lookup(core, st, s.unit)?;
+        let new = DiskAddress::from_raw(s.new);
+        if cur == new {
+            continue; // already applied (a retry)
+        }
+        if cur.raw() != s.old {
+            return Err(FsError::Token(format!(
+                "inode {} unit {}: a shared writer moved it from {} but the metanode has {}; \
+                 two nodes allocated one block (a token bug)",
+                u.ino,
+                s.unit,
+                DiskAddress::from_raw(s.old),
+                cur
+            )));
+        }
+        if !cur.is_null() {
+            let old_sb = crate::block_map::allocated_subblocks(core, st, s.unit);
+            core.alloc.free(cur, old_sb)?;
+            st.inode.subblocks = st.inode.subblocks.saturating_sub(old_sb as u64);
+        }
+        crate::block_map::set(core, st, s.unit, new)?;
+        st.inode.subblocks += s.subblocks as u64;
+        if Some(s.unit) == crate::block_map::last_unit(core, &st.inode) {
+            let spb = core.geo.subblocks_per_block;
+            st.inode.last_block_subblocks = if s.subblocks < spb {
+                s.subblocks as u16
+            } else {
+                0
+            };
+        }
+        changed = true;
+    }
+    if u.size_at_least > st.inode.size {
+        let before = crate::block_map::last_unit(core, &st.inode);
+        st.inode.size = u.size_at_least;
+        // A fragment that stops being the last unit is a full block's worth of data
+        // now only if it was allocated whole; shared writers always allocate whole
+        // blocks, and a fragment of the metanode's own is promoted by whoever writes it.
+        if before != crate::block_map::last_unit(core, &st.inode) {
+            st.inode.last_block_subblocks = 0;
+        }
+        changed = true;
+    }
+    let m = later(st.inode.mtime, from_ts(u.mtime));
+    let c = later(st.inode.ctime, from_ts(u.ctime));
+    if m != st.inode.mtime || c != st.inode.ctime {
+        st.inode.mtime = m;
+        st.inode.ctime = c;
+        changed = true;
+    }
+    if changed {
+        st.mark_dirty();
+    }
+    Ok(())
+}
+
+// ---- the shared writer's side ----------------------------------------------------
+
+/// Bring the handle's role in line with the token this node holds, without asking
+/// anyone (`Core::get` calls it for every use): `xw` makes it the metanode, `ro` or no
+/// write token a plain holder, and `rw` without knowing the metanode a shared writer
+/// until `prepare` finds out (so nothing is logged by a node that may not own it).
+pub fn settle(core: &Core, h: &InodeHandle) -> FsResult<()> {
+    let mode = core.tokens.inode_mode(h.ino);
+    let (metanode, shared) = {
+        let st = h.state.read();
+        (st.metanode, st.shared.is_some())
+    };
+    match mode {
+        Some(TokenMode::Xw) if metanode && !shared => Ok(()),
+        Some(TokenMode::Rw) if metanode || shared => Ok(()),
+        Some(TokenMode::Ro) | None if !metanode && !shared => Ok(()),
+        Some(TokenMode::Rw) => {
+            h.state.write().shared = Some(Box::default());
+            Ok(())
+        }
+        _ => prepare(core, h),
+    }
+}
+
+/// Work out this node's role for a file it is about to read or write, with no lock
+/// held (phase A): the owner of the inode (`xw`, a reader's `ro`, or the metanode), or
+/// a shared writer that talks to the metanode. A node that becomes metanode reads the
+/// inode again from disk (the last metanode wrote it there before it resigned).
+pub fn prepare(core: &Core, h: &InodeHandle) -> FsResult<()> {
+    let mode = core.tokens.inode_mode(h.ino);
+    match mode {
+        Some(TokenMode::Xw) => {
+            let mut st = h.state.write();
+            if st.shared.is_some() {
+                // Everyone else gave up: the disk holds the merged inode.
+                reload(core, &mut st)?;
+            }
+            st.metanode = true;
+            Ok(())
+        }
+        Some(TokenMode::Rw) => {
+            if h.state.read().metanode {
+                return Ok(());
+            }
+            let known = h.state.read().shared.as_ref().and_then(|s| s.metanode);
+            if known.is_some() {
+                return Ok(());
+            }
+            locate(core, h)
+        }
+        // A reader (or a node that is about to acquire): the local copy is what the
+        // disk holds, written there by the last writer.
+        _ => {
+            let mut st = h.state.write();
+            st.metanode = false;
+            if st.shared.is_some() {
+                st.shared = None;
+                reload(core, &mut st)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn reload(core: &Core, st: &mut InodeState) -> FsResult<()> {
+    st.inode = core.read_inode(st.inode.ino)?;
+    st.indirect.lock().clear();
+    st.dir_blocks.lock().clear();
+    st.shared = None;
+    Ok(())
+}
+
+/// Ask the token manager who the metanode is (becoming it if there is none).
+fn locate(core: &Core, h: &InodeHandle) -> FsResult<()> {
+    let res = core.tokens.inode(h.ino);
+    let m = core
+        .tokens
+        .client()
+        .locate_metanode(res, true)
+        .map_err(crate::coherence::token_error)?;
+    let mut st = h.state.write();
+    match m {
+        Some(n) if n == core.tokens.node() => {
+            if !st.metanode {
+                // Become the metanode: start from what the last one wrote in place, then
+                // apply what this node changed while it was a shared writer.
+                let pending = st.shared.take();
+                let (size, mtime, ctime) = (st.inode.size, st.inode.mtime, st.inode.ctime);
+                reload(core, &mut st)?;
+                st.metanode = true;
+                if let Some(p) = pending {
+                    if !p.pending.is_empty() || size > st.inode.size {
+                        drop(st);
+                        let _tx = core.begin();
+                        let mut st = h.state.write();
+                        apply_update(
+                            core,
+                            &mut st,
+                            &Update {
+                                ino: h.ino,
+                                size_at_least: size,
+                                mtime: ts(mtime),
+                                ctime: ts(ctime),
+                                sets: p.pending,
+                            },
+                        )?;
+                    }
+                }
+            }
+            Ok(())
+        }
+        Some(n) => {
+            st.metanode = false;
+            st.shared.get_or_insert_with(Default::default).metanode = Some(n);
+            Ok(())
+        }
+        None => Err(FsError::Token(format!(
+            "inode {}: no metanode and this node holds no write token on it",
+            h.ino
+        ))),
+    }
+}
+
+fn call(core: &Core, to: NodeId, req: &FsRequest) -> FsResult<FsReply> {
+    core.stats.metanode_sent.fetch_add(1, Ordering::Relaxed);
+    mako_rt::call(
+        &*core.env.transport,
+        to,
+        ServiceId::FileSystem,
+        req,
+        CallOptions::default(),
+    )
+    .map_err(|e| FsError::Token(e.to_string()))
+}
+
+/// Send `req` to the file's metanode, locating it again (with a short pause while it
+/// changes hands) when the node asked is no longer it. Returns `None` if this node
+/// became the metanode itself (the caller then does the work locally).
+fn to_metanode(core: &Core, h: &InodeHandle, req: &FsRequest) -> FsResult<Option<FsReply>> {
+    for attempt in 0..LOCATE_ATTEMPTS_MAX {
+        prepare(core, h)?;
+        let target = {
+            let st = h.state.read();
+            if st.metanode {
+                return Ok(None);
+            }
+            st.shared.as_ref().and_then(|s| s.metanode)
+        };
+        let Some(to) = target else {
+            locate(core, h)?;
+            continue;
+        };
+        match call(core, to, req)? {
+            FsReply::NotMetanode => {
+                if let Some(s) = h.state.write().shared.as_mut() {
+                    s.metanode = None;
+                }
+                // The old metanode is writing the inode in place and resigning.
+                core.env
+                    .clock
+                    .sleep(Duration::from_micros(200 * (1 + attempt.min(50) as u64)));
+            }
+            FsReply::Failed(e) => {
+                return Err(FsError::Token(format!(
+                    "metanode {to} of inode {}: {e}",
+                    h.ino
+                )))
+            }
+            other => return Ok(Some(other)),
+        }
+    }
+    Err(FsError::Token(format!(
+        "inode {}: the metanode kept changing hands ({LOCATE_ATTEMPTS_MAX} attempts)",
+        h.ino
+    )))
+}
+
+/// The file's merged inode, for a shared writer's `stat` (no lock held).
+pub fn refresh_attr(core: &Core, h: &InodeHandle) -> FsResult<()> {
+    let req = FsRequest::GetAttr { ino: h.ino };
+    if let Some(FsReply::Inode(bytes)) = to_metanode(core, h, &req)? {
+        let inode = Inode::decode(&bytes, core.inode_bytes(), h.ino, Location::Memory)?;
+        let mut st = h.state.write();
+        if st.shared.is_some() {
+            // Keep this node's view of its own unreported writes.
+            let size = st.inode.size.max(inode.size);
+            let (m, c) = (
+                later(st.inode.mtime, inode.mtime),
+                later(st.inode.ctime, inode.ctime),
+            );
+            st.inode = inode;
+            st.inode.size = size;
+            st.inode.mtime = m;
+            st.inode.ctime = c;
+        }
+    }
+    Ok(())
+}
+
+/// Make sure a shared writer knows the addresses of `first..last` (no lock held).
+pub fn fetch_blocks(core: &Core, h: &InodeHandle, first: u64, last: u64) -> FsResult<()> {
+    let missing = {
+        let st = h.state.read();
+        let Some(s) = &st.shared else {
+            return Ok(());
+        };
+        (first..last.max(first + 1)).find(|u| !s.blocks.contains_key(u))
+    };
+    let Some(from) = missing else {
+        return Ok(());
+    };
+    let count = (last.max(from + 1) - from)
+        .max(BLOCK_MAP_FETCH)
+        .min(1 << 16) as u32;
+    let req = FsRequest::GetBlocks {
+        ino: h.ino,
+        first: from,
+        count,
+    };
+    if let Some(FsReply::Blocks(list)) = to_metanode(core, h, &req)? {
+        let mut st = h.state.write();
+        if let Some(s) = st.shared.as_mut() {
+            for (unit, da, sb) in list {
+                // What this node set itself is newer than the metanode's answer.
+                s.blocks
+                    .entry(unit)
+                    .or_insert((DiskAddress::from_raw(da), sb));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Report what a shared writer changed: its size and times, and the blocks it moved.
+/// The blocks' allocation is made durable in this node's log first (data, then the
+/// allocation, then the pointer: a crash never leaves a pointer to a block the owner
+/// may hand out again). No lock held.
+pub fn report(core: &Core, h: &InodeHandle) -> FsResult<()> {
+    let update = {
+        let st = h.state.read();
+        let Some(s) = &st.shared else {
+            return Ok(());
+        };
+        Update {
+            ino: h.ino,
+            size_at_least: st.inode.size,
+            mtime: ts(st.inode.mtime),
+            ctime: ts(st.inode.ctime),
+            sets: s.pending.clone(),
+        }
+    };
+    if !update.sets.is_empty() {
+        core.journal.commit(core)?;
+    }
+    match to_metanode(core, h, &FsRequest::Update(update.clone()))? {
+        Some(FsReply::Done) => {}
+        Some(other) => {
+            return Err(FsError::Token(format!(
+                "metanode answered an update of inode {} with {other:?}",
+                h.ino
+            )))
+        }
+        None => {
+            // This node is the metanode now: `locate` applied the pending changes.
+            return Ok(());
+        }
+    }
+    let mut st = h.state.write();
+    if let Some(s) = st.shared.as_mut() {
+        s.pending.retain(|p| !update.sets.contains(p));
+    }
+    Ok(())
+}
+
+/// A shared writer's fsync: its own data and allocations are durable; the metanode
+/// commits the pointers and size it merged. No lock held.
+pub fn sync_metanode(core: &Core, h: &InodeHandle) -> FsResult<()> {
+    if h.state.read().shared.is_none() {
+        return Ok(());
+    }
+    report(core, h)?;
+    match to_metanode(core, h, &FsRequest::Sync { ino: h.ino })? {
+        Some(FsReply::Done) | None => Ok(()),
+        Some(other) => Err(FsError::Token(format!(
+            "metanode answered a sync of inode {} with {other:?}",
+            h.ino
+        ))),
+    }
+}
+
+/// Run after an operation that wrote as a shared writer: report to the metanode.
+pub fn defer_report(core: &Arc<Core>, h: &Arc<InodeHandle>) -> FsResult<()> {
+    if h.state.read().shared.is_none() {
+        return Ok(());
+    }
+    let (c, hh) = (core.clone(), h.clone());
+    crate::op::defer(core, Box::new(move || report(&c, &hh)))
+}
+
+/// The wall-clock time of this node as a `Timestamp`.
+pub fn now(core: &Core) -> Timestamp {
+    timestamp(core.env.clock.wall())
+}
