@@ -468,9 +468,7 @@ pub fn fetch_blocks(core: &Core, h: &InodeHandle, first: u64, last: u64) -> FsRe
     let Some(from) = missing else {
         return Ok(());
     };
-    let count = (last.max(from + 1) - from)
-        .max(BLOCK_MAP_FETCH)
-        .min(1 << 16) as u32;
+    let count = (last.max(from + 1) - from).clamp(BLOCK_MAP_FETCH, 1 << 16) as u32;
     let req = FsRequest::GetBlocks {
         ino: h.ino,
         first: from,
