@@ -340,7 +340,10 @@ impl Descriptor {
                 format!("recovery log of {log_bytes} bytes (a log has {LOG_BYTES_MIN}..{LOG_BYTES_MAX})"),
             ));
         }
-        if inode_file_start.is_null() || inode_file_start.disk() as usize >= disks.len() {
+        if inode_file_start.is_null()
+            || inode_file_start.disk() as usize >= disks.len()
+            || inode_file_start.byte_offset() >= disks[inode_file_start.disk() as usize].size_bytes
+        {
             return Err(FormatError::invalid(
                 S,
                 location,

@@ -3,7 +3,7 @@
 //! node is the only holder, so acquires are local cache hits after the first; the same
 //! calls go to a remote token manager shard in a multi-node cluster.
 
-use crate::error::{FsError, FsResult};
+use crate::error::{DamageSink, FsError, FsResult, IntegrityError, SinkSlot};
 use mako_token::{
     ByteRange, NodeId, ResourceId, ResourceKind, RevokeRegistry, TokenClient, TokenClientLimits,
     TokenManager, TokenManagerLimits, TokenMode,
@@ -19,6 +19,8 @@ pub trait Coherence: Send + Sync {
     fn release(&self, ino: u64);
     /// Token table for `mako diag tokens`: (resource, holders).
     fn dump(&self) -> Vec<(String, Vec<String>)>;
+    /// Where a token failure is reported (see `map_err`).
+    fn attach_damage(&self, sink: DamageSink);
 }
 
 /// Token-manager-backed coherence for one node.
@@ -26,6 +28,7 @@ pub struct TokenCoherence {
     fs: u32,
     manager: Arc<TokenManager>,
     client: TokenClient,
+    damage: SinkSlot,
 }
 
 impl TokenCoherence {
@@ -50,6 +53,7 @@ impl TokenCoherence {
             fs,
             manager,
             client,
+            damage: SinkSlot::default(),
         }
     }
     fn res(&self, kind: ResourceKind, ino: u64) -> ResourceId {
@@ -61,8 +65,16 @@ impl TokenCoherence {
     }
 }
 
-fn map_err(e: mako_token::TokenError) -> FsError {
-    FsError::Invalid(format!("token: {e}"))
+impl TokenCoherence {
+    /// A token request failed. On one node every failure is an integrity failure:
+    /// the node is the only holder, so a conflict, a malformed request, a full table
+    /// or a failed revoke means the code broke an invariant of the token layer, and
+    /// the cache it was about to cover cannot be trusted (not EINVAL: the caller did
+    /// nothing wrong). A multi-node cluster will retry conflicts before this.
+    fn map_err(&self, ino: u64, e: mako_token::TokenError) -> FsError {
+        self.damage
+            .integrity(IntegrityError::new("token", e.to_string()).ino(ino))
+    }
 }
 
 impl Coherence for TokenCoherence {
@@ -73,7 +85,7 @@ impl Coherence for TokenCoherence {
         self.client
             .acquire_whole(self.res(ResourceKind::Inode, ino), TokenMode::Xw)
             .map(|_| ())
-            .map_err(map_err)
+            .map_err(|e| self.map_err(ino, e))
     }
     fn data(&self, ino: u64, _mode: TokenMode, required: ByteRange) -> FsResult<()> {
         // As for inodes: xw on one node; `_mode` once there are others.
@@ -85,7 +97,7 @@ impl Coherence for TokenCoherence {
                 ByteRange::WHOLE,
             )
             .map(|_| ())
-            .map_err(map_err)
+            .map_err(|e| self.map_err(ino, e))
     }
     fn release(&self, ino: u64) {
         let _ = self
@@ -94,6 +106,9 @@ impl Coherence for TokenCoherence {
         let _ = self
             .client
             .release(self.res(ResourceKind::ByteRange, ino), ByteRange::WHOLE);
+    }
+    fn attach_damage(&self, sink: DamageSink) {
+        self.damage.attach(sink);
     }
     fn dump(&self) -> Vec<(String, Vec<String>)> {
         self.manager

@@ -140,7 +140,7 @@ fn make_full_block(core: &Core, st: &mut InodeState, b: u64) -> FsResult<()> {
     core.nsd.write(new, &full, tag(ino))?;
     core.journal.note_ordered_write();
     if !cur.is_null() {
-        core.alloc.free(cur, cur_sb)?;
+        core.alloc.free(cur, cur_sb, ino)?;
         st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64);
     }
     block_map::set(core, st, b, new)?;
@@ -666,7 +666,7 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
             .allocate_reserved(AllocKind::Data, desired, h.ino, b, buf.reserved)?;
         buf.reserved = 0;
         if !cur.is_null() {
-            core.alloc.free(cur, cur_sb)?;
+            core.alloc.free(cur, cur_sb, h.ino)?;
             st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64);
         }
         block_map::set(core, &mut st, b, new)?;
@@ -782,7 +782,7 @@ pub fn set_size(core: &Core, st: &mut InodeState, new: u64) -> FsResult<()> {
     core.alloc.unreserve(core.pool.remove_from(ino, first_gone));
     let units = block_map::cut_from(core, st, first_gone)?;
     for (_, da, n) in units {
-        core.alloc.free(da, n)?;
+        core.alloc.free(da, n, ino)?;
         st.inode.subblocks = st.inode.subblocks.saturating_sub(n as u64);
     }
     if !new.is_multiple_of(bb) {
@@ -842,7 +842,7 @@ pub fn punch_hole(core: &Core, st: &mut InodeState, offset: u64, len: u64) -> Fs
             let da = block_map::lookup(core, st, b)?;
             if !da.is_null() {
                 block_map::set(core, st, b, DiskAddress::NULL)?;
-                core.alloc.free(da, n)?;
+                core.alloc.free(da, n, ino)?;
                 st.inode.subblocks = st.inode.subblocks.saturating_sub(n as u64);
                 if block_map::last_unit(core, &st.inode) == Some(b) {
                     st.inode.last_block_subblocks = 0;

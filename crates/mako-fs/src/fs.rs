@@ -501,6 +501,7 @@ impl FileSystem {
     /// The directories from `ino` up to the root, `ino` first. Called under
     /// `rename_lock` and before any inode lock is taken: only renames change parents.
     fn ancestors(&self, mut ino: u64) -> FsResult<Vec<u64>> {
+        let start = ino;
         let mut out = Vec::new();
         for _ in 0..100_000 {
             out.push(ino);
@@ -514,8 +515,13 @@ impl FileSystem {
             }
             ino = next;
         }
-        Err(FsError::Invalid(
-            "directory tree deeper than 100000 levels (loop?)".into(),
+        // Parent pointers that never reach the root: damaged metadata.
+        Err(self.core.integrity(
+            crate::error::IntegrityError::new(
+                "directory tree",
+                "its parent pointers go more than 100000 levels up without reaching the root (a loop)",
+            )
+            .ino(start),
         ))
     }
 

@@ -1,6 +1,6 @@
 //! The inode allocation map: which inode numbers are in use, in segments.
 
-use crate::error::{FsError, FsResult};
+use crate::error::{DamageSink, FsError, FsResult, IntegrityError, SinkSlot};
 use mako_diag::{CountedMutex, LockClass};
 use mako_format::inode_map_segment::InodeMapSegment;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -16,6 +16,8 @@ pub struct InodeMap {
     cursor: AtomicUsize,
     /// Segments changed since the last commit (for the log's size estimate).
     dirty_segments: AtomicU64,
+    /// Where an inode freed twice or a number past the limit is reported.
+    damage: SinkSlot,
 }
 
 impl InodeMap {
@@ -44,7 +46,13 @@ impl InodeMap {
             used: AtomicU64::new(used),
             cursor: AtomicUsize::new(0),
             dirty_segments: AtomicU64::new(0),
+            damage: SinkSlot::default(),
         }
+    }
+
+    /// Report integrity failures to the mounted file system's sink.
+    pub fn attach_damage(&self, sink: DamageSink) {
+        self.damage.attach(sink);
     }
 
     pub fn used(&self) -> u64 {
@@ -86,20 +94,35 @@ impl InodeMap {
         )))
     }
 
-    fn slot(&self, ino: u64) -> FsResult<(usize, usize, u64)> {
+    /// Segment, word and bit of `ino`; `None` past the inode limit (or the segments).
+    fn locate(&self, ino: u64) -> Option<(usize, usize, u64)> {
         if ino >= self.inodes_max {
-            return Err(FsError::Invalid(format!(
-                "inode {ino} beyond the inode limit {}",
-                self.inodes_max
-            )));
+            return None;
         }
         let s = (ino / self.inodes_per_segment as u64) as usize;
         let i = ino % self.inodes_per_segment as u64;
-        Ok((s, (i / 64) as usize, i % 64))
+        (s < self.segments.len()).then_some((s, (i / 64) as usize, i % 64))
+    }
+
+    /// `locate`, or an integrity failure: an inode number to change that lies past
+    /// the limit came from damaged metadata or a bug.
+    fn slot(&self, ino: u64, doing: &str) -> FsResult<(usize, usize, u64)> {
+        self.locate(ino).ok_or_else(|| {
+            self.damage.integrity(
+                IntegrityError::new(
+                    "inode allocation map",
+                    format!(
+                        "{doing}: the number is past the inode limit {}",
+                        self.inodes_max
+                    ),
+                )
+                .ino(ino),
+            )
+        })
     }
 
     pub fn mark_used(&self, ino: u64) -> FsResult<()> {
-        let (s, w, b) = self.slot(ino)?;
+        let (s, w, b) = self.slot(ino, "marking it in use")?;
         let mut g = self.segments[s].lock();
         if g.0.bitmap[w] >> b & 1 == 0 {
             g.0.bitmap[w] |= 1 << b;
@@ -113,19 +136,27 @@ impl InodeMap {
     }
 
     pub fn is_used(&self, ino: u64) -> bool {
-        match self.slot(ino) {
-            Ok((s, w, b)) => self.segments[s].lock().0.bitmap[w] >> b & 1 == 1,
-            Err(_) => false,
+        match self.locate(ino) {
+            Some((s, w, b)) => self.segments[s].lock().0.bitmap[w] >> b & 1 == 1,
+            None => false,
         }
     }
 
+    /// Free `ino`. Freeing a free inode is an integrity failure (the map is damaged
+    /// or Mako has a bug): refused before anything changes, reported, and the mount
+    /// turns read-only.
     pub fn free(&self, ino: u64) -> FsResult<()> {
-        let (s, w, b) = self.slot(ino)?;
+        let (s, w, b) = self.slot(ino, "freeing it")?;
         let mut g = self.segments[s].lock();
         if g.0.bitmap[w] >> b & 1 == 0 {
-            return Err(FsError::Invalid(format!(
-                "inode {ino} freed twice; run `mako fsck`"
-            )));
+            drop(g);
+            return Err(self.damage.integrity(
+                IntegrityError::new(
+                    "inode allocation map",
+                    "freeing it: it is free already (a double free)",
+                )
+                .ino(ino),
+            ));
         }
         g.0.bitmap[w] &= !(1 << b);
         crate::journal::note_change();

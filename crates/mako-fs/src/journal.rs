@@ -480,6 +480,13 @@ impl Journal {
         core.check_writable()?;
         // 1. Close the gate: no operation in flight, so memory is consistent.
         self.close_gate();
+        // An operation that was in flight may have turned the mount read-only as it
+        // ended (damage after a change, an integrity failure): what it left in memory
+        // is half done and must not be snapshotted.
+        if let Err(e) = core.check_writable() {
+            self.open_gate();
+            return Err(e);
+        }
         let snapshot = self.snapshot(core);
         // 2. The running transaction is now the one being committed; new operations
         //    go to the next one as soon as the gate opens.
@@ -658,9 +665,13 @@ impl Journal {
             // The log is full: write committed images in place to make room.
             self.checkpoint(core)?;
             if self.capacity - self.used_bytes() < len {
-                return Err(FsError::Invalid(format!(
-                    "recovery log has {} bytes free after a checkpoint, the transaction needs {len}",
-                    self.capacity - self.used_bytes()
+                // `hard_limit` keeps every transaction within half the log.
+                return Err(core.integrity(crate::error::IntegrityError::new(
+                    "recovery log",
+                    format!(
+                        "{} bytes free after a checkpoint, the transaction needs {len} (a Mako bug)",
+                        self.capacity - self.used_bytes()
+                    ),
                 )));
             }
         }

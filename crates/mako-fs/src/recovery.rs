@@ -15,7 +15,7 @@
 //!    nothing has changed on disk that the log cannot rewrite.
 //! 5. Only then record the empty log (tail = head) in the header, and sync.
 
-use crate::error::{FsError, FsResult};
+use crate::error::{FsError, FsResult, IntegrityError};
 use crate::journal::{log_capacity, LogStart};
 use mako_disk::nsd::IoTag;
 use mako_disk::{BufferType, Nsd};
@@ -124,11 +124,17 @@ pub fn log_blocks(
     let inode = Inode::decode(&buf, geo.inode_bytes, log_ino, Location::Disk(da))?;
     let blocks = crate::mount::collect_blocks(nsd, &geo, &inode)?;
     if (blocks.len() as u64) * (geo.block_bytes as u64) < desc.log_bytes {
-        return Err(FsError::Invalid(format!(
-            "recovery log {log_ino} has {} blocks, too few for {} bytes",
-            blocks.len(),
-            desc.log_bytes
-        )));
+        return Err(FsError::integrity(
+            IntegrityError::new(
+                "recovery log",
+                format!(
+                    "{} blocks, too few for {} bytes; run `mako fsck`",
+                    blocks.len(),
+                    desc.log_bytes
+                ),
+            )
+            .ino(log_ino),
+        ));
     }
     Ok((log_ino, blocks))
 }
@@ -228,10 +234,16 @@ fn read_header_with(r: &LogReader<'_>, node: u32) -> FsResult<(LogHeader, usize,
         [copies.remove(0), copies.remove(0)];
     match best_copy(copies) {
         Ok((h, i)) => Ok((h, i, problems[1 - i].clone())),
-        Err(both) => Err(FsError::Invalid(format!(
-            "both recovery log header copies of node {node} are unreadable ({}; {}); run `mako fsck` to rebuild the log",
-            both[0], both[1]
-        ))),
+        Err(both) => Err(FsError::integrity(
+            IntegrityError::new(
+                "recovery log header",
+                format!(
+                    "both copies of node {node} are unreadable ({}; {}); run `mako fsck -y` to rebuild the log",
+                    both[0], both[1]
+                ),
+            )
+            .ino(r.log_ino),
+        )),
     }
 }
 
@@ -424,9 +436,15 @@ fn scan_with(
     for (da, img) in &latest {
         if let Some((disk, end)) = prev_end {
             if disk == da.disk() && da.sector() < end {
-                return Err(FsError::Invalid(format!(
-                    "recovery log of node {node}: images overlap at {da}; run `mako fsck` (the log is left as it is)"
-                )));
+                return Err(FsError::integrity(
+                    IntegrityError::new(
+                        "recovery log",
+                        format!(
+                            "node {node}: images overlap at {da}; run `mako fsck` (the log is left as it is)"
+                        ),
+                    )
+                    .ino(r.log_ino),
+                ));
             }
         }
         prev_end = Some((da.disk(), da.sector() + img.length as u64 / 512));
