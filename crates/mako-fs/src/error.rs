@@ -54,7 +54,7 @@ pub enum FsError {
     ReadOnly(String),
     #[error("bad metadata: {0}")]
     Corrupt(FormatError),
-    #[error("integrity failure: {0}; the file system is read-only now, unmount it and run `mako fsck -y`")]
+    #[error("integrity failure: {0}; run `mako fsck -y` on the unmounted file system")]
     Integrity(Box<IntegrityError>),
     #[error(transparent)]
     Disk(DiskError),
