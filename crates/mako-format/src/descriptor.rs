@@ -331,6 +331,23 @@ impl Descriptor {
                 "zero regions or bad inode segment size",
             ));
         }
+        // Every disk has a slice in every allocation region: no more regions than the
+        // smallest disk has blocks (mkfs's own limit). The count sizes tables of the
+        // allocation map, so it must not be taken on trust.
+        let smallest_disk_blocks = disks
+            .iter()
+            .map(|d| d.size_bytes / geometry.block_bytes as u64)
+            .min()
+            .unwrap_or(0);
+        if regions as u64 > smallest_disk_blocks {
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!(
+                    "{regions} allocation regions, more than the {smallest_disk_blocks} blocks of the smallest disk"
+                ),
+            ));
+        }
         // The log's size bounds every LSN computation (`% capacity`): mkfs makes logs
         // of 1 MiB to 1 GiB.
         if !(LOG_BYTES_MIN..=LOG_BYTES_MAX).contains(&log_bytes) {

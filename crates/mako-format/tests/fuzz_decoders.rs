@@ -656,6 +656,18 @@ fn descriptor_with_an_impossible_log_size_is_refused() {
     }
 }
 
+/// A region count the disks cannot hold would size the allocation map's tables (one
+/// entry per region per disk): refused by the decoder.
+#[test]
+fn descriptor_with_more_regions_than_blocks_is_refused() {
+    let d = Descriptor {
+        regions: u32::MAX,
+        ..sample_descriptor()
+    };
+    let e = Descriptor::decode(&d.encode().unwrap(), Location::Memory).unwrap_err();
+    assert!(e.to_string().contains("allocation regions"), "{e}");
+}
+
 #[test]
 fn misdirected_blocks_are_named() {
     let i = sample_inode(0);
