@@ -459,12 +459,19 @@ fn a_commit_waiting_at_the_gate_never_snapshots_an_operation_that_failed() {
             st.inode.mode ^= 0o001;
             st.mark_dirty();
         }
-        let committer = s.spawn(|| core.journal.commit(&core));
+        // Named, so that only this commit's wait counts (the registry is per process).
+        let committer = std::thread::Builder::new()
+            .name("gate-committer".into())
+            .spawn_scoped(s, || core.journal.commit(&core))
+            .unwrap();
         // ...while a commit waits for it at the gate...
         let deadline = Instant::now() + Duration::from_secs(30);
         while !mako_diag::waiters::snapshot(Duration::ZERO)
             .iter()
-            .any(|w| w.what.contains("commit waiting for operations in flight"))
+            .any(|w| {
+                w.thread == "gate-committer"
+                    && w.what.contains("commit waiting for operations in flight")
+            })
         {
             assert!(
                 Instant::now() < deadline,
