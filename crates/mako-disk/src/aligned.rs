@@ -243,10 +243,29 @@ impl AlignedBuf {
         }
         self.len = len;
     }
-    /// Grow or shrink to `len` bytes for a caller that overwrites all of them (a disk
-    /// read): mapped storage is not zeroed first — its bytes are zeros from the kernel
-    /// or what a reused buffer held, never uninitialised memory. Small buffers are zeroed.
-    pub fn resize_for_overwrite(&mut self, len: usize) {
+    /// Grow or shrink to `len` bytes without initialising the new ones, for a caller
+    /// that overwrites all of them next (a disk read): zeroing a block-sized buffer first
+    /// would only cost page faults.
+    ///
+    /// # Safety
+    ///
+    /// The bytes between the old length and `len` are not cleared. A large buffer's
+    /// storage may be a mapping reused from the spare pool, so they can hold **another
+    /// file's data**; they are never uninitialised memory (small buffers are zeroed, a
+    /// fresh mapping reads as zeros), so reading them is not undefined behaviour, but
+    /// handing them to anyone is a data leak. The caller must overwrite every one of
+    /// them before any of them is read, copied, written to a disk or returned, and must
+    /// cut them off again (`truncate`) if it cannot. The safe ways to grow a buffer
+    /// that is about to be overwritten are [`AlignedBuf::overwrite_at`] (a copy) and
+    /// `Nsd::read_append` (a disk read).
+    ///
+    /// The contract is in the type: calling it needs an `unsafe` block.
+    ///
+    /// ```compile_fail
+    /// let mut b = mako_disk::AlignedBuf::new();
+    /// b.resize_for_overwrite(4096); // error[E0133]: call to unsafe function
+    /// ```
+    pub unsafe fn resize_for_overwrite(&mut self, len: usize) {
         if len > self.len {
             if len > self.cap {
                 self.grow_to(len);
@@ -259,6 +278,25 @@ impl AlignedBuf {
             }
         }
         self.len = len;
+    }
+
+    /// Copy `src` to `offset`, growing the buffer as needed: bytes between the old
+    /// length and `offset` become zeros, the bytes `src` covers are copied without
+    /// being zeroed first. Nothing the buffer's storage held before is ever exposed.
+    pub fn overwrite_at(&mut self, offset: usize, src: &[u8]) {
+        if self.len < offset {
+            self.resize(offset, 0);
+        }
+        let end = offset + src.len();
+        if end > self.len {
+            if end > self.cap {
+                self.grow_to(end);
+            }
+            // SAFETY: offset <= len, so every byte this exposes (len..end) lies in
+            // offset..end and is overwritten by the copy just below.
+            unsafe { self.resize_for_overwrite(end) };
+        }
+        self[offset..end].copy_from_slice(src);
     }
 
     pub fn extend_from_slice(&mut self, s: &[u8]) {
@@ -320,10 +358,12 @@ mod tests {
             "a freed mapped buffer is kept for reuse"
         );
         let mut r = AlignedBuf::with_capacity(3 << 20);
-        r.resize_for_overwrite(1 << 20);
+        // SAFETY: only the length is looked at.
+        unsafe { r.resize_for_overwrite(1 << 20) };
         assert_eq!(r.len(), 1 << 20);
         let mut small = AlignedBuf::new();
-        small.resize_for_overwrite(100);
+        // SAFETY: a small buffer is zeroed, which is what is checked.
+        unsafe { small.resize_for_overwrite(100) };
         assert!(small.iter().all(|&x| x == 0), "small buffers are zeroed");
         drop(r);
         // Budget 0: everything held is unmapped and nothing freed is kept.
@@ -332,6 +372,46 @@ mod tests {
         drop(AlignedBuf::zeroed(2 << 20));
         assert_eq!(AlignedBuf::spare_bytes(), 0);
         AlignedBuf::set_spare_budget(DEFAULT_SPARE_BUDGET);
+    }
+
+    /// A spare buffer still holds what its last owner wrote; growing a buffer with
+    /// `overwrite_at` shows zeros and the copied bytes, never those.
+    #[test]
+    fn a_reused_buffer_never_shows_what_it_held() {
+        // A capacity no other test uses, so the spare found again is this test's own.
+        const CAP: usize = (5 << 20) + 7 * IO_ALIGN;
+        let mut reused_once = false;
+        // Another test's allocation may unmap the spare between the drop and the
+        // reuse: try until a reuse is seen (it nearly always is at once).
+        for _ in 0..100 {
+            let mut secret = AlignedBuf::zeroed(CAP);
+            secret.iter_mut().for_each(|x| *x = 0xa5);
+            let addr = secret.as_ptr() as usize;
+            drop(secret);
+            let mut b = AlignedBuf::with_capacity(CAP);
+            let reused = b.as_ptr() as usize == addr;
+            b.overwrite_at(1000, b"data");
+            b.overwrite_at(CAP - 10, b"tail");
+            assert_eq!(b.len(), CAP - 6);
+            assert!(
+                b[..1000].iter().all(|&x| x == 0),
+                "the gap before a copy is zeros"
+            );
+            assert_eq!(&b[1000..1004], b"data");
+            assert!(b[1004..CAP - 10].iter().all(|&x| x == 0));
+            assert_eq!(&b[CAP - 10..], b"tail");
+            // Overwriting inside the buffer changes only the bytes copied.
+            b.overwrite_at(2, b"in");
+            assert_eq!(&b[..5], b"\0\0in\0");
+            if reused {
+                reused_once = true;
+                break;
+            }
+        }
+        assert!(
+            reused_once,
+            "a freed mapped buffer of the same size was never reused"
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! this node; a network NSD client will implement the same trait.
 
 use crate::iohist::{BufferType, IoHistory, IoRecord};
-use crate::{Disk, DiskError};
+use crate::{AlignedBuf, Disk, DiskError};
 use mako_diag::{Wait, WaitGuard};
 use mako_format::DiskAddress;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,8 +20,31 @@ pub trait Nsd: Send + Sync {
     fn disk_count(&self) -> usize;
     fn disk_size(&self, disk: u32) -> Result<u64, DiskError>;
     fn disk_name(&self, disk: u32) -> String;
+    /// Read `buf.len()` bytes at `da`. `Ok` means every byte of `buf` was read from
+    /// the disk (never a short read); callers rely on it to expose no stale bytes
+    /// (see `read_append`).
     fn read(&self, da: DiskAddress, buf: &mut [u8], tag: IoTag) -> Result<(), DiskError>;
     fn write(&self, da: DiskAddress, buf: &[u8], tag: IoTag) -> Result<(), DiskError>;
+    /// Append `len` bytes read at `da` to `buf`, without zeroing them first (a block
+    /// read into a pagepool-sized buffer costs no page faults). If the read fails, `buf`
+    /// is cut back to its old length: what a reused buffer held is never exposed.
+    fn read_append(
+        &self,
+        da: DiskAddress,
+        buf: &mut AlignedBuf,
+        len: usize,
+        tag: IoTag,
+    ) -> Result<(), DiskError> {
+        let old = buf.len();
+        // SAFETY: `read` fills every byte of the range it is given or fails, and on a
+        // failure the range is cut off again before anything can read it.
+        unsafe { buf.resize_for_overwrite(old + len) };
+        let r = self.read(da, &mut buf[old..], tag);
+        if r.is_err() {
+            buf.truncate(old);
+        }
+        r
+    }
     /// Durability barrier on every disk.
     fn sync_all(&self) -> Result<(), DiskError>;
     fn history(&self) -> &IoHistory;
@@ -243,6 +266,33 @@ mod tests {
         assert!(nsd
             .read(DiskAddress::new(3, 0), &mut [0u8; 512], tag)
             .is_err());
+    }
+
+    /// A failed `read_append` leaves the buffer as it was: the bytes it grew by (which
+    /// may hold what a reused buffer held) are cut off, never left for a caller.
+    #[test]
+    fn a_failed_read_append_exposes_nothing() {
+        let mem = Arc::new(MemDisk::new("d0", 1 << 20));
+        mem.write_at(&[3u8; 4096], 4096).unwrap();
+        let nsd = LocalNsd::new(vec![mem.clone() as Arc<dyn Disk>], 4);
+        let tag = IoTag {
+            buffer_type: BufferType::Data,
+            ino: 9,
+        };
+        let mut buf = AlignedBuf::from_slice(b"head");
+        nsd.read_append(DiskAddress::new(0, 8), &mut buf, 4096, tag)
+            .unwrap();
+        assert_eq!(buf.len(), 4100);
+        assert!(buf[4..].iter().all(|&b| b == 3));
+        mem.set_fail_reads(true);
+        assert!(nsd
+            .read_append(DiskAddress::new(0, 8), &mut buf, 1 << 19, tag)
+            .is_err());
+        assert_eq!(buf.len(), 4100, "the failed read's bytes are cut off");
+        assert!(nsd
+            .read_append(DiskAddress::new(0, 4000), &mut buf, 1 << 20, tag)
+            .is_err());
+        assert_eq!(buf.len(), 4100, "an out-of-range read appends nothing");
     }
 
     /// A disk that counts its syncs.

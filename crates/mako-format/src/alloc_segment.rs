@@ -112,8 +112,11 @@ impl AllocSegment {
             ));
         }
         r.seek(ALLOC_HEADER_BYTES)?;
-        let mut slices = Vec::with_capacity(n);
-        let mut bitmaps = Vec::with_capacity(n);
+        // Room is reserved for the slices the bytes can hold (20 bytes each at least),
+        // not for what the count claims: a damaged count must not reserve megabytes.
+        let fit = n.min(r.remaining() / 20);
+        let mut slices = Vec::with_capacity(fit);
+        let mut bitmaps = Vec::with_capacity(fit);
         for _ in 0..n {
             let disk = r.u32()?;
             let first_subblock = r.u64()?;

@@ -23,6 +23,11 @@ impl DiskAddress {
         assert!(sector <= SECTOR_MASK, "sector {sector} out of range");
         DiskAddress(((disk as u64) << SECTOR_BITS) | sector)
     }
+    /// The address packed in `raw`, as read from disk. Every u64 is a well-formed
+    /// address (disk 0..=65535, a 48-bit sector), so this never fails and never
+    /// panics; whether the disk and sector exist is for the reader to check against
+    /// its file system before following it (`mako_fs::Core::check_pointer`), since
+    /// `offset_by` on an address near the end of the sector space panics.
     pub fn from_raw(raw: u64) -> Self {
         DiskAddress(raw)
     }
@@ -42,6 +47,7 @@ impl DiskAddress {
         self.sector() * crate::SECTOR_BYTES
     }
     /// The address `bytes` further on the same disk (bytes must be sector-aligned).
+    /// Panics past the last sector: only for addresses known to lie on a disk.
     pub fn offset_by(self, bytes: u64) -> Self {
         debug_assert_eq!(bytes % crate::SECTOR_BYTES, 0);
         DiskAddress::new(self.disk(), self.sector() + bytes / crate::SECTOR_BYTES)

@@ -15,6 +15,9 @@ pub const DESCRIPTOR_OFFSET: u64 = 4096;
 pub const DESCRIPTOR_BYTES_MAX: usize = 60 * 1024;
 /// Bytes at the start of every disk that hold no allocatable subblocks.
 pub const RESERVED_BYTES: u64 = 64 * 1024;
+/// Smallest and largest recovery log a descriptor may name (`mako fs create -L`).
+pub const LOG_BYTES_MIN: u64 = 1 << 20;
+pub const LOG_BYTES_MAX: u64 = 1 << 30;
 const CRC_OFFSET: usize = 10;
 
 /// State of a disk in the file system (`mako disk show`).
@@ -274,7 +277,9 @@ impl Descriptor {
         if ndisks == 0 || ndisks > 65536 {
             return Err(FormatError::invalid(S, location, format!("{ndisks} disks")));
         }
-        let mut disks = Vec::with_capacity(ndisks.min(1024));
+        // Reserve for the entries the bytes can hold (38 bytes each at least), not for
+        // what the count claims.
+        let mut disks = Vec::with_capacity(ndisks.min(r.remaining() / 38));
         for _ in 0..ndisks {
             let index = r.u32()?;
             let mut uuid = [0u8; 16];
@@ -326,7 +331,36 @@ impl Descriptor {
                 "zero regions or bad inode segment size",
             ));
         }
-        if inode_file_start.is_null() || inode_file_start.disk() as usize >= disks.len() {
+        // Every disk has a slice in every allocation region: no more regions than the
+        // smallest disk has blocks (mkfs's own limit). The count sizes tables of the
+        // allocation map, so it must not be taken on trust.
+        let smallest_disk_blocks = disks
+            .iter()
+            .map(|d| d.size_bytes / geometry.block_bytes as u64)
+            .min()
+            .unwrap_or(0);
+        if regions as u64 > smallest_disk_blocks {
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!(
+                    "{regions} allocation regions, more than the {smallest_disk_blocks} blocks of the smallest disk"
+                ),
+            ));
+        }
+        // The log's size bounds every LSN computation (`% capacity`): mkfs makes logs
+        // of 1 MiB to 1 GiB.
+        if !(LOG_BYTES_MIN..=LOG_BYTES_MAX).contains(&log_bytes) {
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!("recovery log of {log_bytes} bytes (a log has {LOG_BYTES_MIN}..{LOG_BYTES_MAX})"),
+            ));
+        }
+        if inode_file_start.is_null()
+            || inode_file_start.disk() as usize >= disks.len()
+            || inode_file_start.byte_offset() >= disks[inode_file_start.disk() as usize].size_bytes
+        {
             return Err(FormatError::invalid(
                 S,
                 location,

@@ -18,9 +18,11 @@
 //! Replaying them in log order is idempotent, and a metadata block torn by a crash
 //! during write-back is rewritten whole from its image. A transaction is valid only if
 //! its header checksum, its identity (node, file system, LSN) and its payload checksum
-//! all match: a torn or partly lost transaction is recognised and ends the log, and a
-//! transaction left from an earlier lap of the circle or from another file system is
-//! never taken for a current one.
+//! all match: a torn or partly lost transaction is recognised, and a transaction left
+//! from an earlier lap of the circle or from another file system is never taken for a
+//! current one. Whether a bad transaction ends the log (a torn last commit) or is
+//! media damage (a valid transaction follows it) is recovery's to decide
+//! (`mako_fs::recovery`).
 
 use crate::codec::{check_header, Reader, Writer};
 use crate::error::{FormatError, FormatErrorKind, Location};

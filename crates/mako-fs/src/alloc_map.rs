@@ -13,7 +13,7 @@
 //! clear in the bitmap (so the logged image says free) but quarantined: not handed out
 //! again until the transaction that freed them has been checkpointed.
 
-use crate::error::{FsError, FsResult};
+use crate::error::{DamageSink, FsError, FsResult, IntegrityError, SinkSlot};
 use mako_diag::{CountedMutex, LockClass};
 use mako_format::alloc_segment::{AllocSegment, DiskSlice};
 use mako_format::descriptor::{Descriptor, DiskStatus, LayoutMap, RESERVED_BYTES};
@@ -76,7 +76,12 @@ pub struct AllocMap {
     /// Quarantined frees: (transaction, address, subblocks).
     frees: parking_lot::Mutex<Vec<(u64, DiskAddress, u32)>>,
     quarantined_subblocks: AtomicU64,
+    /// Where a double free or an address outside every disk is reported.
+    damage: SinkSlot,
 }
+
+/// What the allocation map's integrity failures are about.
+const STRUCTURE: &str = "block allocation map";
 
 /// Bytes of the allocation map file slot for one region.
 pub fn segment_slot_bytes(desc: &Descriptor) -> usize {
@@ -231,10 +236,13 @@ impl AllocMap {
     pub fn new(desc: &Descriptor, segments: Vec<AllocSegment>) -> FsResult<AllocMap> {
         let geo = desc.geometry;
         if segments.len() != desc.regions as usize {
-            return Err(FsError::Invalid(format!(
-                "{} allocation segments for {} regions",
-                segments.len(),
-                desc.regions
+            return Err(FsError::integrity(IntegrityError::new(
+                STRUCTURE,
+                format!(
+                    "{} allocation segments for {} regions; run `mako fsck`",
+                    segments.len(),
+                    desc.regions
+                ),
             )));
         }
         let mut total = 0;
@@ -243,9 +251,12 @@ impl AllocMap {
         for (r, seg) in segments.into_iter().enumerate() {
             let expect = region_slices(desc, r as u32);
             if seg.slices != expect {
-                return Err(FsError::Invalid(format!(
-                    "allocation region {r} covers {:?}, the descriptor says {:?}; run `mako fsck`",
-                    seg.slices, expect
+                return Err(FsError::integrity(IntegrityError::new(
+                    STRUCTURE,
+                    format!(
+                        "allocation region {r} covers {:?}, the descriptor says {:?}; run `mako fsck`",
+                        seg.slices, expect
+                    ),
                 )));
             }
             let region = Region::from_segment(seg);
@@ -292,7 +303,13 @@ impl AllocMap {
             dirty_pages: AtomicU64::new(0),
             frees: parking_lot::Mutex::new(Vec::new()),
             quarantined_subblocks: AtomicU64::new(0),
+            damage: SinkSlot::default(),
         })
+    }
+
+    /// Report integrity failures to the mounted file system's sink.
+    pub fn attach_damage(&self, sink: DamageSink) {
+        self.damage.attach(sink);
     }
 
     pub fn fresh_segments(desc: &Descriptor) -> Vec<AllocSegment> {
@@ -450,10 +467,17 @@ impl AllocMap {
         unit: u64,
     ) -> FsResult<DiskAddress> {
         let spb = self.geo.subblocks_per_block;
-        assert!(
-            subblocks >= 1 && subblocks <= spb,
-            "allocation of {subblocks} subblocks"
-        );
+        if subblocks < 1 || subblocks > spb {
+            return Err(self.damage.integrity(
+                IntegrityError::new(
+                    STRUCTURE,
+                    format!(
+                        "an allocation of {subblocks} subblocks was asked for (1..{spb} can be)"
+                    ),
+                )
+                .ino(ino),
+            ));
+        }
         let ndisks = match kind {
             AllocKind::Data => self.data_disks.len(),
             AllocKind::Metadata => self.meta_disks.len(),
@@ -546,51 +570,89 @@ impl AllocMap {
         ))
     }
 
-    fn locate(&self, da: DiskAddress) -> FsResult<(usize, u64)> {
+    /// Where `subblocks` subblocks at `da` lie: (region, slice index, offset in the
+    /// slice). An address taken from disk is checked, never trusted: it must name a
+    /// disk, be subblock-aligned and lie, whole, in one region's slice of that disk.
+    fn locate(&self, da: DiskAddress, subblocks: u32) -> Result<(usize, usize, u64), String> {
         let spb = self.geo.subblocks_per_block as u64;
         let sps = self.geo.sectors_per_subblock();
-        let b = self
-            .boundaries
-            .get(da.disk() as usize)
-            .ok_or_else(|| FsError::Invalid(format!("disk address {da} names no disk")))?;
+        let Some(b) = self.boundaries.get(da.disk() as usize) else {
+            return Err(format!(
+                "disk address {da} names disk {}, the file system has {}",
+                da.disk(),
+                self.boundaries.len()
+            ));
+        };
         if !da.sector().is_multiple_of(sps) {
-            return Err(FsError::Invalid(format!(
-                "disk address {da} is not subblock aligned"
-            )));
+            return Err(format!("disk address {da} is not subblock aligned"));
         }
-        let block = da.sector() / sps / spb;
+        let subblock = da.sector() / sps;
+        let block = subblock / spb;
         let region = b.partition_point(|&x| x <= block);
         if region == 0 || region > self.regions.len() {
-            return Err(FsError::Invalid(format!(
-                "disk address {da} is outside the allocatable area"
-            )));
+            return Err(format!(
+                "disk address {da} is outside the allocatable area of disk {}",
+                da.disk()
+            ));
         }
-        Ok((region - 1, da.sector() / sps))
+        let region = region - 1;
+        let (lo, hi) = (b[region] * spb, b[region + 1] * spb);
+        if subblock + subblocks as u64 > hi {
+            return Err(format!(
+                "{subblocks} subblocks at {da} run past the end of allocation region {region}"
+            ));
+        }
+        // Slices are in disk order in every region (checked in `new`).
+        Ok((region, da.disk() as usize, subblock - lo))
     }
 
-    /// Return subblocks to the free pool: clear in the map at once (the next commit
-    /// logs them free), reusable once that commit is checkpointed (`release_frees`).
-    /// Freeing a free subblock is a bug that would lead to double allocation: it is
-    /// refused loudly.
-    pub fn free(&self, da: DiskAddress, subblocks: u32) -> FsResult<()> {
-        let (region, subblock) = self.locate(da)?;
+    /// Check that `subblocks` subblocks at `da` (read from disk) lie inside one
+    /// allocation region of a disk; the reason if not.
+    pub fn check_extent(&self, da: DiskAddress, subblocks: u32) -> Result<(), String> {
+        self.locate(da, subblocks).map(|_| ())
+    }
+
+    /// `locate`, with a failure reported as an integrity failure of inode `ino`.
+    fn locate_or_report(
+        &self,
+        da: DiskAddress,
+        subblocks: u32,
+        ino: u64,
+        doing: &str,
+    ) -> FsResult<(usize, usize, u64)> {
+        self.locate(da, subblocks).map_err(|why| {
+            self.damage.integrity(
+                IntegrityError::new(STRUCTURE, format!("{doing}: {why}"))
+                    .ino(ino)
+                    .at(da),
+            )
+        })
+    }
+
+    /// Return subblocks of inode `ino` to the free pool: clear in the map at once (the
+    /// next commit logs them free), reusable once that commit is checkpointed
+    /// (`release_frees`). Freeing a free subblock, or an address outside the map, is
+    /// an integrity failure (the map or the pointer is damaged, or Mako has a bug):
+    /// refused before anything changes, reported, and the mount turns read-only.
+    pub fn free(&self, da: DiskAddress, subblocks: u32, ino: u64) -> FsResult<()> {
+        let doing = format!("freeing {subblocks} subblocks");
+        let (region, si, off) = self.locate_or_report(da, subblocks, ino, &doing)?;
         let mut r = self.regions[region].lock();
-        let si = r
-            .seg
-            .slices
-            .iter()
-            .position(|s| s.disk == da.disk())
-            .expect("slice for disk");
-        let off = subblock - r.seg.slices[si].first_subblock;
         let n = subblocks as u64;
         let bm = &r.seg.bitmaps[si];
-        for i in off..off + n {
-            if !bit(bm, i) {
-                return Err(FsError::Invalid(format!(
-                    "freeing {subblocks} subblocks at {da}: subblock {} is already free (double free); run `mako fsck`",
-                    i - off
-                )));
-            }
+        if let Some(i) = (off..off + n).find(|&i| !bit(bm, i)) {
+            drop(r);
+            return Err(self.damage.integrity(
+                IntegrityError::new(
+                    STRUCTURE,
+                    format!(
+                        "{doing}: subblock {} of them is already free (a double free)",
+                        i - off
+                    ),
+                )
+                .ino(ino)
+                .at(da),
+            ));
         }
         crate::journal::note_change();
         set_range(&mut r.seg.bitmaps[si], off, n, false);
@@ -626,17 +688,11 @@ impl AllocMap {
             done
         };
         for (_, da, subblocks) in done {
-            let Ok((region, subblock)) = self.locate(da) else {
+            // `free` located every address it queued.
+            let Ok((region, si, off)) = self.locate(da, subblocks) else {
                 continue;
             };
             let mut r = self.regions[region].lock();
-            let si = r
-                .seg
-                .slices
-                .iter()
-                .position(|s| s.disk == da.disk())
-                .expect("slice for disk");
-            let off = subblock - r.seg.slices[si].first_subblock;
             let n = subblocks as u64;
             set_range(&mut r.quarantine[si], off, n, false);
             r.free[si] += n;
@@ -652,20 +708,15 @@ impl AllocMap {
 
     /// Mark subblocks in use (file system creation; fsck repair).
     pub fn mark_used(&self, da: DiskAddress, subblocks: u32) -> FsResult<()> {
-        let (region, subblock) = self.locate(da)?;
+        let doing = format!("marking {subblocks} subblocks in use");
+        let (region, si, off) = self.locate_or_report(da, subblocks, 0, &doing)?;
         let mut r = self.regions[region].lock();
-        let si = r
-            .seg
-            .slices
-            .iter()
-            .position(|s| s.disk == da.disk())
-            .expect("slice for disk");
-        let off = subblock - r.seg.slices[si].first_subblock;
         let n = subblocks as u64;
         if !range_free(&r.seg.bitmaps[si], off, n) {
-            return Err(FsError::Invalid(format!(
-                "subblocks at {da} already in use"
-            )));
+            drop(r);
+            return Err(self.damage.integrity(
+                IntegrityError::new(STRUCTURE, format!("{doing}: some are in use already")).at(da),
+            ));
         }
         set_range(&mut r.seg.bitmaps[si], off, n, true);
         r.free[si] -= n;
@@ -675,16 +726,12 @@ impl AllocMap {
         Ok(())
     }
 
-    pub fn is_used(&self, da: DiskAddress, subblocks: u32) -> FsResult<bool> {
-        let (region, subblock) = self.locate(da)?;
+    /// Whether every one of `subblocks` subblocks at `da` is in use; `Err` with the
+    /// reason if they do not lie inside the map (a question, not a report: the caller
+    /// decides whether that is damage).
+    pub fn is_used(&self, da: DiskAddress, subblocks: u32) -> Result<bool, String> {
+        let (region, si, off) = self.locate(da, subblocks)?;
         let r = self.regions[region].lock();
-        let si = r
-            .seg
-            .slices
-            .iter()
-            .position(|s| s.disk == da.disk())
-            .expect("slice for disk");
-        let off = subblock - r.seg.slices[si].first_subblock;
         Ok((off..off + subblocks as u64).all(|i| bit(&r.seg.bitmaps[si], i)))
     }
 
@@ -789,7 +836,7 @@ mod tests {
         }
         assert_eq!(disks.len(), 4, "a file's blocks stripe over every disk");
         for (da, n) in &allocs {
-            map.free(*da, *n).unwrap();
+            map.free(*da, *n, 99).unwrap();
         }
         // Freed space is quarantined until its transaction is checkpointed.
         assert_eq!(map.free_subblocks() + map.quarantined_subblocks(), total);
@@ -798,13 +845,13 @@ mod tests {
             !allocs.iter().any(|(da, _)| *da == again),
             "quarantined space handed out again"
         );
-        map.free(again, spb).unwrap();
+        map.free(again, spb, 99).unwrap();
         map.tag_frees(1);
         map.release_frees(1);
         assert_eq!(map.free_subblocks(), total);
         assert_eq!(map.quarantined_subblocks(), 0);
         assert!(
-            map.free(allocs[0].0, allocs[0].1).is_err(),
+            map.free(allocs[0].0, allocs[0].1, 99).is_err(),
             "double free refused"
         );
     }

@@ -111,6 +111,11 @@ fn load_indirect(core: &Core, st: &InodeState, id: IndirectId, da: DiskAddress) 
             tracing::error!("{e} (inode {})", id.ino);
             FsError::from(e)
         })?;
+    // A checksum-valid block whose pointers leave the disks is damage all the same
+    // (a bug that wrote it, or a misdirected write of a valid block): never followed.
+    for ptr in &block.pointers {
+        core.check_pointer(*ptr, "indirect block", id.ino, da)?;
+    }
     cache.insert(
         (id.level, id.index),
         IndNode {
@@ -230,7 +235,8 @@ pub fn set(core: &Core, st: &mut InodeState, unit: u64, da: DiskAddress) -> FsRe
             first_old = earlier.old;
             let unreported = DiskAddress::from_raw(earlier.new);
             if !unreported.is_null() && unreported != da {
-                core.alloc.free(unreported, earlier.subblocks)?;
+                core.alloc
+                    .free(unreported, earlier.subblocks, st.inode.ino)?;
             }
         }
         s.pending.push(crate::metanode::SetBlock {
@@ -460,7 +466,7 @@ pub fn prune_indirect(core: &Core, st: &mut InodeState) -> FsResult<()> {
             .collect();
         for (index, da) in empty {
             st.indirect.lock().remove(&(level, index));
-            core.alloc.free(da, core.geo.indirect_subblocks())?;
+            core.alloc.free(da, core.geo.indirect_subblocks(), ino)?;
             st.inode.subblocks = st
                 .inode
                 .subblocks

@@ -36,6 +36,12 @@ pub struct Missing {
     /// Ask for this stronger mode if nobody is in the way (a node working alone then
     /// holds everything after its first acquire).
     pub upgrade_to: Option<TokenMode>,
+    /// Settle for this mode rather than revoke anyone (a reader of an inode others
+    /// write shares their `rw`).
+    pub alt_mode: Option<TokenMode>,
+    /// Grant only while the structure is the one the operation saw (else the
+    /// condition's fallback): see `mako_token::AcquireRequest::condition`.
+    pub condition: Option<mako_token::Condition>,
 }
 
 impl std::fmt::Display for Missing {
@@ -101,6 +107,9 @@ impl Tokens {
             desired: ByteRange::WHOLE,
             replace,
             upgrade_to: Some(TokenMode::Xw),
+            // Caching an inode others write: share their rw, ask the metanode.
+            alt_mode: (need == Need::Cache).then_some(TokenMode::Rw),
+            condition: None,
         }
     }
 
@@ -135,6 +144,8 @@ impl Tokens {
             desired,
             replace: false,
             upgrade_to: Some(TokenMode::Xw),
+            alt_mode: None,
+            condition: None,
         })
     }
 
@@ -142,13 +153,17 @@ impl Tokens {
     /// and no hold open (docs/coherence.md R1).
     pub fn acquire(&self, missing: Missing) -> FsResult<()> {
         self.client
-            .acquire_upgrading(
+            .acquire_with_options(
                 missing.resource,
                 missing.mode,
                 missing.required,
                 missing.desired,
-                missing.upgrade_to,
-                missing.replace,
+                mako_token::AcquireOptions {
+                    condition: missing.condition,
+                    replace: missing.replace,
+                    upgrade_to: missing.upgrade_to,
+                    alt_mode: missing.alt_mode,
+                },
             )
             .map_err(token_error)
     }

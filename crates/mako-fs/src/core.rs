@@ -4,7 +4,7 @@
 use crate::alloc_map::AllocMap;
 use crate::coherence::{Need, Tokens};
 use crate::env::NodeEnv;
-use crate::error::{FsError, FsResult};
+use crate::error::{DamageSink, FsError, FsResult, IntegrityError};
 use crate::inode_map::InodeMap;
 use crate::journal::{Inbox, Journal, LogStart};
 use crate::pagepool::PagePool;
@@ -249,6 +249,22 @@ pub struct InodeState {
 }
 
 impl InodeState {
+    /// Change the link count by `delta` (a shared writer's change goes to the metanode).
+    pub fn add_nlink(&mut self, delta: i64) {
+        self.inode.nlink = (self.inode.nlink as i64 + delta).max(0) as u32;
+        if let Some(s) = self.shared.as_mut() {
+            s.nlink_delta += delta;
+        }
+    }
+
+    /// Change the directory's entry count by `delta` (as `add_nlink`).
+    pub fn add_entries(&mut self, delta: i64) {
+        self.inode.entries = (self.inode.entries as i64 + delta).max(0) as u64;
+        if let Some(s) = self.shared.as_mut() {
+            s.entries_delta += delta;
+        }
+    }
+
     /// Record that the inode (or one of its indirect or directory blocks) changed: the
     /// next log commit writes it. Call with a transaction handle open.
     pub fn mark_dirty(&mut self) {
@@ -263,9 +279,17 @@ impl InodeState {
         }
     }
     /// Account images of `bytes` (an indirect or directory block that just turned
-    /// dirty) to the running transaction, and mark the inode dirty.
+    /// dirty) to the running transaction, and mark the inode dirty. A shared writer of
+    /// a directory logs the directory pages it changed under its name tokens (its own
+    /// work), never the inode (the metanode's).
     pub fn mark_unit_dirty(&mut self, bytes: u64) {
         if self.shared.is_some() {
+            crate::journal::note_change();
+            self.inbox.note(bytes);
+            if !self.dirty {
+                self.dirty = true;
+                self.inbox.file_inode(self.inode.ino);
+            }
             return;
         }
         self.inbox.note(bytes);
@@ -369,6 +393,8 @@ pub struct Core {
     /// Shared with the journal, which turns the mount read-only itself when an
     /// operation fails on damage after it changed something (see `journal`).
     pub read_only: Arc<ReadOnly>,
+    /// Where integrity failures are reported (`Core::integrity`).
+    pub damage: DamageSink,
     pub shutting_down: AtomicBool,
     pub use_tick: AtomicU64,
     pub generation: AtomicU32,
@@ -441,7 +467,15 @@ impl Core {
         let max_stat_cache = cfg.max_stat_cache;
         let geo = desc.geometry;
         let log_ino = desc.metadata_inodes.log_first + node as u64;
-        let read_only = Arc::new(ReadOnly::default());
+        // Integrity failures found by the maps and the token seam are reported here.
+        let damage = DamageSink::default();
+        alloc.attach_damage(damage.clone());
+        imap.attach_damage(damage.clone());
+        let read_only = damage.read_only.clone();
+        let stats = FsStats {
+            corruptions: damage.corruptions.clone(),
+            ..FsStats::default()
+        };
         let journal = Journal::new(
             node,
             desc.fs_uuid,
@@ -470,8 +504,9 @@ impl Core {
             tokens,
             env,
             invalidator: RwLock::new(None),
-            stats: FsStats::default(),
+            stats,
             read_only,
+            damage,
             shutting_down: AtomicBool::new(false),
             use_tick: AtomicU64::new(0),
             generation: AtomicU32::new(seed),
@@ -493,6 +528,12 @@ impl Core {
     /// The time for timestamps, from this node's clock.
     pub fn now(&self) -> Timestamp {
         timestamp(self.env.clock.wall())
+    }
+
+    /// Report an integrity failure (logged, counted, the mount turned read-only) and
+    /// return its error (see `error::DamageSink`).
+    pub fn integrity(&self, e: IntegrityError) -> FsError {
+        self.damage.integrity(e)
     }
 
     /// Open a log transaction handle (see `journal`): before any inode lock.
@@ -562,9 +603,12 @@ impl Core {
             return Ok(());
         }
         let _g = self.inode_file_grow.lock();
-        let h = self
-            .cached_handle(inode_file)
-            .ok_or_else(|| FsError::Invalid("inode file not loaded".into()))?;
+        let h = self.cached_handle(inode_file).ok_or_else(|| {
+            self.integrity(IntegrityError::new(
+                "inode file",
+                "its inode is not in the cache (a Mako bug)",
+            ))
+        })?;
         while have(self) <= block {
             let b = have(self);
             let spb = self.geo.subblocks_per_block;
@@ -632,7 +676,15 @@ impl Core {
             .and_then(|v| v.get(b as usize))
             .copied()
             .filter(|d| !d.is_null())
-            .ok_or_else(|| FsError::Invalid(format!("metadata file {ino} has no block {b}")))?;
+            .ok_or_else(|| {
+                self.integrity(
+                    IntegrityError::new(
+                        "metadata file",
+                        format!("has no block {b} (byte {offset}): the offset lies past its end"),
+                    )
+                    .ino(ino),
+                )
+            })?;
         Ok(da.offset_by(within))
     }
 
@@ -732,6 +784,58 @@ impl Core {
         INODE_CHUNK_BYTES.min(self.block_bytes())
     }
 
+    /// Check a block pointer read from disk (`found_in`, of inode `ino`) before it is
+    /// followed: null (a hole), or a subblock of some disk's allocatable area. Only
+    /// such an address can be read, freed or offset without leaving the disk.
+    pub fn check_pointer(
+        &self,
+        ptr: DiskAddress,
+        structure: &'static str,
+        ino: u64,
+        found_in: DiskAddress,
+    ) -> FsResult<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        self.alloc.check_extent(ptr, 1).map_err(|why| {
+            self.integrity(
+                IntegrityError::new(structure, format!("a block pointer is impossible: {why}"))
+                    .ino(ino)
+                    .at(found_in),
+            )
+        })
+    }
+
+    /// Check what an inode read from disk says before anything uses it as an index:
+    /// a tree depth the block map builds, a last fragment no larger than a unit, and
+    /// block pointers inside the disks. (Its checksum only says the bytes are as
+    /// written; these say they are possible.)
+    pub fn check_inode(&self, inode: &Inode, da: DiskAddress) -> FsResult<()> {
+        let bad = |what: String| {
+            Err(self.integrity(IntegrityError::new("inode", what).ino(inode.ino).at(da)))
+        };
+        if inode.depth > crate::block_map::DEPTH_MAX {
+            return bad(format!(
+                "indirect tree depth {} (at most {})",
+                inode.depth,
+                crate::block_map::DEPTH_MAX
+            ));
+        }
+        let unit = crate::block_map::unit_subblocks(self, inode);
+        if inode.last_block_subblocks as u32 > unit {
+            return bad(format!(
+                "last block of {} subblocks (a block has {unit})",
+                inode.last_block_subblocks
+            ));
+        }
+        if let mako_format::inode::InodeContent::Pointers(p) = &inode.content {
+            for ptr in p {
+                self.check_pointer(*ptr, "inode", inode.ino, da)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Read inode `ino` from the inode file, through the pagepool.
     pub fn read_inode(&self, ino: u64) -> FsResult<Inode> {
         let isz = self.inode_bytes() as u64;
@@ -741,11 +845,14 @@ impl Core {
         let inode_file = self.metadata_inodes().inode_file;
         let decode = |bytes: &[u8]| -> FsResult<Inode> {
             let da = self.metafile_da(inode_file, off)?;
-            Inode::decode(bytes, self.inode_bytes(), ino, Location::Disk(da)).map_err(|e| {
-                self.stats.corruptions.fetch_add(1, Ordering::Relaxed);
-                tracing::error!("{e} (inode {ino})");
-                FsError::from(e)
-            })
+            let inode =
+                Inode::decode(bytes, self.inode_bytes(), ino, Location::Disk(da)).map_err(|e| {
+                    self.stats.corruptions.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!("{e} (inode {ino})");
+                    FsError::from(e)
+                })?;
+            self.check_inode(&inode, da)?;
+            Ok(inode)
         };
         if self.pool.get((INODE_CACHE_KEY, index)).is_none() && !self.chunk_missed_recently(index) {
             // The first miss in a chunk reads just the inode: a random lookup costs one

@@ -75,6 +75,20 @@ fn load_block(core: &Core, st: &InodeState, idx: u64) -> FsResult<bool> {
         tracing::error!("{e} (directory inode {})", st.inode.ino);
         FsError::from(e)
     })?;
+    // Its capacity decides its pages and how it grows: it must be its allocation.
+    if block.capacity_bytes as usize != bytes {
+        return Err(core.integrity(
+            crate::error::IntegrityError::new(
+                "directory block",
+                format!(
+                    "block {idx} says it holds {} bytes, {bytes} are allocated to it",
+                    block.capacity_bytes
+                ),
+            )
+            .ino(st.inode.ino)
+            .at(da),
+        ));
+    }
     st.dir_blocks
         .lock()
         .insert(idx, DirNode::from_block(block, da, false));
@@ -221,7 +235,7 @@ fn place(core: &Core, st: &mut InodeState, entry: DirEntry) -> FsResult<()> {
                 let pos = e.partition_point(|x| x.cookie < cookie);
                 e.insert(pos, entry);
             }
-            st.inode.entries += 1;
+            st.add_entries(1);
             st.mark_dirty();
             return Ok(());
         }
@@ -232,7 +246,7 @@ fn place(core: &Core, st: &mut InodeState, entry: DirEntry) -> FsResult<()> {
         let room = st.dir_blocks.lock()[&idx].has_room(cookie, len);
         if room {
             modify_block(st, idx, |node| node.insert(entry));
-            st.inode.entries += 1;
+            st.add_entries(1);
             return Ok(());
         }
         split_or_grow(core, st, idx)?;
@@ -247,7 +261,7 @@ fn take(core: &Core, st: &mut InodeState, cookie: u64) -> FsResult<()> {
         let idx = locate(core, st, cookie)?;
         modify_block(st, idx, |node| node.remove(cookie));
     }
-    st.inode.entries = st.inode.entries.saturating_sub(1);
+    st.add_entries(-1);
     st.mark_dirty();
     Ok(())
 }
@@ -370,7 +384,7 @@ fn split_or_grow_once(core: &Core, st: &mut InodeState, idx: u64) -> FsResult<()
         // A fragment directory grows (doubling) until it is a full directory block.
         let new_sb = (cap_sb * 2).min(full_sb);
         let da = core.alloc.allocate(AllocKind::Metadata, new_sb, ino, 0)?;
-        core.alloc.free(old_da, cap_sb)?;
+        core.alloc.free(old_da, cap_sb, ino)?;
         st.inode.subblocks = st.inode.subblocks + new_sb as u64 - cap_sb as u64;
         block_map::set(core, st, 0, da)?;
         // At its new address and size every page of the block is new.

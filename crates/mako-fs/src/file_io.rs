@@ -50,8 +50,7 @@ fn read_disk_block(core: &Core, st: &InodeState, b: u64, valid: usize) -> FsResu
         block_map::allocated_subblocks(core, st, b) as usize * core.geo.subblock_bytes() as usize;
     let len = valid.next_multiple_of(512).min(alloc);
     // The read overwrites all of it; zeroing first would only cost page faults.
-    out.resize_for_overwrite(len);
-    core.nsd.read(da, &mut out, tag(st.inode.ino))?;
+    core.nsd.read_append(da, &mut out, len, tag(st.inode.ino))?;
     out.resize(valid, 0);
     Ok(out)
 }
@@ -141,7 +140,7 @@ fn make_full_block(core: &Core, st: &mut InodeState, b: u64) -> FsResult<()> {
     core.nsd.write(new, &full, tag(ino))?;
     core.journal.note_ordered_write();
     if !cur.is_null() {
-        core.alloc.free(cur, cur_sb)?;
+        core.alloc.free(cur, cur_sb, ino)?;
         st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64);
     }
     block_map::set(core, st, b, new)?;
@@ -300,23 +299,18 @@ fn write_locked(
                 }
             }
         }
-        if buf.bytes.len() < hi {
-            if buf.bytes.capacity() < hi
-                && hi as u64 <= bb
-                && (lo == 0 || buf.bytes.len() >= lo)
-                && offset / bb != end.saturating_sub(1) / bb
-            {
-                // Streaming into this block: reserve it whole once.
-                let have = buf.bytes.len();
-                buf.bytes.reserve_exact(bb as usize - have);
-            }
-            // Zeros up to `lo`; `lo..hi` is overwritten just below.
-            if buf.bytes.len() < lo {
-                buf.bytes.resize(lo, 0);
-            }
-            buf.bytes.resize_for_overwrite(hi);
+        if buf.bytes.len() < hi
+            && buf.bytes.capacity() < hi
+            && hi as u64 <= bb
+            && (lo == 0 || buf.bytes.len() >= lo)
+            && offset / bb != end.saturating_sub(1) / bb
+        {
+            // Streaming into this block: reserve it whole once.
+            let have = buf.bytes.len();
+            buf.bytes.reserve_exact(bb as usize - have);
         }
-        buf.bytes[lo..hi].copy_from_slice(src);
+        // Zeros up to `lo` if the buffer is shorter; `lo..hi` is copied, not zeroed first.
+        buf.bytes.overwrite_at(lo, src);
         buf.add_dirty(lo as u32, hi as u32);
         let before = buf.written_since_clean;
         buf.written_since_clean += (hi - lo) as u64;
@@ -434,9 +428,12 @@ fn read_uncached(
         let ahi = hi.next_multiple_of(512).min(alloc);
         if ahi > alo && alloc > lo {
             let mut tmp = AlignedBuf::new();
-            tmp.resize_for_overwrite(ahi - alo);
-            core.nsd
-                .read(da.offset_by(alo as u64), &mut tmp, tag(st.inode.ino))?;
+            core.nsd.read_append(
+                da.offset_by(alo as u64),
+                &mut tmp,
+                ahi - alo,
+                tag(st.inode.ino),
+            )?;
             let n = hi.min(ahi) - lo;
             out[start..start + n].copy_from_slice(&tmp[lo - alo..lo - alo + n]);
         }
@@ -675,7 +672,7 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
         // A shared writer's old block is freed by the metanode when it moves the
         // pointer (it owns the block map; see `metanode::apply_update`).
         if !cur.is_null() && !shared {
-            core.alloc.free(cur, cur_sb)?;
+            core.alloc.free(cur, cur_sb, h.ino)?;
             st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64);
         }
         block_map::set(core, &mut st, b, new)?;
@@ -791,7 +788,7 @@ pub fn set_size(core: &Core, st: &mut InodeState, new: u64) -> FsResult<()> {
     core.alloc.unreserve(core.pool.remove_from(ino, first_gone));
     let units = block_map::cut_from(core, st, first_gone)?;
     for (_, da, n) in units {
-        core.alloc.free(da, n)?;
+        core.alloc.free(da, n, ino)?;
         st.inode.subblocks = st.inode.subblocks.saturating_sub(n as u64);
     }
     if !new.is_multiple_of(bb) {
@@ -851,7 +848,7 @@ pub fn punch_hole(core: &Core, st: &mut InodeState, offset: u64, len: u64) -> Fs
             let da = block_map::lookup(core, st, b)?;
             if !da.is_null() {
                 block_map::set(core, st, b, DiskAddress::NULL)?;
-                core.alloc.free(da, n)?;
+                core.alloc.free(da, n, ino)?;
                 st.inode.subblocks = st.inode.subblocks.saturating_sub(n as u64);
                 if block_map::last_unit(core, &st.inode) == Some(b) {
                     st.inode.last_block_subblocks = 0;

@@ -362,7 +362,7 @@ impl FileSystem {
             return Err(e);
         }
         if is_dir_mode(inode.mode) {
-            pst.inode.nlink += 1;
+            pst.add_nlink(1);
         }
         let t = self.core.now();
         pst.inode.mtime = t;
@@ -558,7 +558,7 @@ impl FileSystem {
         let t = self.core.now();
         if is_dir {
             cst.inode.nlink = 0;
-            pst.inode.nlink = pst.inode.nlink.saturating_sub(1);
+            pst.add_nlink(-1);
         } else {
             cst.inode.nlink = cst.inode.nlink.saturating_sub(1);
         }
@@ -604,6 +604,7 @@ impl FileSystem {
     /// The directories from `ino` up to the root, `ino` first. Called under
     /// `rename_lock` and before any inode lock is taken: only renames change parents.
     fn ancestors(&self, mut ino: u64) -> FsResult<Vec<u64>> {
+        let start = ino;
         let mut out = Vec::new();
         for _ in 0..100_000 {
             out.push(ino);
@@ -617,8 +618,13 @@ impl FileSystem {
             }
             ino = next;
         }
-        Err(FsError::Invalid(
-            "directory tree deeper than 100000 levels (loop?)".into(),
+        // Parent pointers that never reach the root: damaged metadata.
+        Err(self.core.integrity(
+            crate::error::IntegrityError::new(
+                "directory tree",
+                "its parent pointers go more than 100000 levels up without reaching the root (a loop)",
+            )
+            .ino(start),
         ))
     }
 
@@ -761,11 +767,11 @@ impl FileSystem {
                     let s2 = s2_opt.as_deref_mut().expect("two parents");
                     if src_is_dir != dst_is_dir {
                         if src_is_dir {
-                            s1.inode.nlink -= 1;
-                            s2.inode.nlink += 1;
+                            s1.add_nlink(-1);
+                            s2.add_nlink(1);
                         } else {
-                            s1.inode.nlink += 1;
-                            s2.inode.nlink -= 1;
+                            s1.add_nlink(1);
+                            s2.add_nlink(-1);
                         }
                     }
                     let (a, b) = if src.ino < d.ino {
@@ -825,7 +831,7 @@ impl FileSystem {
                 if *dst_is_dir {
                     vs.inode.nlink = 0;
                     let s2: &mut InodeState = target_dir!();
-                    s2.inode.nlink = s2.inode.nlink.saturating_sub(1);
+                    s2.add_nlink(-1);
                 } else {
                     vs.inode.nlink = vs.inode.nlink.saturating_sub(1);
                 }
@@ -833,9 +839,9 @@ impl FileSystem {
                 vs.mark_dirty();
             }
             if src_is_dir && p1 != p2 {
-                s1.inode.nlink = s1.inode.nlink.saturating_sub(1);
+                s1.add_nlink(-1);
                 let s2 = s2_opt.as_deref_mut().expect("two parents");
-                s2.inode.nlink += 1;
+                s2.add_nlink(1);
             }
             {
                 let mut ss = src_h.state.write();

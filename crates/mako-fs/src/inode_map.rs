@@ -1,6 +1,6 @@
 //! The inode allocation map: which inode numbers are in use, in segments.
 
-use crate::error::{FsError, FsResult};
+use crate::error::{DamageSink, FsError, FsResult, IntegrityError, SinkSlot};
 use mako_diag::{CountedMutex, LockClass};
 use mako_format::inode_map_segment::InodeMapSegment;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -19,6 +19,8 @@ pub struct InodeMap {
     /// Numbers set aside for operations in flight (`reserve`): free in the map, but not
     /// handed to anyone else until used or given back.
     reserved: CountedMutex<crate::core::FastSet<u64>>,
+    /// Where an inode freed twice or a number past the limit is reported.
+    damage: SinkSlot,
 }
 
 /// Lock class of `mako diag counters`.
@@ -51,7 +53,13 @@ impl InodeMap {
             cursor: AtomicUsize::new(0),
             dirty_segments: AtomicU64::new(0),
             reserved: CountedMutex::new(&INODE_MAP_RESERVED_LOCK, Default::default()),
+            damage: SinkSlot::default(),
         }
+    }
+
+    /// Report integrity failures to the mounted file system's sink.
+    pub fn attach_damage(&self, sink: DamageSink) {
+        self.damage.attach(sink);
     }
 
     /// Set aside a free inode number for an operation that will use it once it holds
@@ -100,12 +108,16 @@ impl InodeMap {
 
     /// Mark a reserved number used (part of the operation's transaction).
     pub fn use_reserved(&self, ino: u64) -> FsResult<()> {
-        let (s, w, b) = self.slot(ino)?;
+        let (s, w, b) = self.slot(ino, "allocate")?;
         let mut g = self.segments[s].lock();
         if g.0.bitmap[w] >> b & 1 == 1 {
-            return Err(FsError::Invalid(format!(
-                "reserved inode {ino} is already in use; run `mako fsck`"
-            )));
+            return Err(self.damage.integrity(
+                IntegrityError::new(
+                    "inode allocation map",
+                    "a reserved inode number is marked in use",
+                )
+                .ino(ino),
+            ));
         }
         g.0.bitmap[w] |= 1 << b;
         crate::journal::note_change();
@@ -169,20 +181,35 @@ impl InodeMap {
         )))
     }
 
-    fn slot(&self, ino: u64) -> FsResult<(usize, usize, u64)> {
+    /// Segment, word and bit of `ino`; `None` past the inode limit (or the segments).
+    fn locate(&self, ino: u64) -> Option<(usize, usize, u64)> {
         if ino >= self.inodes_max {
-            return Err(FsError::Invalid(format!(
-                "inode {ino} beyond the inode limit {}",
-                self.inodes_max
-            )));
+            return None;
         }
         let s = (ino / self.inodes_per_segment as u64) as usize;
         let i = ino % self.inodes_per_segment as u64;
-        Ok((s, (i / 64) as usize, i % 64))
+        (s < self.segments.len()).then_some((s, (i / 64) as usize, i % 64))
+    }
+
+    /// `locate`, or an integrity failure: an inode number to change that lies past
+    /// the limit came from damaged metadata or a bug.
+    fn slot(&self, ino: u64, doing: &str) -> FsResult<(usize, usize, u64)> {
+        self.locate(ino).ok_or_else(|| {
+            self.damage.integrity(
+                IntegrityError::new(
+                    "inode allocation map",
+                    format!(
+                        "{doing}: the number is past the inode limit {}",
+                        self.inodes_max
+                    ),
+                )
+                .ino(ino),
+            )
+        })
     }
 
     pub fn mark_used(&self, ino: u64) -> FsResult<()> {
-        let (s, w, b) = self.slot(ino)?;
+        let (s, w, b) = self.slot(ino, "marking it in use")?;
         let mut g = self.segments[s].lock();
         if g.0.bitmap[w] >> b & 1 == 0 {
             g.0.bitmap[w] |= 1 << b;
@@ -196,19 +223,27 @@ impl InodeMap {
     }
 
     pub fn is_used(&self, ino: u64) -> bool {
-        match self.slot(ino) {
-            Ok((s, w, b)) => self.segments[s].lock().0.bitmap[w] >> b & 1 == 1,
-            Err(_) => false,
+        match self.locate(ino) {
+            Some((s, w, b)) => self.segments[s].lock().0.bitmap[w] >> b & 1 == 1,
+            None => false,
         }
     }
 
+    /// Free `ino`. Freeing a free inode is an integrity failure (the map is damaged
+    /// or Mako has a bug): refused before anything changes, reported, and the mount
+    /// turns read-only.
     pub fn free(&self, ino: u64) -> FsResult<()> {
-        let (s, w, b) = self.slot(ino)?;
+        let (s, w, b) = self.slot(ino, "freeing it")?;
         let mut g = self.segments[s].lock();
         if g.0.bitmap[w] >> b & 1 == 0 {
-            return Err(FsError::Invalid(format!(
-                "inode {ino} freed twice; run `mako fsck`"
-            )));
+            drop(g);
+            return Err(self.damage.integrity(
+                IntegrityError::new(
+                    "inode allocation map",
+                    "freeing it: it is free already (a double free)",
+                )
+                .ino(ino),
+            ));
         }
         g.0.bitmap[w] &= !(1 << b);
         crate::journal::note_change();

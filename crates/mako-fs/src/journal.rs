@@ -506,6 +506,13 @@ impl Journal {
         core.check_writable()?;
         // 1. Close the gate: no operation in flight, so memory is consistent.
         self.close_gate();
+        // An operation that was in flight may have turned the mount read-only as it
+        // ended (damage after a change, an integrity failure): what it left in memory
+        // is half done and must not be snapshotted.
+        if let Err(e) = core.check_writable() {
+            self.open_gate();
+            return Err(e);
+        }
         let snapshot = self.snapshot(core);
         // 2. The running transaction is now the one being committed; new operations
         //    go to the next one as soon as the gate opens.
@@ -547,6 +554,9 @@ impl Journal {
             if st.deleted {
                 continue;
             }
+            // A shared writer logs only the directory pages it changed under its name
+            // tokens; the inode and its block map are the metanode's.
+            let shared = st.shared.is_some();
             // In key order: the same changes always give the same log (reproducible tests).
             let mut ind = st.indirect.lock();
             let mut keys: Vec<(u8, u64)> = ind
@@ -555,6 +565,9 @@ impl Journal {
                 .map(|(k, _)| *k)
                 .collect();
             keys.sort_unstable();
+            if shared {
+                keys.clear();
+            }
             for k in keys {
                 let node = ind.get_mut(&k).expect("dirty indirect block");
                 images.push((
@@ -594,8 +607,10 @@ impl Journal {
                 }
             }
             drop(dirs);
-            let (da, bytes) = core.encode_inode(&st.inode)?;
-            images.push((BufferType::Inode, ino, LogImage::from_vec(da, bytes)));
+            if !shared {
+                let (da, bytes) = core.encode_inode(&st.inode)?;
+                images.push((BufferType::Inode, ino, LogImage::from_vec(da, bytes)));
+            }
             st.dirty = false;
         }
         let m = core.metadata_inodes();
@@ -690,9 +705,13 @@ impl Journal {
             // The log is full: write committed images in place to make room.
             self.checkpoint(core)?;
             if self.capacity - self.used_bytes() < len {
-                return Err(FsError::Invalid(format!(
-                    "recovery log has {} bytes free after a checkpoint, the transaction needs {len}",
-                    self.capacity - self.used_bytes()
+                // `hard_limit` keeps every transaction within half the log.
+                return Err(core.integrity(crate::error::IntegrityError::new(
+                    "recovery log",
+                    format!(
+                        "{} bytes free after a checkpoint, the transaction needs {len} (a Mako bug)",
+                        self.capacity - self.used_bytes()
+                    ),
                 )));
             }
         }

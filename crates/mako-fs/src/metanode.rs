@@ -45,6 +45,10 @@ pub struct Update {
     pub mtime: (i64, u32),
     pub ctime: (i64, u32),
     pub sets: Vec<SetBlock>,
+    /// A directory's entry count and link count change by these (not idempotent:
+    /// each update is applied once; the transport delivers each request once).
+    pub entries_delta: i64,
+    pub nlink_delta: i64,
 }
 
 /// Requests of the `FileSystem` service.
@@ -87,6 +91,9 @@ pub struct Shared {
     pub blocks: BTreeMap<u64, (DiskAddress, u32)>,
     /// Pointers this node changed and has not reported yet.
     pub pending: Vec<SetBlock>,
+    /// Directory entries and links this node added (or removed) and has not reported.
+    pub entries_delta: i64,
+    pub nlink_delta: i64,
 }
 
 /// Units fetched per `GetBlocks` beyond what an operation needs (read-ahead of the
@@ -218,7 +225,7 @@ pub fn apply_update(core: &Core, st: &mut InodeState, u: &Update) -> FsResult<()
         }
         if !cur.is_null() {
             let old_sb = crate::block_map::allocated_subblocks(core, st, s.unit);
-            core.alloc.free(cur, old_sb)?;
+            core.alloc.free(cur, old_sb, u.ino)?;
             st.inode.subblocks = st.inode.subblocks.saturating_sub(old_sb as u64);
         }
         crate::block_map::set(core, st, s.unit, new)?;
@@ -242,6 +249,11 @@ pub fn apply_update(core: &Core, st: &mut InodeState, u: &Update) -> FsResult<()
         if before != crate::block_map::last_unit(core, &st.inode) {
             st.inode.last_block_subblocks = 0;
         }
+        changed = true;
+    }
+    if u.entries_delta != 0 || u.nlink_delta != 0 {
+        st.inode.entries = (st.inode.entries as i64 + u.entries_delta).max(0) as u64;
+        st.inode.nlink = (st.inode.nlink as i64 + u.nlink_delta).max(0) as u32;
         changed = true;
     }
     let m = later(st.inode.mtime, from_ts(u.mtime));
@@ -345,10 +357,16 @@ fn locate(core: &Core, h: &InodeHandle) -> FsResult<()> {
                 // apply what this node changed while it was a shared writer.
                 let pending = st.shared.take();
                 let (size, mtime, ctime) = (st.inode.size, st.inode.mtime, st.inode.ctime);
+                // Directory pages this node logged as a shared writer stay in its log;
+                // the inode the last metanode wrote is the base.
                 reload(core, &mut st)?;
                 st.metanode = true;
                 if let Some(p) = pending {
-                    if !p.pending.is_empty() || size > st.inode.size {
+                    if !p.pending.is_empty()
+                        || size > st.inode.size
+                        || p.entries_delta != 0
+                        || p.nlink_delta != 0
+                    {
                         drop(st);
                         let _tx = core.begin();
                         let mut st = h.state.write();
@@ -361,6 +379,8 @@ fn locate(core: &Core, h: &InodeHandle) -> FsResult<()> {
                                 mtime: ts(mtime),
                                 ctime: ts(ctime),
                                 sets: p.pending,
+                                entries_delta: p.entries_delta,
+                                nlink_delta: p.nlink_delta,
                             },
                         )?;
                     }
@@ -504,6 +524,8 @@ pub fn report(core: &Core, h: &InodeHandle) -> FsResult<()> {
             mtime: ts(st.inode.mtime),
             ctime: ts(st.inode.ctime),
             sets: s.pending.clone(),
+            entries_delta: s.entries_delta,
+            nlink_delta: s.nlink_delta,
         }
     };
     if !update.sets.is_empty() {
@@ -525,6 +547,8 @@ pub fn report(core: &Core, h: &InodeHandle) -> FsResult<()> {
     let mut st = h.state.write();
     if let Some(s) = st.shared.as_mut() {
         s.pending.retain(|p| !update.sets.contains(p));
+        s.entries_delta -= update.entries_delta;
+        s.nlink_delta -= update.nlink_delta;
     }
     Ok(())
 }

@@ -149,8 +149,8 @@ pub fn validate(params: &MkfsParams) -> FsResult<Geometry> {
         )));
     }
     // One transaction must always fit the log: at least 16 directory blocks.
-    let log_min = (16 * geo.dir_block_bytes() as u64).max(1 << 20);
-    if params.log_bytes < log_min || params.log_bytes > (1 << 30) {
+    let log_min = (16 * geo.dir_block_bytes() as u64).max(mako_format::descriptor::LOG_BYTES_MIN);
+    if params.log_bytes < log_min || params.log_bytes > mako_format::descriptor::LOG_BYTES_MAX {
         return Err(range_err(
             "log size (-L)",
             params.log_bytes,

@@ -6,7 +6,7 @@ use crate::alloc_map::AllocMap;
 use crate::coherence::Tokens;
 use crate::core::{Core, FsConfig};
 use crate::env::NodeEnv;
-use crate::error::{FsError, FsResult};
+use crate::error::{FsError, FsResult, IntegrityError};
 use crate::fs::FileSystem;
 use crate::inode_map::InodeMap;
 use crate::mkfs::DiskSpec;
@@ -160,17 +160,35 @@ pub fn read_descriptor(specs: &[DiskSpec]) -> FsResult<Descriptor> {
 /// Every block address of a metadata file, by walking its inode's block map directly.
 pub fn collect_blocks(nsd: &dyn Nsd, geo: &Geometry, inode: &Inode) -> FsResult<Vec<DiskAddress>> {
     let nblocks = inode.size.div_ceil(geo.block_bytes as u64) as usize;
+    let bad = |what: String| {
+        FsError::integrity(
+            IntegrityError::new("metadata file", format!("{what}; run `mako fsck`")).ino(inode.ino),
+        )
+    };
     let ptrs = match &inode.content {
         InodeContent::Pointers(p) => p.clone(),
-        _ => {
-            return Err(FsError::Invalid(format!(
-                "metadata file {} has no block pointers",
-                inode.ino
+        _ => return Err(bad("it has no block pointers".into())),
+    };
+    // Its blocks are read, and offsets within them computed, before any allocation map
+    // exists to check them against: each must lie whole on a disk the NSD has.
+    let check = |ptr: DiskAddress, bytes: u64| -> FsResult<()> {
+        let fits = (ptr.disk() as usize) < nsd.disk_count()
+            && nsd.disk_size(ptr.disk()).is_ok_and(|size| {
+                ptr.byte_offset()
+                    .checked_add(bytes)
+                    .is_some_and(|end| end <= size)
+            });
+        if fits || ptr.is_null() {
+            Ok(())
+        } else {
+            Err(bad(format!(
+                "a block pointer to {ptr} ({bytes} bytes) lies outside every disk"
             )))
         }
     };
     let ppi = geo.pointers_per_indirect();
     let mut out = Vec::new();
+    #[allow(clippy::too_many_arguments)]
     fn walk(
         nsd: &dyn Nsd,
         geo: &Geometry,
@@ -181,14 +199,17 @@ pub fn collect_blocks(nsd: &dyn Nsd, geo: &Geometry, inode: &Inode) -> FsResult<
         ppi: u64,
         out: &mut Vec<DiskAddress>,
         want: usize,
+        check: &dyn Fn(DiskAddress, u64) -> FsResult<()>,
     ) -> FsResult<()> {
         if out.len() >= want {
             return Ok(());
         }
         if level == 0 {
+            check(ptr, geo.block_bytes as u64)?;
             out.push(ptr);
             return Ok(());
         }
+        check(ptr, geo.indirect_bytes as u64)?;
         let mut buf = vec![0u8; geo.indirect_bytes as usize];
         nsd.read(
             ptr,
@@ -211,6 +232,7 @@ pub fn collect_blocks(nsd: &dyn Nsd, geo: &Geometry, inode: &Inode) -> FsResult<
                 ppi,
                 out,
                 want,
+                check,
             )?;
         }
         Ok(())
@@ -233,14 +255,12 @@ pub fn collect_blocks(nsd: &dyn Nsd, geo: &Geometry, inode: &Inode) -> FsResult<
             ppi,
             &mut out,
             nblocks,
+            &check,
         )?;
     }
     out.truncate(nblocks);
     if out.len() < nblocks || out.iter().any(|d| d.is_null()) {
-        return Err(FsError::Invalid(format!(
-            "metadata file {} has holes in its block map; run `mako fsck`",
-            inode.ino
-        )));
+        return Err(bad("it has holes in its block map".into()));
     }
     Ok(out)
 }
@@ -383,7 +403,11 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
         let off = ino * geo.inode_bytes as u64;
         let da = inode_file_blocks
             .get((off / geo.block_bytes as u64) as usize)
-            .ok_or_else(|| FsError::Invalid(format!("inode {ino} lies past the inode file")))?
+            .ok_or_else(|| {
+                FsError::integrity(
+                    IntegrityError::new("inode file", "the inode lies past its end").ino(ino),
+                )
+            })?
             .offset_by(off % geo.block_bytes as u64);
         let mut b = vec![0u8; geo.inode_bytes as usize];
         nsd.read(da, &mut b, tag(BufferType::Inode, ino))?;
@@ -417,7 +441,13 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
             let da = blocks
                 .get((pos / bb) as usize)
                 .ok_or_else(|| {
-                    FsError::Invalid(format!("metadata file {ino} too short for offset {pos}"))
+                    FsError::integrity(
+                        IntegrityError::new(
+                            "metadata file",
+                            format!("too short for offset {pos}; run `mako fsck`"),
+                        )
+                        .ino(ino),
+                    )
                 })?
                 .offset_by(pos % bb);
             let n = ((bb - pos % bb) as usize).min(len - done);
@@ -450,7 +480,23 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
             islot,
             BufferType::InodeMap,
         )?;
-        isegs.push(InodeMapSegment::decode(&b, s, per, Location::Disk(da))?);
+        let seg = InodeMapSegment::decode(&b, s, per, Location::Disk(da))?;
+        // Allocation numbers inodes from `first_ino`: a wrong one would hand out
+        // numbers of another segment, in use.
+        if seg.first_ino != s as u64 * per as u64 {
+            return Err(FsError::integrity(
+                IntegrityError::new(
+                    "inode allocation map",
+                    format!(
+                        "segment {s} says it starts at inode {}, not {}; run `mako fsck`",
+                        seg.first_ino,
+                        s as u64 * per as u64
+                    ),
+                )
+                .at(da),
+            ));
+        }
+        isegs.push(seg);
     }
     let imap = InodeMap::new(isegs, desc.inodes_max, per);
     desc.mounted = true;

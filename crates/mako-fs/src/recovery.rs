@@ -8,14 +8,30 @@
 //!    oldest transaction still needed starts.
 //! 3. From the tail, read transaction after transaction; each must have a valid header
 //!    of this node and file system at exactly the expected LSN and a valid payload
-//!    checksum. The first that does not ends the log: it was never completed (a torn
-//!    commit is never acknowledged), or it is a leftover of an earlier lap.
-//! 4. Write the last image of every address in place (in address order) and sync.
+//!    checksum. The first that does not ends the chain.
+//! 4. Is that the end of the log, or damage? Each commit is synced before the next one
+//!    is written, so only the last transaction can be torn: a transaction header of
+//!    this node and file system further on, at the LSN its position has in this lap
+//!    (`find_successor`), proves that the bad one was complete and durable once — media
+//!    damage, not a torn commit. The next transaction starts where the bad one's header
+//!    says it ends; when that header is itself unusable, the rest of the window is
+//!    searched sector by sector. Transactions of earlier laps lie there too, but with
+//!    LOWER LSNs than their position has now, so they never match. A mount refuses
+//!    damage (dropping the committed transactions after it would be silent loss);
+//!    `mako fsck -y` replays every valid transaction on both sides
+//!    (`replay_around_damage`) and reports the lost range.
+//! 5. Write the last image of every address in place (in address order) and sync.
 //!    Images are physical, so a crash during replay is recovered by replaying again:
 //!    nothing has changed on disk that the log cannot rewrite.
-//! 5. Only then record the empty log (tail = head) in the header, and sync.
+//! 6. Only then record the empty log (tail = head) in the header, and sync.
+//!
+//! Fault model of the log: a torn or lost write of the last transaction (never
+//! acknowledged: discarded); a damaged header copy (the other is used); a damaged
+//! transaction before the last (media damage: refused at mount, reported and replayed
+//! around by fsck). The search costs one read of the rest of the log after an unclean
+//! stop; a log marked clean holds nothing to replay and is not searched.
 
-use crate::error::{FsError, FsResult};
+use crate::error::{FsError, FsResult, IntegrityError};
 use crate::journal::{log_capacity, LogStart};
 use mako_disk::nsd::IoTag;
 use mako_disk::{BufferType, Nsd};
@@ -45,10 +61,43 @@ pub struct ReplayReport {
     pub next_seq: u64,
     /// Why the scan stopped if not at a clean end (a torn last commit after a crash).
     pub torn_tail: Option<String>,
+    /// Damaged committed transactions with valid ones after them (media damage).
+    pub lost: Vec<LostRange>,
     /// Which header copy was used, and what was wrong with the other one, if anything.
     pub header_copy: usize,
     pub header_problem: Option<String>,
     pub duration: Duration,
+}
+
+/// Committed transactions that are damaged, with a valid transaction after them: what
+/// a torn last commit can never leave (each commit is synced before the next starts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LostRange {
+    /// LSN where the damage starts (the first bad transaction).
+    pub from_lsn: u64,
+    /// LSN of the next valid transaction.
+    pub to_lsn: u64,
+    /// Where `from_lsn` lies (`disk:sector`).
+    pub da: DiskAddress,
+    /// What is wrong with the transaction at `from_lsn`.
+    pub why: String,
+    /// Sequence number of the next valid transaction.
+    pub next_seq: u64,
+}
+
+impl LostRange {
+    /// One sentence: where, how much, why.
+    pub fn describe(&self, node: u32) -> String {
+        format!(
+            "the committed transaction at LSN {} of node {node}'s log is damaged ({}), \
+             yet a valid transaction follows at LSN {} (number {}): {} bytes of log lost to media damage, not a torn last commit",
+            self.from_lsn,
+            self.why,
+            self.to_lsn,
+            self.next_seq,
+            self.to_lsn - self.from_lsn
+        )
+    }
 }
 
 impl ReplayReport {
@@ -85,6 +134,9 @@ impl ReplayReport {
                 "; header copy {} unusable: {h}",
                 1 - self.header_copy
             ));
+        }
+        for l in &self.lost {
+            s.push_str(&format!("; LOST: {}", l.describe(self.node)));
         }
         s
     }
@@ -124,11 +176,17 @@ pub fn log_blocks(
     let inode = Inode::decode(&buf, geo.inode_bytes, log_ino, Location::Disk(da))?;
     let blocks = crate::mount::collect_blocks(nsd, &geo, &inode)?;
     if (blocks.len() as u64) * (geo.block_bytes as u64) < desc.log_bytes {
-        return Err(FsError::Invalid(format!(
-            "recovery log {log_ino} has {} blocks, too few for {} bytes",
-            blocks.len(),
-            desc.log_bytes
-        )));
+        return Err(FsError::integrity(
+            IntegrityError::new(
+                "recovery log",
+                format!(
+                    "{} blocks, too few for {} bytes; run `mako fsck`",
+                    blocks.len(),
+                    desc.log_bytes
+                ),
+            )
+            .ino(log_ino),
+        ));
     }
     Ok((log_ino, blocks))
 }
@@ -228,16 +286,65 @@ fn read_header_with(r: &LogReader<'_>, node: u32) -> FsResult<(LogHeader, usize,
         [copies.remove(0), copies.remove(0)];
     match best_copy(copies) {
         Ok((h, i)) => Ok((h, i, problems[1 - i].clone())),
-        Err(both) => Err(FsError::Invalid(format!(
-            "both recovery log header copies of node {node} are unreadable ({}; {}); run `mako fsck` to rebuild the log",
-            both[0], both[1]
-        ))),
+        Err(both) => Err(FsError::integrity(
+            IntegrityError::new(
+                "recovery log header",
+                format!(
+                    "both copies of node {node} are unreadable ({}; {}); run `mako fsck -y` to rebuild the log",
+                    both[0], both[1]
+                ),
+            )
+            .ino(r.log_ino),
+        )),
     }
 }
 
-/// Replay the log of `node` onto the disks behind `nsd`. Safe to run on a cleanly
-/// stopped file system (it finds nothing) and to run again after a crash during replay.
+/// Replay the log of `node` onto the disks behind `nsd` (the mount). Safe to run on a
+/// cleanly stopped file system (it finds nothing) and to run again after a crash
+/// during replay. Damage in the middle of the log is refused before anything is
+/// written: the error names the LSN, `disk:sector` and `mako fsck -y`.
 pub fn replay(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayReport> {
+    replay_with(nsd, desc, node, false)
+}
+
+/// Replay every valid transaction of `node`'s log, on both sides of damaged ones
+/// (`mako fsck -y`): what the lost transactions changed is gone, and the caller
+/// repairs what they left inconsistent. The lost ranges are in the report.
+pub fn replay_around_damage(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayReport> {
+    replay_with(nsd, desc, node, true)
+}
+
+/// The error a mount gives for damage in the middle of the log.
+fn damage_error(report: &ReplayReport, log_ino: u64) -> FsError {
+    let first = &report.lost[0];
+    let after: u64 = report.head_lsn - first.to_lsn;
+    FsError::integrity(
+        IntegrityError::new(
+            "recovery log",
+            format!(
+                "{}. Mounting would drop the {after} bytes of committed transactions after it \
+                 (LSN {}..{}), so the file system is not mounted and the log is left as it is{}",
+                first.describe(report.node),
+                first.to_lsn,
+                report.head_lsn,
+                if report.lost.len() > 1 {
+                    format!(" ({} damaged ranges in all)", report.lost.len())
+                } else {
+                    String::new()
+                }
+            ),
+        )
+        .ino(log_ino)
+        .at(first.da),
+    )
+}
+
+fn replay_with(
+    nsd: &dyn Nsd,
+    desc: &Descriptor,
+    node: u32,
+    around_damage: bool,
+) -> FsResult<ReplayReport> {
     let started = Instant::now();
     let (log_ino, blocks) = log_blocks(nsd, desc, node)?;
     let capacity = log_capacity(desc.log_bytes);
@@ -249,8 +356,11 @@ pub fn replay(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayRep
         log_ino,
     };
     let (mut report, header, latest) = scan_with(&r, desc, node)?;
+    if !report.lost.is_empty() && !around_damage {
+        return Err(damage_error(&report, log_ino));
+    }
     let lsn = report.head_lsn;
-    // 4. In place: the last image of each address, in address order.
+    // 5. In place: the last image of each address, in address order.
     // Adjacent images (neighbouring inodes, pages of one block) go out as one write.
     let mut run: Option<(DiskAddress, Vec<u8>)> = None;
     let flush = |run: &mut Option<(DiskAddress, Vec<u8>)>| -> FsResult<()> {
@@ -292,11 +402,12 @@ pub fn replay(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayRep
         let n = (r.capacity - pos).min(TXN_HEADER_BYTES.next_multiple_of(512) as u64) as usize;
         r.write_file(LOG_RECORDS_OFFSET + pos, &vec![0u8; n])?;
     }
-    // 5. The log is empty now: say so before anything writes to it.
+    // 6. The log is empty now: say so before anything writes to it.
     if report.transactions > 0
         || header.tail_lsn != header.head_lsn
         || report.header_problem.is_some()
         || report.torn_tail.is_some()
+        || !report.lost.is_empty()
     {
         let h = LogHeader {
             node,
@@ -342,6 +453,157 @@ pub fn pending(
 
 type Latest = std::collections::BTreeMap<DiskAddress, mako_format::log_record::LogImage>;
 
+/// Where and why a chain of transactions stopped.
+struct ChainStop {
+    /// The decoder's whole message (for a torn tail), and a short one for a lost range
+    /// (whose location and advice are said once by the caller).
+    why: String,
+    short: String,
+    /// Nothing that looks like a transaction (zeros, no magic, an earlier lap): the
+    /// normal end of a log, unless something valid follows.
+    normal: bool,
+    /// Where a later transaction may start: the end the bad one's header gives, or
+    /// the next sector when that header is unusable.
+    search_from: u64,
+}
+
+/// What is wrong with a transaction, without where (said by the caller) or advice.
+fn short_reason(e: &mako_format::FormatError) -> String {
+    use mako_format::FormatErrorKind as K;
+    let what = match &e.kind {
+        K::BadMagic { found: 0 } => "is blank (zeros)".to_string(),
+        K::BadMagic { found } => format!("has a wrong magic number ({found:#x})"),
+        K::UnsupportedVersion { found, .. } => format!("has format version {found}"),
+        K::BadChecksum { .. } => "fails its checksum".to_string(),
+        K::WrongIdentity { expected, found } => {
+            format!("holds {found} where {expected} was expected")
+        }
+        K::Truncated { needed, available } => {
+            format!("is truncated ({available} of {needed} bytes)")
+        }
+        K::Invalid(w) => format!("is invalid: {w}"),
+    };
+    format!(
+        "its {} {what}",
+        e.structure.trim_start_matches("log transaction ")
+    )
+}
+
+/// Step 3: follow the chain of valid transactions from `*lsn`, each where the one
+/// before ends, recording their images. Returns why it stopped (`None`: the window is
+/// full), with `*lsn` at the transaction that stopped it.
+fn scan_chain(
+    r: &LogReader<'_>,
+    desc: &Descriptor,
+    node: u32,
+    lsn: &mut u64,
+    window_end: u64,
+    report: &mut ReplayReport,
+    latest: &mut Latest,
+) -> FsResult<Option<ChainStop>> {
+    let capacity = r.capacity;
+    loop {
+        if *lsn + TXN_HEADER_BYTES as u64 > window_end {
+            return Ok(None);
+        }
+        let at = *lsn;
+        let hbytes = r.read_lsn(at, TXN_HEADER_BYTES)?;
+        let loc = Location::Disk(r.da(LOG_RECORDS_OFFSET + at % capacity));
+        let th = match TxnHeader::decode(&hbytes, node, desc.fs_uuid, at, loc) {
+            Ok(h) => h,
+            Err(e) => {
+                // The normal end: a zeroed area, a transaction of an earlier lap, or the
+                // middle of one (no header magic). A header with the magic that does
+                // not decode is a damaged or torn commit.
+                let normal = hbytes.iter().all(|&b| b == 0)
+                    || matches!(
+                        e.kind,
+                        mako_format::FormatErrorKind::WrongIdentity { .. }
+                            | mako_format::FormatErrorKind::BadMagic { .. }
+                    );
+                return Ok(Some(ChainStop {
+                    why: e.to_string(),
+                    short: short_reason(&e),
+                    normal,
+                    search_from: at + 512,
+                }));
+            }
+        };
+        let total = th.total_bytes();
+        if at + total > window_end {
+            let why =
+                format!("transaction at LSN {at} claims {total} bytes, more than the log holds");
+            return Ok(Some(ChainStop {
+                short: why.clone(),
+                why,
+                normal: false,
+                search_from: at + 512,
+            }));
+        }
+        let all = r.read_lsn(at, total as usize)?;
+        let images = match th.decode_payload(&all[TXN_HEADER_BYTES..], loc) {
+            Ok(i) => i,
+            Err(e) => {
+                return Ok(Some(ChainStop {
+                    why: e.to_string(),
+                    short: short_reason(&e),
+                    normal: false,
+                    search_from: at + total,
+                }))
+            }
+        };
+        if crate::journal::trace_enabled() {
+            eprintln!("replay seq {} at lsn {at}: {} images", th.seq, images.len());
+        }
+        report.images += images.len() as u64;
+        for img in images {
+            latest.insert(img.da, img);
+        }
+        report.transactions += 1;
+        report.log_bytes += total;
+        report.next_seq = th.seq + 1;
+        *lsn = at + total;
+    }
+}
+
+/// Step 4: the first transaction header of this node and file system at or after
+/// `from` whose LSN is the one its position has in this lap (an earlier lap's
+/// transactions there have lower LSNs). Returns its LSN and sequence number. Reads
+/// the rest of the window in 1 MiB pieces, decoding only sectors that start with the
+/// header magic.
+fn find_successor(
+    r: &LogReader<'_>,
+    desc: &Descriptor,
+    node: u32,
+    from: u64,
+    window_end: u64,
+) -> FsResult<Option<(u64, u64)>> {
+    const PIECE_BYTES: u64 = 1 << 20;
+    let magic = mako_format::log_record::TXN_MAGIC.to_le_bytes();
+    let mut p = from;
+    while p + TXN_HEADER_BYTES as u64 <= window_end {
+        // LSNs and the window are whole sectors, so a piece is too.
+        let n = PIECE_BYTES.min(window_end - p);
+        let buf = r.read_lsn(p, n as usize)?;
+        for off in (0..n).step_by(512) {
+            let at = p + off;
+            let h = &buf[off as usize..];
+            if at + TXN_HEADER_BYTES as u64 > window_end
+                || h.len() < TXN_HEADER_BYTES
+                || h[..8] != magic
+            {
+                continue;
+            }
+            let loc = Location::Disk(r.da(LOG_RECORDS_OFFSET + at % r.capacity));
+            if let Ok(th) = TxnHeader::decode(&h[..TXN_HEADER_BYTES], node, desc.fs_uuid, at, loc) {
+                return Ok(Some((at, th.seq)));
+            }
+        }
+        p += n;
+    }
+    Ok(None)
+}
+
 /// Steps 2 and 3: the header and every committed transaction after its tail.
 fn scan_with(
     r: &LogReader<'_>,
@@ -362,61 +624,47 @@ fn scan_with(
     // 3. Scan, transaction by transaction; keep the last image of every address.
     let mut latest: std::collections::BTreeMap<DiskAddress, mako_format::log_record::LogImage> =
         std::collections::BTreeMap::new();
+    // Every transaction of this lap lies in the window of `capacity` bytes from the
+    // tail the header names: the header is written before space is reused.
+    let window_end = header.tail_lsn + capacity;
     let mut lsn = header.tail_lsn;
     loop {
-        if lsn - header.tail_lsn + TXN_HEADER_BYTES as u64 > capacity {
-            break;
-        }
-        let hbytes = r.read_lsn(lsn, TXN_HEADER_BYTES)?;
-        let loc = Location::Disk(r.da(LOG_RECORDS_OFFSET + lsn % capacity));
-        let th = match TxnHeader::decode(&hbytes, node, desc.fs_uuid, lsn, loc) {
-            Ok(h) => h,
-            Err(e) => {
-                // The normal end: a zeroed area, a transaction of an earlier lap, or the
-                // middle of one (no header magic). A header with the magic that does
-                // not decode is a damaged or torn commit, reported.
-                let normal = hbytes.iter().all(|&b| b == 0)
-                    || matches!(
-                        e.kind,
-                        mako_format::FormatErrorKind::WrongIdentity { .. }
-                            | mako_format::FormatErrorKind::BadMagic { .. }
-                    );
-                if !normal {
-                    report.torn_tail = Some(e.to_string());
+        let stop = scan_chain(
+            r,
+            desc,
+            node,
+            &mut lsn,
+            window_end,
+            &mut report,
+            &mut latest,
+        )?;
+        let Some(stop) = stop else { break };
+        // 4. The end of the log, or damage? A log marked clean with nothing in it was
+        //    checkpointed whole at a clean unmount: nothing after its tail is needed.
+        let clean_and_empty = header.clean && report.transactions == 0 && report.lost.is_empty();
+        let next = if clean_and_empty {
+            None
+        } else {
+            find_successor(r, desc, node, stop.search_from, window_end)?
+        };
+        match next {
+            Some((to_lsn, next_seq)) => {
+                report.lost.push(LostRange {
+                    from_lsn: lsn,
+                    to_lsn,
+                    da: r.da(LOG_RECORDS_OFFSET + lsn % capacity),
+                    why: stop.short,
+                    next_seq,
+                });
+                lsn = to_lsn;
+            }
+            None => {
+                if !stop.normal {
+                    report.torn_tail = Some(stop.why);
                 }
                 break;
             }
-        };
-        let total = th.total_bytes();
-        if lsn - header.tail_lsn + total > capacity {
-            report.torn_tail = Some(format!(
-                "transaction at LSN {lsn} claims {total} bytes, more than the log holds"
-            ));
-            break;
         }
-        let all = r.read_lsn(lsn, total as usize)?;
-        let images = match th.decode_payload(&all[TXN_HEADER_BYTES..], loc) {
-            Ok(i) => i,
-            Err(e) => {
-                report.torn_tail = Some(e.to_string());
-                break;
-            }
-        };
-        if crate::journal::trace_enabled() {
-            eprintln!(
-                "replay seq {} at lsn {lsn}: {} images",
-                th.seq,
-                images.len()
-            );
-        }
-        report.images += images.len() as u64;
-        for img in images {
-            latest.insert(img.da, img);
-        }
-        report.transactions += 1;
-        report.log_bytes += total;
-        report.next_seq = th.seq + 1;
-        lsn += total;
     }
     // Images of one log window never overlap at different addresses (freed space is
     // not reused before a checkpoint), which is checked: if they did, order would matter.
@@ -424,9 +672,15 @@ fn scan_with(
     for (da, img) in &latest {
         if let Some((disk, end)) = prev_end {
             if disk == da.disk() && da.sector() < end {
-                return Err(FsError::Invalid(format!(
-                    "recovery log of node {node}: images overlap at {da}; run `mako fsck` (the log is left as it is)"
-                )));
+                return Err(FsError::integrity(
+                    IntegrityError::new(
+                        "recovery log",
+                        format!(
+                            "node {node}: images overlap at {da}; run `mako fsck` (the log is left as it is)"
+                        ),
+                    )
+                    .ino(r.log_ino),
+                ));
             }
         }
         prev_end = Some((da.disk(), da.sector() + img.length as u64 / 512));

@@ -19,7 +19,9 @@ pub struct FsStats {
     pub dir_splits: AtomicU64,
     /// Entries moved back into a freed cookie to keep a probe chain whole.
     pub dir_entries_moved: AtomicU64,
-    pub corruptions: AtomicU64,
+    /// Shared with the damage sink (`error::DamageSink`), which counts integrity
+    /// failures where no `Core` is at hand.
+    pub corruptions: std::sync::Arc<AtomicU64>,
     pub background_errors: AtomicU64,
     pub direct_reads: AtomicU64,
     pub direct_writes: AtomicU64,

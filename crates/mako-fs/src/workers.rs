@@ -81,7 +81,7 @@ pub fn free_inode(core: &Core, st: &mut InodeState) -> FsResult<()> {
     core.alloc.unreserve(core.pool.remove_from(ino, 0));
     let units = block_map::cut_from(core, st, 0)?;
     for (_, da, n) in units {
-        core.alloc.free(da, n)?;
+        core.alloc.free(da, n, ino)?;
     }
     st.dir_blocks.lock().clear();
     st.indirect.lock().clear();

@@ -728,3 +728,80 @@ fn harness_workload_reaches_every_layout() {
         );
     }
 }
+
+/// Media damage in the middle of the log (see `crash/log_damage.rs`): crash images
+/// of a few seeds, taken where the log holds several committed transactions, with
+/// each transaction but the last damaged in turn (header or payload): the mount
+/// refuses, fsck reports and repairs, and the result walks and checks clean. (A torn
+/// last transaction, the normal end of a log after a crash, is every case of
+/// `crash_consistency_at_sync_and_write_points`, whose mounts must all succeed.)
+#[test]
+fn media_damage_before_the_last_log_transaction_is_refused_and_repaired() {
+    use crash::log_damage::{damage_and_check, log_chain};
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for seed in 1u64..=3 {
+        let plan = Plan::generate(seed, OPS_PER_SEED_DEFAULT);
+        let c = count(&plan).expect("the workload runs without a crash");
+        // A crash at the start of an operation, as late as gives a log of several
+        // committed transactions (a sync or a full log checkpoints and empties it).
+        let mut found = None;
+        let mut last_point = None;
+        for &(syncs, _) in c.op_start.iter().rev() {
+            if last_point == Some(syncs) {
+                continue;
+            }
+            last_point = Some(syncs);
+            let (ctl, disks) = disks_from(base_images().clone());
+            ctl.arm(CrashAt::Sync(syncs));
+            let ran = run::run_workload(&plan, &ctl, disks);
+            assert!(
+                ran.violations.is_empty(),
+                "seed {seed}: {:?}",
+                ran.violations
+            );
+            ctl.crash_now();
+            let images = ctl.crash_images(LossPolicy::KeepAll);
+            let chain = log_chain(&images);
+            if chain.len() >= 2 {
+                println!(
+                    "seed {seed}: crash at sync {syncs}, {} transactions in the log",
+                    chain.len()
+                );
+                found = Some((images, chain));
+                break;
+            }
+        }
+        let (images, chain) = found.unwrap_or_else(|| {
+            panic!("seed {seed}: no crash at the start of an operation leaves 2 transactions in the log")
+        });
+        // Every transaction but the last (at most 4 per seed, spread over the chain),
+        // in its header and in its payload.
+        let n = chain.len() - 1;
+        let step = n.div_ceil(4).max(1);
+        for (i, txn) in chain[..n].iter().enumerate().step_by(step) {
+            for header in [true, false] {
+                let what = format!(
+                    "seed {seed}, transaction {i} of {} at LSN {} ({} damaged)",
+                    chain.len(),
+                    txn.lsn,
+                    if header { "header" } else { "payload" }
+                );
+                failures.extend(damage_and_check(&images, *txn, header, &what));
+                checked += 1;
+            }
+        }
+    }
+    println!("media damage: {checked} damaged logs checked");
+    assert!(checked >= 8, "only {checked} damaged logs checked");
+    assert!(
+        failures.is_empty(),
+        "{} violations:\n{}",
+        failures.len(),
+        failures
+            .iter()
+            .map(|v| format!("[{}] {}", v.kind, crash::workload::abbreviate(&v.detail)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

@@ -454,3 +454,143 @@ fn a_full_log_replays_from_disk_files() {
     }
     m.unmount().unwrap();
 }
+
+/// Where LSN `lsn` of node 0's log lies on disk.
+fn log_da(core: &mako_fs::Core, lsn: u64) -> mako_format::DiskAddress {
+    let log = core.metadata_inodes().log_first;
+    let off = mako_format::log_header::LOG_RECORDS_OFFSET + lsn % core.journal.capacity();
+    core.metafile_da(log, off).unwrap()
+}
+
+/// Create `name` with some data and fsync it: one committed transaction. Returns the
+/// LSN range it took in the log.
+fn commit_file(m: &mako_fs::Mounted, name: &str, seed: u64) -> (u64, u64) {
+    let lsn = m.core().journal.head_lsn();
+    let a =
+        m.fs.create(C, ROOT_INO, name.as_bytes(), 0o644, 0, true)
+            .unwrap();
+    m.fs.write(a.ino, 0, &pattern(seed, 3000), false).unwrap();
+    m.fs.fsync(a.ino, false).unwrap();
+    let end = m.core().journal.head_lsn();
+    assert!(end > lsn, "{name} committed a transaction");
+    (lsn, end)
+}
+
+/// Flip one byte of a disk (a sector gone bad, as a media error leaves it).
+fn damage(disks: &MemDisks, da: mako_format::DiskAddress, byte: u64) {
+    disks.disks[da.disk() as usize].corrupt(da.byte_offset() + byte, 0x5a);
+}
+
+/// A committed transaction damaged in the middle of the log, with valid ones after it,
+/// is media damage, not a torn last commit: the mount refuses (naming the LSN,
+/// `disk:sector` and `mako fsck -y`) and writes nothing; replaying around the damage
+/// (what fsck -y does) keeps every valid transaction after it. Damage in the payload
+/// (the header says where the next one starts) and in the header (the next one is
+/// searched for).
+#[test]
+fn damage_in_the_middle_of_the_log_is_refused_at_mount() {
+    for (what, byte) in [("payload", 300u64), ("header", 20), ("header magic", 0)] {
+        let disks = MemDisks::new(2, 32 << 20);
+        disks.format(&small_params());
+        let m = disks.mount(quiet());
+        commit_file(&m, "before", 1);
+        let (lsn, next) = commit_file(&m, "damaged", 2);
+        commit_file(&m, "after", 3);
+        commit_file(&m, "after2", 4);
+        let da = log_da(m.core(), lsn);
+        let crashed = crash_copy(&disks);
+        drop(m);
+        damage(&crashed, da, byte);
+        let images: Vec<Vec<u8>> = crashed.disks.iter().map(|d| d.snapshot()).collect();
+        let e = match mako_fs::mount::mount_disks(crashed.as_dyn(), quiet(), 0) {
+            Ok(_) => panic!("{what}: the mount dropped committed transactions silently"),
+            Err(e) => e,
+        };
+        let msg = e.to_string();
+        for want in [
+            format!("LSN {lsn}"),
+            format!("LSN {next}"),
+            da.to_string(),
+            "mako fsck -y".to_string(),
+            "media damage".to_string(),
+        ] {
+            assert!(msg.contains(&want), "{what}: {want:?} missing from: {msg}");
+        }
+        assert_eq!(e.errno(), libc::EIO, "{what}");
+        assert!(
+            crashed
+                .disks
+                .iter()
+                .zip(&images)
+                .all(|(d, img)| d.snapshot() == *img),
+            "{what}: the refused mount wrote nothing"
+        );
+        // What fsck -y does: replay everything valid, on both sides of the damage.
+        let (desc, dyn_disks) = mako_fs::mount::find_descriptor(crashed.as_dyn()).unwrap();
+        let nsd = mako_disk::LocalNsd::new(dyn_disks, 16);
+        let r = mako_fs::recovery::replay_around_damage(&nsd, &desc, 0).unwrap();
+        assert_eq!(r.lost.len(), 1, "{what}: {r:?}");
+        assert_eq!(
+            (r.lost[0].from_lsn, r.lost[0].to_lsn, r.lost[0].da),
+            (lsn, next, da),
+            "{what}"
+        );
+        assert!(r.torn_tail.is_none(), "{what}: {r:?}");
+        assert_eq!(r.transactions, 3, "{what}: before, after, after2");
+        let m = crashed.mount(quiet());
+        assert!(m.recovery.lost.is_empty(), "the replay emptied the log");
+        for (name, seed) in [("before", 1), ("after", 3), ("after2", 4)] {
+            let a = m.fs.lookup(ROOT_INO, name.as_bytes()).unwrap();
+            assert_eq!(m.fs.read(a.ino, 0, 5000).unwrap(), pattern(seed, 3000));
+        }
+    }
+}
+
+/// A torn last transaction stays a torn tail — the normal end of the log after a crash
+/// — even when the log has wrapped, so that transactions of an earlier lap (with lower
+/// LSNs) lie after it: torn in its payload, or with its header never written.
+#[test]
+fn a_torn_last_transaction_is_not_taken_for_damage_after_the_log_wrapped() {
+    for (what, byte) in [("payload", 300u64), ("header", 20)] {
+        let disks = MemDisks::new(2, 32 << 20);
+        disks.format(&small_params()); // 1 MiB log
+        let m = disks.mount(quiet());
+        let cap = m.core().journal.capacity();
+        let mut i = 0;
+        let mut last = (0, 0);
+        while m.core().journal.head_lsn() < 2 * cap + cap / 2 {
+            last = commit_file(&m, &format!("f{i}"), i);
+            i += 1;
+        }
+        let da = log_da(m.core(), last.0);
+        let crashed = crash_copy(&disks);
+        drop(m);
+        if what == "header" {
+            // The header sector never reached the disk: what was there before shows.
+            let zeros = vec![0u8; 512];
+            crashed.disks[da.disk() as usize]
+                .write_at(&zeros, da.byte_offset())
+                .unwrap();
+        } else {
+            damage(&crashed, da, byte);
+        }
+        let m = crashed.mount(quiet());
+        assert!(m.recovery.lost.is_empty(), "{what}: {:?}", m.recovery);
+        assert_eq!(
+            m.recovery.torn_tail.is_some(),
+            what == "payload",
+            "{what}: {:?}",
+            m.recovery
+        );
+        assert!(m
+            .fs
+            .lookup(ROOT_INO, format!("f{}", i - 2).as_bytes())
+            .is_ok());
+        assert!(
+            m.fs.lookup(ROOT_INO, format!("f{}", i - 1).as_bytes())
+                .is_err(),
+            "{what}: the torn commit is discarded"
+        );
+        m.unmount().unwrap();
+    }
+}

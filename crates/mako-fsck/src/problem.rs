@@ -33,6 +33,11 @@ pub enum ProblemKind {
     /// The file system was not stopped cleanly: committed transactions in the
     /// recovery log are not yet in place (or the last one is torn). Replayed by -y.
     LogReplay,
+    /// Committed transactions in the middle of the recovery log are damaged (media
+    /// damage: a valid transaction follows them). `-y` replays the valid ones on both
+    /// sides; the lost ones' changes are gone and what they left inconsistent is
+    /// repaired as any other damage.
+    LogTransactionLost,
     /// An inode in use that does not decode (checksum, identity, invalid field).
     BadInode,
     /// A free inode slot holding damaged bytes.
@@ -96,6 +101,7 @@ impl ProblemKind {
             MetadataFile => "metadata_file",
             LogHeader => "log_header",
             LogReplay => "log_replay",
+            LogTransactionLost => "log_transaction_lost",
             BadInode => "bad_inode",
             DamagedFreeInode => "damaged_free_inode",
             InodeField => "inode_field",

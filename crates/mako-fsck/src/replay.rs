@@ -7,8 +7,13 @@
 //!   the log (`mako_fs::recovery::pending`) and laid over every read (`Overlay`).
 //!
 //! Either way, a log that held committed transactions or a torn last one is reported
-//! as a `log_replay` problem. A log that cannot be read at all (its inode or both
-//! header copies damaged) is left to the metadata-file phase, which reports it.
+//! as a `log_replay` problem. Damaged committed transactions with valid ones after
+//! them (media damage, which a mount refuses) are a `log_transaction_lost` problem
+//! naming the LSN range and `disk:sector`: `-y` replays every valid transaction on
+//! both sides (`mako_fs::recovery::replay_around_damage`), `-n` lays them all over its
+//! reads, and the rest of the check finds what the lost ones left inconsistent. A log
+//! that cannot be read at all (its inode or both header copies damaged) is left to the
+//! metadata-file phase, which reports it.
 
 use crate::problem::{Problem, ProblemKind};
 use crate::reader::MetadataReader;
@@ -32,7 +37,7 @@ pub fn logs(
     for node in 0..m.log_count {
         let ino = m.log_first + node as u64;
         let result = if repair {
-            mako_fs::recovery::replay(nsd, desc, node).map(|r| (r, Vec::new()))
+            mako_fs::recovery::replay_around_damage(nsd, desc, node).map(|r| (r, Vec::new()))
         } else {
             mako_fs::recovery::pending(nsd, desc, node)
         };
@@ -40,6 +45,23 @@ pub fn logs(
             Ok((report, pending)) => {
                 if let Some(p) = problem(&report, ino, repair) {
                     problems.push(p);
+                }
+                for lost in &report.lost {
+                    problems.push(
+                        Problem::new(
+                            ProblemKind::LogTransactionLost,
+                            format!("recovery log: {}", lost.describe(node)),
+                            if repair {
+                                "the valid transactions before and after the damage were replayed; the lost ones' changes are gone, \
+                                 and what they left inconsistent is repaired by the rest of this run"
+                            } else {
+                                "replay the valid transactions before and after the damage (this check read the file system as if \
+                                 they were) and repair what the lost ones left inconsistent"
+                            },
+                        )
+                        .ino(ino)
+                        .at(lost.da),
+                    );
                 }
                 // The replay rewrote a damaged header copy (a check only reports it
                 // when it reads the headers, in the metadata-file phase).

@@ -85,6 +85,15 @@ impl ManagerMap {
     }
 }
 
+/// How an acquire may be granted (see the fields of `AcquireRequest`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AcquireOptions {
+    pub condition: Option<Condition>,
+    pub replace: bool,
+    pub upgrade_to: Option<TokenMode>,
+    pub alt_mode: Option<TokenMode>,
+}
+
 /// Limits of one token client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenClientLimits {
@@ -130,6 +139,8 @@ struct HoldEntry {
 
 #[derive(Default)]
 struct ResState {
+    /// The structure version the manager reported with the last grant.
+    version: u64,
     held: HeldRanges,
     holds: Vec<HoldEntry>,
     revoking: Vec<ByteRange>,
@@ -138,7 +149,11 @@ struct ResState {
 
 impl ResState {
     fn is_idle(&self) -> bool {
-        self.held.is_empty() && self.holds.is_empty() && self.revoking.is_empty() && !self.busy
+        self.held.is_empty()
+            && self.holds.is_empty()
+            && self.revoking.is_empty()
+            && !self.busy
+            && self.version == 0
     }
     fn revoking_overlaps(&self, range: &ByteRange) -> bool {
         self.revoking.iter().any(|r| r.overlaps(range))
@@ -246,6 +261,10 @@ impl std::fmt::Debug for Hold {
 impl Hold {
     pub fn resource(&self) -> ResourceId {
         self.resource
+    }
+    /// The mode held (`None`: any mode this node has).
+    pub fn mode(&self) -> Option<TokenMode> {
+        self.mode
     }
     pub fn range(&self) -> ByteRange {
         self.range
@@ -561,7 +580,48 @@ impl TokenClient {
         upgrade_to: Option<TokenMode>,
         replace: bool,
     ) -> Result<(), TokenError> {
-        self.acquire_full(resource, mode, required, desired, None, replace, upgrade_to)
+        self.acquire_full(
+            resource, mode, required, desired, None, replace, upgrade_to, None,
+        )
+    }
+
+    /// The general acquire: `acquire` with `options` (see `AcquireRequest`).
+    pub fn acquire_with_options(
+        &self,
+        resource: ResourceId,
+        mode: TokenMode,
+        required: ByteRange,
+        desired: ByteRange,
+        options: AcquireOptions,
+    ) -> Result<(), TokenError> {
+        self.acquire_full(
+            resource,
+            mode,
+            required,
+            desired,
+            options.condition,
+            options.replace,
+            options.upgrade_to,
+            options.alt_mode,
+        )
+    }
+
+    /// As `acquire_upgrading`, settling for `alt_mode` when `mode` would have to
+    /// revoke someone and `alt_mode` would not (see `AcquireRequest::alt_mode`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn acquire_any(
+        &self,
+        resource: ResourceId,
+        mode: TokenMode,
+        alt_mode: Option<TokenMode>,
+        required: ByteRange,
+        desired: ByteRange,
+        upgrade_to: Option<TokenMode>,
+        replace: bool,
+    ) -> Result<(), TokenError> {
+        self.acquire_full(
+            resource, mode, required, desired, None, replace, upgrade_to, alt_mode,
+        )
     }
 
     fn acquire_with(
@@ -573,7 +633,9 @@ impl TokenClient {
         condition: Option<Condition>,
         replace: bool,
     ) -> Result<(), TokenError> {
-        self.acquire_full(resource, mode, required, desired, condition, replace, None)
+        self.acquire_full(
+            resource, mode, required, desired, condition, replace, None, None,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -586,6 +648,7 @@ impl TokenClient {
         condition: Option<Condition>,
         replace: bool,
         upgrade_to: Option<TokenMode>,
+        alt_mode: Option<TokenMode>,
     ) -> Result<(), TokenError> {
         let inner = &self.inner;
         debug_assert_eq!(
@@ -598,6 +661,7 @@ impl TokenClient {
         req.condition = condition;
         req.replace = replace;
         req.upgrade_to = upgrade_to;
+        req.alt_mode = alt_mode;
         validate_request(&req)?;
         let (lock, cv) = inner.shard(&resource);
         let mut last_copyset: Vec<Holder> = Vec::new();
@@ -613,7 +677,9 @@ impl TokenClient {
                         }))
             });
             let st = shard.res.entry(resource).or_default();
-            if st.covers(required, Some(mode)) && !st.revoking_overlaps(&required) {
+            let covered = st.covers(required, Some(mode))
+                || alt_mode.is_some_and(|a| st.covers(required, Some(a)));
+            if covered && !st.revoking_overlaps(&required) {
                 inner.covered.fetch_add(1, Ordering::Relaxed);
                 return Ok(());
             }
@@ -633,6 +699,7 @@ impl TokenClient {
                         st.held.remove(g.range);
                     }
                     st.held.grant(g.range, g.mode);
+                    st.version = st.version.max(g.version);
                     return Ok(());
                 }
                 // The manager answers for the request it considered (a conditional
@@ -828,6 +895,12 @@ impl TokenClient {
         (cursor >= range.end).then_some(weakest).flatten()
     }
 
+    /// The structure version of `resource` as of this node's last grant on it.
+    pub fn version_hint(&self, resource: ResourceId) -> u64 {
+        let (lock, _) = self.inner.shard(&resource);
+        lock.lock().res.get(&resource).map_or(0, |st| st.version)
+    }
+
     /// Does this node hold anything at all on `resource` over `range`?
     pub fn holds_any(&self, resource: ResourceId, range: ByteRange) -> bool {
         let (lock, _) = self.inner.shard(&resource);
@@ -914,7 +987,12 @@ impl TokenClient {
     pub fn set_version(&self, resource: ResourceId, version: u64) -> Result<(), TokenError> {
         self.inner
             .ask_manager(&resource, ManagerRequest::SetVersion { resource, version })
-            .and_then(ClientInner::expect_done)
+            .and_then(ClientInner::expect_done)?;
+        let (lock, _) = self.inner.shard(&resource);
+        let mut shard = lock.lock();
+        let st = shard.res.entry(resource).or_default();
+        st.version = st.version.max(version);
+        Ok(())
     }
 
     /// Everyone holding tokens on `resource`, as the manager records it.

@@ -354,6 +354,7 @@ impl World {
                     resource,
                     mode: spec.mode,
                     range: required,
+                    version: 0,
                 };
                 self.check_grant(&grant, required, desired)?;
                 prop_assert!(c.try_hold(resource, spec.mode, required).is_some());

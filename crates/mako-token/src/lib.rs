@@ -25,7 +25,8 @@ pub use rustc_hash::FxHasher;
 mod invariant_tests;
 
 pub use client::{
-    CacheFlush, Hold, ManagerMap, NoCache, TokenClient, TokenClientLimits, TokenClientStats,
+    AcquireOptions, CacheFlush, Hold, ManagerMap, NoCache, TokenClient, TokenClientLimits,
+    TokenClientStats,
 };
 pub use error::TokenError;
 pub use manager::{

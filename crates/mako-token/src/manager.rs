@@ -68,6 +68,10 @@ pub struct AcquireRequest {
     /// over `required` (the first node to touch an object gets it exclusively, so a
     /// node working alone never asks twice; a later sharer revokes it down).
     pub upgrade_to: Option<TokenMode>,
+    /// Grant this mode instead when `mode` conflicts but this one does not (a reader
+    /// of an inode that others write shares their `rw` and asks the metanode, rather
+    /// than revoking every writer).
+    pub alt_mode: Option<TokenMode>,
 }
 
 /// See [`AcquireRequest::condition`].
@@ -100,6 +104,7 @@ impl AcquireRequest {
             condition: None,
             replace: false,
             upgrade_to: None,
+            alt_mode: None,
         }
     }
 
@@ -116,6 +121,8 @@ pub struct Grant {
     pub resource: ResourceId,
     pub mode: TokenMode,
     pub range: ByteRange,
+    /// The resource's structure version at the grant (see `AcquireRequest::condition`).
+    pub version: u64,
 }
 
 /// One node's token on one range of a resource, as reported in copysets and dumps.
@@ -330,6 +337,14 @@ impl TokenManager {
             ..
         } = req;
         let tokens = shard.resources.get(&resource);
+        if let Some(alt) = req.alt_mode {
+            let blocked = |m: TokenMode| {
+                tokens.is_some_and(|t| t.conflicting(node, m).any(|h| h.range.overlaps(&required)))
+            };
+            if blocked(mode) && !blocked(alt) {
+                mode = alt;
+            }
+        }
         if let Some(up) = req.upgrade_to.filter(|up| crate::mode::covers(*up, mode)) {
             let free = tokens.is_none_or(|t| {
                 t.conflicting(node, up)
@@ -416,6 +431,7 @@ impl TokenManager {
             }
         }
         entry.check_metanode();
+        let version = entry.version;
         if let Some(bad) = entry
             .conflicting(node, mode)
             .find(|h| h.range.overlaps(&granted))
@@ -427,6 +443,7 @@ impl TokenManager {
             resource,
             mode,
             range: granted,
+            version,
         })
     }
 

@@ -336,7 +336,7 @@ fn counter_help(name: &str) -> String {
         "inode_cache_misses" => "Inode lookups that read the inode from disk.",
         "stat_cache_hits" => "Inode lookups served from the stat cache (maxStatCache).",
         "dir_splits" => "Directory block splits.",
-        "corruptions_detected" => "Metadata structures that failed validation when read.",
+        "corruptions_detected" => "Metadata structures that failed validation when read, and integrity failures (checksum-valid metadata that says something impossible; the mount turns read-only).",
         "background_errors" => "Errors of background work (write-behind, prefetch, sync).",
         "direct_reads" => "Reads served by direct I/O (O_DIRECT), bypassing the pagepool.",
         "direct_writes" => "Writes served by direct I/O (O_DIRECT), bypassing the pagepool.",

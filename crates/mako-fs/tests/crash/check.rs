@@ -90,6 +90,9 @@ fn error_kind(e: &FsError) -> &'static str {
     match e {
         FsError::Stale(_) => "directory entry points at a free or unlinked inode",
         FsError::Corrupt(_) => "bad metadata (checksum, identity or encoding)",
+        FsError::Integrity(_) => {
+            "metadata that passed its checks but is impossible (integrity failure)"
+        }
         FsError::Invalid(_) => "invalid metadata",
         FsError::Disk(_) => "disk error during the walk",
         FsError::NotFound(_) => "readdir lists a name that lookup cannot find",

@@ -3,6 +3,7 @@
 //! runner. See `run.rs` for the steps of one case.
 
 pub mod check;
+pub mod log_damage;
 pub mod model;
 pub mod run;
 pub mod workload;
