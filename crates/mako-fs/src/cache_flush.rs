@@ -84,12 +84,15 @@ fn revoke_inode(core: &Arc<Core>, ino: u64, keep: Option<TokenMode>) -> FsResult
     if let Some(h) = core.cached_handle(ino) {
         let opens = h.opens.load(Ordering::SeqCst);
         let mut st = h.state.write();
+        // The files that hold metadata stay cached (the core keeps their block lists);
+        // they are read again at their next use.
+        let system = st.inode.flags & mako_format::inode::FLAG_SYSTEM != 0;
         // Everything was committed above; what is cached is clean but may go stale.
         st.indirect.lock().clear();
         st.dir_blocks.lock().clear();
         st.metanode = false;
         st.shared = None;
-        if opens > 0 || Arc::strong_count(&h) > 2 {
+        if system || opens > 0 || Arc::strong_count(&h) > 2 {
             // Open files keep their handle (it counts the opens); the inode is read
             // again from disk at the next use.
             st.stale = true;
@@ -103,7 +106,7 @@ fn revoke_inode(core: &Arc<Core>, ino: u64, keep: Option<TokenMode>) -> FsResult
 }
 
 /// The cached inode-file chunk holding `ino` may be changed by the next holder: drop it.
-fn drop_inode_chunk(core: &Core, ino: u64) {
+pub(crate) fn drop_inode_chunk(core: &Core, ino: u64) {
     let chunk = core.inode_chunk_bytes();
     let index = ino * core.inode_bytes() as u64 / chunk;
     // Inode-file chunks are clean metadata: no space is reserved under them.

@@ -179,6 +179,46 @@ impl DirNode {
         self.dirty = true;
         Some(e)
     }
+    /// Take the pages this node has not changed since its last commit from `fresh` (the
+    /// same block as read from disk now): another node may have changed them under
+    /// name tokens this node did not hold.
+    pub fn refresh_clean_pages(&mut self, fresh: DirBlock) {
+        if fresh.depth != self.depth || fresh.capacity_bytes != self.capacity_bytes {
+            // Only an exclusive holder changes a block's shape, and it revoked this
+            // node's tokens first: a clean block is simply replaced.
+            if self.dirty_pages == 0 {
+                *self = DirNode::from_block(fresh, self.da, false);
+            }
+            return;
+        }
+        let mut fresh_entries: std::collections::BTreeMap<u64, mako_format::dir_block::DirEntry> =
+            fresh.entries.into_iter().map(|e| (e.cookie, e)).collect();
+        for p in 0..self.pages() {
+            if self.dirty_pages >> p & 1 == 1 {
+                continue;
+            }
+            let (lo, hi) = mako_format::dir_block::page_cookie_range(
+                self.id.index,
+                self.depth,
+                self.capacity_bytes,
+                p,
+            );
+            let old: Vec<u64> = self.entries.range(lo..=hi).map(|(c, _)| *c).collect();
+            for c in old {
+                self.entries.remove(&c);
+            }
+            let mut used = 0usize;
+            let new: Vec<u64> = fresh_entries.range(lo..=hi).map(|(c, _)| *c).collect();
+            for c in new {
+                if let Some(e) = fresh_entries.remove(&c) {
+                    used += e.encoded_len();
+                    self.entries.insert(c, e);
+                }
+            }
+            self.page_used[p as usize] = used;
+        }
+    }
+
     /// The entry with this cookie was changed in place (rename over a name).
     pub fn touch(&mut self, cookie: u64) {
         self.dirty_pages |= 1 << self.page_of(cookie);
@@ -602,13 +642,10 @@ impl Core {
         if block < have(self) {
             return Ok(());
         }
+        // Under the inode file's exclusive token (the caller holds it): reloaded first if
+        // another node grew it since this node last did.
+        let h = self.get(inode_file)?;
         let _g = self.inode_file_grow.lock();
-        let h = self.cached_handle(inode_file).ok_or_else(|| {
-            self.integrity(IntegrityError::new(
-                "inode file",
-                "its inode is not in the cache (a Mako bug)",
-            ))
-        })?;
         while have(self) <= block {
             let b = have(self);
             let spb = self.geo.subblocks_per_block;
@@ -843,7 +880,20 @@ impl Core {
         let off = ino * isz;
         let (index, within) = (off / chunk, (off % chunk) as usize);
         let inode_file = self.metadata_inodes().inode_file;
+        if ino != inode_file && !self.inode_slot_exists(ino) {
+            // Another node grew the inode file: learn its new blocks (the inode file's
+            // inode, under its token, as that node wrote it in place).
+            crate::op::hold_inode(self, inode_file, Need::Cache)?;
+            self.refresh_metafile(inode_file)?;
+            if !self.inode_slot_exists(ino) {
+                return Err(FsError::Stale(ino));
+            }
+        }
         let decode = |bytes: &[u8]| -> FsResult<Inode> {
+            if Inode::is_blank(bytes) {
+                // Never written, or freed and cleared: no such file.
+                return Err(FsError::Stale(ino));
+            }
             let da = self.metafile_da(inode_file, off)?;
             let inode =
                 Inode::decode(bytes, self.inode_bytes(), ino, Location::Disk(da)).map_err(|e| {
@@ -872,6 +922,48 @@ impl Core {
             self.pool.account(&mut buf, false);
         }
         decode(&buf.bytes[within..within + isz as usize])
+    }
+
+    /// Read a metadata file's inode again from disk and learn its block list (the
+    /// inode file grows when another node needs more inodes). Only ever appends to
+    /// what this node knew: a metadata file never shrinks.
+    pub fn refresh_metafile(&self, ino: u64) -> FsResult<()> {
+        let desc = self.desc.lock().clone();
+        let mut buf = vec![0u8; self.inode_bytes() as usize];
+        let da = if ino == desc.metadata_inodes.inode_file {
+            desc.inode_file_start
+        } else {
+            self.metafile_da(
+                desc.metadata_inodes.inode_file,
+                ino * self.inode_bytes() as u64,
+            )?
+        };
+        self.nsd.read(
+            da,
+            &mut buf,
+            IoTag {
+                buffer_type: BufferType::Inode,
+                ino,
+            },
+        )?;
+        self.journal.overlay(da, &mut buf);
+        let inode = Inode::decode(&buf, self.inode_bytes(), ino, Location::Disk(da))?;
+        let blocks = crate::mount::collect_blocks(self.nsd.as_ref(), &self.geo, &inode)?;
+        let mut map = self.metafile_blocks.write();
+        let known = map.entry(ino).or_default();
+        if blocks.len() > known.len() {
+            *known = blocks;
+        }
+        drop(map);
+        if let Some(h) = self.cached_handle(ino) {
+            let mut st = h.state.write();
+            if inode.size >= st.inode.size {
+                st.inode = inode;
+                st.indirect.lock().clear();
+            }
+            st.stale = false;
+        }
+        Ok(())
     }
 
     /// Note a miss in inode-file chunk `index`; true if it had a miss recently.
@@ -904,6 +996,11 @@ impl Core {
             if h.state.read().stale {
                 // The token came back after it left: what another node changed is on
                 // disk (it wrote it there before giving the token up).
+                if h.state.read().inode.flags & mako_format::inode::FLAG_SYSTEM != 0 {
+                    self.refresh_metafile(ino)?;
+                    crate::metanode::settle(self, &h)?;
+                    return Ok(h);
+                }
                 let inode = self.read_inode(ino)?;
                 let mut st = h.state.write();
                 if st.stale {
@@ -916,7 +1013,10 @@ impl Core {
             crate::metanode::settle(self, &h)?;
             return Ok(h);
         }
-        if ino >= self.imap.inodes_max() || !self.imap.is_used(ino) {
+        // Whether the number is in use is not this node's to know (another node may have
+        // just allocated it from its own inode-map segment): the inode itself says, blank
+        // or without links when it is not (`read_inode`, below).
+        if ino >= self.imap.inodes_max() {
             return Err(FsError::Stale(ino));
         }
         self.stats.inode_misses.fetch_add(1, Ordering::Relaxed);

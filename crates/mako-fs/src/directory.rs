@@ -10,6 +10,7 @@
 
 use crate::alloc_map::AllocKind;
 use crate::block_map;
+use crate::coherence::Missing;
 use crate::core::{Core, DirNode, InodeState};
 use crate::error::{FsError, FsResult};
 use mako_disk::nsd::IoTag;
@@ -19,10 +20,126 @@ use mako_format::error::Location;
 use mako_format::inode::{payload_bytes, xattrs_encoded_len, InodeContent};
 use mako_format::name_hash::{home_cookie, COOKIE_MAX, COOKIE_MIN};
 use mako_format::DiskAddress;
+use mako_token::{ByteRange, TokenMode};
 use std::sync::atomic::Ordering;
 
 /// Deepest hash tree: the cookie has 63 bits.
 const DIR_DEPTH_MAX: u8 = 62;
+
+// ---- name tokens (docs/coherence.md section 4) ---------------------------------------
+//
+// Every entry an operation reads or changes must lie under a name token it holds
+// (`DirBucket`, over cookie ranges): `ro` to read, `xw` to change. A directory in its
+// inode has one range, all of it; a directory in blocks has one per 4 KiB page, so
+// nodes creating different names in one directory work in parallel. Changing the
+// directory's structure (leaving the inode, growing, splitting) takes the directory
+// inode exclusively and the whole range of the block. A missing token is
+// `FsError::NeedToken`, always found before the operation changes anything.
+
+/// The cookie range of the page that holds `cookie` (all cookies while the directory
+/// lives in its inode).
+pub fn page_range(core: &Core, st: &InodeState, cookie: u64) -> FsResult<ByteRange> {
+    if is_inline(st) {
+        return Ok(ByteRange::WHOLE);
+    }
+    let idx = locate(core, st, cookie)?;
+    let cache = st.dir_blocks.lock();
+    let n = &cache[&idx];
+    let (lo, hi) = page_cookie_range(
+        n.id.index,
+        n.depth,
+        n.capacity_bytes,
+        n.page_of(cookie) as u32,
+    );
+    Ok(ByteRange::new(lo, hi.saturating_add(1)))
+}
+
+/// The cookie range of block `idx` (at its depth).
+fn block_cookies(st: &InodeState, idx: u64) -> ByteRange {
+    let cache = st.dir_blocks.lock();
+    let n = &cache[&idx];
+    let (lo, hi) = cookie_range(idx, n.depth);
+    ByteRange::new(lo, hi.saturating_add(1))
+}
+
+/// The operation must hold the directory's names over `range` (`xw` if `write`).
+fn cover(core: &Core, st: &InodeState, range: ByteRange, write: bool) -> FsResult<()> {
+    if !crate::op::in_op(core) {
+        // Creation and tools: nothing else shares the directory.
+        return Ok(());
+    }
+    let resource = core.tokens.dir(st.inode.ino);
+    let mode = if write { TokenMode::Xw } else { TokenMode::Ro };
+    if crate::op::holds(core, resource, range, Some(mode)) {
+        return Ok(());
+    }
+    Err(FsError::need_token(Missing {
+        resource,
+        mode,
+        required: range,
+        desired: ByteRange::WHOLE,
+        replace: false,
+        upgrade_to: Some(TokenMode::Xw),
+        alt_mode: None,
+        condition: None,
+    }))
+}
+
+fn cover_cookie(core: &Core, st: &InodeState, cookie: u64, write: bool) -> FsResult<()> {
+    if !crate::op::in_op(core) {
+        return Ok(());
+    }
+    let range = page_range(core, st, cookie)?;
+    cover(core, st, range, write)
+}
+
+/// Changing the directory's shape needs the directory inode exclusively (its block
+/// map and size change) and the names of `range` exclusively. The inode is asked for
+/// on the condition that nobody changed the shape since this node last heard (the
+/// seeds' pitfall: many nodes asking at once to move one directory out of its inode);
+/// if somebody did, the manager grants the shared write mode instead and the operation
+/// looks again.
+fn cover_structure(core: &Core, st: &InodeState, range: ByteRange) -> FsResult<()> {
+    if !crate::op::in_op(core) {
+        return Ok(());
+    }
+    let ino = st.inode.ino;
+    if !crate::op::holds_inode(core, ino, crate::coherence::Need::Exclusive) {
+        let resource = core.tokens.inode(ino);
+        let seen = core.tokens.client().version_hint(resource);
+        let mut missing = core
+            .tokens
+            .inode_missing(ino, crate::coherence::Need::Exclusive);
+        missing.condition = Some(mako_token::Condition {
+            seen_version: seen,
+            fallback_mode: TokenMode::Rw,
+            fallback_required: ByteRange::WHOLE,
+            fallback_desired: ByteRange::WHOLE,
+        });
+        return Err(FsError::need_token(missing));
+    }
+    cover(core, st, range, true)
+}
+
+/// After a change of shape: tell the manager (phase C), so that requests made for the
+/// old shape get their fallback.
+fn shape_changed(core: &Core, ino: u64) -> FsResult<()> {
+    if !crate::op::in_op(core) {
+        return Ok(());
+    }
+    let tokens = core.tokens.clone();
+    crate::op::defer(
+        core,
+        Box::new(move || {
+            let resource = tokens.inode(ino);
+            let v = tokens.client().version_hint(resource) + 1;
+            tokens
+                .client()
+                .set_version(resource, v)
+                .map_err(crate::coherence::token_error)
+        }),
+    )
+}
 
 fn dir_unit(core: &Core) -> u64 {
     core.geo.dir_block_bytes() as u64
@@ -95,6 +212,40 @@ fn load_block(core: &Core, st: &InodeState, idx: u64) -> FsResult<bool> {
     Ok(true)
 }
 
+/// Names were granted to this node anew: the pages of cached blocks it did not change
+/// are read again (another node may have changed them meanwhile); blocks it did not
+/// change at all are dropped and read when next needed.
+pub fn refresh_cached(core: &Core, h: &crate::core::InodeHandle) -> FsResult<()> {
+    let st = h.state.read();
+    let dirty: Vec<(u64, DiskAddress)> = {
+        let mut cache = st.dir_blocks.lock();
+        cache.retain(|_, n| n.dirty_pages != 0);
+        cache.iter().map(|(i, n)| (*i, n.da)).collect()
+    };
+    for (idx, da) in dirty {
+        let bytes = block_map::allocated_subblocks(core, &st, idx) as usize
+            * core.geo.subblock_bytes() as usize;
+        let mut buf = vec![0u8; bytes];
+        core.read_metadata(
+            da,
+            &mut buf,
+            IoTag {
+                buffer_type: BufferType::Directory,
+                ino: st.inode.ino,
+            },
+        )?;
+        let id = DirBlockId {
+            ino: st.inode.ino,
+            index: idx,
+        };
+        let fresh = DirBlock::decode(&buf, id, Location::Disk(da))?;
+        if let Some(n) = st.dir_blocks.lock().get_mut(&idx) {
+            n.refresh_clean_pages(fresh);
+        }
+    }
+    Ok(())
+}
+
 /// Change cached block `idx` with `f` (which marks the pages it changes), accounting
 /// the pages that turned dirty to the running log transaction.
 fn modify_block<R>(st: &mut InodeState, idx: u64, f: impl FnOnce(&mut DirNode) -> R) -> R {
@@ -150,6 +301,7 @@ fn locate(core: &Core, st: &InodeState, cookie: u64) -> FsResult<u64> {
 }
 
 fn entry_at(core: &Core, st: &InodeState, cookie: u64) -> FsResult<Option<DirEntry>> {
+    cover_cookie(core, st, cookie, false)?;
     if let InodeContent::InlineDir(e) = &st.inode.content {
         return Ok(e
             .binary_search_by_key(&cookie, |x| x.cookie)
@@ -226,6 +378,8 @@ fn place(core: &Core, st: &mut InodeState, entry: DirEntry) -> FsResult<()> {
     let cookie = entry.cookie;
     let len = entry.encoded_len();
     if is_inline(st) {
+        // The entries are inode content.
+        cover_structure(core, st, ByteRange::WHOLE)?;
         let used = match &st.inode.content {
             InodeContent::InlineDir(e) => entries_encoded_len(e),
             _ => 0,
@@ -240,21 +394,30 @@ fn place(core: &Core, st: &mut InodeState, entry: DirEntry) -> FsResult<()> {
             return Ok(());
         }
         leave_inode(core, st, used + len)?;
+        shape_changed(core, st.inode.ino)?;
     }
     loop {
         let idx = locate(core, st, cookie)?;
+        cover_cookie(core, st, cookie, true)?;
         let room = st.dir_blocks.lock()[&idx].has_room(cookie, len);
         if room {
             modify_block(st, idx, |node| node.insert(entry));
             st.add_entries(1);
             return Ok(());
         }
+        cover_structure(core, st, block_cookies(st, idx))?;
         split_or_grow(core, st, idx)?;
+        shape_changed(core, st.inode.ino)?;
     }
 }
 
 /// Take the entry at `cookie` out (inode or block).
 fn take(core: &Core, st: &mut InodeState, cookie: u64) -> FsResult<()> {
+    if is_inline(st) {
+        cover_structure(core, st, ByteRange::WHOLE)?;
+    } else {
+        cover_cookie(core, st, cookie, true)?;
+    }
     if let InodeContent::InlineDir(e) = &mut st.inode.content {
         e.retain(|x| x.cookie != cookie);
     } else {
@@ -335,7 +498,9 @@ pub fn force_out_of_inode(core: &Core, st: &mut InodeState) -> FsResult<()> {
         InodeContent::InlineDir(e) => entries_encoded_len(e),
         _ => return Ok(()),
     };
-    leave_inode(core, st, used.max(64))
+    cover_structure(core, st, ByteRange::WHOLE)?;
+    leave_inode(core, st, used.max(64))?;
+    shape_changed(core, st.inode.ino)
 }
 
 /// Grow or split block `idx`, and keep going on the resulting blocks until none has a
@@ -453,6 +618,7 @@ pub fn remove(core: &Core, st: &mut InodeState, name: &[u8]) -> FsResult<DirEntr
             ))
         }
     };
+    cover_removal(core, st, entry.cookie)?;
     take(core, st, entry.cookie)?;
     close_gap(core, st, entry.cookie)?;
     Ok(entry)
@@ -484,6 +650,30 @@ fn close_gap(core: &Core, st: &mut InodeState, freed: u64) -> FsResult<()> {
     }
 }
 
+/// Before a removal changes anything: the tokens the removal and the backward shift
+/// after it (see `close_gap`) will need. A run of occupied cookies after the freed one
+/// that stays within its page needs only the page; one that crosses into another page
+/// may move entries between pages, which can overfill one: that takes the block.
+fn cover_removal(core: &Core, st: &InodeState, freed: u64) -> FsResult<()> {
+    if !crate::op::in_op(core) || is_inline(st) {
+        return Ok(());
+    }
+    let page = page_range(core, st, freed)?;
+    let mut end = freed;
+    while end < COOKIE_MAX && end + 1 < page.end {
+        match entry_at(core, st, end + 1)? {
+            Some(_) => end += 1,
+            None => return cover(core, st, page, true),
+        }
+    }
+    if end + 1 < page.end {
+        return cover(core, st, page, true);
+    }
+    // The run reaches the page's end: it may go on in the next page.
+    let idx = locate(core, st, freed)?;
+    cover_structure(core, st, block_cookies(st, idx))
+}
+
 /// Point an existing entry at another inode (rename over an existing name).
 pub fn replace(
     core: &Core,
@@ -500,6 +690,11 @@ pub fn replace(
             ))
         }
     };
+    if is_inline(st) {
+        cover_structure(core, st, ByteRange::WHOLE)?;
+    } else {
+        cover_cookie(core, st, entry.cookie, true)?;
+    }
     let upd = |e: &mut DirEntry| {
         if e.cookie == entry.cookie {
             e.ino = ino;
@@ -522,6 +717,7 @@ pub fn replace(
 /// Up to `max` entries with cookies greater than `after`, in cookie order.
 pub fn list(core: &Core, st: &InodeState, after: u64, max: usize) -> FsResult<Vec<DirEntry>> {
     if let InodeContent::InlineDir(e) = &st.inode.content {
+        cover(core, st, ByteRange::WHOLE, false)?;
         let start = e.partition_point(|x| x.cookie <= after);
         return Ok(e[start..].iter().take(max).cloned().collect());
     }
@@ -529,6 +725,7 @@ pub fn list(core: &Core, st: &InodeState, after: u64, max: usize) -> FsResult<Ve
     let mut c = after.saturating_add(1).max(COOKIE_MIN);
     while c <= COOKIE_MAX && out.len() < max {
         let idx = locate(core, st, c)?;
+        cover(core, st, block_cookies(st, idx), false)?;
         let cache = st.dir_blocks.lock();
         let node = &cache[&idx];
         for e in node.entries.range(c..).map(|(_, e)| e) {

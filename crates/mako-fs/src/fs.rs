@@ -169,6 +169,34 @@ impl FileSystem {
         )
     }
 
+    /// Hold the name token around `name` in directory `p` (its page's cookie range).
+    fn need_name(&self, p: &Arc<InodeHandle>, name: &[u8], mode: TokenMode) -> FsResult<()> {
+        let range = {
+            let st = p.state.read();
+            directory::page_range(&self.core, &st, mako_format::name_hash::home_cookie(name))?
+        };
+        crate::op::hold_range(
+            &self.core,
+            self.core.tokens.dir(p.ino),
+            mode,
+            range,
+            ByteRange::WHOLE,
+        )
+    }
+
+    /// What an operation that adds or removes `name` in directory `p` holds: the
+    /// name's page exclusively, and the directory in shared write (times, entry and
+    /// link counts go to its metanode) — or exclusively while its entries are in its
+    /// inode. A shape change found later asks for more (`directory::cover_structure`).
+    fn need_parent(&self, p: &Arc<InodeHandle>, name: &[u8]) -> FsResult<()> {
+        crate::metanode::prepare(&self.core, p)?;
+        let inline = matches!(p.state.read().inode.content, InodeContent::InlineDir(_));
+        self.need(p.ino, if inline { Need::Exclusive } else { Need::Write })?;
+        crate::metanode::prepare(&self.core, p)?;
+        self.need_name(p, name, TokenMode::Xw)?;
+        crate::metanode::defer_report(&self.core, p)
+    }
+
     /// Hold a file's data over `range` in `mode`.
     fn need_data(&self, ino: u64, mode: TokenMode, range: ByteRange) -> FsResult<()> {
         crate::op::hold_range(
@@ -211,7 +239,10 @@ impl FileSystem {
             self.core.stats.lookups.fetch_add(1, Ordering::Relaxed);
             let p = self.handle(parent)?;
             if !matches!(name, b"." | b"..") {
-                self.need_names(parent, TokenMode::Ro)?;
+                crate::metanode::prepare(&self.core, &p)?;
+                if name.len() <= mako_format::dir_block::NAME_BYTES_MAX {
+                    self.need_name(&p, name, TokenMode::Ro)?;
+                }
             }
             let ino = {
                 let st = p.state.read();
@@ -315,8 +346,7 @@ impl FileSystem {
                 self.need(self.core.metadata_inodes().inode_file, Need::Exclusive)?;
             }
             let p = self.handle(parent)?;
-            self.need(parent, Need::Exclusive)?;
-            self.need_names(parent, TokenMode::Xw)?;
+            self.need_parent(&p, name)?;
             let _tx = self.core.begin();
             let mut pst = p.state.write();
             self.make_locked(
@@ -478,8 +508,7 @@ impl FileSystem {
             directory::check_name(newname)?;
             let p = self.handle(newparent)?;
             let c = self.handle(ino)?;
-            self.need(newparent, Need::Exclusive)?;
-            self.need_names(newparent, TokenMode::Xw)?;
+            self.need_parent(&p, newname)?;
             self.need(ino, Need::Exclusive)?;
             let _tx = self.core.begin();
             let mut pst = p.state.write();
@@ -527,8 +556,7 @@ impl FileSystem {
     fn remove(&self, parent: u64, name: &[u8], dir: bool) -> FsResult<()> {
         self.core.check_writable()?;
         let p = self.handle(parent)?;
-        self.need(parent, Need::Exclusive)?;
-        self.need_names(parent, TokenMode::Xw)?;
+        self.need_parent(&p, name)?;
         let _tx = self.core.begin();
         let mut pst = p.state.write();
         self.live_dir(&pst)?;
@@ -637,7 +665,8 @@ impl FileSystem {
         let entry =
             |parent: u64, name: &[u8]| -> FsResult<Option<mako_format::dir_block::DirEntry>> {
                 let h = self.handle(parent)?;
-                self.need_names(parent, TokenMode::Ro)?;
+                crate::metanode::prepare(&self.core, &h)?;
+                self.need_name(&h, name, TokenMode::Ro)?;
                 let st = h.state.read();
                 if st.deleted || !is_dir_mode(st.inode.mode) {
                     return Ok(None);
@@ -674,10 +703,8 @@ impl FileSystem {
             self.flush_before_replace(p1, n1, p2, n2)?;
             let h1 = self.handle(p1)?;
             let h2 = self.handle(p2)?;
-            self.need(p1, Need::Exclusive)?;
-            self.need(p2, Need::Exclusive)?;
-            self.need_names(p1, TokenMode::Xw)?;
-            self.need_names(p2, TokenMode::Xw)?;
+            self.need_parent(&h1, n1)?;
+            self.need_parent(&h2, n2)?;
             let _tx = self.core.begin();
             let _serial = self.core.rename_lock.lock();
             let up1 = self.ancestors(p1)?;
@@ -1282,7 +1309,7 @@ impl FileSystem {
     pub fn readdir(&self, ino: u64, after: u64, max: usize) -> FsResult<Vec<DirListing>> {
         crate::op::run(&self.core, || {
             let h = self.handle(ino)?;
-            self.need_names(ino, TokenMode::Ro)?;
+            crate::metanode::prepare(&self.core, &h)?;
             let st = h.state.read();
             let dir = self.live_dir(&st)?;
             let mut out = Vec::new();

@@ -64,7 +64,21 @@ pub fn run<T>(core: &Core, mut f: impl FnMut() -> FsResult<T>) -> FsResult<T> {
                 core.stats
                     .op_restarts
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let calls = core.tokens.client().stats().manager_calls;
                 core.tokens.acquire(missing)?;
+                let granted_anew = core.tokens.client().stats().manager_calls != calls;
+                if granted_anew && missing.resource.kind == mako_token::ResourceKind::Inode {
+                    // A cached inode-file chunk read before this node held the inode
+                    // may hold an old copy of it.
+                    crate::cache_flush::drop_inode_chunk(core, missing.resource.id);
+                }
+                if missing.resource.kind == mako_token::ResourceKind::DirBucket && granted_anew {
+                    // Names newly granted: pages cached before, outside any token this
+                    // node held, may be stale. Read the directory's blocks again.
+                    if let Some(h) = core.cached_handle(missing.resource.id) {
+                        crate::directory::refresh_cached(core, &h)?;
+                    }
+                }
             }
             Err(FsError::NeedBlocks { ino, unit }) => {
                 drop(frame.holds);
@@ -120,6 +134,35 @@ fn frame_has_any(core: &Core, resource: ResourceId) -> bool {
             .filter(|x| x.core == id)
             .any(|x| x.holds.iter().any(|h| h.resource() == resource))
     })
+}
+
+/// Does the current operation hold `resource` over all of `range` in a mode covering
+/// `mode` (`None`: any token)?
+pub fn holds(core: &Core, resource: ResourceId, range: ByteRange, mode: Option<TokenMode>) -> bool {
+    let id = core_id(core);
+    FRAMES.with(|fr| {
+        fr.borrow().iter().filter(|x| x.core == id).any(|x| {
+            x.holds.iter().any(|h| {
+                h.resource() == resource
+                    && h.range().contains(&range)
+                    && match (h.mode(), mode) {
+                        (_, None) => true,
+                        (Some(held), Some(m)) => mako_token::covers(held, m),
+                        (None, Some(_)) => false,
+                    }
+            })
+        })
+    })
+}
+
+/// Does the current operation hold inode `ino` for `need`?
+pub fn holds_inode(core: &Core, ino: u64, need: Need) -> bool {
+    let mode = match need {
+        Need::Cache => None,
+        Need::Write => Some(TokenMode::Rw),
+        Need::Exclusive => Some(TokenMode::Xw),
+    };
+    holds(core, core.tokens.inode(ino), ByteRange::WHOLE, mode)
 }
 
 /// True if the current thread runs an operation on `core`.
