@@ -16,6 +16,7 @@ use mako_format::indirect::*;
 use mako_format::inode::*;
 use mako_format::inode_map_segment::InodeMapSegment;
 use mako_format::log_header::LogHeader;
+use mako_format::xattr::*;
 use mako_format::DiskAddress;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -229,6 +230,50 @@ fn fuzz_inode() {
         let i = sample_inode(content);
         run_target("inode", i.encode(4096).unwrap(), usize::MAX, |b| {
             Inode::decode(b, 4096, 42, Location::Memory)
+        });
+    }
+}
+
+#[test]
+fn fuzz_inode_with_xattr_index() {
+    let mut i = sample_inode(2);
+    i.xattr_index = DiskAddress::new(1, 4096);
+    run_target(
+        "inode with an xattr index",
+        i.encode(4096).unwrap(),
+        usize::MAX,
+        |b| Inode::decode(b, 4096, 42, Location::Memory),
+    );
+}
+
+#[test]
+fn fuzz_xattr_index() {
+    let index = XattrIndex {
+        ino: 42,
+        attrs: 17,
+        blocks: (0..5)
+            .map(|k| DiskAddress::new(k % 2, 64 + 8 * k as u64))
+            .collect(),
+    };
+    run_target("xattr index block", index.encode(4096), usize::MAX, |b| {
+        XattrIndex::decode(b, 4096, 42, Location::Memory)
+    });
+}
+
+#[test]
+fn fuzz_xattr_block() {
+    let attrs: Vec<(Vec<u8>, Vec<u8>)> = (0..30)
+        .map(|k| (format!("user.a{k}").into_bytes(), vec![k as u8 + 1; 7 * k]))
+        .chain(std::iter::once((b"user.big".to_vec(), vec![9u8; 3000])))
+        .collect();
+    for (k, pieces) in pack(&attrs, 4096).into_iter().enumerate() {
+        let block = XattrBlock {
+            ino: 42,
+            index: k as u32,
+            pieces,
+        };
+        run_target("xattr block", block.encode(4096), usize::MAX, |b| {
+            XattrBlock::decode(b, 4096, 42, k as u32, Location::Memory)
         });
     }
 }

@@ -28,6 +28,7 @@ pub static INODE_LOCK: LockClass = LockClass::new("inode");
 pub static INODE_READ_PATTERN_LOCK: LockClass = LockClass::new("inode.readPattern");
 pub static INODE_INDIRECT_LOCK: LockClass = LockClass::new("inode.indirect");
 pub static INODE_DIR_BLOCKS_LOCK: LockClass = LockClass::new("inode.dirBlocks");
+pub static INODE_XATTR_LOCK: LockClass = LockClass::new("inode.xattr");
 pub static INODE_CACHE_LOCK: LockClass = LockClass::new("inode.cache");
 pub static INODE_LOOKUPS_LOCK: LockClass = LockClass::new("inode.lookups");
 pub static STAT_CACHE_LOCK: LockClass = LockClass::new("statCache");
@@ -221,6 +222,9 @@ pub struct InodeState {
     pub indirect: CountedMutex<HashMap<(u8, u64), IndNode>>,
     /// Directory blocks by logical index.
     pub dir_blocks: CountedMutex<HashMap<u64, DirNode>>,
+    /// Extended attributes outside the inode with their xattr blocks (`xattr`); `None`
+    /// until first used.
+    pub xattr: CountedMutex<Option<crate::xattr::Overflow>>,
     /// The inode was freed; the handle is stale.
     pub deleted: bool,
 }
@@ -271,6 +275,7 @@ impl InodeHandle {
                     inbox: inbox.clone(),
                     indirect: CountedMutex::new(&INODE_INDIRECT_LOCK, HashMap::new()),
                     dir_blocks: CountedMutex::new(&INODE_DIR_BLOCKS_LOCK, HashMap::new()),
+                    xattr: CountedMutex::new(&INODE_XATTR_LOCK, None),
                     deleted: false,
                 },
             ),

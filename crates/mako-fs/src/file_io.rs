@@ -131,9 +131,18 @@ fn make_full_block(core: &Core, st: &mut InodeState, b: u64) -> FsResult<()> {
     let mut buf = slot.buf.lock();
     let was = buf.is_dirty();
     load_buffer(core, st, b, &mut buf)?;
-    let new = core
-        .alloc
-        .allocate_reserved(AllocKind::Data, spb, ino, b, buf.reserved)?;
+    // A fragment at the start of its block with the rest of the block free becomes
+    // the full block where it is (no copy, nothing freed).
+    let in_place = !cur.is_null()
+        && core
+            .alloc
+            .extend(AllocKind::Data, cur, cur_sb, spb, buf.reserved)?;
+    let new = if in_place {
+        cur
+    } else {
+        core.alloc
+            .allocate_reserved(AllocKind::Data, spb, ino, b, buf.reserved)?
+    };
     buf.reserved = 0;
     let mut full = AlignedBuf::with_capacity(bb);
     full.extend_from_slice(&buf.bytes[..buf.bytes.len().min(bb)]);
@@ -141,7 +150,9 @@ fn make_full_block(core: &Core, st: &mut InodeState, b: u64) -> FsResult<()> {
     core.nsd.write(new, &full, tag(ino))?;
     core.journal.note_ordered_write();
     if !cur.is_null() {
-        core.alloc.free(cur, cur_sb)?;
+        if !in_place {
+            core.alloc.free(cur, cur_sb)?;
+        }
         st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64);
     }
     block_map::set(core, st, b, new)?;
@@ -256,8 +267,16 @@ fn write_locked(
         let was = buf.is_dirty();
         // Dirty data of an unallocated block holds a reservation of a full block until
         // write-behind allocates it, so that write-behind never meets ENOSPC: the
-        // write meets it here, and reports it.
-        if buf.reserved == 0 && block_map::lookup(core, &st, b)?.is_null() {
+        // write meets it here, and reports it. So does data past the end of a fragment
+        // (write-behind grows it).
+        let needs_space = buf.reserved == 0 && {
+            let da = block_map::lookup(core, &st, b)?;
+            let allocated = block_map::allocated_subblocks(core, &st, b);
+            da.is_null()
+                || (allocated < core.geo.subblocks_per_block
+                    && hi as u64 > allocated as u64 * core.geo.subblock_bytes() as u64)
+        };
+        if needs_space {
             if let Err(e) = core.alloc.reserve(core.geo.subblocks_per_block) {
                 if b == offset / bb {
                     return Err(e);
@@ -660,25 +679,40 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
     // An allocation only grows here (a fragment promoted to a full block); it never
     // shrinks, so space preallocated by fallocate past the end of file stays.
     let desired = desired.max(cur_sb);
+    // Subblocks the allocation had when it grew where it is (its new subblocks hold
+    // whatever the disk held: the write below covers them).
+    let mut grown_from = None;
     let target = if cur.is_null() || cur_sb != desired {
         if !buf.loaded {
             load_buffer(core, &st, b, &mut buf)?;
         }
-        let new = core
-            .alloc
-            .allocate_reserved(AllocKind::Data, desired, h.ino, b, buf.reserved)?;
+        // A growing fragment (appends to the last block) grows in place when the
+        // subblocks after it are free: no copy of the block, nothing freed to wait for
+        // a checkpoint. Otherwise it moves to a new allocation of the new size.
+        let target = if !cur.is_null()
+            && core
+                .alloc
+                .extend(AllocKind::Data, cur, cur_sb, desired, buf.reserved)?
+        {
+            grown_from = Some(cur_sb);
+            cur
+        } else {
+            let new =
+                core.alloc
+                    .allocate_reserved(AllocKind::Data, desired, h.ino, b, buf.reserved)?;
+            if !cur.is_null() {
+                core.alloc.free(cur, cur_sb)?;
+            }
+            block_map::set(core, &mut st, b, new)?;
+            new
+        };
         buf.reserved = 0;
-        if !cur.is_null() {
-            core.alloc.free(cur, cur_sb)?;
-            st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64);
-        }
-        block_map::set(core, &mut st, b, new)?;
-        st.inode.subblocks += desired as u64;
+        st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64) + desired as u64;
         if is_last {
             st.inode.last_block_subblocks = if desired < spb { desired as u16 } else { 0 };
         }
         st.mark_dirty();
-        new
+        target
     } else {
         cur
     };
@@ -699,7 +733,12 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
                 } else {
                     (hi as usize).next_multiple_of(IO_ALIGN).min(write_len)
                 };
-                (alo, ahi)
+                match grown_from {
+                    // Grown in place: the new subblocks are written whole, from the old
+                    // end of the allocation on at the latest (zeros past the buffer).
+                    Some(old) => (alo.min(old as usize * sb / IO_ALIGN * IO_ALIGN), write_len),
+                    None => (alo, ahi),
+                }
             }
             _ => (0, write_len),
         };
@@ -873,6 +912,59 @@ pub fn punch_hole(core: &Core, st: &mut InodeState, offset: u64, len: u64) -> Fs
     Ok(())
 }
 
+/// ENOSPC, before anything changes, when allocating [offset, end) cannot succeed: a
+/// full block for every hole and fragment of the range (dirty buffers over holes bring
+/// their reservations), and the indirect blocks mapping them (`AllocMap::check_room`).
+fn check_allocate_room(
+    core: &Core,
+    st: &InodeState,
+    offset: u64,
+    end: u64,
+    keep_size: bool,
+) -> FsResult<()> {
+    if end <= offset {
+        return Ok(());
+    }
+    let pointers = matches!(st.inode.content, InodeContent::Pointers(_));
+    if !pointers && end as usize <= inline_capacity(core, st) {
+        return Ok(());
+    }
+    let bb = core.block_bytes();
+    let spb = core.geo.subblocks_per_block;
+    let ino = st.inode.ino;
+    // Counting stops once more blocks are needed than the file system has: the answer
+    // is known, and a range of petabytes is not walked.
+    let limit = core.alloc.empty_blocks();
+    let (first, last) = (offset / bb, (end - 1) / bb);
+    let (mut blocks, mut held) = (0u64, 0u64);
+    for b in first..=last {
+        let full = pointers
+            && !block_map::lookup(core, st, b)?.is_null()
+            && block_map::allocated_subblocks(core, st, b) == spb;
+        if !full {
+            blocks += 1;
+            held += core
+                .pool
+                .get((ino, b))
+                .map_or(0, |slot| slot.buf.lock().reserved as u64);
+        }
+        if blocks > limit {
+            break;
+        }
+    }
+    // Growing the file turns an old fragment last block before the range into a block.
+    let size = st.inode.size;
+    if !keep_size
+        && end > size
+        && size > 0
+        && st.inode.last_block_subblocks != 0
+        && (size - 1) / bb < first
+    {
+        blocks += 1;
+    }
+    core.alloc.check_room(blocks, held, false)
+}
+
 /// Allocate (zeroed) blocks under [offset, offset+len); grows the size unless `keep_size`.
 pub fn allocate_range(
     core: &Core,
@@ -885,6 +977,7 @@ pub fn allocate_range(
         .checked_add(len)
         .filter(|e| *e <= FILE_BYTES_MAX)
         .ok_or_else(|| FsError::TooBig("fallocate range".into()))?;
+    check_allocate_room(core, st, offset, end, keep_size)?;
     if !keep_size && end > st.inode.size {
         set_size(core, st, end)?;
     }

@@ -367,6 +367,13 @@ impl Journal {
     /// Open a transaction handle. Must be called before taking any inode lock (a
     /// commit waits for open handles, and then takes inode locks itself).
     pub fn begin<'a>(&'a self, core: &Core) -> Tx<'a> {
+        self.begin_for(core, 0)
+    }
+
+    /// `begin` for an operation that may log up to `bytes` of images (more than an
+    /// inode and a few blocks): the running transaction is committed first if it would
+    /// pass the hard limit with them, so it always fits the log.
+    pub fn begin_for<'a>(&'a self, core: &Core, bytes: u64) -> Tx<'a> {
         let id = self.inbox.id;
         let nested = HELD.with(|h| {
             let mut h = h.borrow_mut();
@@ -380,7 +387,9 @@ impl Journal {
         if nested {
             return Tx { journal: self };
         }
-        if self.running_bytes(core) > self.hard_limit() && !core.read_only.load(Ordering::Relaxed) {
+        if self.running_bytes(core) + bytes > self.hard_limit()
+            && !core.read_only.load(Ordering::Relaxed)
+        {
             if let Err(e) = self.commit(core) {
                 tracing::error!("commit of a full log transaction failed: {e}");
             }
@@ -566,6 +575,7 @@ impl Journal {
                 }
             }
             drop(dirs);
+            crate::xattr::take_images(core, &st, &mut images);
             let (da, bytes) = core.encode_inode(&st.inode)?;
             images.push((BufferType::Inode, LogImage::from_vec(da, bytes)));
             st.dirty = false;
@@ -589,7 +599,7 @@ impl Journal {
             }
         }
         // Space freed by this transaction becomes reusable once it is checkpointed.
-        core.alloc.tag_frees(seq);
+        core.alloc.end_transaction(seq);
         let images: Vec<(BufferType, Arc<LogImage>)> =
             images.into_iter().map(|(k, i)| (k, Arc::new(i))).collect();
         let mut pending = self.pending.write();

@@ -31,6 +31,7 @@ pub mod recovery;
 pub mod stats;
 pub mod test_util;
 pub mod workers;
+pub mod xattr;
 
 pub use crate::core::{Core, FsConfig, KernelInvalidator};
 pub use error::{FsError, FsResult};

@@ -27,7 +27,15 @@ pub fn sync_all(core: &Core) -> FsResult<()> {
     handles.sort_unstable_by_key(|h| h.ino);
     for h in &handles {
         if !core.pool.keys_of(h.ino, true).is_empty() {
-            file_io::flush_data(core, h)?;
+            match file_io::flush_data(core, h) {
+                // A fragment that grows needs space; what waits for a checkpoint is
+                // free as far as users are told: checkpoint, and write on.
+                Err(FsError::NoSpace(_)) if core.alloc.quarantined_subblocks() > 0 => {
+                    core.journal.quiesce(core)?;
+                    file_io::flush_data(core, h)?;
+                }
+                r => r?,
+            }
         }
     }
     core.journal.commit(core)
@@ -42,6 +50,7 @@ pub fn free_inode(core: &Core, st: &mut InodeState) -> FsResult<()> {
         "freeing inode {ino} that still has links"
     );
     core.alloc.unreserve(core.pool.remove_from(ino, 0));
+    crate::xattr::free_all(core, st)?;
     let units = block_map::cut_from(core, st, 0)?;
     for (_, da, n) in units {
         core.alloc.free(da, n)?;
