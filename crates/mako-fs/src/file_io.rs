@@ -188,8 +188,12 @@ fn grow_prepare(core: &Core, st: &mut InodeState, new_size: u64) -> FsResult<()>
             let mut buf = slot.buf.lock();
             let was = buf.is_dirty();
             load_buffer(core, st, b0, &mut buf)?;
+            // Dirty from the last byte of the old end of file: the write-back then
+            // covers every byte past it to the end of the allocation (zeros, or what is
+            // written there), and not the whole block again — an append of 8 KiB to a
+            // large fragment writes about 8 KiB.
             let n = buf.bytes.len() as u32;
-            buf.add_dirty(0, n.max(1).min(bb as u32));
+            buf.add_dirty(n.saturating_sub(1), n.max(1).min(bb as u32));
             if buf.bytes.is_empty() {
                 buf.bytes.resize(1, 0);
             }
@@ -1022,16 +1026,6 @@ pub fn allocate_range(
     Ok(())
 }
 
-/// Data, for SEEK_DATA/SEEK_HOLE: an allocated block, or dirty data not yet
-/// allocated. A clean cached copy of a hole is still a hole.
-fn block_has_data(core: &Core, st: &InodeState, b: u64) -> FsResult<bool> {
-    let dirty = core
-        .pool
-        .get((st.inode.ino, b))
-        .is_some_and(|s| s.buf.lock().is_dirty());
-    Ok(dirty || !block_map::lookup(core, st, b)?.is_null())
-}
-
 /// lseek SEEK_DATA.
 pub fn seek_data(core: &Core, st: &InodeState, offset: u64) -> FsResult<u64> {
     let size = st.inode.size;
@@ -1065,7 +1059,10 @@ pub fn seek_data(core: &Core, st: &InodeState, offset: u64) -> FsResult<u64> {
     Ok(pos)
 }
 
-/// lseek SEEK_HOLE (the end of file counts as a hole).
+/// lseek SEEK_HOLE (the end of file counts as a hole). Data is an allocated block or
+/// dirty data not yet allocated (a clean cached copy of a hole is still a hole); holes
+/// are found through the indirect tree (`block_map::first_hole_from`), so a long run
+/// of data or a huge file is not probed block by block.
 pub fn seek_hole(core: &Core, st: &InodeState, offset: u64) -> FsResult<u64> {
     let size = st.inode.size;
     if offset >= size {
@@ -1075,12 +1072,27 @@ pub fn seek_hole(core: &Core, st: &InodeState, offset: u64) -> FsResult<u64> {
         return Ok(size);
     }
     let bb = core.block_bytes();
-    let mut b = offset / bb;
-    while b * bb < size {
-        if !block_has_data(core, st, b)? {
-            return Ok(offset.max(b * bb));
+    let last = (size - 1) / bb;
+    let first = offset / bb;
+    let dirty: std::collections::BTreeSet<u64> = core
+        .pool
+        .keys_of(st.inode.ino, true)
+        .into_iter()
+        .map(|(_, k)| k)
+        .filter(|&k| k >= first)
+        .collect();
+    let mut b = first;
+    loop {
+        let h = block_map::first_hole_from(core, st, b, last + 1)?;
+        if h > last {
+            return Ok(size);
         }
-        b += 1;
+        // Dirty data over a hole is data (there are at most as many as the pagepool
+        // holds dirty blocks).
+        if dirty.contains(&h) {
+            b = h + 1;
+            continue;
+        }
+        return Ok(offset.max(h * bb));
     }
-    Ok(size)
 }

@@ -42,6 +42,11 @@ fn data_subblocks(size: u64, block: u64, sb: u64) -> u64 {
     size / block * (block / sb) + (size % block).div_ceil(sb)
 }
 
+/// Bytes written to every disk so far (data, log and metadata).
+fn disk_bytes_written(fs: &FileSystem) -> u64 {
+    fs.core.nsd.stats().iter().map(|s| s.write_bytes).sum()
+}
+
 fn subblocks_of(fs: &FileSystem, ino: u64) -> u64 {
     fs.getattr(ino).unwrap().blocks * 512 / fs.core.geo.subblock_bytes() as u64
 }
@@ -68,6 +73,7 @@ fn small_direct_appends_fill_fragments_and_keep_statfs_exact() {
     // checkpoint used to fill the file system within the first 6 MiB.
     let total: u64 = 40 << 20;
     let data = pattern(3, chunk);
+    let written0 = disk_bytes_written(fs);
     let mut off = 0u64;
     while off < total {
         let n = fs
@@ -102,6 +108,13 @@ fn small_direct_appends_fill_fragments_and_keep_statfs_exact() {
             "no reservation left over"
         );
     }
+    // Each append writes about what it appends (its pages, the partial page before
+    // them, the rest of the subblock), not the whole fragment again, and the log.
+    let written = disk_bytes_written(fs) - written0;
+    assert!(
+        written < 4 * total,
+        "{written} bytes written to disk for {total} bytes appended"
+    );
     // Full blocks and an exact fragment, as a buffered write would leave them (the
     // difference is the file's indirect blocks).
     let want = data_subblocks(total + 4096, bb, sb);
