@@ -17,10 +17,17 @@
 //! append is reallocated many times in one transaction; quarantining every copy left
 //! the file system full of space nobody could use until the next checkpoint).
 //!
+//! Whole blocks: a reservation (dirty data waiting for write-behind) is a whole block
+//! and is backed by a whole empty, unquarantined block (`ready_blocks`); no other
+//! allocation takes an empty block when that would leave too few for the reservations
+//! (`may_take_empty_block`), so write-behind always finds its block.
+//!
 //! What users see (`statfs`, `mako status`): free = clear bits (quarantined ones
 //! included: an allocation that needs them checkpoints first) minus what is promised
-//! to dirty data; available = free minus the metadata reserve, which data can never
-//! take. Every byte reported available can be allocated for data.
+//! to dirty data; available = whole empty blocks minus reservations, the metadata
+//! reserve (which data never takes) and the indirect blocks mapping them
+//! (`user_available_subblocks`). Every byte reported available can be allocated to
+//! one file.
 
 use crate::error::{FsError, FsResult};
 use mako_diag::{CountedMutex, LockClass};
@@ -672,8 +679,8 @@ impl AllocMap {
     /// they are not (the caller reallocates); ENOSPC when the space is not there.
     ///
     /// A fragment that grows (appends to a file's last block) then keeps its address:
-    /// no copy, and nothing freed to wait for a checkpoint.
-    /// `held` reserved subblocks are the caller's, given back when it succeeds.
+    /// no copy, and nothing freed to wait for a checkpoint. `held` reserved subblocks
+    /// are the caller's, given back when it succeeds.
     pub fn extend(
         &self,
         kind: AllocKind,
@@ -682,7 +689,11 @@ impl AllocMap {
         new: u32,
         held: u32,
     ) -> FsResult<bool> {
-        assert!(cur >= 1 && new > cur, "extending {cur} subblocks to {new}");
+        if cur == 0 || new <= cur {
+            return Err(FsError::Invalid(format!(
+                "extending {cur} subblocks at {da} to {new}"
+            )));
+        }
         let spb = self.geo.subblocks_per_block as u64;
         let (region, subblock) = self.locate(da)?;
         if subblock % spb + new as u64 > spb {

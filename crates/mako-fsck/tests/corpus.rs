@@ -465,6 +465,33 @@ fn cross_linked_block() {
     );
 }
 
+#[test]
+fn fragment_cross_linked_with_an_xattr_block() {
+    run(
+        "a file's fragment pointing into another file's xattr block",
+        |ins, fx| {
+            let (xf, bp) = (fx.ino("/xattr_file"), fx.ino("/blockplus"));
+            let (_, blocks) = ins.xattr_blocks(xf);
+            let mut i = ins.inode(bp);
+            assert_eq!(i.last_block_subblocks, 1, "/blockplus ends in a fragment");
+            let InodeContent::Pointers(p) = &mut i.content else {
+                panic!("pointers")
+            };
+            p[1] = blocks[1].0;
+            ins.put_inode(&i);
+            case(ProblemKind::CrossLinkedBlock, Some(bp), &["/blockplus"])
+        },
+        |fs, fx| {
+            // The xattr block (identity-checked metadata) stays with its file, whose
+            // attributes are all there (checked for every untouched path); the data
+            // owner gets a copy.
+            let (xf, bp) = (fx.ino("/xattr_file"), fx.ino("/blockplus"));
+            assert_eq!(xattrs_of(fs, xf), fx.xattrs["/xattr_file"]);
+            assert_eq!(read_all(fs, bp).len(), 65537);
+        },
+    );
+}
+
 fn set_bits(ins: &Inspect, da: DiskAddress, n: u64, on: bool) {
     let s = da.sector() / ins.desc.geometry.sectors_per_subblock();
     let (region, k) = ins.region_of(da.disk(), s);
