@@ -24,10 +24,10 @@
 //!
 //! What users see (`statfs`, `mako status`): free = clear bits (quarantined ones
 //! included: an allocation that needs them checkpoints first) minus what is promised
-//! to dirty data; available = whole empty blocks minus reservations, the metadata
-//! reserve (which data never takes) and the indirect blocks mapping them
-//! (`user_available_subblocks`). Every byte reported available can be allocated to
-//! one file.
+//! to dirty data; available = whole empty blocks minus reservations and the metadata
+//! reserve (which data never takes, and from which the indirect blocks mapping data
+//! come) (`user_available_subblocks`). Every byte reported available can be reserved,
+//! then allocated, by one write or fallocate.
 
 use crate::error::{FsError, FsResult};
 use mako_diag::{CountedMutex, LockClass};
@@ -423,14 +423,13 @@ impl AllocMap {
     }
 
     /// Space data can still get (statfs `f_bavail`), in whole blocks: blocks with no
-    /// subblock in use (after a checkpoint), less what is promised to dirty data, the
-    /// metadata reserve, and the indirect blocks mapping all of it would need. Free
-    /// subblocks in blocks partly in use hold fragments of small files but not one
-    /// block of a large file, so they are not promised. All of it can be allocated to
-    /// one file.
+    /// subblock in use (after a checkpoint), less what is promised to dirty data and
+    /// the metadata reserve. Free subblocks in blocks partly in use hold fragments of
+    /// small files but not one block of a large file, so they are not promised. All of
+    /// it can be reserved by one write or fallocate, and the indirect blocks mapping it
+    /// come from the metadata reserve.
     pub fn user_available_subblocks(&self) -> u64 {
-        let room = self.data_room_blocks(0, true);
-        room.saturating_sub(self.indirect_margin_blocks(room)) * self.geo.subblocks_per_block as u64
+        self.data_room_blocks() * self.geo.subblocks_per_block as u64
     }
 
     /// Blocks with no subblock in use (quarantined ones included).
@@ -469,72 +468,13 @@ impl AllocMap {
         self.ready_blocks() * spb >= others + floor + spb
     }
 
-    /// Empty blocks data may take, counting `held` reserved subblocks as the caller's
-    /// own; `after_checkpoint`: with the space waiting for a checkpoint released.
-    fn data_room_blocks(&self, held: u64, after_checkpoint: bool) -> u64 {
+    /// Empty blocks (after a checkpoint) that are neither promised to dirty data nor
+    /// part of the metadata reserve: what one more reservation can get.
+    fn data_room_blocks(&self) -> u64 {
         let spb = self.geo.subblocks_per_block as u64;
-        let empty = if after_checkpoint {
-            self.empty_blocks()
-        } else {
-            self.ready_blocks()
-        };
-        let others = self.reserved_subblocks().saturating_sub(held);
-        empty.saturating_sub(self.metadata_reserve.div_ceil(spb) + others.div_ceil(spb))
-    }
-
-    /// Blocks the indirect blocks mapping `blocks` new data blocks may take: on each
-    /// level a tree can have, one per `ppi^level` data blocks and one for an unaligned
-    /// edge; metadata allocations pack them into blocks, one of them partly used.
-    pub fn indirect_margin_blocks(&self, blocks: u64) -> u64 {
-        if blocks == 0 {
-            return 0;
-        }
-        let ppi = self.geo.pointers_per_indirect();
-        let mut span = 1u64;
-        let mut indirect = 0u64;
-        for _ in 0..crate::block_map::DEPTH_MAX {
-            span = span.saturating_mul(ppi);
-            indirect += blocks.div_ceil(span) + 1;
-        }
-        let subblocks = indirect * self.geo.indirect_subblocks() as u64;
-        subblocks.div_ceil(self.geo.subblocks_per_block as u64) + 1
-    }
-
-    /// Check that `data_blocks` new full blocks of file data (of which `held` subblocks
-    /// are reserved by the caller's dirty buffers), with the indirect blocks mapping
-    /// them, can be allocated; ENOSPC says what is missing. Space waiting for a
-    /// checkpoint counts only if `after_checkpoint` (the caller checkpoints and asks
-    /// again).
-    pub fn check_room(&self, data_blocks: u64, held: u64, after_checkpoint: bool) -> FsResult<()> {
-        if data_blocks == 0 {
-            return Ok(());
-        }
-        let spb = self.geo.subblocks_per_block as u64;
-        let margin = self.indirect_margin_blocks(data_blocks);
-        let room = self.data_room_blocks(held, after_checkpoint);
-        // The allocator's own rule for data without a reservation: it leaves the
-        // metadata reserve free.
-        let others = self.reserved_subblocks().saturating_sub(held);
-        let free = self.free_subblocks()
-            + if after_checkpoint {
-                self.quarantined_subblocks()
-            } else {
-                0
-            };
-        let subblock_room = free
-            .saturating_sub(others)
-            .saturating_sub(self.metadata_reserve);
-        if data_blocks + margin > room || (data_blocks + margin) * spb > subblock_room {
-            return Err(FsError::NoSpace(format!(
-                "{data_blocks} blocks of data (and up to {margin} for their indirect blocks) wanted; {room} empty \
-                 blocks are available for data ({} subblocks free, {others} promised to data not yet written, {} \
-                 kept for metadata, {} freed and waiting for a checkpoint)",
-                self.free_subblocks(),
-                self.metadata_reserve,
-                self.quarantined_subblocks()
-            )));
-        }
-        Ok(())
+        self.empty_blocks().saturating_sub(
+            self.metadata_reserve.div_ceil(spb) + self.reserved_subblocks().div_ceil(spb),
+        )
     }
 
     /// Subblocks an allocation of `kind` may use, counting `held` of the reservations
@@ -561,7 +501,14 @@ impl AllocMap {
     /// the metadata reserve, cover every reservation (free subblocks scattered over
     /// blocks partly in use cannot take a block).
     pub fn reserve(&self, n: u32) -> FsResult<()> {
-        let n = n as u64;
+        self.reserve_subblocks(n as u64)
+    }
+
+    /// `reserve` of any number of subblocks (a whole fallocate's blocks at once).
+    pub fn reserve_subblocks(&self, n: u64) -> FsResult<()> {
+        if n == 0 {
+            return Ok(());
+        }
         let spb = self.geo.subblocks_per_block as u64;
         let mut cur = self.reserved_subblocks.load(Ordering::Relaxed);
         loop {

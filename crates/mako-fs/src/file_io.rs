@@ -916,22 +916,20 @@ pub fn punch_hole(core: &Core, st: &mut InodeState, offset: u64, len: u64) -> Fs
     Ok(())
 }
 
-/// ENOSPC, before anything changes, when allocating [offset, end) cannot succeed: a
-/// full block for every hole and fragment of the range (dirty buffers over holes bring
-/// their reservations), and the indirect blocks mapping them (`AllocMap::check_room`).
-fn check_allocate_room(
+/// Subblocks to reserve before allocating [offset, end): a whole block for every hole
+/// and fragment of the range whose buffer holds no reservation yet, and for an old
+/// fragment last block that growing the file turns into a block. ENOSPC, before
+/// anything changes, when the file system has fewer empty blocks than that.
+fn range_reservation(
     core: &Core,
     st: &InodeState,
     offset: u64,
     end: u64,
     keep_size: bool,
-) -> FsResult<()> {
-    if end <= offset {
-        return Ok(());
-    }
+) -> FsResult<u64> {
     let pointers = matches!(st.inode.content, InodeContent::Pointers(_));
-    if !pointers && end as usize <= inline_capacity(core, st) {
-        return Ok(());
+    if end <= offset || (!pointers && end as usize <= inline_capacity(core, st)) {
+        return Ok(0);
     }
     let bb = core.block_bytes();
     let spb = core.geo.subblocks_per_block;
@@ -940,36 +938,84 @@ fn check_allocate_room(
     // is known, and a range of petabytes is not walked.
     let limit = core.alloc.empty_blocks();
     let (first, last) = (offset / bb, (end - 1) / bb);
-    let (mut blocks, mut held) = (0u64, 0u64);
+    let mut blocks = 0u64;
     for b in first..=last {
         let full = pointers
             && !block_map::lookup(core, st, b)?.is_null()
             && block_map::allocated_subblocks(core, st, b) == spb;
-        if !full {
+        let held = core
+            .pool
+            .get((ino, b))
+            .is_some_and(|slot| slot.buf.lock().reserved > 0);
+        if !full && !held {
             blocks += 1;
-            held += core
-                .pool
-                .get((ino, b))
-                .map_or(0, |slot| slot.buf.lock().reserved as u64);
         }
         if blocks > limit {
-            break;
+            return Err(FsError::NoSpace(format!(
+                "fallocate of {} bytes needs more blocks than the file system has free",
+                end - offset
+            )));
         }
     }
-    // Growing the file turns an old fragment last block before the range into a block.
-    let size = st.inode.size;
-    if !keep_size
-        && end > size
-        && size > 0
-        && st.inode.last_block_subblocks != 0
-        && (size - 1) / bb < first
-    {
+    if grown_fragment(core, st, end, keep_size, first).is_some() {
         blocks += 1;
     }
-    core.alloc.check_room(blocks, held, false)
+    Ok(blocks * spb as u64)
 }
 
-/// Allocate (zeroed) blocks under [offset, offset+len); grows the size unless `keep_size`.
+/// The old last block, a fragment before `first`, that growing the file to `end`
+/// turns into a full block (`grow_prepare`).
+fn grown_fragment(
+    core: &Core,
+    st: &InodeState,
+    end: u64,
+    keep_size: bool,
+    first: u64,
+) -> Option<u64> {
+    let size = st.inode.size;
+    let b0 = size.checked_sub(1)? / core.block_bytes();
+    (!keep_size && end > size && st.inode.last_block_subblocks != 0 && b0 < first).then_some(b0)
+}
+
+/// Run `f`, which allocates block `b` through its buffer, with a reservation lent from
+/// `pool` to that buffer (unless it holds one); taken back if `f` fails without using
+/// it, so that no clean buffer keeps a reservation.
+fn with_lent_reservation(
+    core: &Core,
+    ino: u64,
+    b: u64,
+    pool: &mut u64,
+    f: impl FnOnce() -> FsResult<()>,
+) -> FsResult<()> {
+    let spb = core.geo.subblocks_per_block;
+    let lent = {
+        let slot = core.pool.get_or_create((ino, b));
+        let mut buf = slot.buf.lock();
+        if buf.reserved == 0 && *pool >= spb as u64 {
+            buf.reserved = spb;
+            *pool -= spb as u64;
+            true
+        } else {
+            false
+        }
+    };
+    let r = f();
+    if r.is_err() && lent {
+        if let Some(slot) = core.pool.get((ino, b)) {
+            let mut buf = slot.buf.lock();
+            if buf.reserved == spb && !buf.is_dirty() {
+                buf.reserved = 0;
+                *pool += spb as u64;
+            }
+        }
+    }
+    r
+}
+
+/// Allocate (zeroed) blocks under [offset, offset+len); grows the size unless
+/// `keep_size`. Every block it needs is reserved first (ENOSPC then, with nothing
+/// changed), so the allocations succeed and their indirect blocks come from the
+/// metadata reserve: what statfs calls available can be allocated in one call.
 pub fn allocate_range(
     core: &Core,
     st: &mut InodeState,
@@ -981,9 +1027,31 @@ pub fn allocate_range(
         .checked_add(len)
         .filter(|e| *e <= FILE_BYTES_MAX)
         .ok_or_else(|| FsError::TooBig("fallocate range".into()))?;
-    check_allocate_room(core, st, offset, end, keep_size)?;
+    let need = range_reservation(core, st, offset, end, keep_size)?;
+    core.alloc.reserve_subblocks(need)?;
+    let mut pool = need;
+    let r = allocate_reserved_range(core, st, offset, end, keep_size, &mut pool);
+    if pool > 0 {
+        core.alloc.unreserve(pool);
+    }
+    r
+}
+
+fn allocate_reserved_range(
+    core: &Core,
+    st: &mut InodeState,
+    offset: u64,
+    end: u64,
+    keep_size: bool,
+    pool: &mut u64,
+) -> FsResult<()> {
+    let bb = core.block_bytes();
+    let ino = st.inode.ino;
     if !keep_size && end > st.inode.size {
-        set_size(core, st, end)?;
+        match grown_fragment(core, st, end, keep_size, offset / bb) {
+            Some(b0) => with_lent_reservation(core, ino, b0, pool, || set_size(core, st, end))?,
+            None => set_size(core, st, end)?,
+        }
     }
     if matches!(st.inode.content, InodeContent::InlineData(_)) {
         if end as usize <= inline_capacity(core, st) {
@@ -991,10 +1059,8 @@ pub fn allocate_range(
         }
         convert_inline(core, st)?;
     }
-    let bb = core.block_bytes();
     let spb = core.geo.subblocks_per_block;
     let zeros = AlignedBuf::zeroed(bb as usize);
-    let ino = st.inode.ino;
     let mut b = offset / bb;
     while b * bb < end {
         let cur = block_map::lookup(core, st, b)?;
@@ -1007,10 +1073,14 @@ pub fn allocate_range(
             if !cur.is_null() || core.pool.get((ino, b)).is_some() {
                 // A fragment, or a hole with cached data: its content moves to the full
                 // block before the pointer does.
-                make_full_block(core, st, b)?;
+                with_lent_reservation(core, ino, b, pool, || make_full_block(core, st, b))?;
             } else {
                 // A hole becomes a full block of zeros (on disk before the log names it).
-                let da = core.alloc.allocate(AllocKind::Data, spb, ino, b)?;
+                let held = if *pool >= spb as u64 { spb } else { 0 };
+                let da = core
+                    .alloc
+                    .allocate_reserved(AllocKind::Data, spb, ino, b, held)?;
+                *pool -= held as u64;
                 core.nsd.write(da, &zeros, tag(ino))?;
                 core.journal.note_ordered_write();
                 block_map::set(core, st, b, da)?;

@@ -164,6 +164,14 @@ fn fallocate_of_all_available_space_succeeds() {
     let b = fs.create(C, ROOT_INO, b"all", 0o644, 0, true).unwrap();
     fs.fallocate(b.ino, 0, avail - (512 << 10), 0)
         .unwrap_or_else(|e| panic!("fallocate of {avail} - 512 KiB available: {e}"));
+    // Exactly all of it: what is left is available too.
+    let s = fs.statfs();
+    let rest = s.blocks_available * s.fragment_bytes as u64;
+    if rest > 0 {
+        fs.fallocate(b.ino, avail, rest, 0)
+            .unwrap_or_else(|e| panic!("fallocate of the {rest} bytes still available: {e}"));
+    }
+    assert_eq!(fs.statfs().blocks_available, 0);
     // A refused fallocate changes nothing.
     let before = fs.statfs();
     let c = fs.create(C, ROOT_INO, b"more", 0o644, 0, true).unwrap();
@@ -173,5 +181,47 @@ fn fallocate_of_all_available_space_succeeds() {
     assert_eq!(fs.getattr(c.ino).unwrap().blocks, 0);
     assert_eq!(fs.statfs().blocks_free, before.blocks_free);
     fs.sync().unwrap();
+    m.unmount().unwrap();
+}
+
+/// A buffered writer gets what statfs calls available — at most one block more (the
+/// metadata reserve is rounded to whole blocks in statfs), and less only by the blocks
+/// its own indirect blocks took while write-behind ran — and all of it reaches disk.
+#[test]
+fn buffered_writes_fill_what_statfs_calls_available() {
+    let disks = MemDisks::new(2, 48 << 20);
+    disks.format(&params_1m());
+    let m = disks.mount(config());
+    let fs = &m.fs;
+    let bb = fs.core.block_bytes();
+    let s = fs.statfs();
+    let avail = s.blocks_available * s.fragment_bytes as u64;
+    let f = fs.create(C, ROOT_INO, b"fill", 0o644, 0, true).unwrap();
+    let chunk = pattern(9, 1 << 20);
+    let mut off = 0u64;
+    let e = loop {
+        match fs.write(f.ino, off, &chunk, false) {
+            Ok(n) => off += n as u64,
+            Err(e) => break e,
+        }
+        assert!(
+            off <= avail + bb,
+            "accepted {off} bytes, {avail} were available"
+        );
+    };
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    fs.fsync(f.ino, false)
+        .expect("everything accepted reaches disk");
+    let sb = fs.core.geo.subblock_bytes() as u64;
+    let indirect =
+        (subblocks_of(fs, f.ino) - off.div_ceil(sb)) / fs.core.geo.indirect_subblocks() as u64;
+    assert!(
+        off + indirect * bb >= avail,
+        "accepted {off} bytes, {avail} were available ({indirect} indirect blocks)"
+    );
+    assert_eq!(
+        fs.read(f.ino, off - 100, 100).unwrap(),
+        chunk[chunk.len() - 100..]
+    );
     m.unmount().unwrap();
 }
