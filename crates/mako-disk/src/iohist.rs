@@ -12,6 +12,8 @@ pub enum BufferType {
     Inode,
     Indirect,
     Directory,
+    /// Extended attributes outside the inode (xattr index and xattr blocks).
+    Xattr,
     Log,
     AllocMap,
     InodeMap,
@@ -26,6 +28,7 @@ impl BufferType {
             BufferType::Inode => "inode",
             BufferType::Indirect => "indirect",
             BufferType::Directory => "directory",
+            BufferType::Xattr => "xattr",
             BufferType::Log => "log",
             BufferType::AllocMap => "allocMap",
             BufferType::InodeMap => "inodeMap",

@@ -138,7 +138,8 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Common header check: magic, version, and crc32c over `bytes[..len]` with the crc at `crc_offset`.
+/// Common header check: magic, version (up to this build's `FORMAT_VERSION`), and
+/// crc32c over `bytes[..len]` with the crc at `crc_offset`.
 pub fn check_header(
     bytes: &[u8],
     structure: &'static str,
@@ -149,6 +150,32 @@ pub fn check_header(
     crc_offset: usize,
     stored_crc: u32,
 ) -> Result<(), FormatError> {
+    check_header_upto(
+        bytes,
+        structure,
+        location,
+        magic,
+        found_magic,
+        version,
+        crate::FORMAT_VERSION,
+        crc_offset,
+        stored_crc,
+    )
+}
+
+/// `check_header` for a structure whose own version runs up to `supported`.
+#[allow(clippy::too_many_arguments)]
+pub fn check_header_upto(
+    bytes: &[u8],
+    structure: &'static str,
+    location: Location,
+    magic: u64,
+    found_magic: u64,
+    version: u16,
+    supported: u16,
+    crc_offset: usize,
+    stored_crc: u32,
+) -> Result<(), FormatError> {
     if found_magic != magic {
         return Err(FormatError::new(
             structure,
@@ -156,13 +183,13 @@ pub fn check_header(
             FormatErrorKind::BadMagic { found: found_magic },
         ));
     }
-    if version == 0 || version > crate::FORMAT_VERSION {
+    if version == 0 || version > supported {
         return Err(FormatError::new(
             structure,
             location,
             FormatErrorKind::UnsupportedVersion {
                 found: version,
-                supported: crate::FORMAT_VERSION,
+                supported,
             },
         ));
     }

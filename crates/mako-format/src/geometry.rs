@@ -48,6 +48,15 @@ impl Geometry {
     pub fn indirect_subblocks(&self) -> u32 {
         self.indirect_bytes.div_ceil(self.subblock_bytes())
     }
+    /// Bytes of an xattr index or xattr block (`xattr`): 4 KiB, or a subblock when
+    /// subblocks are larger (the smallest allocation).
+    pub fn xattr_block_bytes(&self) -> u32 {
+        self.subblock_bytes().max(4096)
+    }
+    /// Subblocks that hold one xattr index or xattr block.
+    pub fn xattr_block_subblocks(&self) -> u32 {
+        self.xattr_block_bytes() / self.subblock_bytes()
+    }
     /// Block pointers one indirect block holds.
     pub fn pointers_per_indirect(&self) -> u64 {
         ((self.indirect_bytes as usize - crate::indirect::INDIRECT_HEADER_BYTES) / 8) as u64

@@ -2,9 +2,16 @@
 //! extended attributes, and either data-in-inode, directory entries, or block pointers.
 //!
 //! Layout: a 144-byte header, then the payload: the extended attributes first, then
-//! the content (inline bytes, or a fixed array of block pointers).
+//! the content (inline bytes, or a fixed array of block pointers). Attributes that do
+//! not fit in the inode are in xattr blocks (`xattr`), listed by the xattr index block
+//! whose address is in the header.
+//!
+//! Versions: 1, and 2 for an inode with an xattr index (the address at byte 135 is new
+//! in version 2, and an older Mako must not take such an inode for one without those
+//! attributes — nor its fsck the blocks for leaked space). An inode without one is
+//! still written as version 1.
 
-use crate::codec::{check_header, Reader, Writer};
+use crate::codec::{check_header_upto, Reader, Writer};
 use crate::dir_block::{decode_entries, encode_entries, DirEntry};
 use crate::error::{FormatError, FormatErrorKind, Location};
 use crate::DiskAddress;
@@ -12,6 +19,10 @@ use crate::DiskAddress;
 pub const INODE_MAGIC: u64 = 0x4e49_4b4d; // "MKIN"
 pub const INODE_HEADER_BYTES: usize = 144;
 const CRC_OFFSET: usize = 6;
+/// Newest inode version this build reads and writes (see the module doc).
+pub const INODE_VERSION: u16 = 2;
+/// First inode version with an xattr index address.
+pub const INODE_VERSION_XATTR_INDEX: u16 = 2;
 
 /// Inode flags.
 pub const FLAG_INLINE: u32 = 1 << 0;
@@ -77,7 +88,11 @@ pub struct Inode {
     pub entries: u64,
     /// Directories: the parent directory (`..`). Zero for other files.
     pub parent: u64,
+    /// The extended attributes held in the inode.
     pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The xattr index block of the attributes that do not fit in the inode (NULL:
+    /// there are none). Its blocks count in `subblocks`.
+    pub xattr_index: DiskAddress,
     pub content: InodeContent,
 }
 
@@ -109,6 +124,7 @@ impl Inode {
             entries: 0,
             parent: 0,
             xattrs: Vec::new(),
+            xattr_index: DiskAddress::NULL,
             content: InodeContent::InlineData(Vec::new()),
         }
     }
@@ -141,7 +157,11 @@ impl Inode {
         }
         let mut w = Writer::with_capacity(inode_bytes as usize);
         w.u32(INODE_MAGIC as u32);
-        w.u16(crate::FORMAT_VERSION);
+        w.u16(if self.xattr_index.is_null() {
+            1
+        } else {
+            INODE_VERSION_XATTR_INDEX
+        });
         w.u32(0); // crc
         w.u64(self.ino);
         w.u32(self.generation);
@@ -169,6 +189,7 @@ impl Inode {
         w.u16(self.content_len(inode_bytes) as u16);
         w.u64(self.entries);
         w.u64(self.parent);
+        w.u64(self.xattr_index.raw());
         debug_assert!(w.len() <= INODE_HEADER_BYTES);
         w.pad_to(INODE_HEADER_BYTES);
         for (n, v) in &self.xattrs {
@@ -221,13 +242,14 @@ impl Inode {
         let magic = r.u32()? as u64;
         let version = r.u16()?;
         let crc = r.u32()?;
-        check_header(
+        check_header_upto(
             bytes,
             S,
             location,
             INODE_MAGIC,
             magic,
             version,
+            INODE_VERSION,
             CRC_OFFSET,
             crc,
         )?;
@@ -271,6 +293,14 @@ impl Inode {
         let content_len = r.u16()? as usize;
         let entries = r.u64()?;
         let parent = r.u64()?;
+        let xattr_index = DiskAddress::from_raw(r.u64()?);
+        if version < INODE_VERSION_XATTR_INDEX && !xattr_index.is_null() {
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!("inode {ino}: version {version} inode with an xattr index address"),
+            ));
+        }
         if xattr_len + content_len > payload_bytes(inode_bytes) {
             return Err(FormatError::invalid(
                 S,
@@ -341,6 +371,7 @@ impl Inode {
             entries,
             parent,
             xattrs,
+            xattr_index,
             content,
         })
     }

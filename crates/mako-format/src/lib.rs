@@ -7,7 +7,7 @@
 //! - Decoding never panics on bad bytes: it returns a [`FormatError`] naming the
 //!   structure and the disk address it was read from.
 //! - Structures that can be misdirected (inodes, indirect blocks, directory blocks,
-//!   map segments) carry their own identity (inode number, logical index, level) so a
+//!   xattr blocks, map segments) carry their own identity (inode number, logical index, level) so a
 //!   block written to the wrong place is recognised as such, not trusted.
 
 pub mod alloc_segment;
@@ -24,6 +24,7 @@ pub mod inode_map_segment;
 pub mod log_header;
 pub mod log_record;
 pub mod name_hash;
+pub mod xattr;
 
 pub use da::DiskAddress;
 pub use error::{FormatError, FormatErrorKind};

@@ -26,6 +26,7 @@ use mako_format::indirect::*;
 use mako_format::inode::*;
 use mako_format::inode_map_segment::InodeMapSegment;
 use mako_format::log_header::LogHeader;
+use mako_format::xattr::*;
 use mako_format::DiskAddress;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -413,6 +414,68 @@ fn fuzz_inode() {
             reseal: &|b| seal(b, 6, 4096),
             encode: &|i| {
                 let _ = i.encode(4096);
+            },
+        });
+    }
+}
+
+#[test]
+fn fuzz_inode_with_xattr_index() {
+    let mut i = sample_inode(2);
+    i.xattr_index = DiskAddress::new(1, 4096);
+    run_target(Target {
+        name: "inode with an xattr index",
+        valid: i.encode(4096).unwrap(),
+        covered: usize::MAX,
+        decode: &|b| Inode::decode(b, 4096, 42, Location::Memory),
+        reseal: &|b| seal(b, 6, 4096),
+        encode: &|i| {
+            let _ = i.encode(4096);
+        },
+    });
+}
+
+#[test]
+fn fuzz_xattr_index() {
+    let index = XattrIndex {
+        ino: 42,
+        attrs: 17,
+        blocks: (0..5)
+            .map(|k| DiskAddress::new(k % 2, 64 + 8 * k as u64))
+            .collect(),
+    };
+    run_target(Target {
+        name: "xattr index block",
+        valid: index.encode(4096),
+        covered: usize::MAX,
+        decode: &|b| XattrIndex::decode(b, 4096, 42, Location::Memory),
+        reseal: &|b| seal(b, 6, 4096),
+        encode: &|x| {
+            let _ = x.encode(4096);
+        },
+    });
+}
+
+#[test]
+fn fuzz_xattr_block() {
+    let attrs: Vec<(Vec<u8>, Vec<u8>)> = (0..30)
+        .map(|k| (format!("user.a{k}").into_bytes(), vec![k as u8 + 1; 7 * k]))
+        .chain(std::iter::once((b"user.big".to_vec(), vec![9u8; 3000])))
+        .collect();
+    for (k, pieces) in pack(&attrs, 4096).into_iter().enumerate() {
+        let block = XattrBlock {
+            ino: 42,
+            index: k as u32,
+            pieces,
+        };
+        run_target(Target {
+            name: "xattr block",
+            valid: block.encode(4096),
+            covered: usize::MAX,
+            decode: &|b| XattrBlock::decode(b, 4096, 42, k as u32, Location::Memory),
+            reseal: &|b| seal(b, 6, 4096),
+            encode: &|x| {
+                let _ = x.encode(4096);
             },
         });
     }

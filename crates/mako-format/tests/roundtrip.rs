@@ -3,6 +3,7 @@
 use mako_format::dir_block::*;
 use mako_format::error::Location;
 use mako_format::inode::*;
+use mako_format::xattr::*;
 use mako_format::DiskAddress;
 use proptest::prelude::*;
 
@@ -33,8 +34,54 @@ proptest! {
         };
         let enc = i.encode(4096).unwrap();
         prop_assert_eq!(enc.len(), 4096);
+        prop_assert_eq!(u16::from_le_bytes([enc[4], enc[5]]), 1, "no xattr index: version 1");
         let dec = Inode::decode(&enc, 4096, 1234, Location::Memory).unwrap();
-        prop_assert_eq!(dec, i);
+        prop_assert_eq!(&dec, &i);
+        // With an xattr index the inode is version 2 and keeps the address.
+        let mut j = i.clone();
+        j.xattr_index = DiskAddress::new(3, 4096);
+        let enc = j.encode(4096).unwrap();
+        prop_assert_eq!(u16::from_le_bytes([enc[4], enc[5]]), INODE_VERSION_XATTR_INDEX);
+        prop_assert_eq!(Inode::decode(&enc, 4096, 1234, Location::Memory).unwrap(), j);
+    }
+
+    #[test]
+    fn xattr_blocks_roundtrip(
+        attrs in proptest::collection::btree_map(
+            proptest::collection::vec(1u8..=255, 1..=255),
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..100),
+                proptest::collection::vec(any::<u8>(), 0..=XATTR_VALUE_BYTES_MAX),
+            ],
+            0..40),
+        block in prop_oneof![Just(4096u32), Just(8192u32), Just(16384u32)],
+        ino in any::<u64>())
+    {
+        let attrs: Vec<Xattr> = attrs.into_iter().collect();
+        let blocks: Vec<XattrBlock> = pack(&attrs, block)
+            .into_iter()
+            .enumerate()
+            .map(|(k, pieces)| XattrBlock { ino, index: k as u32, pieces })
+            .collect();
+        let mut decoded = Vec::new();
+        for b in &blocks {
+            let enc = b.encode(block);
+            prop_assert_eq!(enc.len(), block as usize);
+            let d = XattrBlock::decode(&enc, block, ino, b.index, Location::Memory).unwrap();
+            prop_assert_eq!(&d, b);
+            decoded.push(d);
+        }
+        prop_assert_eq!(assemble(&decoded).unwrap(), attrs.clone());
+        if !blocks.is_empty() {
+            prop_assert!(blocks.len() <= index_capacity(block));
+            let index = XattrIndex {
+                ino,
+                attrs: attrs.len() as u32,
+                blocks: (0..blocks.len()).map(|k| DiskAddress::new(1, 8 + 8 * k as u64)).collect(),
+            };
+            let enc = index.encode(block);
+            prop_assert_eq!(XattrIndex::decode(&enc, block, ino, Location::Memory).unwrap(), index);
+        }
     }
 
     #[test]

@@ -11,7 +11,23 @@
 //! segment that it touched; a commit logs those pages and the first page (which holds
 //! the segment's checksum), never a whole segment for one bit. Freed subblocks are
 //! clear in the bitmap (so the logged image says free) but quarantined: not handed out
-//! again until the transaction that freed them has been checkpointed.
+//! again until the transaction that freed them has been checkpointed — unless the
+//! running transaction allocated them itself: then no committed pointer and no log
+//! image names them, and they are free at once (a fragment that grows append by
+//! append is reallocated many times in one transaction; quarantining every copy left
+//! the file system full of space nobody could use until the next checkpoint).
+//!
+//! Whole blocks: a reservation (dirty data waiting for write-behind) is a whole block
+//! and is backed by a whole empty, unquarantined block (`ready_blocks`); no other
+//! allocation takes an empty block when that would leave too few for the reservations
+//! (`may_take_empty_block`), so write-behind always finds its block.
+//!
+//! What users see (`statfs`, `mako status`): free = clear bits (quarantined ones
+//! included: an allocation that needs them checkpoints first) minus what is promised
+//! to dirty data; available = whole empty blocks minus reservations and the metadata
+//! reserve (which data never takes, and from which the indirect blocks mapping data
+//! come) (`user_available_subblocks`). Every byte reported available can be reserved,
+//! then allocated, by one write or fallocate.
 
 use crate::error::{DamageSink, FsError, FsResult, IntegrityError, SinkSlot};
 use mako_diag::{CountedMutex, LockClass};
@@ -51,6 +67,15 @@ pub struct Region {
     bitmap_offsets: Vec<usize>,
     /// Per slice: subblocks freed but not reusable yet (empty until the first free).
     quarantine: Vec<Vec<u64>>,
+    /// Per slice: how many subblocks are quarantined.
+    quarantined: Vec<u64>,
+    /// Per slice: blocks with no subblock in use (quarantined ones count as unused):
+    /// what full-block allocations can get after a checkpoint.
+    empty: Vec<u64>,
+    /// Per slice: empty blocks with no subblock quarantined either: what full-block
+    /// allocations can get now.
+    ready: Vec<u64>,
+    spb: u64,
 }
 
 pub struct AllocMap {
@@ -62,6 +87,10 @@ pub struct AllocMap {
     data_disks: Vec<u32>,
     meta_disks: Vec<u32>,
     free_subblocks: AtomicU64,
+    /// Blocks with no subblock in use, quarantined ones included (`Region::empty`).
+    empty_blocks: AtomicU64,
+    /// Empty blocks without quarantined subblocks (`Region::ready`).
+    ready_blocks: AtomicU64,
     /// Subblocks promised to dirty data not allocated yet (delayed allocation): a
     /// write reserves before it is accepted, so write-behind never meets ENOSPC.
     reserved_subblocks: AtomicU64,
@@ -78,6 +107,9 @@ pub struct AllocMap {
     quarantined_subblocks: AtomicU64,
     /// Where a double free or an address outside every disk is reported.
     damage: SinkSlot,
+    /// Allocations the running transaction made: address -> subblocks. Freed before
+    /// the transaction's commit snapshot, they are reusable at once (module doc).
+    fresh: parking_lot::Mutex<crate::core::FastMap<DiskAddress, u32>>,
 }
 
 /// What the allocation map's integrity failures are about.
@@ -178,7 +210,7 @@ fn count_used(bm: &[u64], len: u64) -> u64 {
 }
 
 impl Region {
-    fn from_segment(seg: AllocSegment) -> Region {
+    fn from_segment(seg: AllocSegment, spb: u64) -> Region {
         let free = seg
             .slices
             .iter()
@@ -194,6 +226,17 @@ impl Region {
             off += s.subblocks.div_ceil(64) as usize * 8;
         }
         let quarantine = vec![Vec::new(); seg.slices.len()];
+        let quarantined = vec![0; seg.slices.len()];
+        let empty = seg
+            .slices
+            .iter()
+            .zip(&seg.bitmaps)
+            .map(|(s, b)| {
+                (0..s.subblocks / spb)
+                    .filter(|k| range_free(b, k * spb, spb))
+                    .count() as u64
+            })
+            .collect::<Vec<u64>>();
         Region {
             seg,
             dirty_pages: Default::default(),
@@ -201,7 +244,52 @@ impl Region {
             cursor,
             bitmap_offsets,
             quarantine,
+            quarantined,
+            ready: empty.clone(),
+            empty,
+            spb,
         }
+    }
+
+    /// No subblock of block `k` of slice `si` in use.
+    fn block_empty(&self, si: usize, k: u64) -> bool {
+        range_free(&self.seg.bitmaps[si], k * self.spb, self.spb)
+    }
+
+    /// No subblock of block `k` of slice `si` in use or quarantined.
+    fn block_ready(&self, si: usize, k: u64) -> bool {
+        self.allocatable(si, k * self.spb, self.spb)
+    }
+
+    /// Blocks of slice `si` that subblocks `off..off+n` touch.
+    fn blocks_of(&self, off: u64, n: u64) -> std::ops::Range<u64> {
+        off / self.spb..(off + n.max(1)).div_ceil(self.spb)
+    }
+
+    /// Mark subblocks in use; returns how many blocks stopped being empty, and ready.
+    fn set_bits(&mut self, si: usize, off: u64, n: u64) -> (u64, u64) {
+        let (mut empty, mut ready) = (0, 0);
+        for k in self.blocks_of(off, n) {
+            empty += u64::from(self.block_empty(si, k));
+            ready += u64::from(self.block_ready(si, k));
+        }
+        set_range(&mut self.seg.bitmaps[si], off, n, true);
+        self.empty[si] -= empty;
+        self.ready[si] -= ready;
+        (empty, ready)
+    }
+
+    /// Count the blocks under subblocks `off..off+n`, which were in use until now and
+    /// are free (or quarantined) now, that became empty, and ready.
+    fn count_freed(&mut self, si: usize, off: u64, n: u64) -> (u64, u64) {
+        let (mut empty, mut ready) = (0, 0);
+        for k in self.blocks_of(off, n) {
+            empty += u64::from(self.block_empty(si, k));
+            ready += u64::from(self.block_ready(si, k));
+        }
+        self.empty[si] += empty;
+        self.ready[si] += ready;
+        (empty, ready)
     }
 
     /// Mark the pages holding subblocks `start..start+len` of slice `si` dirty; returns
@@ -247,6 +335,7 @@ impl AllocMap {
         }
         let mut total = 0;
         let mut free_total = 0;
+        let mut empty_total = 0;
         let mut regions = Vec::new();
         for (r, seg) in segments.into_iter().enumerate() {
             let expect = region_slices(desc, r as u32);
@@ -259,9 +348,10 @@ impl AllocMap {
                     ),
                 )));
             }
-            let region = Region::from_segment(seg);
+            let region = Region::from_segment(seg, geo.subblocks_per_block as u64);
             total += region.seg.slices.iter().map(|s| s.subblocks).sum::<u64>();
             free_total += region.free.iter().sum::<u64>();
+            empty_total += region.empty.iter().sum::<u64>();
             regions.push(CountedMutex::new(&ALLOC_REGION_LOCK, region));
         }
         let usable = |d: &&mako_format::descriptor::DiskEntry| d.status == DiskStatus::Ready;
@@ -289,6 +379,8 @@ impl AllocMap {
             data_disks,
             meta_disks,
             free_subblocks: AtomicU64::new(free_total),
+            empty_blocks: AtomicU64::new(empty_total),
+            ready_blocks: AtomicU64::new(empty_total),
             reserved_subblocks: AtomicU64::new(0),
             // 1% of the space, at least 16 and at most 1024 full blocks.
             metadata_reserve: (total / 100)
@@ -304,6 +396,7 @@ impl AllocMap {
             frees: parking_lot::Mutex::new(Vec::new()),
             quarantined_subblocks: AtomicU64::new(0),
             damage: SinkSlot::default(),
+            fresh: parking_lot::Mutex::new(Default::default()),
         })
     }
 
@@ -327,10 +420,78 @@ impl AllocMap {
     pub fn reserved_subblocks(&self) -> u64 {
         self.reserved_subblocks.load(Ordering::Relaxed)
     }
-    /// Free subblocks nobody has a claim on (what statfs reports as available).
+    /// Free subblocks nobody has a claim on now (quarantined ones not counted).
     pub fn available_subblocks(&self) -> u64 {
         self.free_subblocks()
             .saturating_sub(self.reserved_subblocks())
+    }
+
+    /// Subblocks kept for metadata: data allocations never take them.
+    pub fn metadata_reserve(&self) -> u64 {
+        self.metadata_reserve
+    }
+
+    /// Free space as users see it (statfs `f_bfree`, `mako status`): every subblock not
+    /// in use and not promised to dirty data. Quarantined subblocks count: an allocation
+    /// that needs them checkpoints the log first (`FileSystem`'s retry on ENOSPC).
+    pub fn user_free_subblocks(&self) -> u64 {
+        (self.free_subblocks() + self.quarantined_subblocks())
+            .saturating_sub(self.reserved_subblocks())
+    }
+
+    /// Space data can still get (statfs `f_bavail`), in whole blocks: blocks with no
+    /// subblock in use (after a checkpoint), less what is promised to dirty data and
+    /// the metadata reserve. Free subblocks in blocks partly in use hold fragments of
+    /// small files but not one block of a large file, so they are not promised. All of
+    /// it can be reserved by one write or fallocate, and the indirect blocks mapping it
+    /// come from the metadata reserve.
+    pub fn user_available_subblocks(&self) -> u64 {
+        self.data_room_blocks() * self.geo.subblocks_per_block as u64
+    }
+
+    /// Blocks with no subblock in use (quarantined ones included).
+    pub fn empty_blocks(&self) -> u64 {
+        self.empty_blocks.load(Ordering::Relaxed)
+    }
+
+    /// Empty blocks without quarantined subblocks: what full-block allocations can get
+    /// now.
+    pub fn ready_blocks(&self) -> u64 {
+        self.ready_blocks.load(Ordering::Relaxed)
+    }
+
+    fn took_blocks(&self, (empty, ready): (u64, u64)) {
+        self.empty_blocks.fetch_sub(empty, Ordering::Relaxed);
+        self.ready_blocks.fetch_sub(ready, Ordering::Relaxed);
+    }
+
+    fn gave_blocks(&self, (empty, ready): (u64, u64)) {
+        self.empty_blocks.fetch_add(empty, Ordering::Relaxed);
+        self.ready_blocks.fetch_add(ready, Ordering::Relaxed);
+    }
+
+    /// May an allocation of `kind` (holding `held` reserved subblocks) take a whole
+    /// empty block? Only while enough ready blocks stay for every other reservation
+    /// (a reserved block needs a whole block when write-behind allocates it) and, for
+    /// unreserved data, the metadata reserve.
+    fn may_take_empty_block(&self, kind: AllocKind, held: u64) -> bool {
+        let spb = self.geo.subblocks_per_block as u64;
+        let others = self.reserved_subblocks().saturating_sub(held);
+        let floor = if kind == AllocKind::Data && held == 0 {
+            self.metadata_reserve
+        } else {
+            0
+        };
+        self.ready_blocks() * spb >= others + floor + spb
+    }
+
+    /// Empty blocks (after a checkpoint) that are neither promised to dirty data nor
+    /// part of the metadata reserve: what one more reservation can get.
+    fn data_room_blocks(&self) -> u64 {
+        let spb = self.geo.subblocks_per_block as u64;
+        self.empty_blocks().saturating_sub(
+            self.metadata_reserve.div_ceil(spb) + self.reserved_subblocks().div_ceil(spb),
+        )
     }
 
     /// Subblocks an allocation of `kind` may use, counting `held` of the reservations
@@ -352,13 +513,25 @@ impl AllocMap {
             .saturating_sub(floor)
     }
 
-    /// Promise `n` subblocks to dirty data; ENOSPC when they are not there.
+    /// Promise `n` subblocks to dirty data; ENOSPC when they are not there. A
+    /// reservation is of a whole block, and backed by one: ready empty blocks, less
+    /// the metadata reserve, cover every reservation (free subblocks scattered over
+    /// blocks partly in use cannot take a block).
     pub fn reserve(&self, n: u32) -> FsResult<()> {
-        let n = n as u64;
+        self.reserve_subblocks(n as u64)
+    }
+
+    /// `reserve` of any number of subblocks (a whole fallocate's blocks at once).
+    pub fn reserve_subblocks(&self, n: u64) -> FsResult<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let spb = self.geo.subblocks_per_block as u64;
         let mut cur = self.reserved_subblocks.load(Ordering::Relaxed);
         loop {
             let free = self.free_subblocks().saturating_sub(self.metadata_reserve);
-            if free < cur + n {
+            let blocks = (self.ready_blocks() * spb).saturating_sub(self.metadata_reserve);
+            if free < cur + n || blocks < cur + n {
                 return Err(FsError::NoSpace(format!(
                     "{} subblocks free, {} promised to data not yet written, {} kept for metadata",
                     self.free_subblocks(),
@@ -386,13 +559,14 @@ impl AllocMap {
     pub fn region_count(&self) -> usize {
         self.regions.len()
     }
-    /// Free and total subblocks per disk (`mako disk show`).
+    /// Free (quarantined included, as `user_free_subblocks`) and total subblocks per
+    /// disk (`mako disk show`).
     pub fn per_disk_usage(&self, disks: usize) -> Vec<(u64, u64)> {
         let mut out = vec![(0u64, 0u64); disks];
         for r in &self.regions {
             let r = r.lock();
             for (i, s) in r.seg.slices.iter().enumerate() {
-                out[s.disk as usize].0 += r.free[i];
+                out[s.disk as usize].0 += r.free[i] + r.quarantined[i];
                 out[s.disk as usize].1 += s.subblocks;
             }
         }
@@ -445,18 +619,98 @@ impl AllocMap {
         unit: u64,
         held: u32,
     ) -> FsResult<DiskAddress> {
-        if self.usable(kind, held as u64) < subblocks as u64 {
+        let may_take_block = self.may_take_empty_block(kind, held as u64);
+        if self.usable(kind, held as u64) < subblocks as u64
+            || (subblocks == self.geo.subblocks_per_block && !may_take_block)
+        {
             return Err(FsError::NoSpace(format!(
-                "{subblocks} subblocks wanted, {} free of which {} are promised to unwritten data",
+                "{subblocks} subblocks wanted, {} free ({} empty blocks) of which {} are promised to unwritten data",
+                self.free_subblocks(),
+                self.ready_blocks(),
+                self.reserved_subblocks()
+            )));
+        }
+        let da = self.allocate_any(kind, subblocks, ino, unit, may_take_block)?;
+        if held > 0 {
+            self.unreserve(held as u64);
+        }
+        self.fresh.lock().insert(da, subblocks);
+        Ok(da)
+    }
+
+    /// Grow the allocation of `cur` subblocks at `da` to `new` subblocks in place, when
+    /// the subblocks after it in its block are free (and not quarantined). False when
+    /// they are not (the caller reallocates); ENOSPC when the space is not there.
+    ///
+    /// A fragment that grows (appends to a file's last block) then keeps its address:
+    /// no copy, and nothing freed to wait for a checkpoint. `held` reserved subblocks
+    /// are the caller's, given back when it succeeds.
+    pub fn extend(
+        &self,
+        kind: AllocKind,
+        da: DiskAddress,
+        cur: u32,
+        new: u32,
+        held: u32,
+    ) -> FsResult<bool> {
+        if cur == 0 || new <= cur {
+            return Err(FsError::Invalid(format!(
+                "extending {cur} subblocks at {da} to {new}"
+            )));
+        }
+        let spb = self.geo.subblocks_per_block as u64;
+        let (region, si, off) = self.locate(da, cur).map_err(|what| {
+            self.damage
+                .integrity(IntegrityError::new(STRUCTURE, what).at(da))
+        })?;
+        let subblock = self.regions[region].lock().seg.slices[si].first_subblock + off;
+        if subblock % spb + new as u64 > spb {
+            return Ok(false);
+        }
+        let want = (new - cur) as u64;
+        if self.usable(kind, held as u64) < want {
+            return Err(FsError::NoSpace(format!(
+                "{want} subblocks wanted, {} free of which {} are promised to unwritten data",
                 self.free_subblocks(),
                 self.reserved_subblocks()
             )));
         }
-        let da = self.allocate_any(kind, subblocks, ino, unit)?;
+        let mut r = self.regions[region].lock();
+        let bm = &r.seg.bitmaps[si];
+        if !(off..off + cur as u64).all(|i| bit(bm, i)) {
+            return Err(self.damage.integrity(
+                IntegrityError::new(
+                    STRUCTURE,
+                    format!("extending {cur} subblocks: they are not all in use"),
+                )
+                .at(da),
+            ));
+        }
+        if !r.allocatable(si, off + cur as u64, want) {
+            return Ok(false);
+        }
+        crate::journal::note_change();
+        let gone = r.set_bits(si, off + cur as u64, want);
+        r.free[si] -= want;
+        self.took_blocks(gone);
+        let pages = r.touch(si, off + cur as u64, want);
+        drop(r);
+        self.dirty_pages.fetch_add(pages, Ordering::Relaxed);
+        self.free_subblocks.fetch_sub(want, Ordering::Relaxed);
         if held > 0 {
             self.unreserve(held as u64);
         }
-        Ok(da)
+        let mut fresh = self.fresh.lock();
+        match fresh.get_mut(&da) {
+            // Allocated by the running transaction: all of it stays reusable at once.
+            Some(n) if *n == cur => *n = new,
+            // Otherwise a free of the whole goes to quarantine (the old part is
+            // committed); the added part is not recorded on its own.
+            _ => {
+                fresh.remove(&da);
+            }
+        }
+        Ok(true)
     }
 
     fn allocate_any(
@@ -465,6 +719,7 @@ impl AllocMap {
         subblocks: u32,
         ino: u64,
         unit: u64,
+        may_take_block: bool,
     ) -> FsResult<DiskAddress> {
         let spb = self.geo.subblocks_per_block;
         if subblocks < 1 || subblocks > spb {
@@ -497,7 +752,7 @@ impl AllocMap {
             let disk = self.pick_disk(kind, ino, unit, attempt)?;
             for k in 0..nregions {
                 let r = (start_region + k) % nregions;
-                if let Some(da) = self.allocate_in(r, disk, subblocks) {
+                if let Some(da) = self.allocate_in(r, disk, subblocks, may_take_block) {
                     return Ok(da);
                 }
             }
@@ -514,7 +769,15 @@ impl AllocMap {
         )))
     }
 
-    fn allocate_in(&self, region: usize, disk: u32, subblocks: u32) -> Option<DiskAddress> {
+    /// `may_take_block`: a fragment may go to an empty block (else only to blocks
+    /// partly in use; see `may_take_empty_block`).
+    fn allocate_in(
+        &self,
+        region: usize,
+        disk: u32,
+        subblocks: u32,
+        may_take_block: bool,
+    ) -> Option<DiskAddress> {
         let spb = self.geo.subblocks_per_block as u64;
         let mut r = self.regions[region].lock();
         let si = r.seg.slices.iter().position(|s| s.disk == disk)?;
@@ -536,8 +799,10 @@ impl AllocMap {
                     break;
                 }
             } else {
-                // A fragment: first run of `want` free subblocks inside this block,
-                // preferring blocks already partly used (keeps full blocks whole).
+                // A fragment: first run of `want` free subblocks inside this block.
+                if !may_take_block && r.block_ready(si, b) {
+                    continue;
+                }
                 let mut run = 0;
                 for i in 0..spb {
                     if bit(bm, base + i) || r.quarantined(si, base + i) {
@@ -557,8 +822,9 @@ impl AllocMap {
         }
         let at = found?;
         crate::journal::note_change();
-        set_range(&mut r.seg.bitmaps[si], at, want, true);
+        let gone = r.set_bits(si, at, want);
         r.free[si] -= want;
+        self.took_blocks(gone);
         r.cursor[si] = at / spb;
         let pages = r.touch(si, at, want);
         self.dirty_pages.fetch_add(pages, Ordering::Relaxed);
@@ -658,25 +924,57 @@ impl AllocMap {
         set_range(&mut r.seg.bitmaps[si], off, n, false);
         let pages = r.touch(si, off, n);
         self.dirty_pages.fetch_add(pages, Ordering::Relaxed);
+        let fresh = {
+            let mut f = self.fresh.lock();
+            match f.get(&da) {
+                Some(&m) if m == subblocks => {
+                    f.remove(&da);
+                    true
+                }
+                Some(_) => {
+                    // Part of a fresh allocation: the rest is still in use and no
+                    // longer tracked; quarantine is always safe.
+                    f.remove(&da);
+                    false
+                }
+                None => false,
+            }
+        };
+        if fresh {
+            // Allocated and freed by the running transaction: nothing durable or logged
+            // names it, so it is free at once.
+            r.free[si] += n;
+            let freed = r.count_freed(si, off, n);
+            drop(r);
+            self.gave_blocks(freed);
+            self.free_subblocks.fetch_add(n, Ordering::Relaxed);
+            return Ok(());
+        }
         if r.quarantine[si].is_empty() {
             let words = r.seg.bitmaps[si].len();
             r.quarantine[si] = vec![0u64; words];
         }
         set_range(&mut r.quarantine[si], off, n, true);
+        r.quarantined[si] += n;
+        let freed = r.count_freed(si, off, n);
         drop(r);
+        self.gave_blocks(freed);
         self.quarantined_subblocks.fetch_add(n, Ordering::Relaxed);
         self.frees.lock().push((UNCOMMITTED, da, subblocks));
         Ok(())
     }
 
-    /// Tag the frees of the running transaction with its sequence number (called by
-    /// the commit's snapshot).
-    pub fn tag_frees(&self, seq: u64) {
+    /// The running transaction becomes transaction `seq` (called by the commit's
+    /// snapshot, with no operation in flight): its frees are tagged with `seq`, and its
+    /// allocations are from now on named by a transaction that will be durable, so
+    /// space they give back waits for a checkpoint like any other.
+    pub fn end_transaction(&self, seq: u64) {
         for f in self.frees.lock().iter_mut() {
             if f.0 == UNCOMMITTED {
                 f.0 = seq;
             }
         }
+        self.fresh.lock().clear();
     }
 
     /// Make space freed by transactions up to `seq` (now checkpointed) allocatable.
@@ -695,7 +993,16 @@ impl AllocMap {
             let mut r = self.regions[region].lock();
             let n = subblocks as u64;
             set_range(&mut r.quarantine[si], off, n, false);
+            r.quarantined[si] -= n;
             r.free[si] += n;
+            // Blocks that are empty and now free of quarantine too become ready (they
+            // were counted empty when freed).
+            let mut ready = 0;
+            for k in r.blocks_of(off, n) {
+                ready += u64::from(r.block_ready(si, k));
+            }
+            r.ready[si] += ready;
+            self.ready_blocks.fetch_add(ready, Ordering::Relaxed);
             self.free_subblocks.fetch_add(n, Ordering::Relaxed);
             self.quarantined_subblocks.fetch_sub(n, Ordering::Relaxed);
         }
@@ -718,7 +1025,8 @@ impl AllocMap {
                 IntegrityError::new(STRUCTURE, format!("{doing}: some are in use already")).at(da),
             ));
         }
-        set_range(&mut r.seg.bitmaps[si], off, n, true);
+        let gone = r.set_bits(si, off, n);
+        self.took_blocks(gone);
         r.free[si] -= n;
         let pages = r.touch(si, off, n);
         self.dirty_pages.fetch_add(pages, Ordering::Relaxed);
@@ -835,6 +1143,8 @@ mod tests {
             allocs.push((da, n));
         }
         assert_eq!(disks.len(), 4, "a file's blocks stripe over every disk");
+        // The allocations are committed: what is freed from now on names them.
+        map.end_transaction(0);
         for (da, n) in &allocs {
             map.free(*da, *n, 99).unwrap();
         }
@@ -845,8 +1155,9 @@ mod tests {
             !allocs.iter().any(|(da, _)| *da == again),
             "quarantined space handed out again"
         );
+        map.end_transaction(1);
         map.free(again, spb, 99).unwrap();
-        map.tag_frees(1);
+        map.end_transaction(1);
         map.release_frees(1);
         assert_eq!(map.free_subblocks(), total);
         assert_eq!(map.quarantined_subblocks(), 0);
@@ -884,6 +1195,48 @@ mod tests {
                 "inode {ino} on disk {disk}: blocks {blocks:?} are not one after another"
             );
         }
+    }
+
+    #[test]
+    fn space_of_the_running_transaction_is_reusable_at_once_and_fragments_grow_in_place() {
+        let desc = test_descriptor(1, 64 << 20, 1 << 20);
+        let map = AllocMap::new(&desc, AllocMap::fresh_segments(&desc)).unwrap();
+        let total = map.free_subblocks();
+        // Allocated and freed before a commit snapshot: free at once, no quarantine.
+        let a = map.allocate(AllocKind::Data, 3, 5, 0).unwrap();
+        map.free(a, 3, 5).unwrap();
+        assert_eq!(map.quarantined_subblocks(), 0);
+        assert_eq!(map.free_subblocks(), total);
+        // A fragment grows in place while the subblocks after it are free.
+        let f = map.allocate(AllocKind::Data, 2, 5, 0).unwrap();
+        assert!(map.extend(AllocKind::Data, f, 2, 7, 0).unwrap());
+        assert!(map.is_used(f, 7).unwrap());
+        assert_eq!(map.free_subblocks(), total - 7);
+        // Still the running transaction's: its free is immediate, whole.
+        map.free(f, 7, 5).unwrap();
+        assert_eq!(map.free_subblocks(), total);
+        // Committed allocations are quarantined when freed, extended or not.
+        let g = map.allocate(AllocKind::Data, 2, 5, 0).unwrap();
+        map.end_transaction(1);
+        assert!(map.extend(AllocKind::Data, g, 2, 4, 0).unwrap());
+        // The next fragment lands right after it: g cannot grow any more.
+        let next = map.allocate(AllocKind::Data, 1, 5, 1).unwrap();
+        assert_eq!(
+            next.sector(),
+            g.sector() + 4 * desc.geometry.sectors_per_subblock()
+        );
+        assert!(!map.extend(AllocKind::Data, g, 4, 5, 0).unwrap());
+        map.free(g, 4, 5).unwrap();
+        assert_eq!(map.quarantined_subblocks(), 4);
+        assert_eq!(
+            map.user_free_subblocks(),
+            total - 1,
+            "quarantined space counts as free for users"
+        );
+        map.end_transaction(2);
+        map.release_frees(2);
+        assert_eq!(map.quarantined_subblocks(), 0);
+        assert_eq!(map.free_subblocks(), total - 1);
     }
 
     #[test]

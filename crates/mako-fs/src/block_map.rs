@@ -357,6 +357,79 @@ pub fn allocated_from(
     Ok(out)
 }
 
+/// The first unit at or after `from` that no pointer maps (a hole), or `limit` when
+/// every unit from `from` up to `limit` is mapped. Walks the tree: a null pointer at
+/// any level answers for its whole subtree, so a hole of terabytes costs a few
+/// pointer checks per level, and a run of mapped units a scan of their pointers.
+pub fn first_hole_from(core: &Core, st: &InodeState, from: u64, limit: u64) -> FsResult<u64> {
+    if from >= limit {
+        return Ok(limit);
+    }
+    let depth = st.inode.depth;
+    let ptrs: Vec<DiskAddress> = inode_pointers(&st.inode).to_vec();
+    let s = span(core, depth);
+    for (i, p) in ptrs.iter().enumerate() {
+        let base = (i as u64).saturating_mul(s);
+        if base.saturating_add(s) <= from {
+            continue;
+        }
+        if base >= limit {
+            return Ok(limit);
+        }
+        if p.is_null() {
+            return Ok(base.max(from).min(limit));
+        }
+        if let Some(h) = hole_below(core, st, depth, i as u64, *p, base, from, limit)? {
+            return Ok(h.min(limit));
+        }
+    }
+    // Past what the inode's pointers reach: a hole.
+    Ok(capacity(core, depth).max(from).min(limit))
+}
+
+/// The first hole at or after `from` (and below `limit`) in the subtree of the mapped
+/// pointer `ptr` at `level` covering units from `base`; `None` if it has none there.
+#[allow(clippy::too_many_arguments)]
+fn hole_below(
+    core: &Core,
+    st: &InodeState,
+    level: u8,
+    index: u64,
+    ptr: DiskAddress,
+    base: u64,
+    from: u64,
+    limit: u64,
+) -> FsResult<Option<u64>> {
+    if level == 0 {
+        return Ok(None);
+    }
+    let id = IndirectId {
+        ino: st.inode.ino,
+        level,
+        index,
+    };
+    load_indirect(core, st, id, ptr)?;
+    let children: Vec<DiskAddress> = st.indirect.lock()[&(level, index)].block.pointers.clone();
+    let s = span(core, level - 1);
+    for (j, c) in children.iter().enumerate() {
+        let cbase = base.saturating_add((j as u64).saturating_mul(s));
+        if cbase.saturating_add(s) <= from {
+            continue;
+        }
+        if cbase >= limit {
+            return Ok(None);
+        }
+        if c.is_null() {
+            return Ok(Some(cbase.max(from)));
+        }
+        let child = index.saturating_mul(ppi(core)).saturating_add(j as u64);
+        if let Some(h) = hole_below(core, st, level - 1, child, *c, cbase, from, limit)? {
+            return Ok(Some(h));
+        }
+    }
+    Ok(None)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn walk(
     core: &Core,

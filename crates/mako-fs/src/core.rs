@@ -35,6 +35,7 @@ pub static INODE_LOCK: LockClass = LockClass::new("inode");
 pub static INODE_READ_PATTERN_LOCK: LockClass = LockClass::new("inode.readPattern");
 pub static INODE_INDIRECT_LOCK: LockClass = LockClass::new("inode.indirect");
 pub static INODE_DIR_BLOCKS_LOCK: LockClass = LockClass::new("inode.dirBlocks");
+pub static INODE_XATTR_LOCK: LockClass = LockClass::new("inode.xattr");
 pub static INODE_CACHE_LOCK: LockClass = LockClass::new("inode.cache");
 pub static INODE_LOOKUPS_LOCK: LockClass = LockClass::new("inode.lookups");
 pub static STAT_CACHE_LOCK: LockClass = LockClass::new("statCache");
@@ -275,6 +276,9 @@ pub struct InodeState {
     pub indirect: CountedMutex<FastMap<(u8, u64), IndNode>>,
     /// Directory blocks by logical index.
     pub dir_blocks: CountedMutex<FastMap<u64, DirNode>>,
+    /// Extended attributes outside the inode with their xattr blocks (`xattr`); `None`
+    /// until first used.
+    pub xattr: CountedMutex<Option<crate::xattr::Overflow>>,
     /// The inode was freed; the handle is stale.
     pub deleted: bool,
     /// The inode's token left this node while the handle stayed (the file is open):
@@ -365,6 +369,7 @@ impl InodeHandle {
                     inbox: inbox.clone(),
                     indirect: CountedMutex::new(&INODE_INDIRECT_LOCK, FastMap::default()),
                     dir_blocks: CountedMutex::new(&INODE_DIR_BLOCKS_LOCK, FastMap::default()),
+                    xattr: CountedMutex::new(&INODE_XATTR_LOCK, None),
                     deleted: false,
                     stale: false,
                     metanode: false,

@@ -130,9 +130,18 @@ fn make_full_block(core: &Core, st: &mut InodeState, b: u64) -> FsResult<()> {
     let mut buf = slot.buf.lock();
     let was = buf.is_dirty();
     load_buffer(core, st, b, &mut buf)?;
-    let new = core
-        .alloc
-        .allocate_reserved(AllocKind::Data, spb, ino, b, buf.reserved)?;
+    // A fragment at the start of its block with the rest of the block free becomes
+    // the full block where it is (no copy, nothing freed).
+    let in_place = !cur.is_null()
+        && core
+            .alloc
+            .extend(AllocKind::Data, cur, cur_sb, spb, buf.reserved)?;
+    let new = if in_place {
+        cur
+    } else {
+        core.alloc
+            .allocate_reserved(AllocKind::Data, spb, ino, b, buf.reserved)?
+    };
     buf.reserved = 0;
     let mut full = AlignedBuf::with_capacity(bb);
     full.extend_from_slice(&buf.bytes[..buf.bytes.len().min(bb)]);
@@ -140,7 +149,9 @@ fn make_full_block(core: &Core, st: &mut InodeState, b: u64) -> FsResult<()> {
     core.nsd.write(new, &full, tag(ino))?;
     core.journal.note_ordered_write();
     if !cur.is_null() {
-        core.alloc.free(cur, cur_sb, ino)?;
+        if !in_place {
+            core.alloc.free(cur, cur_sb, ino)?;
+        }
         st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64);
     }
     block_map::set(core, st, b, new)?;
@@ -176,8 +187,12 @@ fn grow_prepare(core: &Core, st: &mut InodeState, new_size: u64) -> FsResult<()>
             let mut buf = slot.buf.lock();
             let was = buf.is_dirty();
             load_buffer(core, st, b0, &mut buf)?;
+            // Dirty from the last byte of the old end of file: the write-back then
+            // covers every byte past it to the end of the allocation (zeros, or what is
+            // written there), and not the whole block again — an append of 8 KiB to a
+            // large fragment writes about 8 KiB.
             let n = buf.bytes.len() as u32;
-            buf.add_dirty(0, n.max(1).min(bb as u32));
+            buf.add_dirty(n.saturating_sub(1), n.max(1).min(bb as u32));
             if buf.bytes.is_empty() {
                 buf.bytes.resize(1, 0);
             }
@@ -255,8 +270,16 @@ fn write_locked(
         let was = buf.is_dirty();
         // Dirty data of an unallocated block holds a reservation of a full block until
         // write-behind allocates it, so that write-behind never meets ENOSPC: the
-        // write meets it here, and reports it.
-        if buf.reserved == 0 && block_map::lookup(core, &st, b)?.is_null() {
+        // write meets it here, and reports it. So does data past the end of a fragment
+        // (write-behind grows it).
+        let needs_space = buf.reserved == 0 && {
+            let da = block_map::lookup(core, &st, b)?;
+            let allocated = block_map::allocated_subblocks(core, &st, b);
+            da.is_null()
+                || (allocated < core.geo.subblocks_per_block
+                    && hi as u64 > allocated as u64 * core.geo.subblock_bytes() as u64)
+        };
+        if needs_space {
             if let Err(e) = core.alloc.reserve(core.geo.subblocks_per_block) {
                 if b == offset / bb {
                     return Err(e);
@@ -661,27 +684,44 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
     // An allocation only grows here (a fragment promoted to a full block); it never
     // shrinks, so space preallocated by fallocate past the end of file stays.
     let desired = desired.max(cur_sb);
+    // Subblocks the allocation had when it grew where it is (its new subblocks hold
+    // whatever the disk held: the write below covers them).
+    let mut grown_from = None;
     let target = if cur.is_null() || cur_sb != desired {
         if !buf.loaded {
             load_buffer(core, &st, b, &mut buf)?;
         }
-        let new = core
-            .alloc
-            .allocate_reserved(AllocKind::Data, desired, h.ino, b, buf.reserved)?;
+        // A growing fragment (appends to the last block) grows in place when the
+        // subblocks after it are free: no copy of the block, nothing freed to wait for
+        // a checkpoint. Otherwise it moves to a new allocation of the new size.
+        // A shared writer always moves to a new whole block of its own space: the old
+        // one is the metanode's to free when it moves the pointer (it owns the block
+        // map; see `metanode::apply_update`).
+        let target = if !cur.is_null()
+            && !shared
+            && core
+                .alloc
+                .extend(AllocKind::Data, cur, cur_sb, desired, buf.reserved)?
+        {
+            grown_from = Some(cur_sb);
+            cur
+        } else {
+            let new =
+                core.alloc
+                    .allocate_reserved(AllocKind::Data, desired, h.ino, b, buf.reserved)?;
+            if !cur.is_null() && !shared {
+                core.alloc.free(cur, cur_sb, h.ino)?;
+            }
+            block_map::set(core, &mut st, b, new)?;
+            new
+        };
         buf.reserved = 0;
-        // A shared writer's old block is freed by the metanode when it moves the
-        // pointer (it owns the block map; see `metanode::apply_update`).
-        if !cur.is_null() && !shared {
-            core.alloc.free(cur, cur_sb, h.ino)?;
-            st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64);
-        }
-        block_map::set(core, &mut st, b, new)?;
-        st.inode.subblocks += desired as u64;
+        st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64) + desired as u64;
         if is_last {
             st.inode.last_block_subblocks = if desired < spb { desired as u16 } else { 0 };
         }
         st.mark_dirty();
-        new
+        target
     } else {
         cur
     };
@@ -702,7 +742,12 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
                 } else {
                     (hi as usize).next_multiple_of(IO_ALIGN).min(write_len)
                 };
-                (alo, ahi)
+                match grown_from {
+                    // Grown in place: the new subblocks are written whole, from the old
+                    // end of the allocation on at the latest (zeros past the buffer).
+                    Some(old) => (alo.min(old as usize * sb / IO_ALIGN * IO_ALIGN), write_len),
+                    None => (alo, ahi),
+                }
             }
             _ => (0, write_len),
         };
@@ -876,7 +921,106 @@ pub fn punch_hole(core: &Core, st: &mut InodeState, offset: u64, len: u64) -> Fs
     Ok(())
 }
 
-/// Allocate (zeroed) blocks under [offset, offset+len); grows the size unless `keep_size`.
+/// Subblocks to reserve before allocating [offset, end): a whole block for every hole
+/// and fragment of the range whose buffer holds no reservation yet, and for an old
+/// fragment last block that growing the file turns into a block. ENOSPC, before
+/// anything changes, when the file system has fewer empty blocks than that.
+fn range_reservation(
+    core: &Core,
+    st: &InodeState,
+    offset: u64,
+    end: u64,
+    keep_size: bool,
+) -> FsResult<u64> {
+    let pointers = matches!(st.inode.content, InodeContent::Pointers(_));
+    if end <= offset || (!pointers && end as usize <= inline_capacity(core, st)) {
+        return Ok(0);
+    }
+    let bb = core.block_bytes();
+    let spb = core.geo.subblocks_per_block;
+    let ino = st.inode.ino;
+    // Counting stops once more blocks are needed than the file system has: the answer
+    // is known, and a range of petabytes is not walked.
+    let limit = core.alloc.empty_blocks();
+    let (first, last) = (offset / bb, (end - 1) / bb);
+    let mut blocks = 0u64;
+    for b in first..=last {
+        let full = pointers
+            && !block_map::lookup(core, st, b)?.is_null()
+            && block_map::allocated_subblocks(core, st, b) == spb;
+        let held = core
+            .pool
+            .get((ino, b))
+            .is_some_and(|slot| slot.buf.lock().reserved > 0);
+        if !full && !held {
+            blocks += 1;
+        }
+        if blocks > limit {
+            return Err(FsError::NoSpace(format!(
+                "fallocate of {} bytes needs more blocks than the file system has free",
+                end - offset
+            )));
+        }
+    }
+    if grown_fragment(core, st, end, keep_size, first).is_some() {
+        blocks += 1;
+    }
+    Ok(blocks * spb as u64)
+}
+
+/// The old last block, a fragment before `first`, that growing the file to `end`
+/// turns into a full block (`grow_prepare`).
+fn grown_fragment(
+    core: &Core,
+    st: &InodeState,
+    end: u64,
+    keep_size: bool,
+    first: u64,
+) -> Option<u64> {
+    let size = st.inode.size;
+    let b0 = size.checked_sub(1)? / core.block_bytes();
+    (!keep_size && end > size && st.inode.last_block_subblocks != 0 && b0 < first).then_some(b0)
+}
+
+/// Run `f`, which allocates block `b` through its buffer, with a reservation lent from
+/// `pool` to that buffer (unless it holds one); taken back if `f` fails without using
+/// it, so that no clean buffer keeps a reservation.
+fn with_lent_reservation(
+    core: &Core,
+    ino: u64,
+    b: u64,
+    pool: &mut u64,
+    f: impl FnOnce() -> FsResult<()>,
+) -> FsResult<()> {
+    let spb = core.geo.subblocks_per_block;
+    let lent = {
+        let slot = core.pool.get_or_create((ino, b));
+        let mut buf = slot.buf.lock();
+        if buf.reserved == 0 && *pool >= spb as u64 {
+            buf.reserved = spb;
+            *pool -= spb as u64;
+            true
+        } else {
+            false
+        }
+    };
+    let r = f();
+    if r.is_err() && lent {
+        if let Some(slot) = core.pool.get((ino, b)) {
+            let mut buf = slot.buf.lock();
+            if buf.reserved == spb && !buf.is_dirty() {
+                buf.reserved = 0;
+                *pool += spb as u64;
+            }
+        }
+    }
+    r
+}
+
+/// Allocate (zeroed) blocks under [offset, offset+len); grows the size unless
+/// `keep_size`. Every block it needs is reserved first (ENOSPC then, with nothing
+/// changed), so the allocations succeed and their indirect blocks come from the
+/// metadata reserve: what statfs calls available can be allocated in one call.
 pub fn allocate_range(
     core: &Core,
     st: &mut InodeState,
@@ -888,8 +1032,31 @@ pub fn allocate_range(
         .checked_add(len)
         .filter(|e| *e <= FILE_BYTES_MAX)
         .ok_or_else(|| FsError::TooBig("fallocate range".into()))?;
+    let need = range_reservation(core, st, offset, end, keep_size)?;
+    core.alloc.reserve_subblocks(need)?;
+    let mut pool = need;
+    let r = allocate_reserved_range(core, st, offset, end, keep_size, &mut pool);
+    if pool > 0 {
+        core.alloc.unreserve(pool);
+    }
+    r
+}
+
+fn allocate_reserved_range(
+    core: &Core,
+    st: &mut InodeState,
+    offset: u64,
+    end: u64,
+    keep_size: bool,
+    pool: &mut u64,
+) -> FsResult<()> {
+    let bb = core.block_bytes();
+    let ino = st.inode.ino;
     if !keep_size && end > st.inode.size {
-        set_size(core, st, end)?;
+        match grown_fragment(core, st, end, keep_size, offset / bb) {
+            Some(b0) => with_lent_reservation(core, ino, b0, pool, || set_size(core, st, end))?,
+            None => set_size(core, st, end)?,
+        }
     }
     if matches!(st.inode.content, InodeContent::InlineData(_)) {
         if end as usize <= inline_capacity(core, st) {
@@ -897,10 +1064,8 @@ pub fn allocate_range(
         }
         convert_inline(core, st)?;
     }
-    let bb = core.block_bytes();
     let spb = core.geo.subblocks_per_block;
     let zeros = AlignedBuf::zeroed(bb as usize);
-    let ino = st.inode.ino;
     let mut b = offset / bb;
     while b * bb < end {
         let cur = block_map::lookup(core, st, b)?;
@@ -913,10 +1078,14 @@ pub fn allocate_range(
             if !cur.is_null() || core.pool.get((ino, b)).is_some() {
                 // A fragment, or a hole with cached data: its content moves to the full
                 // block before the pointer does.
-                make_full_block(core, st, b)?;
+                with_lent_reservation(core, ino, b, pool, || make_full_block(core, st, b))?;
             } else {
                 // A hole becomes a full block of zeros (on disk before the log names it).
-                let da = core.alloc.allocate(AllocKind::Data, spb, ino, b)?;
+                let held = if *pool >= spb as u64 { spb } else { 0 };
+                let da = core
+                    .alloc
+                    .allocate_reserved(AllocKind::Data, spb, ino, b, held)?;
+                *pool -= held as u64;
                 core.nsd.write(da, &zeros, tag(ino))?;
                 core.journal.note_ordered_write();
                 block_map::set(core, st, b, da)?;
@@ -930,16 +1099,6 @@ pub fn allocate_range(
     }
     st.mark_dirty();
     Ok(())
-}
-
-/// Data, for SEEK_DATA/SEEK_HOLE: an allocated block, or dirty data not yet
-/// allocated. A clean cached copy of a hole is still a hole.
-fn block_has_data(core: &Core, st: &InodeState, b: u64) -> FsResult<bool> {
-    let dirty = core
-        .pool
-        .get((st.inode.ino, b))
-        .is_some_and(|s| s.buf.lock().is_dirty());
-    Ok(dirty || !block_map::lookup(core, st, b)?.is_null())
 }
 
 /// lseek SEEK_DATA.
@@ -975,7 +1134,10 @@ pub fn seek_data(core: &Core, st: &InodeState, offset: u64) -> FsResult<u64> {
     Ok(pos)
 }
 
-/// lseek SEEK_HOLE (the end of file counts as a hole).
+/// lseek SEEK_HOLE (the end of file counts as a hole). Data is an allocated block or
+/// dirty data not yet allocated (a clean cached copy of a hole is still a hole); holes
+/// are found through the indirect tree (`block_map::first_hole_from`), so a long run
+/// of data or a huge file is not probed block by block.
 pub fn seek_hole(core: &Core, st: &InodeState, offset: u64) -> FsResult<u64> {
     let size = st.inode.size;
     if offset >= size {
@@ -985,12 +1147,27 @@ pub fn seek_hole(core: &Core, st: &InodeState, offset: u64) -> FsResult<u64> {
         return Ok(size);
     }
     let bb = core.block_bytes();
-    let mut b = offset / bb;
-    while b * bb < size {
-        if !block_has_data(core, st, b)? {
-            return Ok(offset.max(b * bb));
+    let last = (size - 1) / bb;
+    let first = offset / bb;
+    let dirty: std::collections::BTreeSet<u64> = core
+        .pool
+        .keys_of(st.inode.ino, true)
+        .into_iter()
+        .map(|(_, k)| k)
+        .filter(|&k| k >= first)
+        .collect();
+    let mut b = first;
+    loop {
+        let h = block_map::first_hole_from(core, st, b, last + 1)?;
+        if h > last {
+            return Ok(size);
         }
-        b += 1;
+        // Dirty data over a hole is data (there are at most as many as the pagepool
+        // holds dirty blocks).
+        if dirty.contains(&h) {
+            b = h + 1;
+            continue;
+        }
+        return Ok(offset.max(h * bb));
     }
-    Ok(size)
 }

@@ -31,7 +31,7 @@ pub const ROOT_INO: u64 = 1;
 /// Longest symlink target (PATH_MAX - 1).
 pub const SYMLINK_BYTES_MAX: usize = 4095;
 pub const LINKS_MAX: u32 = 65000;
-pub const XATTR_VALUE_BYTES_MAX: usize = 65536;
+pub use crate::xattr::{XATTR_BYTES_MAX, XATTR_LIST_BYTES_MAX, XATTR_VALUE_BYTES_MAX};
 
 /// Who is asking (from the FUSE request).
 #[derive(Debug, Clone, Copy, Default)]
@@ -92,7 +92,10 @@ pub struct StatFs {
     pub block_bytes: u32,
     pub fragment_bytes: u32,
     pub blocks: u64,
+    /// Subblocks not in use (`f_bfree`).
     pub blocks_free: u64,
+    /// Subblocks file data can still get (`f_bavail`): free less the metadata reserve.
+    pub blocks_available: u64,
     pub files: u64,
     pub files_free: u64,
     pub name_max: u32,
@@ -275,12 +278,7 @@ impl FileSystem {
         let t = self.core.now();
         let mut mode = mode;
         let mut xattrs = Vec::new();
-        let default_acl = parent
-            .inode
-            .xattrs
-            .iter()
-            .find(|(n, _)| n == acl::DEFAULT)
-            .map(|(_, v)| v.clone());
+        let default_acl = crate::xattr::get(&self.core, parent, acl::DEFAULT)?;
         match default_acl.as_deref().and_then(|d| acl::inherit(d, mode)) {
             Some((m, access)) if mode & S_IFMT != S_IFLNK => {
                 mode = m;
@@ -953,13 +951,15 @@ impl FileSystem {
                 st.inode.ctime = t;
             }
             if let Some(mode) = set.mode {
-                st.inode.mode = (st.inode.mode & S_IFMT) | (mode & 0o7777);
-                if let Some(pos) = st.inode.xattrs.iter().position(|(n, _)| n == acl::ACCESS) {
-                    if let Some(mut entries) = acl::decode(&st.inode.xattrs[pos].1) {
-                        acl::chmod(&mut entries, mode);
-                        st.inode.xattrs[pos].1 = acl::encode(&entries);
-                    }
+                // The access ACL follows the mode (posix_acl_chmod). Its new encoding has
+                // the same length, so it stays where it is and needs no space.
+                if let Some(mut entries) =
+                    crate::xattr::get(&self.core, &st, acl::ACCESS)?.and_then(|v| acl::decode(&v))
+                {
+                    acl::chmod(&mut entries, mode);
+                    crate::xattr::set(&self.core, &mut st, acl::ACCESS, &acl::encode(&entries), 0)?;
                 }
+                st.inode.mode = (st.inode.mode & S_IFMT) | (mode & 0o7777);
                 st.inode.ctime = t;
             }
             if let Some(uid) = set.uid {
@@ -1184,15 +1184,23 @@ impl FileSystem {
             core.pool.wait_for_room(data.len() as u64, &|| {
                 core.read_only.load(Ordering::Relaxed)
             });
-            match self.write_logged(ino, offset, data, append) {
-                // Space freed recently is reusable only after a checkpoint: make one, retry.
-                Err(FsError::NoSpace(_)) if core.alloc.quarantined_subblocks() > 0 => {
-                    core.journal.quiesce(core)?;
-                    self.write_logged(ino, offset, data, append)
-                }
-                r => r,
-            }
+            self.with_space_retry(|| self.write_logged(ino, offset, data, append))
         })
+    }
+
+    /// Run `op`; when it fails for lack of space while space freed earlier waits for a
+    /// checkpoint, checkpoint and run it once more. That space is counted free by
+    /// statfs, so an allocation that needs it must get it. `op` changes nothing when it
+    /// fails with ENOSPC (or only what a second run completes), and runs with no
+    /// transaction handle open on this thread (a checkpoint commits first).
+    fn with_space_retry<T>(&self, op: impl Fn() -> FsResult<T>) -> FsResult<T> {
+        match op() {
+            Err(FsError::NoSpace(_)) if self.core.alloc.quarantined_subblocks() > 0 => {
+                self.core.journal.quiesce(&self.core)?;
+                op()
+            }
+            r => r,
+        }
     }
 
     fn write_logged(&self, ino: u64, offset: u64, data: &[u8], append: bool) -> FsResult<usize> {
@@ -1284,9 +1292,13 @@ impl FileSystem {
             }
             let n = self.write(ino, offset, data, false)?;
             let bb = self.core.block_bytes();
-            for b in offset / bb..(offset + data.len() as u64).div_ceil(bb) {
-                file_io::flush_block(&self.core, &h, b)?;
-            }
+            self.with_space_retry(|| {
+                for b in offset / bb..(offset + data.len() as u64).div_ceil(bb) {
+                    file_io::flush_block(&self.core, &h, b)?;
+                }
+                Ok(())
+            })?;
+            crate::metanode::defer_report(&self.core, &h)?;
             Ok(n)
         })
     }
@@ -1298,7 +1310,7 @@ impl FileSystem {
         crate::op::run(&self.core, || {
             self.core.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
             let h = self.handle(ino)?;
-            crate::workers::flush_inode(&self.core, &h)?;
+            self.with_space_retry(|| crate::workers::flush_inode(&self.core, &h))?;
             // A shared writer's pointers and size live in the metanode's log.
             crate::metanode::sync_metanode(&self.core, &h)?;
             let seq = self.core.journal.running_seq();
@@ -1350,8 +1362,10 @@ impl FileSystem {
             fragment_bytes: c.geo.subblock_bytes(),
             blocks: c.alloc.total_subblocks(),
             // Space freed and waiting for a checkpoint counts as free: it is, as soon as
-            // the log is checkpointed (a write that needs it forces that).
-            blocks_free: c.alloc.available_subblocks() + c.alloc.quarantined_subblocks(),
+            // the log is checkpointed (an allocation that needs it forces that). What
+            // data can never take (the metadata reserve) is not available.
+            blocks_free: c.alloc.user_free_subblocks(),
+            blocks_available: c.alloc.user_available_subblocks(),
             files: c.imap.inodes_max(),
             files_free: c.imap.inodes_max() - c.imap.used(),
             name_max: 255,
@@ -1379,130 +1393,116 @@ impl FileSystem {
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> FsResult<()> {
+        self.core.check_writable()?;
+        Self::check_xattr_name(name)?;
+        if value.len() > XATTR_VALUE_BYTES_MAX {
+            return Err(FsError::TooBig(format!(
+                "xattr value of {} bytes (at most {XATTR_VALUE_BYTES_MAX})",
+                value.len()
+            )));
+        }
+        // A new xattr block needs space: what waits for a checkpoint counts.
         crate::op::run(&self.core, || {
-            self.core.check_writable()?;
-
-            Self::check_xattr_name(name)?;
-            if value.len() > XATTR_VALUE_BYTES_MAX {
-                return Err(FsError::TooBig(format!(
-                    "xattr value of {} bytes (at most {XATTR_VALUE_BYTES_MAX})",
-                    value.len()
-                )));
-            }
-            let h = self.handle(ino)?;
-            self.need(ino, Need::Exclusive)?;
-            let _tx = self.core.begin();
-            let mut st = h.state.write();
-            let kind = st.inode.mode & S_IFMT;
-            if name.starts_with(b"user.") && kind != S_IFREG && kind != S_IFDIR {
-                return Err(FsError::Perm(
-                    "user.* attributes only on files and directories".into(),
-                ));
-            }
-            if (name == acl::ACCESS || name == acl::DEFAULT) && acl::decode(value).is_none() {
-                return Err(FsError::Invalid("malformed POSIX ACL".into()));
-            }
-            if name == acl::DEFAULT && kind != S_IFDIR {
-                return Err(FsError::Perm("default ACLs only on directories".into()));
-            }
-            let pos = st.inode.xattrs.iter().position(|(n, _)| n == name);
-            match (pos, flags) {
-                (Some(_), f) if f & libc::XATTR_CREATE != 0 => {
-                    return Err(FsError::Exists(String::from_utf8_lossy(name).into_owned()))
-                }
-                (None, f) if f & libc::XATTR_REPLACE != 0 => return Err(FsError::NoAttr),
-                _ => {}
-            }
-            let old = pos.map(|p| st.inode.xattrs.remove(p));
-            st.inode.xattrs.push((name.to_vec(), value.to_vec()));
-            if !st.inode.fits(self.core.inode_bytes()) {
-                // Make room by moving inline data or entries out of the inode.
-                match &st.inode.content {
-                    InodeContent::InlineData(_) => file_io::convert_inline(&self.core, &mut st)?,
-                    InodeContent::InlineDir(_) => {
-                        st.inode.xattrs.pop();
-                        directory::force_out_of_inode(&self.core, &mut st)?;
-                        st.inode.xattrs.push((name.to_vec(), value.to_vec()));
-                    }
-                    InodeContent::Pointers(_) => {}
-                }
-                if !st.inode.fits(self.core.inode_bytes()) {
-                    st.inode.xattrs.pop();
-                    if let Some(o) = old {
-                        st.inode.xattrs.push(o);
-                    }
-                    let room = mako_format::inode::payload_bytes(self.core.inode_bytes())
-                        .saturating_sub(
-                            mako_format::inode::xattrs_encoded_len(&st.inode.xattrs)
-                                + st.inode.content_len(self.core.inode_bytes()),
-                        );
-                    return Err(FsError::NoSpace(format!(
-                    "extended attributes live in the inode: {room} bytes free in inode {ino}; use a larger inode size (-i 4K)"
-                )));
-                }
-            }
-            if name == acl::ACCESS {
-                if let Some(m) = acl::decode(value).and_then(|e| acl::mode_from(&e)) {
-                    st.inode.mode = (st.inode.mode & !0o777) | m;
-                }
-            }
-            st.inode.ctime = self.core.now();
-            st.mark_dirty();
-            Ok(())
+            self.with_space_retry(|| self.setxattr_once(ino, name, value, flags))
         })
+    }
+
+    fn setxattr_once(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> FsResult<()> {
+        let h = self.handle(ino)?;
+        self.need(ino, Need::Exclusive)?;
+        let _tx = self.begin_xattr_change(&h, value.len())?;
+        let mut st = h.state.write();
+        if st.deleted {
+            return Err(FsError::Stale(ino));
+        }
+        let kind = st.inode.mode & S_IFMT;
+        if name.starts_with(b"user.") && kind != S_IFREG && kind != S_IFDIR {
+            return Err(FsError::Perm(
+                "user.* attributes only on files and directories".into(),
+            ));
+        }
+        if (name == acl::ACCESS || name == acl::DEFAULT) && acl::decode(value).is_none() {
+            return Err(FsError::Invalid("malformed POSIX ACL".into()));
+        }
+        if name == acl::DEFAULT && kind != S_IFDIR {
+            return Err(FsError::Perm("default ACLs only on directories".into()));
+        }
+        crate::xattr::set(&self.core, &mut st, name, value, flags)?;
+        if name == acl::ACCESS {
+            if let Some(m) = acl::decode(value).and_then(|e| acl::mode_from(&e)) {
+                st.inode.mode = (st.inode.mode & !0o777) | m;
+            }
+        }
+        st.inode.ctime = self.core.now();
+        st.mark_dirty();
+        Ok(())
+    }
+
+    /// Open the transaction of a change to `h`'s attributes with room in the log for
+    /// its images (a change of large values logs up to a few hundred KiB). If the
+    /// commit that makes room fails, the mount is read-only and the change is refused.
+    fn begin_xattr_change(
+        &self,
+        h: &Arc<InodeHandle>,
+        value_bytes: usize,
+    ) -> FsResult<crate::journal::Tx<'_>> {
+        // The estimate reads the blocks under the inode's lock, released before the
+        // transaction begins (a handle is opened before any inode lock is held).
+        let bytes = crate::xattr::log_bytes_for(&self.core, &h.state.read(), value_bytes);
+        let tx = self.core.journal.begin_for(&self.core, bytes);
+        self.core.check_writable()?;
+        Ok(tx)
     }
 
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
         crate::op::run(&self.core, || {
             let h = self.handle(ino)?;
             let st = h.state.read();
-            st.inode
-                .xattrs
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.clone())
-                .ok_or(FsError::NoAttr)
+            crate::xattr::get(&self.core, &st, name)?.ok_or(FsError::NoAttr)
         })
     }
 
+    /// The names of every attribute, each followed by a NUL. At most
+    /// `XATTR_LIST_BYTES_MAX` (setxattr refuses names past it).
     pub fn listxattr(&self, ino: u64) -> FsResult<Vec<u8>> {
         crate::op::run(&self.core, || {
             let h = self.handle(ino)?;
             let st = h.state.read();
-            let mut out = Vec::new();
-            for (n, _) in &st.inode.xattrs {
-                out.extend_from_slice(n);
-                out.push(0);
-            }
-            Ok(out)
+            crate::xattr::list(&self.core, &st)
         })
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()> {
-        crate::op::run(&self.core, || {
-            self.core.check_writable()?;
-            let h = self.handle(ino)?;
-            self.need(ino, Need::Exclusive)?;
-            let _tx = self.core.begin();
-            let mut st = h.state.write();
-            let pos = st
-                .inode
-                .xattrs
-                .iter()
-                .position(|(n, _)| n == name)
-                .ok_or(FsError::NoAttr)?;
-            st.inode.xattrs.remove(pos);
-            st.inode.ctime = self.core.now();
-            st.mark_dirty();
-            Ok(())
-        })
+        crate::op::run(&self.core, || self.removexattr_once(ino, name))
+    }
+
+    fn removexattr_once(&self, ino: u64, name: &[u8]) -> FsResult<()> {
+        self.core.check_writable()?;
+        let h = self.handle(ino)?;
+        self.need(ino, Need::Exclusive)?;
+        let _tx = self.begin_xattr_change(&h, 0)?;
+        let mut st = h.state.write();
+        if st.deleted {
+            return Err(FsError::Stale(ino));
+        }
+        crate::xattr::remove(&self.core, &mut st, name)?;
+        st.inode.ctime = self.core.now();
+        st.mark_dirty();
+        Ok(())
     }
 
     // ---- space management -------------------------------------------------------
 
     /// fallocate(2): mode 0, FALLOC_FL_KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE, ZERO_RANGE.
+    /// An allocation that does not fit fails with ENOSPC before it changes anything.
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
         crate::op::run(&self.core, || {
+            self.with_space_retry(|| self.fallocate_once(ino, offset, len, mode))
+        })
+    }
+
+    fn fallocate_once(&self, ino: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
+        {
             self.core.check_writable()?;
             let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
             let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
@@ -1548,7 +1548,7 @@ impl FileSystem {
             st.inode.ctime = t;
             st.mark_dirty();
             Ok(())
-        })
+        }
     }
 
     /// lseek SEEK_DATA (3) and SEEK_HOLE (4); other whence values are the kernel's.

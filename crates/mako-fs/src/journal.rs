@@ -393,6 +393,13 @@ impl Journal {
     /// Open a transaction handle. Must be called before taking any inode lock (a
     /// commit waits for open handles, and then takes inode locks itself).
     pub fn begin<'a>(&'a self, core: &Core) -> Tx<'a> {
+        self.begin_for(core, 0)
+    }
+
+    /// `begin` for an operation that may log up to `bytes` of images (more than an
+    /// inode and a few blocks): the running transaction is committed first if it would
+    /// pass the hard limit with them, so it always fits the log.
+    pub fn begin_for<'a>(&'a self, core: &Core, bytes: u64) -> Tx<'a> {
         let id = self.inbox.id;
         let nested = HELD.with(|h| {
             let mut h = h.borrow_mut();
@@ -406,7 +413,9 @@ impl Journal {
         if nested {
             return Tx { journal: self };
         }
-        if self.running_bytes(core) > self.hard_limit() && !core.read_only.load(Ordering::Relaxed) {
+        if self.running_bytes(core) + bytes > self.hard_limit()
+            && !core.read_only.load(Ordering::Relaxed)
+        {
             if let Err(e) = self.commit(core) {
                 tracing::error!("commit of a full log transaction failed: {e}");
             }
@@ -607,6 +616,7 @@ impl Journal {
                 }
             }
             drop(dirs);
+            crate::xattr::take_images(core, &st, &mut images);
             if !shared {
                 let (da, bytes) = core.encode_inode(&st.inode)?;
                 images.push((BufferType::Inode, ino, LogImage::from_vec(da, bytes)));
@@ -632,7 +642,7 @@ impl Journal {
             }
         }
         // Space freed by this transaction becomes reusable once it is checkpointed.
-        core.alloc.tag_frees(seq);
+        core.alloc.end_transaction(seq);
         let owned: Vec<(BufferType, u64, Arc<LogImage>)> = images
             .into_iter()
             .map(|(k, o, i)| (k, o, Arc::new(i)))

@@ -36,6 +36,7 @@ pub mod stat_cache;
 pub mod stats;
 pub mod test_util;
 pub mod workers;
+pub mod xattr;
 
 pub use crate::core::{Core, FsConfig, KernelInvalidator};
 pub use error::{FsError, FsResult};

@@ -79,6 +79,7 @@ pub fn free_inode(core: &Core, st: &mut InodeState) -> FsResult<()> {
         "freeing inode {ino} that still has links"
     );
     core.alloc.unreserve(core.pool.remove_from(ino, 0));
+    crate::xattr::free_all(core, st)?;
     let units = block_map::cut_from(core, st, 0)?;
     for (_, da, n) in units {
         core.alloc.free(da, n, ino)?;

@@ -670,6 +670,11 @@ fn harness_workload_reaches_every_layout() {
                     continue;
                 }; // removed since
                 let kind = crash::model::Kind::from_mode(inode.mode);
+                if !inode.xattr_index.is_null() {
+                    *seen
+                        .entry("extended attributes in xattr blocks")
+                        .or_default() += 1;
+                }
                 let class = match (kind, &inode.content) {
                     (Some(crash::model::Kind::File), InodeContent::InlineData(d))
                         if !d.is_empty() =>
@@ -720,6 +725,7 @@ fn harness_workload_reaches_every_layout() {
         "symlink target in a block",
         "directory in the inode",
         "directory in blocks",
+        "extended attributes in xattr blocks",
     ];
     for w in want {
         assert!(

@@ -1,6 +1,6 @@
 //! Cross-linked blocks: subblocks claimed by two owners during the scan. All owners of
 //! each overlapping run are gathered; one keeps the block — an owner whose block was
-//! identity-checked (an indirect or directory block, a metadata file) before a data
+//! identity-checked (an indirect, directory or xattr block, a metadata file) before a data
 //! owner, then the lowest inode and unit — and every other data owner gets its own
 //! copy (or a hole when there is no space left, decided at repair time). A metadata
 //! owner that loses (two metadata owners cannot both be right) has its pointer cut.
@@ -25,10 +25,7 @@ pub struct CrossFix {
 }
 
 fn piece_name(p: Piece) -> String {
-    match p {
-        Piece::Unit(u) => format!("unit {u}"),
-        Piece::Indirect(level, index) => format!("level-{level} indirect block {index}"),
-    }
+    p.name()
 }
 
 /// Decide who keeps each cross-linked run. `abandoned`: inodes whose current blocks
@@ -90,13 +87,18 @@ pub fn resolve(
         }
         let meta = |&(ino, k): &(u64, usize)| {
             let r = &recs[find(recs, ino).expect("owner")];
-            r.system || r.is_dir() || matches!(r.extents[k].piece, Piece::Indirect(..))
+            r.system
+                || r.is_dir()
+                || matches!(r.extents[k].piece, Piece::Indirect(..))
+                || r.extents[k].piece.is_xattr()
         };
         let unit = |&(ino, k): &(u64, usize)| match recs[find(recs, ino).expect("owner")].extents[k]
             .piece
         {
             Piece::Unit(u) => u,
             Piece::Indirect(_, i) => i,
+            Piece::XattrIndex => 0,
+            Piece::XattrBlock(k) => k as u64,
         };
         let keeper = *alive
             .iter()
@@ -114,6 +116,12 @@ pub fn resolve(
             let repair = if cut {
                 if r.system {
                     "none: two metadata files own the block; restore from a backup".to_string()
+                } else if e.piece.is_xattr() {
+                    format!(
+                        "drop inode {}'s {} (its attributes with a piece there are lost, the others are written to new xattr blocks)",
+                        o.0,
+                        piece_name(e.piece)
+                    )
                 } else {
                     format!(
                         "cut inode {}'s pointer to it ({} becomes a hole)",

@@ -38,6 +38,7 @@ mod scan;
 mod space;
 mod superblock;
 mod tree;
+mod xattr_check;
 
 pub use error::FsckError;
 pub use problem::{

@@ -7,7 +7,7 @@ use crate::layout::Layout;
 use crate::metafiles::Metafiles;
 use crate::problem::{Problem, ProblemKind};
 use crate::progress::{Phase, Progress};
-use crate::scan::{find, InodeRec, Piece, SlotState};
+use crate::scan::{find, InodeRec, SlotState};
 use crate::space::{runs, Bitmap};
 use mako_format::alloc_segment::AllocSegment;
 use mako_format::inode_map_segment::InodeMapSegment;
@@ -68,12 +68,7 @@ pub fn compare_alloc(
                 if free == 0 {
                     continue;
                 }
-                let what = match e.piece {
-                    Piece::Unit(u) => format!("unit {u}"),
-                    Piece::Indirect(level, index) => {
-                        format!("level-{level} indirect block {index}")
-                    }
-                };
+                let what = e.piece.name();
                 problems.push(
                     Problem::new(
                         ProblemKind::BlockMarkedFree,

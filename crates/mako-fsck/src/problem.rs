@@ -52,6 +52,9 @@ pub enum ProblemKind {
     BadIndirectBlock,
     /// A directory block that is unreadable or not the one its directory expects.
     BadDirectoryBlock,
+    /// An xattr index or xattr block that is unreadable, not the one its inode
+    /// expects, or whose pieces do not fit together.
+    BadXattrBlock,
     /// Directory blocks whose depths and cookie ranges do not tile the hash space.
     DirectoryShape,
     /// An entry that lookup cannot reach: a gap in its name's cookie chain.
@@ -109,6 +112,7 @@ impl ProblemKind {
             BadPointer => "bad_pointer",
             BadIndirectBlock => "bad_indirect_block",
             BadDirectoryBlock => "bad_directory_block",
+            BadXattrBlock => "bad_xattr_block",
             DirectoryShape => "directory_shape",
             BrokenHashChain => "broken_hash_chain",
             DuplicateName => "duplicate_name",

@@ -44,6 +44,7 @@ use crate::scan::{find, Extent, Fix, InodeRec, Piece};
 use crate::space::Bitmap;
 use crate::superblock::{descriptor_da, expected_header};
 use crate::tree::is_under;
+use crate::xattr_check::{self, XattrDamage};
 use mako_disk::BufferType;
 use mako_format::error::Location;
 use mako_format::indirect::{IndirectBlock, IndirectId};
@@ -409,11 +410,30 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
         };
         let room = inline_room(l, &inode);
         let built = build_dir(l, &mut alloc, d, entries.clone(), room).map_err(|e| no_space(&e))?;
+        // Its attributes outside the inode stay (rebuilt if damaged).
+        let xattrs = match find(&f.recs, d).map(|i| &f.recs[i]) {
+            Some(rec) if !fresh => {
+                let changes = repoint.get(&d).map_or(&[][..], |v| v.as_slice());
+                xattrs_after(
+                    l,
+                    r,
+                    &mut alloc,
+                    &mut plan.new_blocks,
+                    &mut inode,
+                    rec,
+                    changes,
+                )
+            }
+            _ => Vec::new(),
+        };
         inode.content = built.content;
         inode.size = built.size;
         inode.depth = built.depth;
         inode.last_block_subblocks = 0;
-        inode.subblocks = built.subblocks;
+        inode.subblocks = built.subblocks + xattrs.iter().map(|e| e.subblocks as u64).sum::<u64>();
+        for e in &xattrs {
+            plan.final_bits.set_extent(l, e.da, e.subblocks);
+        }
         inode.entries = built.entries;
         if let Some(&n) = ns.nlink.get(&d) {
             inode.nlink = n;
@@ -459,6 +479,7 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
         let needs = !rec.lost().is_empty()
             || changes.is_some()
             || !rec.fixes().is_empty()
+            || rec.xattr_damage().is_some()
             || ns.nlink.contains_key(&rec.ino)
             || ns.parent.contains_key(&rec.ino);
         if !needs {
@@ -479,28 +500,35 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
                 Fix::ClearSystemFlag => inode.flags &= !FLAG_SYSTEM,
                 Fix::EmptySpecial => {
                     inode.content = InodeContent::InlineData(Vec::new());
+                    // Its data goes; its attributes (and their blocks) stay.
+                    extents.retain(|e| e.piece.is_xattr());
                     (
                         inode.size,
                         inode.subblocks,
                         inode.depth,
                         inode.last_block_subblocks,
-                    ) = (0, 0, 0, 0);
-                    extents.clear();
+                    ) = (0, extents.iter().map(|e| e.subblocks as u64).sum(), 0, 0);
                 }
             }
         }
-        if !rec.lost().is_empty() || changes.is_some() {
-            let edits = edit_tree(
-                f,
-                r,
-                &mut inode,
-                rec,
-                changes.map_or(&[][..], |v| v.as_slice()),
-                &mut plan.indirect_updates,
-            )?;
+        let changes = changes.map_or(&[][..], |v| v.as_slice());
+        if !rec.lost().is_empty() || changes.iter().any(|(p, _)| !p.is_xattr()) {
+            let edits = edit_tree(f, r, &mut inode, rec, changes, &mut plan.indirect_updates)?;
             extents = edits;
             inode.subblocks = extents.iter().map(|e| e.subblocks as u64).sum();
         }
+        let xattrs = xattrs_after(
+            l,
+            r,
+            &mut alloc,
+            &mut plan.new_blocks,
+            &mut inode,
+            rec,
+            changes,
+        );
+        extents.retain(|e| !e.piece.is_xattr());
+        extents.extend(xattrs);
+        inode.subblocks = extents.iter().map(|e| e.subblocks as u64).sum();
         if let Some(&n) = ns.nlink.get(&rec.ino) {
             inode.nlink = n;
         }
@@ -526,6 +554,56 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
     plan.inodes.extend(dir_inodes);
     plan.zero = freed.into_iter().collect();
     Ok(plan)
+}
+
+/// The extents of `inode`'s attributes outside it after the repair: its current ones,
+/// or — when blocks are damaged or a cross-link took one (`changes`) — new blocks
+/// holding the attributes still whole, with `inode.xattr_index` set to their index (or
+/// NULL: nothing to keep, or no space left for them).
+fn xattrs_after(
+    l: &Layout,
+    r: &dyn MetadataReader,
+    alloc: &mut RepairAllocator,
+    new_blocks: &mut Vec<BlockWrite>,
+    inode: &mut Inode,
+    rec: &InodeRec,
+    changes: &[(Piece, Option<DiskAddress>)],
+) -> Vec<Extent> {
+    let current: Vec<Extent> = rec
+        .extents
+        .iter()
+        .filter(|e| e.piece.is_xattr())
+        .copied()
+        .collect();
+    // Metadata pieces of a cross-link are only ever cut, never copied.
+    let cut: Vec<u32> = changes
+        .iter()
+        .filter_map(|(p, _)| match p {
+            Piece::XattrBlock(k) => Some(*k),
+            _ => None,
+        })
+        .collect();
+    let damage = if changes.iter().any(|(p, _)| *p == Piece::XattrIndex) {
+        XattrDamage::IndexLost
+    } else {
+        match rec.xattr_damage() {
+            Some(d) => d.clone(),
+            None if !cut.is_empty() => XattrDamage::Blocks(Vec::new()),
+            None => return current,
+        }
+    };
+    let (keep, _lost) = xattr_check::survivors(l, r, inode, &damage, &cut);
+    match xattr_check::rebuild(l, alloc, inode.ino, &keep) {
+        Some((index, writes, extents)) => {
+            inode.xattr_index = index;
+            new_blocks.extend(writes);
+            extents
+        }
+        None => {
+            inode.xattr_index = DiskAddress::NULL;
+            Vec::new()
+        }
+    }
 }
 
 /// Apply cut pointers and new targets to an inode's tree; return its extents after.
@@ -589,6 +667,8 @@ fn edit_tree(
         let (level, index) = match piece {
             Piece::Unit(u) => (0, u),
             Piece::Indirect(lv, i) => (lv, i),
+            // Not part of the tree: rebuilt by the caller.
+            Piece::XattrIndex | Piece::XattrBlock(_) => continue,
         };
         match target {
             Some(new) => {
@@ -606,6 +686,10 @@ fn edit_tree(
         let (level, index) = match e.piece {
             Piece::Unit(u) => (0, u),
             Piece::Indirect(lv, i) => (lv, i),
+            Piece::XattrIndex | Piece::XattrBlock(_) => {
+                out.push(*e);
+                continue;
+            }
         };
         if cuts
             .iter()

@@ -15,6 +15,7 @@ use crate::progress::{Phase, Progress, TICK_MS};
 use crate::reader::MetadataReader;
 use crate::space::Ownership;
 use crate::tree::{probe_depth, walk, LostPointer, UnitRule, Walk};
+use crate::xattr_check::{self, XattrDamage};
 use mako_disk::BufferType;
 use mako_format::error::Location;
 use mako_format::inode::{Inode, InodeContent, FLAG_SYSTEM};
@@ -37,11 +38,31 @@ pub enum SlotState {
     Bad,
 }
 
-/// A piece of a file's tree.
+/// A piece of a file's tree, or of its extended attributes outside the inode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Piece {
     Unit(u64),
     Indirect(u8, u64),
+    /// The xattr index block.
+    XattrIndex,
+    /// An xattr block, by its place in the index.
+    XattrBlock(u32),
+}
+
+impl Piece {
+    /// Part of the attributes outside the inode (rebuilt, never edited in place).
+    pub fn is_xattr(self) -> bool {
+        matches!(self, Piece::XattrIndex | Piece::XattrBlock(_))
+    }
+    /// What it is, for messages.
+    pub fn name(self) -> String {
+        match self {
+            Piece::Unit(u) => format!("unit {u}"),
+            Piece::Indirect(level, index) => format!("level-{level} indirect block {index}"),
+            Piece::XattrIndex => "xattr index block".into(),
+            Piece::XattrBlock(k) => format!("xattr block {k}"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -70,6 +91,8 @@ pub struct Extra {
     pub lost: Vec<LostPointer>,
     pub fixes: Vec<Fix>,
     pub dir: Option<DirScan>,
+    /// The attributes outside the inode must be rebuilt.
+    pub xattr: Option<XattrDamage>,
     /// Why a `Bad` inode is bad.
     pub bad: Option<String>,
 }
@@ -106,6 +129,9 @@ impl InodeRec {
     }
     pub fn lost(&self) -> &[LostPointer] {
         self.extra.as_ref().map_or(&[], |e| &e.lost)
+    }
+    pub fn xattr_damage(&self) -> Option<&XattrDamage> {
+        self.extra.as_ref().and_then(|e| e.xattr.as_ref())
     }
     pub fn dtype(&self) -> u8 {
         dtype(self.mode)
@@ -378,6 +404,16 @@ impl Scanner<'_> {
         }
         let dir = is_dir(inode.mode);
         let special = !dir && !is_reg(inode.mode) && inode.mode & S_IFMT != crate::layout::S_IFLNK;
+        // Extended attributes outside the inode: their blocks count in `subblocks`.
+        // When they are damaged the repair rebuilds them and sets the count itself.
+        let xscan = xattr_check::check(l, self.r, &inode, slot, &mut out.problems);
+        let xattr_held = xscan.damaged.is_none().then(|| {
+            xscan
+                .extents
+                .iter()
+                .map(|e| e.subblocks as u64)
+                .sum::<u64>()
+        });
         let mut tree: Option<Walk> = None;
         match &inode.content {
             InodeContent::InlineData(d) => {
@@ -400,27 +436,29 @@ impl Scanner<'_> {
                         out,
                     );
                 }
-                if inode.subblocks != 0 || inode.depth != 0 || inode.last_block_subblocks != 0 {
+                let x = xattr_held.unwrap_or(inode.subblocks);
+                if inode.subblocks != x || inode.depth != 0 || inode.last_block_subblocks != 0 {
                     field(
                         format!(
-                            "keeps its data in the inode but claims {} subblocks, depth {}, last block {}",
+                            "keeps its data in the inode but claims {} subblocks (its xattr blocks take {x}), depth {}, last block {}",
                             inode.subblocks, inode.depth, inode.last_block_subblocks
                         ),
-                        Fix::Subblocks(0),
-                        "set them to 0".into(),
+                        Fix::Subblocks(x),
+                        format!("set them to {x}, 0 and 0"),
                         out,
                     );
                 }
             }
             InodeContent::InlineDir(_) => {
-                if inode.size != 0 || inode.subblocks != 0 {
+                let x = xattr_held.unwrap_or(inode.subblocks);
+                if inode.size != 0 || inode.subblocks != x {
                     field(
                         format!(
-                            "keeps its entries in the inode but has size {} and {} subblocks",
+                            "keeps its entries in the inode but has size {} and {} subblocks (its xattr blocks take {x})",
                             inode.size, inode.subblocks
                         ),
-                        Fix::Subblocks(0),
-                        "set them to 0".into(),
+                        Fix::Subblocks(x),
+                        format!("set them to 0 and {x}"),
                         out,
                     );
                     fixes.push(Fix::Size(0));
@@ -435,7 +473,7 @@ impl Scanner<'_> {
                         out,
                     );
                 } else {
-                    match self.pointers(&inode, ptrs, slot, &mut fixes, out) {
+                    match self.pointers(&inode, ptrs, slot, xattr_held, &mut fixes, out) {
                         Some(w) => tree = Some(w),
                         None => {
                             let why = format!("inode {ino} says its tree has depth {}, deeper than any Mako file ({TREE_DEPTH_MAX})", inode.depth);
@@ -468,6 +506,8 @@ impl Scanner<'_> {
                 });
             }
         }
+        rec.extents.extend(xscan.extents);
+        extra.xattr = xscan.damaged;
         if dir {
             let scan =
                 directory_check::check(l, self.r, &inode, tree.as_ref(), slot, &mut out.problems);
@@ -480,7 +520,11 @@ impl Scanner<'_> {
             extra.lost = w.lost;
         }
         extra.fixes = fixes;
-        if !extra.lost.is_empty() || !extra.fixes.is_empty() || extra.dir.is_some() {
+        if !extra.lost.is_empty()
+            || !extra.fixes.is_empty()
+            || extra.dir.is_some()
+            || extra.xattr.is_some()
+        {
             rec.extra = Some(Box::new(extra));
         }
         for (k, e) in rec.extents.iter().enumerate() {
@@ -548,6 +592,7 @@ impl Scanner<'_> {
         inode: &Inode,
         ptrs: &[DiskAddress],
         slot: DiskAddress,
+        xattr_held: Option<u64>,
         fixes: &mut Vec<Fix>,
         out: &mut ChunkOut,
     ) -> Option<Walk> {
@@ -640,22 +685,25 @@ impl Scanner<'_> {
             };
             out.problems.push(p);
         }
-        let held: u64 = w.units.iter().map(|u| u.2 as u64).sum::<u64>()
+        let tree_held: u64 = w.units.iter().map(|u| u.2 as u64).sum::<u64>()
             + w.indirect.len() as u64 * l.indirect_subblocks() as u64;
-        if w.lost.is_empty() && held != inode.subblocks {
-            out.problems.push(
-                Problem::new(
-                    ProblemKind::InodeField,
-                    format!(
-                        "counts {} subblocks, its tree holds {held}",
-                        inode.subblocks
-                    ),
-                    format!("set the count to {held}"),
-                )
-                .ino(ino)
-                .at(slot),
-            );
-            fixes.push(Fix::Subblocks(held));
+        if let (true, Some(x)) = (w.lost.is_empty(), xattr_held) {
+            let held = tree_held + x;
+            if held != inode.subblocks {
+                out.problems.push(
+                    Problem::new(
+                        ProblemKind::InodeField,
+                        format!(
+                            "counts {} subblocks, its tree holds {tree_held} and its xattr blocks {x}",
+                            inode.subblocks
+                        ),
+                        format!("set the count to {held}"),
+                    )
+                    .ino(ino)
+                    .at(slot),
+                );
+                fixes.push(Fix::Subblocks(held));
+            }
         }
         // A fragment may hold fewer bytes than the size gives the last block: the rest
         // reads as zeros (mako-fs reads what is allocated and zero-fills), which is

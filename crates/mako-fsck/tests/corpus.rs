@@ -157,6 +157,103 @@ fn indirect_block_bit_flip() {
 }
 
 #[test]
+fn xattr_block_bit_flip() {
+    let lost = std::cell::RefCell::new(Vec::<Vec<u8>>::new());
+    run(
+        "xattr block bit flip",
+        |ins, fx| {
+            let ino = fx.ino("/xattr_file");
+            let (_, blocks) = ins.xattr_blocks(ino);
+            assert!(blocks.len() >= 5, "{} xattr blocks", blocks.len());
+            // The block holding the middle of the large value: the value is lost with
+            // the other attributes that have a piece there.
+            let (da, hit) = blocks
+                .iter()
+                .find(|(_, b)| {
+                    b.pieces
+                        .iter()
+                        .any(|p| p.name == b"user.large" && p.offset > 0)
+                })
+                .unwrap();
+            *lost.borrow_mut() = hit.pieces.iter().map(|p| p.name.clone()).collect();
+            ins.flip(*da, 300, 0x08);
+            Case {
+                kind: ProblemKind::BadXattrBlock,
+                ino: Some(ino),
+                hit: vec!["/xattr_file"],
+                repaired: Some("new xattr blocks"),
+            }
+        },
+        |fs, fx| {
+            let ino = fx.ino("/xattr_file");
+            let lost = lost.borrow();
+            assert!(lost.contains(&b"user.large".to_vec()));
+            let now = xattrs_of(fs, ino);
+            for (n, v) in &fx.xattrs["/xattr_file"] {
+                let there = now.iter().find(|(m, _)| m == n);
+                if lost.contains(n) {
+                    assert!(there.is_none(), "{n:?} had a piece in the damaged block");
+                } else {
+                    assert_eq!(there.map(|x| &x.1), Some(v), "{n:?} survives");
+                }
+            }
+            assert_eq!(
+                read_all(fs, ino),
+                pattern(26, 1000),
+                "the data is untouched"
+            );
+        },
+    );
+}
+
+#[test]
+fn xattr_index_lost() {
+    let inline = std::cell::RefCell::new(Vec::new());
+    run(
+        "xattr index block zeroed",
+        |ins, fx| {
+            let ino = fx.ino("/xattr_file");
+            let i = ins.inode(ino);
+            let mut v = i.xattrs.clone();
+            v.sort();
+            assert!(v.len() < fx.xattrs["/xattr_file"].len());
+            *inline.borrow_mut() = v;
+            let (index, _) = ins.xattr_blocks(ino);
+            ins.write(index, &vec![0u8; 4096]);
+            case(ProblemKind::BadXattrBlock, Some(ino), &["/xattr_file"])
+        },
+        |fs, fx| {
+            // The attributes held in the inode are left, the others are gone.
+            let ino = fx.ino("/xattr_file");
+            assert_eq!(xattrs_of(fs, ino), *inline.borrow());
+            assert!(fs.raw_inode(ino).unwrap().xattr_index.is_null());
+        },
+    );
+}
+
+#[test]
+fn directory_rebuilt_keeps_its_xattr_blocks() {
+    run(
+        "directory block bit flip under a directory with xattr blocks",
+        |ins, fx| {
+            let ino = fx.ino("/bigdir");
+            assert_ne!(ins.inode(ino).xattr_index, DiskAddress::NULL);
+            let blocks = ins.dir_blocks(ino);
+            ins.flip(blocks[1].1, 100, 0x01);
+            case(ProblemKind::BadDirectoryBlock, Some(ino), &["/bigdir"])
+        },
+        |fs, fx| {
+            let ino = fx.ino("/bigdir");
+            assert_eq!(
+                xattrs_of(fs, ino),
+                fx.xattrs["/bigdir"],
+                "the rebuilt directory keeps its attributes"
+            );
+        },
+    );
+}
+
+#[test]
 fn truncated_indirect_tree() {
     run(
         "truncated indirect tree (the last indirect block lost)",
@@ -364,6 +461,33 @@ fn cross_linked_block() {
                 fs.block_list(b64).unwrap()[0].1,
                 "no block is shared any more"
             );
+        },
+    );
+}
+
+#[test]
+fn fragment_cross_linked_with_an_xattr_block() {
+    run(
+        "a file's fragment pointing into another file's xattr block",
+        |ins, fx| {
+            let (xf, bp) = (fx.ino("/xattr_file"), fx.ino("/blockplus"));
+            let (_, blocks) = ins.xattr_blocks(xf);
+            let mut i = ins.inode(bp);
+            assert_eq!(i.last_block_subblocks, 1, "/blockplus ends in a fragment");
+            let InodeContent::Pointers(p) = &mut i.content else {
+                panic!("pointers")
+            };
+            p[1] = blocks[1].0;
+            ins.put_inode(&i);
+            case(ProblemKind::CrossLinkedBlock, Some(bp), &["/blockplus"])
+        },
+        |fs, fx| {
+            // The xattr block (identity-checked metadata) stays with its file, whose
+            // attributes are all there (checked for every untouched path); the data
+            // owner gets a copy.
+            let (xf, bp) = (fx.ino("/xattr_file"), fx.ino("/blockplus"));
+            assert_eq!(xattrs_of(fs, xf), fx.xattrs["/xattr_file"]);
+            assert_eq!(read_all(fs, bp).len(), 65537);
         },
     );
 }

@@ -710,7 +710,7 @@ impl Filesystem for MakoFuse {
             reply.statfs(
                 s.blocks,
                 s.blocks_free,
-                s.blocks_free,
+                s.blocks_available,
                 s.files,
                 s.files_free,
                 s.block_bytes,

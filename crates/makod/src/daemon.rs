@@ -359,7 +359,8 @@ impl Daemon {
                 st.subblock_bytes = sb;
                 st.inode_bytes = core.geo.inode_bytes as u64;
                 st.total_bytes = core.alloc.total_subblocks() * sb;
-                st.free_bytes = core.alloc.free_subblocks() * sb;
+                // As statfs (`df`) counts it: space freed and waiting for a checkpoint is free.
+                st.free_bytes = core.alloc.user_free_subblocks() * sb;
                 st.inodes_used = core.imap.used();
                 st.inodes_max = core.imap.inodes_max();
                 st.pagepool_bytes = core.pool.limit();

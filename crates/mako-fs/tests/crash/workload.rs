@@ -527,7 +527,14 @@ impl Generator {
                 let name = XATTR_NAMES[self.rng.gen_range(0..XATTR_NAMES.len())]
                     .as_bytes()
                     .to_vec();
-                let len = self.rng.gen_range(0..200);
+                // One in four is large: attributes in xattr blocks (four names of up
+                // to 60,000 bytes stay under the 256 KiB per file), replaced in place,
+                // shrunk back into the inode, removed.
+                let len = if self.rng.gen_range(0..4) == 0 {
+                    self.rng.gen_range(4000..60_000)
+                } else {
+                    self.rng.gen_range(0..200)
+                };
                 let value = pattern(self.rng.gen(), len);
                 Some(Op::SetXattr { node, name, value })
             }

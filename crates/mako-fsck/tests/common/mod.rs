@@ -13,6 +13,7 @@ use mako_format::error::Location;
 use mako_format::indirect::{IndirectBlock, IndirectId};
 use mako_format::inode::{Inode, InodeContent};
 use mako_format::inode_map_segment::InodeMapSegment;
+use mako_format::xattr::{Xattr, XattrBlock, XattrIndex};
 use mako_format::DiskAddress;
 use mako_fs::fs::{Ctx, FileSystem, ROOT_INO};
 pub use mako_fs::test_util::pattern;
@@ -49,6 +50,35 @@ pub struct Fixture {
     pub paths: BTreeMap<String, Expect>,
     /// Inode numbers by path.
     pub inos: BTreeMap<String, u64>,
+    /// Extended attributes of the paths that have some, sorted by name.
+    pub xattrs: BTreeMap<String, Vec<Xattr>>,
+}
+
+/// Attributes /xattr_file gets after `user.a` and `user.b`: more than its inode
+/// holds (xattr blocks), one value spread over several blocks.
+pub fn many_xattrs() -> Vec<Xattr> {
+    let mut v: Vec<Xattr> = (0..80)
+        .map(|i| {
+            (
+                format!("user.many{i:03}").into_bytes(),
+                pattern(300 + i, 100),
+            )
+        })
+        .collect();
+    v.insert(40, (b"user.large".to_vec(), pattern(299, 20_000)));
+    v
+}
+
+/// Every attribute of `ino`, sorted by name.
+pub fn xattrs_of(fs: &FileSystem, ino: u64) -> Vec<Xattr> {
+    let list = fs.listxattr(ino).unwrap();
+    let mut out: Vec<Xattr> = list
+        .split(|&b| b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|n| (n.to_vec(), fs.getxattr(ino, n).unwrap()))
+        .collect();
+    out.sort();
+    out
 }
 
 pub fn config() -> FsConfig {
@@ -159,6 +189,11 @@ fn build() -> Fixture {
     fs.setxattr(xf, b"user.a", &pattern(27, 100), 0).unwrap();
     fs.setxattr(xf, b"user.b", &pattern(28, 200), 0).unwrap();
     fs.setxattr(dir1, b"user.dir", b"value", 0).unwrap();
+    // More attributes than the inode holds: xattr blocks, on a file and on a hashed
+    // directory (no new file: the inode file is full, a test relies on it).
+    for (n, v) in many_xattrs() {
+        fs.setxattr(xf, &n, &v, 0).unwrap();
+    }
     // Special files.
     let fifo = fs
         .mknod(C, ROOT_INO, b"fifo", libc::S_IFIFO | 0o644, 0, 0)
@@ -223,7 +258,27 @@ fn build() -> Fixture {
         names.sort();
         paths.insert(dir.into(), Expect::Dir(names));
     }
+    for i in 0..40 {
+        fs.setxattr(
+            bigdir,
+            format!("user.bigdir{i:02}").as_bytes(),
+            &pattern(600 + i, 300),
+            0,
+        )
+        .unwrap();
+    }
+    let mut xattrs = BTreeMap::new();
+    for path in ["/xattr_file", "/bigdir", "/dir1"] {
+        xattrs.insert(path.to_string(), xattrs_of(fs, inos[path]));
+    }
     fs.sync().unwrap();
+    for path in ["/xattr_file", "/bigdir"] {
+        assert_ne!(
+            fs.raw_inode(inos[path]).unwrap().xattr_index,
+            DiskAddress::NULL,
+            "{path} must have xattr blocks"
+        );
+    }
     let (n, depth, _) = fs.dir_shape(bigdir).unwrap();
     assert!(
         n >= 3 && depth >= 2,
@@ -240,6 +295,7 @@ fn build() -> Fixture {
         snapshot: disks.disks.iter().map(|d| d.snapshot()).collect(),
         paths,
         inos,
+        xattrs,
     }
 }
 
@@ -347,6 +403,12 @@ pub fn verify_untouched(fs: &FileSystem, fx: &Fixture, hit: &[&str]) {
             Expect::Special => {
                 fs.getattr(ino).unwrap();
             }
+        }
+        if let Some(x) = fx.xattrs.get(path) {
+            assert!(
+                xattrs_of(fs, ino) == *x,
+                "{path}: extended attributes differ after the repair"
+            );
         }
         checked += 1;
     }
@@ -488,6 +550,32 @@ impl Inspect {
     }
     pub fn tree(&self, ino: u64) -> (Units, Indirects) {
         self.tree_of(&self.inode(ino))
+    }
+    /// The xattr index block of an inode and the xattr blocks it lists, with their
+    /// pieces.
+    pub fn xattr_blocks(&self, ino: u64) -> (DiskAddress, Vec<(DiskAddress, XattrBlock)>) {
+        let bb = self.desc.geometry.xattr_block_bytes();
+        let index_da = self.inode(ino).xattr_index;
+        let index =
+            XattrIndex::decode(&self.read(index_da, bb as usize), bb, ino, Location::Memory)
+                .unwrap();
+        let blocks = index
+            .blocks
+            .iter()
+            .enumerate()
+            .map(|(k, &da)| {
+                let b = XattrBlock::decode(
+                    &self.read(da, bb as usize),
+                    bb,
+                    ino,
+                    k as u32,
+                    Location::Memory,
+                )
+                .unwrap();
+                (da, b)
+            })
+            .collect();
+        (index_da, blocks)
     }
     /// Address of byte `off` of metadata file `ino`.
     pub fn metafile_da(&self, ino: u64, off: u64) -> DiskAddress {
