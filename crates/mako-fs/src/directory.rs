@@ -73,6 +73,12 @@ fn cover(core: &Core, st: &InodeState, range: ByteRange, write: bool) -> FsResul
     if crate::op::holds(core, resource, range, Some(mode)) {
         return Ok(());
     }
+    // This node may hold it already (granted by the restart that this very check
+    // asked for, or by an earlier operation): hold it for the operation, never wait.
+    if let Some(h) = core.tokens.client().try_hold(resource, mode, range) {
+        crate::op::push_hold(core, h);
+        return Ok(());
+    }
     Err(FsError::need_token(Missing {
         resource,
         mode,
@@ -104,7 +110,20 @@ fn cover_structure(core: &Core, st: &InodeState, range: ByteRange) -> FsResult<(
         return Ok(());
     }
     let ino = st.inode.ino;
-    if !crate::op::holds_inode(core, ino, crate::coherence::Need::Exclusive) {
+    let held = crate::op::holds_inode(core, ino, crate::coherence::Need::Exclusive)
+        || match core
+            .tokens
+            .try_hold_inode(ino, crate::coherence::Need::Exclusive)
+        {
+            // Held already (the grant a restart asked for): the state this operation
+            // read was read under it.
+            Ok(h) => {
+                crate::op::push_hold(core, h);
+                true
+            }
+            Err(_) => false,
+        };
+    if !held {
         let resource = core.tokens.inode(ino);
         let seen = core.tokens.client().version_hint(resource);
         let mut missing = core

@@ -44,6 +44,7 @@ pub fn run<T>(core: &Core, mut f: impl FnMut() -> FsResult<T>) -> FsResult<T> {
     if nested {
         return f();
     }
+    let mut last = String::new();
     for _ in 0..OP_RESTARTS_MAX {
         FRAMES.with(|fr| {
             fr.borrow_mut().push(Frame {
@@ -61,6 +62,7 @@ pub fn run<T>(core: &Core, mut f: impl FnMut() -> FsResult<T>) -> FsResult<T> {
         match result {
             Err(FsError::NeedToken(missing)) => {
                 drop(frame.holds);
+                last = format!("{missing:?}");
                 core.stats
                     .op_restarts
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -82,6 +84,7 @@ pub fn run<T>(core: &Core, mut f: impl FnMut() -> FsResult<T>) -> FsResult<T> {
             }
             Err(FsError::NeedBlocks { ino, unit }) => {
                 drop(frame.holds);
+                last = format!("block addresses of inode {ino} unit {unit}");
                 core.stats
                     .op_restarts
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -105,11 +108,11 @@ pub fn run<T>(core: &Core, mut f: impl FnMut() -> FsResult<T>) -> FsResult<T> {
         }
     }
     Err(FsError::Token(format!(
-        "operation restarted {OP_RESTARTS_MAX} times: the tokens it needs keep being revoked by other nodes"
+        "operation restarted {OP_RESTARTS_MAX} times: the tokens it needs keep being revoked by other nodes (last missing: {last})"
     )))
 }
 
-fn push_hold(core: &Core, hold: Hold) {
+pub(crate) fn push_hold(core: &Core, hold: Hold) {
     let id = core_id(core);
     FRAMES.with(|fr| {
         let mut fr = fr.borrow_mut();
