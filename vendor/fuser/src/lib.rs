@@ -71,6 +71,7 @@ pub use crate::reply::ReplyLseek;
 pub use crate::reply::ReplyOpen;
 pub use crate::reply::ReplyPoll;
 pub use crate::reply::ReplyStatfs;
+pub use crate::reply::ReplyStatx;
 pub use crate::reply::ReplyWrite;
 pub use crate::reply::ReplyXattr;
 pub use crate::request_param::Request;
@@ -1001,6 +1002,122 @@ pub trait Filesystem: Send + Sync + 'static {
             "[Not Implemented] copy_file_range(ino_in: {ino_in:#x?}, fh_in: {fh_in}, \
             offset_in: {offset_in}, ino_out: {ino_out:#x?}, fh_out: {fh_out}, \
             offset_out: {offset_out}, len: {len}, flags: {flags:?})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
+    // ---- MAKO PATCH: flags and requests fuser 0.18.0 does not pass through. Each
+    // `*_ext` method receives what its plain counterpart does plus the flag the kernel sent,
+    // and by default calls the plain one, so file systems that do not care are unchanged.
+
+    /// `setattr` with FATTR_KILL_SUIDGID: with FUSE_HANDLE_KILLPRIV_V2 the kernel asks the
+    /// file system to clear setuid and setgid (if group-executable) on a truncate by a
+    /// caller without CAP_FSETID and on a chown of a non-directory.
+    fn setattr_ext(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        crtime: Option<SystemTime>,
+        chgtime: Option<SystemTime>,
+        bkuptime: Option<SystemTime>,
+        flags: Option<BsdFileFlags>,
+        _kill_suidgid: bool,
+        reply: ReplyAttr,
+    ) {
+        self.setattr(
+            req, ino, mode, uid, gid, size, atime, mtime, ctime, fh, crtime, chgtime, bkuptime,
+            flags, reply,
+        );
+    }
+
+    /// `open` with FUSE_OPEN_KILL_SUIDGID (an O_TRUNC open by a caller without CAP_FSETID,
+    /// with FUSE_HANDLE_KILLPRIV_V2 and FUSE_ATOMIC_O_TRUNC).
+    fn open_ext(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        flags: OpenFlags,
+        _kill_suidgid: bool,
+        reply: ReplyOpen,
+    ) {
+        self.open(req, ino, flags, reply);
+    }
+
+    /// `create` with FUSE_OPEN_KILL_SUIDGID (an O_TRUNC create that finds an existing file,
+    /// by a caller without CAP_FSETID, with FUSE_HANDLE_KILLPRIV_V2).
+    fn create_ext(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        _kill_suidgid: bool,
+        reply: ReplyCreate,
+    ) {
+        self.create(req, parent, name, mode, umask, flags, reply);
+    }
+
+    /// `setxattr` with the flags of FUSE_SETXATTR_EXT (when the file system asked for it in
+    /// `init`): `consts::FUSE_SETXATTR_ACL_KILL_SGID` says the caller setting an access ACL
+    /// is neither in the file's group nor has CAP_FSETID, so setgid must be cleared.
+    fn setxattr_ext(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        position: u32,
+        _setxattr_flags: u32,
+        reply: ReplyEmpty,
+    ) {
+        self.setxattr(req, ino, name, value, flags, position, reply);
+    }
+
+    /// Create an unnamed regular file in `parent` and open it (O_TMPFILE). The kernel
+    /// gives it no name; `linkat` may give it one later. Reply as to `create`; the
+    /// attributes must say one link (the kernel drops it to zero itself).
+    fn tmpfile(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        warn!(
+            "[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode:#o}, \
+            umask: {umask:#o}, flags: {flags:#x?})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// statx(2): attributes including the birth time. `mask` is what the caller asked
+    /// for (STATX_*), `flags` the AT_STATX_* sync flags. Without it (ENOSYS) the kernel
+    /// falls back to `getattr` and reports no birth time.
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: Option<FileHandle>,
+        flags: u32,
+        mask: u32,
+        reply: ReplyStatx,
+    ) {
+        warn!(
+            "[Not Implemented] statx(ino: {ino:#x?}, fh: {fh:?}, flags: {flags:#x}, \
+            mask: {mask:#x})"
         );
         reply.error(Errno::ENOSYS);
     }

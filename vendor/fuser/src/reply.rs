@@ -305,6 +305,39 @@ impl ReplyAttr {
     }
 }
 
+/// MAKO PATCH: the reply to statx (FUSE_STATX).
+#[derive(Debug)]
+pub struct ReplyStatx {
+    reply: ReplyRaw,
+}
+
+impl Reply for ReplyStatx {
+    fn new(unique: ll::RequestId, sender: ReplySender) -> ReplyStatx {
+        ReplyStatx {
+            reply: Reply::new(unique, sender),
+        }
+    }
+}
+
+impl ReplyStatx {
+    /// Reply with the attributes; `attr.crtime` is the birth time. `attributes` and
+    /// `attributes_mask` are `STATX_ATTR_*` bits (what is set, and what the file system
+    /// supports).
+    pub fn statx(self, ttl: &Duration, attr: &FileAttr, attributes: u64, attributes_mask: u64) {
+        self.reply.send_ll(&ll::ResponseStruct::new_statx(
+            ttl,
+            attr,
+            attributes,
+            attributes_mask,
+        ));
+    }
+
+    /// Reply to a request with the given error code
+    pub fn error(self, err: Errno) {
+        self.reply.error(err);
+    }
+}
+
 ///
 /// XTimes Reply
 ///

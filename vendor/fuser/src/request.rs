@@ -139,7 +139,8 @@ impl<'a> RequestWithSender<'a> {
                 );
             }
             ll::Operation::SetAttr(x) => {
-                filesystem.setattr(
+                // MAKO PATCH: setattr_ext carries FATTR_KILL_SUIDGID.
+                filesystem.setattr_ext(
                     self.request_header(),
                     self.request.nodeid(),
                     x.mode(),
@@ -154,6 +155,7 @@ impl<'a> RequestWithSender<'a> {
                     x.chgtime(),
                     x.bkuptime(),
                     x.flags(),
+                    x.kill_suidgid(),
                     self.reply(),
                 );
             }
@@ -227,10 +229,12 @@ impl<'a> RequestWithSender<'a> {
                 );
             }
             ll::Operation::Open(x) => {
-                filesystem.open(
+                // MAKO PATCH: open_ext carries FUSE_OPEN_KILL_SUIDGID.
+                filesystem.open_ext(
                     self.request_header(),
                     self.request.nodeid(),
                     x.flags(),
+                    x.kill_suidgid(),
                     self.reply(),
                 );
             }
@@ -331,13 +335,19 @@ impl<'a> RequestWithSender<'a> {
                 filesystem.statfs(self.request_header(), self.request.nodeid(), self.reply());
             }
             ll::Operation::SetXAttr(x) => {
-                filesystem.setxattr(
+                // MAKO PATCH: the request has the FUSE_SETXATTR_EXT layout when that was
+                // negotiated; a malformed one is refused instead of panicking.
+                let Some((setxattr_flags, name, value)) = x.parts(se.setxattr_ext) else {
+                    return Err(Errno::EINVAL);
+                };
+                filesystem.setxattr_ext(
                     self.request_header(),
                     self.request.nodeid(),
-                    x.name(),
-                    x.value(),
+                    name,
+                    value,
                     x.flags(),
                     x.position(),
+                    setxattr_flags,
                     self.reply(),
                 );
             }
@@ -375,13 +385,36 @@ impl<'a> RequestWithSender<'a> {
                 );
             }
             ll::Operation::Create(x) => {
-                filesystem.create(
+                // MAKO PATCH: create_ext carries FUSE_OPEN_KILL_SUIDGID.
+                filesystem.create_ext(
                     self.request_header(),
                     self.request.nodeid(),
                     x.name().as_ref(),
                     x.mode(),
                     x.umask(),
                     x.flags(),
+                    x.kill_suidgid(),
+                    self.reply(),
+                );
+            }
+            // MAKO PATCH: O_TMPFILE and statx.
+            ll::Operation::TmpFile(x) => {
+                filesystem.tmpfile(
+                    self.request_header(),
+                    self.request.nodeid(),
+                    x.mode(),
+                    x.umask(),
+                    x.flags(),
+                    self.reply(),
+                );
+            }
+            ll::Operation::Statx(x) => {
+                filesystem.statx(
+                    self.request_header(),
+                    self.request.nodeid(),
+                    x.file_handle(),
+                    x.flags(),
+                    x.mask(),
                     self.reply(),
                 );
             }

@@ -139,6 +139,9 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// MAKO PATCH: whether FUSE_SETXATTR_EXT was negotiated (SETXATTR requests then carry
+    /// `fuse_setxattr_ext_in`).
+    pub(crate) setxattr_ext: bool,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +189,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            setxattr_ext: false,
         };
 
         session.handshake()?;
@@ -214,6 +218,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            setxattr_ext: false,
         };
 
         session.handshake()?;
@@ -252,6 +257,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            setxattr_ext,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -298,6 +304,7 @@ impl<FS: Filesystem> Session<FS> {
                 ch,
                 allowed,
                 session_owner,
+                setxattr_ext,
             };
             threads.push(
                 thread::Builder::new()
@@ -431,6 +438,9 @@ impl<FS: Filesystem> Session<FS> {
 
             // Remember the ABI version supported by kernel and mark the session initialized.
             self.proto_version = Some(v);
+            // MAKO PATCH: the layout of SETXATTR requests depends on this.
+            self.setxattr_ext = (init.capabilities() & config.requested)
+                .contains(InitFlags::FUSE_SETXATTR_EXT);
 
             // Log capability status for debugging
             for bit in 0..64 {
@@ -518,6 +528,8 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) filesystem: Arc<FilesystemHolder<FS>>,
     pub(crate) allowed: SessionACL,
     pub(crate) session_owner: Uid,
+    /// MAKO PATCH: see `Session::setxattr_ext`.
+    pub(crate) setxattr_ext: bool,
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {

@@ -38,12 +38,21 @@ pub(crate) fn time_from_system_time(system_time: &SystemTime) -> (i64, u32) {
 ///
 /// This handles negative seconds (times before the Unix epoch).
 pub(crate) fn system_time_from_time(secs: i64, nsecs: u32) -> SystemTime {
-    if secs >= 0 {
-        SystemTime::UNIX_EPOCH + Duration::new(secs as u64, nsecs)
+    // MAKO PATCH: the time is `secs` plus `nsecs` also before the epoch (-2 s + 0.8 s is
+    // -1.2 s, not -2.8 s), and no timestamp a caller can pass to utimensat(2) (any
+    // tv_sec, including i64::MIN) overflows: this runs outside the file system's
+    // handlers, where a panic would end the request thread. Out-of-range nanoseconds
+    // (the kernel never sends them) are clamped; a time SystemTime cannot hold saturates.
+    let nsecs = nsecs.min(999_999_999);
+    let whole = if secs >= 0 {
+        UNIX_EPOCH.checked_add(Duration::from_secs(secs.unsigned_abs()))
     } else {
-        // TODO: overflow
-        // TODO: 1_000_000_000 - nsec
-        SystemTime::UNIX_EPOCH - Duration::new((-secs) as u64, nsecs)
+        UNIX_EPOCH.checked_sub(Duration::from_secs(secs.unsigned_abs()))
+    };
+    match whole.and_then(|t| t.checked_add(Duration::from_nanos(u64::from(nsecs)))) {
+        Some(t) => t,
+        None if secs >= 0 => whole.unwrap_or(UNIX_EPOCH),
+        None => UNIX_EPOCH,
     }
 }
 
@@ -53,6 +62,19 @@ mod test {
     use std::time::UNIX_EPOCH;
 
     use crate::time::time_from_system_time;
+
+    #[test]
+    fn test_system_time_from_time_extremes() {
+        use crate::time::system_time_from_time;
+        // MAKO PATCH: round trips, also before the epoch and at the ends of i64.
+        for (s, n) in [(-2, 800_000_000), (0, 1), (i64::MIN, 0), (i64::MIN, 999_999_999)] {
+            assert_eq!(time_from_system_time(&system_time_from_time(s, n)), (s, n));
+        }
+        assert_eq!(
+            time_from_system_time(&system_time_from_time(i64::MAX, 999_999_999)),
+            (i64::MAX, 999_999_999)
+        );
+    }
 
     #[test]
     fn test_time_from_system_time_negative() {

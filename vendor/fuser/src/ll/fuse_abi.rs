@@ -110,6 +110,12 @@ pub mod consts {
 
     // The read buffer is required to be at least 8k, but may be much larger
     pub const FUSE_MIN_READ_BUFFER: usize = 8192;
+
+    // MAKO PATCH (ABI 7.33): open flags and setxattr flags.
+    /// Open/create: clear setuid and setgid (if group-executable).
+    pub const FUSE_OPEN_KILL_SUIDGID: u32 = 1 << 0;
+    /// Setxattr of `system.posix_acl_access`: clear setgid.
+    pub const FUSE_SETXATTR_ACL_KILL_SGID: u32 = 1 << 0;
 }
 
 #[repr(u32)]
@@ -161,6 +167,9 @@ pub(crate) enum fuse_opcode {
     FUSE_RENAME2 = 45,
     FUSE_LSEEK = 46,
     FUSE_COPY_FILE_RANGE = 47,
+    // MAKO PATCH: O_TMPFILE (ABI 7.37) and statx with the birth time (ABI 7.39).
+    FUSE_TMPFILE = 51,
+    FUSE_STATX = 52,
 
     #[cfg(target_os = "macos")]
     FUSE_SETVOLNAME = 61,
@@ -349,7 +358,8 @@ pub(crate) struct fuse_open_in {
     // NOTE: this field is defined as u32 in fuse_kernel.h in libfuse. However, it is then cast
     // to an i32 when invoking the filesystem's open method and this matches the open() syscall
     pub(crate) flags: i32,
-    pub(crate) unused: u32,
+    // MAKO PATCH: named as in the kernel (ABI 7.33): FUSE_OPEN_KILL_SUIDGID.
+    pub(crate) open_flags: u32,
 }
 
 #[repr(C)]
@@ -360,7 +370,8 @@ pub(crate) struct fuse_create_in {
     pub(crate) flags: i32,
     pub(crate) mode: u32,
     pub(crate) umask: u32,
-    pub(crate) padding: u32,
+    // MAKO PATCH: named as in the kernel (ABI 7.33): FUSE_OPEN_KILL_SUIDGID.
+    pub(crate) open_flags: u32,
 }
 
 #[repr(C)]
@@ -456,6 +467,14 @@ pub(crate) struct fuse_setxattr_in {
     #[cfg(target_os = "macos")]
     pub(crate) position: u32,
     #[cfg(target_os = "macos")]
+    pub(crate) padding: u32,
+}
+
+/// MAKO PATCH: what follows `fuse_setxattr_in` when FUSE_SETXATTR_EXT was negotiated.
+#[repr(C)]
+#[derive(Debug, FromBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_setxattr_ext_in {
+    pub(crate) setxattr_flags: u32,
     pub(crate) padding: u32,
 }
 
@@ -759,4 +778,59 @@ pub(crate) struct fuse_copy_file_range_in {
     pub(crate) off_out: i64,
     pub(crate) len: u64,
     pub(crate) flags: u64,
+}
+
+// MAKO PATCH: FUSE_STATX (ABI 7.39), laid out as in the kernel's include/uapi/linux/fuse.h.
+#[repr(C)]
+#[derive(Debug, FromBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_statx_in {
+    pub(crate) getattr_flags: u32,
+    pub(crate) reserved: u32,
+    pub(crate) fh: u64,
+    pub(crate) sx_flags: u32,
+    pub(crate) sx_mask: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, IntoBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_sx_time {
+    pub(crate) tv_sec: i64,
+    pub(crate) tv_nsec: u32,
+    pub(crate) reserved: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, IntoBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_statx {
+    pub(crate) mask: u32,
+    pub(crate) blksize: u32,
+    pub(crate) attributes: u64,
+    pub(crate) nlink: u32,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) mode: u16,
+    pub(crate) spare0: u16,
+    pub(crate) ino: u64,
+    pub(crate) size: u64,
+    pub(crate) blocks: u64,
+    pub(crate) attributes_mask: u64,
+    pub(crate) atime: fuse_sx_time,
+    pub(crate) btime: fuse_sx_time,
+    pub(crate) ctime: fuse_sx_time,
+    pub(crate) mtime: fuse_sx_time,
+    pub(crate) rdev_major: u32,
+    pub(crate) rdev_minor: u32,
+    pub(crate) dev_major: u32,
+    pub(crate) dev_minor: u32,
+    pub(crate) spare2: [u64; 14],
+}
+
+#[repr(C)]
+#[derive(Debug, IntoBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_statx_out {
+    pub(crate) attr_valid: u64,
+    pub(crate) attr_valid_nsec: u32,
+    pub(crate) flags: u32,
+    pub(crate) spare: [u64; 2],
+    pub(crate) stat: fuse_statx,
 }

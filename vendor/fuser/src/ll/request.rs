@@ -352,6 +352,11 @@ mod op {
         fn valid(&self) -> FattrFlags {
             FattrFlags::from_bits_retain(self.arg.valid)
         }
+        /// MAKO PATCH: FATTR_KILL_SUIDGID (with FUSE_HANDLE_KILLPRIV_V2: a truncate by a
+        /// caller without CAP_FSETID, or a chown of a non-directory).
+        pub(crate) fn kill_suidgid(&self) -> bool {
+            self.valid().contains(FattrFlags::FATTR_KILL_SUIDGID)
+        }
         pub(crate) fn mode(&self) -> Option<u32> {
             if self.valid().contains(FattrFlags::FATTR_MODE) {
                 Some(self.arg.mode)
@@ -665,6 +670,11 @@ mod op {
         pub(crate) fn flags(&self) -> OpenFlags {
             OpenFlags(self.arg.flags)
         }
+        /// MAKO PATCH: FUSE_OPEN_KILL_SUIDGID (with FUSE_HANDLE_KILLPRIV_V2 and
+        /// FUSE_ATOMIC_O_TRUNC: an O_TRUNC open by a caller without CAP_FSETID).
+        pub(crate) fn kill_suidgid(&self) -> bool {
+            self.arg.open_flags & consts::FUSE_OPEN_KILL_SUIDGID != 0
+        }
     }
 
     /// Read data.
@@ -832,15 +842,28 @@ mod op {
         #[expect(dead_code)]
         header: &'a fuse_in_header,
         arg: &'a fuse_setxattr_in,
-        name: &'a OsStr,
-        value: &'a [u8],
+        // MAKO PATCH: the bytes after `arg`. With FUSE_SETXATTR_EXT they start with
+        // `fuse_setxattr_ext_in`; which is the case only the session knows, so name and
+        // value are split at dispatch (`parts`), and a malformed request is an error, not
+        // a panic.
+        rest: &'a [u8],
     }
     impl<'a> SetXAttr<'a> {
-        pub(crate) fn name(&self) -> &'a OsStr {
-            self.name
+        /// MAKO PATCH: (setxattr_flags, name, value); `ext` says whether FUSE_SETXATTR_EXT
+        /// was negotiated. `None` if the request is malformed.
+        pub(crate) fn parts(&self, ext: bool) -> Option<(u32, &'a OsStr, &'a [u8])> {
+            let mut data = ArgumentIterator::new(self.rest);
+            let setxattr_flags = if ext {
+                data.fetch::<fuse_setxattr_ext_in>()?.setxattr_flags
+            } else {
+                0
+            };
+            let name = data.fetch_str()?;
+            let value = data.fetch_all();
+            (value.len() == self.arg.size as usize).then_some((setxattr_flags, name, value))
         }
-        pub(crate) fn value(&self) -> &'a [u8] {
-            self.value
+        pub(crate) fn size(&self) -> u32 {
+            self.arg.size
         }
         // TODO: Document what are valid flags
         pub(crate) fn flags(&self) -> i32 {
@@ -1254,6 +1277,56 @@ mod op {
         }
         pub(crate) fn umask(&self) -> u32 {
             self.arg.umask
+        }
+        /// MAKO PATCH: FUSE_OPEN_KILL_SUIDGID (an O_TRUNC create of an existing file by a
+        /// caller without CAP_FSETID, with FUSE_HANDLE_KILLPRIV_V2).
+        pub(crate) fn kill_suidgid(&self) -> bool {
+            self.arg.open_flags & consts::FUSE_OPEN_KILL_SUIDGID != 0
+        }
+    }
+
+    /// MAKO PATCH: create an unnamed file (O_TMPFILE, ABI 7.37). The arguments are those
+    /// of CREATE; the name the kernel sends is a placeholder and is not used.
+    #[derive(Debug)]
+    pub(crate) struct TmpFile<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+        arg: &'a fuse_create_in,
+    }
+    impl TmpFile<'_> {
+        pub(crate) fn mode(&self) -> u32 {
+            self.arg.mode
+        }
+        pub(crate) fn flags(&self) -> i32 {
+            self.arg.flags
+        }
+        pub(crate) fn umask(&self) -> u32 {
+            self.arg.umask
+        }
+    }
+
+    /// MAKO PATCH: statx (ABI 7.39): attributes with the birth time.
+    #[derive(Debug)]
+    pub(crate) struct Statx<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+        arg: &'a fuse_statx_in,
+    }
+    impl Statx<'_> {
+        pub(crate) fn file_handle(&self) -> Option<FileHandle> {
+            if GetattrFlags::from_bits_retain(self.arg.getattr_flags)
+                .contains(GetattrFlags::FUSE_GETATTR_FH)
+            {
+                Some(FileHandle(self.arg.fh))
+            } else {
+                None
+            }
+        }
+        pub(crate) fn flags(&self) -> u32 {
+            self.arg.sx_flags
+        }
+        pub(crate) fn mask(&self) -> u32 {
+            self.arg.sx_mask
         }
     }
 
@@ -1716,15 +1789,10 @@ mod op {
                 header,
                 arg: data.fetch()?,
             }),
-            fuse_opcode::FUSE_SETXATTR => Operation::SetXAttr({
-                let out = SetXAttr {
-                    header,
-                    arg: data.fetch()?,
-                    name: data.fetch_str()?,
-                    value: data.fetch_all(),
-                };
-                assert!(out.value.len() == out.arg.size as usize);
-                out
+            fuse_opcode::FUSE_SETXATTR => Operation::SetXAttr(SetXAttr {
+                header,
+                arg: data.fetch()?,
+                rest: data.fetch_all(),
             }),
             fuse_opcode::FUSE_GETXATTR => Operation::GetXAttr(GetXAttr {
                 header,
@@ -1852,6 +1920,14 @@ mod op {
                 header,
                 arg: data.fetch()?,
             }),
+            fuse_opcode::FUSE_TMPFILE => Operation::TmpFile(TmpFile {
+                header,
+                arg: data.fetch()?,
+            }),
+            fuse_opcode::FUSE_STATX => Operation::Statx(Statx {
+                header,
+                arg: data.fetch()?,
+            }),
 
             #[cfg(target_os = "macos")]
             fuse_opcode::FUSE_SETVOLNAME => Operation::SetVolName(SetVolName {
@@ -1926,6 +2002,9 @@ pub(crate) enum Operation<'a> {
     Rename2(Rename2<'a>),
     Lseek(Lseek<'a>),
     CopyFileRange(CopyFileRange<'a>),
+    // MAKO PATCH
+    TmpFile(TmpFile<'a>),
+    Statx(Statx<'a>),
 
     #[cfg(target_os = "macos")]
     SetVolName(SetVolName<'a>),
@@ -1999,9 +2078,8 @@ impl fmt::Display for Operation<'_> {
             ),
             Operation::SetXAttr(x) => write!(
                 f,
-                "SETXATTR name {:?}, size {}, flags {:#x}",
-                x.name(),
-                x.value().len(),
+                "SETXATTR size {}, flags {:#x}",
+                x.size(),
                 x.flags()
             ),
             Operation::GetXAttr(x) => {
@@ -2102,6 +2180,13 @@ impl fmt::Display for Operation<'_> {
                 x.dest(),
                 x.len()
             ),
+            Operation::TmpFile(x) => write!(
+                f,
+                "TMPFILE mode {:#05o}, flags {:#x}",
+                x.mode(),
+                x.flags()
+            ),
+            Operation::Statx(x) => write!(f, "STATX flags {:#x}, mask {:#x}", x.flags(), x.mask()),
 
             #[cfg(target_os = "macos")]
             Operation::SetVolName(x) => write!(f, "SETVOLNAME name {:?}", x.name()),
