@@ -75,6 +75,12 @@ pub struct SetAttr {
     pub atime: Option<TimeSet>,
     pub mtime: Option<TimeSet>,
     pub ctime: Option<Timestamp>,
+    /// Clear setuid and setgid as `setid_to_clear` says, in the same transaction: the
+    /// kernel asks for it (FATTR_KILL_SUIDGID) on a truncate by a caller without
+    /// CAP_FSETID and on every chown of a non-directory.
+    pub clear_setid: bool,
+    /// With `clear_setid`: the caller is neither in the file's group nor has CAP_FSETID.
+    pub caller_outside_group: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -107,6 +113,21 @@ fn block_range(offset: u64, len: u64, block: u64) -> ByteRange {
         .saturating_mul(block)
         .max(start.saturating_add(block));
     ByteRange { start, end }
+}
+
+/// The setid bits a data change or chown clears (`setattr_should_drop_suidgid` in the
+/// kernel): setuid; setgid when the group may execute, or when the caller is neither in
+/// the file's group nor has CAP_FSETID. Never on directories, where setgid says how new
+/// entries inherit their group.
+pub fn setid_to_clear(mode: u32, caller_outside_group: bool) -> u32 {
+    if is_dir_mode(mode) {
+        return 0;
+    }
+    let mut k = mode & S_ISUID;
+    if mode & S_ISGID != 0 && (mode & 0o010 != 0 || caller_outside_group) {
+        k |= S_ISGID;
+    }
+    k
 }
 
 pub fn dtype(mode: u32) -> u8 {
@@ -732,25 +753,26 @@ impl FileSystem {
         Ok(())
     }
 
-    /// Before a write by a caller without CAP_FSETID: clear S_ISUID, and S_ISGID when
-    /// the group may execute, as the kernel does itself for writes through its page
-    /// cache. Writes that bypass the page cache (FUSE direct I/O) leave it to us.
-    pub fn kill_setid_for_write(&self, ino: u64) -> FsResult<()> {
+    /// Clear setuid, and setgid when the group may execute, before a change of the file's
+    /// data by a caller without CAP_FSETID (write, fallocate, copy_file_range into it), as
+    /// the kernel's own file systems do (`file_remove_privs`). The caller knows who asks:
+    /// with FUSE_HANDLE_KILLPRIV_V2 the kernel flags such writes (FUSE_WRITE_KILL_SUIDGID).
+    ///
+    /// `caller_in_group(gid)` says whether the caller is in group `gid` or has CAP_FSETID;
+    /// it is asked only for a setgid bit without group execute (it may be costly).
+    pub fn clear_setid(&self, ino: u64, caller_in_group: impl Fn(u32) -> bool) -> FsResult<()> {
         let h = self.handle(ino)?;
-        let kill = |mode: u32| {
-            let mut k = mode & S_ISUID;
-            if mode & S_ISGID != 0 && mode & 0o010 != 0 {
-                k |= S_ISGID;
-            }
-            k
+        let to_clear = |i: &Inode| {
+            let nonexec_sgid = i.mode & S_ISGID != 0 && i.mode & 0o010 == 0;
+            setid_to_clear(i.mode, nonexec_sgid && !caller_in_group(i.gid))
         };
-        if kill(h.state.read().inode.mode) == 0 {
+        if to_clear(&h.state.read().inode) == 0 {
             return Ok(());
         }
         self.core.check_writable()?;
         let _tx = self.core.begin();
         let mut st = h.state.write();
-        let k = kill(st.inode.mode);
+        let k = to_clear(&st.inode);
         if k != 0 && !st.deleted {
             st.inode.mode &= !k;
             st.inode.ctime = now();
@@ -813,6 +835,13 @@ impl FileSystem {
         if let Some(m) = set.mtime {
             st.inode.mtime = resolve(m);
             st.inode.ctime = t;
+        }
+        if set.clear_setid {
+            let k = setid_to_clear(st.inode.mode, set.caller_outside_group);
+            if k != 0 {
+                st.inode.mode &= !k;
+                st.inode.ctime = t;
+            }
         }
         if let Some(c) = set.ctime {
             st.inode.ctime = c;
@@ -1155,6 +1184,20 @@ impl FileSystem {
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> FsResult<()> {
+        self.setxattr_as(ino, name, value, flags, false)
+    }
+
+    /// setxattr(2); `clear_sgid_for_acl` says the caller is neither in the file's group nor
+    /// has CAP_FSETID, so setting an access ACL clears setgid, as `posix_acl_update_mode`
+    /// does (the kernel says so with FUSE_SETXATTR_ACL_KILL_SGID).
+    pub fn setxattr_as(
+        &self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+        clear_sgid_for_acl: bool,
+    ) -> FsResult<()> {
         self.core.check_writable()?;
         let _tx = self.core.begin();
         Self::check_xattr_name(name)?;
@@ -1177,6 +1220,32 @@ impl FileSystem {
         }
         if name == acl::DEFAULT && kind != S_IFDIR {
             return Err(FsError::Perm("default ACLs only on directories".into()));
+        }
+        // An access ACL sets the mode's permission bits (the mask, or the group entry when
+        // there is no mask, gives the group bits), and clears setgid for a caller outside
+        // the file's group.
+        let mut acl_mode = None;
+        if name == acl::ACCESS {
+            let entries =
+                acl::decode(value).ok_or_else(|| FsError::Invalid("malformed POSIX ACL".into()))?;
+            let m = acl::mode_from(&entries).ok_or_else(|| {
+                FsError::Invalid("POSIX ACL without an owner, group or other entry".into())
+            })?;
+            let mut mode = (st.inode.mode & !0o777) | m;
+            if clear_sgid_for_acl {
+                mode &= !S_ISGID;
+            }
+            if acl::is_minimal(&entries) {
+                // A minimal ACL (owner, group and other only) says no more than the mode:
+                // it is folded into the mode and not stored, as `posix_acl_update_mode`
+                // does, so `ls -l` shows no `+` and getfacl shows the mode.
+                st.inode.xattrs.retain(|(n, _)| n != acl::ACCESS);
+                st.inode.mode = mode;
+                st.inode.ctime = now();
+                st.mark_dirty();
+                return Ok(());
+            }
+            acl_mode = Some(mode);
         }
         let pos = st.inode.xattrs.iter().position(|(n, _)| n == name);
         match (pos, flags) {
@@ -1214,10 +1283,8 @@ impl FileSystem {
                 )));
             }
         }
-        if name == acl::ACCESS {
-            if let Some(m) = acl::decode(value).and_then(|e| acl::mode_from(&e)) {
-                st.inode.mode = (st.inode.mode & !0o777) | m;
-            }
+        if let Some(mode) = acl_mode {
+            st.inode.mode = mode;
         }
         st.inode.ctime = now();
         st.mark_dirty();

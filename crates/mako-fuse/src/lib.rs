@@ -16,7 +16,7 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use mako_format::inode::Timestamp;
-use mako_fs::fs::{Attr, Ctx, FileSystem, SetAttr, TimeSet, S_IFMT};
+use mako_fs::fs::{Attr, Ctx, FileSystem, SetAttr, TimeSet, S_IFMT, S_ISGID};
 use mako_fs::{FsError, KernelInvalidator};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -125,6 +125,35 @@ fn errno(e: &FsError) -> Errno {
     Errno::from_i32(e.errno())
 }
 
+/// Whether the caller of `req` is in group `gid` (as its fsgid or a supplementary group) or
+/// has CAP_FSETID: `in_group_or_capable` in the kernel, which decides whether a setgid bit
+/// without group execute survives a change by that caller. A FUSE request carries only the
+/// caller's uid, gid and pid; its supplementary groups and capabilities are read from
+/// `/proc/<pid>/status`, which names the caller for as long as it waits in its system call.
+/// Without it (a request the kernel makes on its own, pid 0), only the gid and root count.
+fn caller_in_group_or_capable(req: &Request, gid: u32) -> bool {
+    if req.gid() == gid {
+        return true;
+    }
+    let status = match req.pid() {
+        0 => None,
+        pid => std::fs::read_to_string(format!("/proc/{pid}/status")).ok(),
+    };
+    let Some(status) = status else {
+        return req.uid() == 0;
+    };
+    const CAP_FSETID: u32 = 4;
+    status.lines().any(|l| {
+        if let Some(groups) = l.strip_prefix("Groups:") {
+            groups.split_whitespace().any(|g| g.parse() == Ok(gid))
+        } else if let Some(caps) = l.strip_prefix("CapEff:") {
+            u64::from_str_radix(caps.trim(), 16).is_ok_and(|c| c & (1 << CAP_FSETID) != 0)
+        } else {
+            false
+        }
+    })
+}
+
 fn ctx(req: &Request) -> Ctx {
     Ctx {
         uid: req.uid(),
@@ -149,6 +178,19 @@ impl MakoFuse {
             self.fs
                 .core
                 .go_read_only(&format!("internal error in {op}: {what}"));
+        }
+    }
+
+    /// For a change that clears setid bits: whether the caller is outside the file's group
+    /// (without CAP_FSETID), which matters only for a setgid bit without group execute, so
+    /// only then is `/proc` consulted. A concurrent chmod or chgrp can only make this
+    /// answer stale for that one bit.
+    fn caller_outside_group(&self, req: &Request, ino: u64) -> bool {
+        match self.fs.getattr(ino) {
+            Ok(a) if a.mode & S_ISGID != 0 && a.mode & 0o010 == 0 => {
+                !caller_in_group_or_capable(req, a.gid)
+            }
+            _ => false,
         }
     }
 
@@ -272,7 +314,16 @@ impl Filesystem for MakoFuse {
             // When a file's mtime changes under the kernel's cached pages (utimensat,
             // another node's write), the kernel drops them, so the next read reaches
             // Mako — which keeps atime (relatime) and serves current data.
-            | InitFlags::FUSE_AUTO_INVAL_DATA;
+            | InitFlags::FUSE_AUTO_INVAL_DATA
+            // The kernel says which writes, truncates and opens must clear setuid/setgid
+            // (callers without CAP_FSETID; every chown), and makod clears them, in the same
+            // transaction where it can: the kernel's own attempt (a getattr and a chmod
+            // before the write) does not reach writes that bypass the page cache.
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            // Setting an access ACL says whether setgid must go (FUSE_SETXATTR_ACL_KILL_SGID).
+            | InitFlags::FUSE_SETXATTR_EXT
+            // chattr/lsattr on directories reach the file system too.
+            | InitFlags::FUSE_HAS_IOCTL_DIR;
         let want = if self.writeback_cache {
             want | InitFlags::FUSE_WRITEBACK_CACHE
         } else {
@@ -328,9 +379,9 @@ impl Filesystem for MakoFuse {
         })
     }
 
-    fn setattr(
+    fn setattr_ext(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -344,6 +395,7 @@ impl Filesystem for MakoFuse {
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
+        kill_suidgid: bool,
         reply: ReplyAttr,
     ) {
         self.guard("setattr", move || {
@@ -354,6 +406,19 @@ impl Filesystem for MakoFuse {
             // Only a pure time change (utimensat) drops the kernel's pages: a truncate holds
             // page locks while it waits for this reply, and invalidating under it deadlocks.
             let times = (atime.is_some() || mtime.is_some()) && size.is_none();
+            // A setattr that changes nothing is how the kernel's `file_remove_privs` reaches
+            // a FUSE file system with FUSE_HANDLE_KILLPRIV_V2 (the kernel strips the mode it
+            // would have set, leaving the request): it comes before a fallocate, a punch
+            // hole, a zero range or a copy_file_range by a caller without CAP_FSETID whose
+            // file has setid bits, and on chown(f, -1, -1). ext4 clears the bits then.
+            let nothing = mode.is_none()
+                && uid.is_none()
+                && gid.is_none()
+                && size.is_none()
+                && atime.is_none()
+                && mtime.is_none()
+                && ctime.is_none();
+            let clear_setid = kill_suidgid || nothing;
             let set = SetAttr {
                 mode,
                 uid,
@@ -362,6 +427,8 @@ impl Filesystem for MakoFuse {
                 atime: atime.map(t),
                 mtime: mtime.map(t),
                 ctime: ctime.map(from_systime),
+                clear_setid,
+                caller_outside_group: clear_setid && self.caller_outside_group(req, ino.0),
             };
             match self.fs.setattr(ino.0, set) {
                 Ok(a) => {
@@ -495,7 +562,14 @@ impl Filesystem for MakoFuse {
         })
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open_ext(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        flags: OpenFlags,
+        kill_suidgid: bool,
+        reply: ReplyOpen,
+    ) {
         self.guard("open", move || {
             match self.fs.open(ino.0) {
                 Ok(attr) => {
@@ -506,6 +580,9 @@ impl Filesystem for MakoFuse {
                             ino.0,
                             SetAttr {
                                 size: Some(0),
+                                clear_setid: kill_suidgid,
+                                caller_outside_group: kill_suidgid
+                                    && self.caller_outside_group(req, ino.0),
                                 ..Default::default()
                             },
                         ) {
@@ -565,15 +642,17 @@ impl Filesystem for MakoFuse {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let uid = req.uid();
         self.guard("write", move || {
-            if uid != 0 {
-                if let Err(e) = self.fs.kill_setid_for_write(ino.0) {
+            // FUSE_HANDLE_KILLPRIV_V2: the kernel flags writes by callers without
+            // CAP_FSETID, through the page cache or not; the file system clears the bits.
+            if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+                let in_group = |gid| caller_in_group_or_capable(req, gid);
+                if let Err(e) = self.fs.clear_setid(ino.0, in_group) {
                     return reply.error(errno(&e));
                 }
             }
@@ -720,7 +799,7 @@ impl Filesystem for MakoFuse {
         })
     }
 
-    fn setxattr(
+    fn setxattr_ext(
         &self,
         _req: &Request,
         ino: INodeNo,
@@ -728,11 +807,14 @@ impl Filesystem for MakoFuse {
         value: &[u8],
         flags: i32,
         _position: u32,
+        setxattr_flags: u32,
         reply: ReplyEmpty,
     ) {
         self.guard("setxattr", move || {
+            let clear_sgid = setxattr_flags & fuser::consts::FUSE_SETXATTR_ACL_KILL_SGID != 0;
             Self::empty(
-                self.fs.setxattr(ino.0, name.as_bytes(), value, flags),
+                self.fs
+                    .setxattr_as(ino.0, name.as_bytes(), value, flags, clear_sgid),
                 reply,
             );
         })
@@ -772,7 +854,7 @@ impl Filesystem for MakoFuse {
         })
     }
 
-    fn create(
+    fn create_ext(
         &self,
         req: &Request,
         parent: INodeNo,
@@ -780,6 +862,7 @@ impl Filesystem for MakoFuse {
         mode: u32,
         umask: u32,
         flags: i32,
+        kill_suidgid: bool,
         reply: ReplyCreate,
     ) {
         self.guard("create", move || {
@@ -801,6 +884,9 @@ impl Filesystem for MakoFuse {
                             a.ino,
                             SetAttr {
                                 size: Some(0),
+                                clear_setid: kill_suidgid,
+                                caller_outside_group: kill_suidgid
+                                    && self.caller_outside_group(req, a.ino),
                                 ..Default::default()
                             },
                         ) {

@@ -11,6 +11,7 @@ mod locks;
 mod misc;
 mod namespace;
 mod perm;
+mod setid;
 mod xattr;
 
 use crate::sys::{self, Errno, SysResult};
@@ -179,6 +180,11 @@ pub fn checks() -> Vec<Check> {
     );
     v.extend(
         perm::CHECKS
+            .iter()
+            .map(|&(name, func)| Check { name, func }),
+    );
+    v.extend(
+        setid::CHECKS
             .iter()
             .map(|&(name, func)| Check { name, func }),
     );
@@ -501,6 +507,7 @@ pub(crate) fn cred(
         gid,
         groups: groups.to_vec(),
         cwd: Some(c.dir.clone()),
+        caps: Vec::new(),
     }
 }
 

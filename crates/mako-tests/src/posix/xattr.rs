@@ -245,12 +245,12 @@ fn xattr_flags_and_erange(c: &Ctx) -> CheckResult {
 // --- POSIX ACL binary format (linux/posix_acl_xattr.h) --------------------------------------
 
 const ACL_VERSION: u32 = 2;
-const ACL_USER_OBJ: u16 = 0x01;
-const ACL_USER: u16 = 0x02;
-const ACL_GROUP_OBJ: u16 = 0x04;
-const ACL_GROUP: u16 = 0x08;
-const ACL_MASK: u16 = 0x10;
-const ACL_OTHER: u16 = 0x20;
+pub(crate) const ACL_USER_OBJ: u16 = 0x01;
+pub(crate) const ACL_USER: u16 = 0x02;
+pub(crate) const ACL_GROUP_OBJ: u16 = 0x04;
+pub(crate) const ACL_GROUP: u16 = 0x08;
+pub(crate) const ACL_MASK: u16 = 0x10;
+pub(crate) const ACL_OTHER: u16 = 0x20;
 const ACL_UNDEFINED_ID: u32 = u32::MAX;
 
 /// Encodes ACL entries (tag, perm, id) in kernel xattr format; entries must be in tag/id order.
