@@ -55,3 +55,19 @@ proptest! {
         prop_assert_eq!(dec, blk);
     }
 }
+
+/// The chattr attributes are kept in the inode's flags; a flag this version does not know
+/// is refused, never silently dropped (it may be one that restricts access).
+#[test]
+fn inode_attribute_flags_roundtrip_and_unknown_flags_are_refused() {
+    use mako_format::inode::{FLAG_APPEND, FLAG_IMMUTABLE};
+    let mut i = Inode::new(77, 0o100644);
+    i.flags = FLAG_IMMUTABLE | FLAG_APPEND;
+    let enc = i.encode(512).unwrap();
+    let dec = Inode::decode(&enc, 512, 77, Location::Memory).unwrap();
+    assert_eq!(dec.flags, FLAG_IMMUTABLE | FLAG_APPEND);
+    i.flags = 1 << 30;
+    let enc = i.encode(512).unwrap();
+    let err = Inode::decode(&enc, 512, 77, Location::Memory).unwrap_err();
+    assert!(err.to_string().contains("unknown flags"), "{err}");
+}

@@ -6,6 +6,7 @@
 //! first, then the inodes involved in inode-number order.
 
 use crate::acl;
+use crate::attributes;
 use crate::block_map;
 use crate::core::{now, Core, InodeHandle, InodeState};
 use crate::directory;
@@ -58,6 +59,8 @@ pub struct Attr {
     pub rdev: u32,
     pub blksize: u32,
     pub generation: u32,
+    /// chattr attributes as FS_IOC_GETFLAGS bits (`attributes::FS_*_FL`).
+    pub attributes: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -164,6 +167,7 @@ impl FileSystem {
             rdev: inode.rdev,
             blksize: self.core.geo.block_bytes,
             generation: inode.generation,
+            attributes: attributes::fs_flags(inode),
         }
     }
 
@@ -294,6 +298,7 @@ impl FileSystem {
             drop(pst);
             return self.getattr(e.ino);
         }
+        attributes::check_not_immutable(&pst.inode, "create an entry in a directory")?;
         if is_dir_mode(mode) && pst.inode.nlink >= LINKS_MAX {
             return Err(FsError::TooManyLinks(format!("directory inode {parent}")));
         }
@@ -435,6 +440,8 @@ impl FileSystem {
         if cst.inode.nlink >= LINKS_MAX {
             return Err(FsError::TooManyLinks(format!("inode {ino}")));
         }
+        attributes::check_changeable(&cst.inode, "link")?;
+        attributes::check_not_immutable(&pst.inode, "create an entry in a directory")?;
         directory::insert(&self.core, &mut pst, newname, ino, dtype(cst.inode.mode))?;
         let t = now();
         cst.inode.nlink += 1;
@@ -482,6 +489,8 @@ impl FileSystem {
                 String::from_utf8_lossy(name).into_owned(),
             ));
         }
+        attributes::check_changeable(&pst.inode, "remove an entry from a directory")?;
+        attributes::check_changeable(&cst.inode, "remove")?;
         directory::remove(&self.core, &mut pst, name)?;
         let t = now();
         if is_dir {
@@ -627,6 +636,34 @@ impl FileSystem {
             }
         }
         let src_h = self.handle(src.ino)?;
+        // chattr attributes: the source leaves its directory (neither may be immutable or
+        // append-only), the target directory gets an entry (not immutable) and, when a
+        // victim or an exchange removes one there, loses one (not append-only either).
+        attributes::check_changeable(&s1.inode, "rename out of a directory")?;
+        {
+            let target: &InodeState = s2_opt.as_deref().unwrap_or(&s1);
+            attributes::check_not_immutable(&target.inode, "rename into a directory")?;
+            if dst.is_some() {
+                attributes::check_changeable(&target.inode, "replace an entry of a directory")?;
+            }
+        }
+        {
+            // The source or victim may be one of the locked parents (the kernel refuses
+            // such renames before they get here, but a lock taken twice would hang).
+            let changeable = |ino: u64, what: &str| -> FsResult<()> {
+                if ino == p1 {
+                    return attributes::check_changeable(&s1.inode, what);
+                }
+                if let Some(s2) = s2_opt.as_deref().filter(|_| ino == p2) {
+                    return attributes::check_changeable(&s2.inode, what);
+                }
+                attributes::check_changeable(&self.handle(ino)?.state.read().inode, what)
+            };
+            changeable(src.ino, "rename")?;
+            if let Some(d) = &dst {
+                changeable(d.ino, "replace")?;
+            }
+        }
         let src_is_dir = src.kind == dtype(S_IFDIR);
         if src_is_dir && p1 != p2 && up2.contains(&src.ino) {
             return Err(FsError::Invalid(
@@ -789,6 +826,7 @@ impl FileSystem {
         if st.deleted {
             return Err(FsError::Stale(ino));
         }
+        attributes::check_setattr(&st.inode, &set)?;
         let t = now();
         if let Some(size) = set.size {
             if is_dir_mode(st.inode.mode) {
@@ -848,6 +886,13 @@ impl FileSystem {
         }
         st.mark_dirty();
         Ok(self.attr_of(&st.inode))
+    }
+
+    /// Whether `ino` may be opened with open(2) `flags` (chattr attributes).
+    pub fn check_open(&self, ino: u64, flags: i32) -> FsResult<()> {
+        let h = self.handle(ino)?;
+        let st = h.state.read();
+        attributes::check_open(&st.inode, flags)
     }
 
     pub fn open(&self, ino: u64) -> FsResult<Attr> {
@@ -1049,6 +1094,7 @@ impl FileSystem {
             if is_dir_mode(st.inode.mode) {
                 return Err(FsError::IsDir(format!("inode {ino}")));
             }
+            attributes::check_write(&st.inode, offset, append)?;
         }
         let bb = self.core.block_bytes();
         self.core.coherence.data(
@@ -1084,6 +1130,7 @@ impl FileSystem {
     /// through synchronously.
     pub fn write_direct(&self, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
         let h = self.handle(ino)?;
+        attributes::check_write(&h.state.read().inode, offset, false)?;
         if offset.is_multiple_of(512) && data.len().is_multiple_of(512) {
             let _tx = self.core.begin();
             let mut st = h.state.write();
@@ -1209,6 +1256,7 @@ impl FileSystem {
         }
         let h = self.handle(ino)?;
         let mut st = h.state.write();
+        attributes::check_changeable(&st.inode, "change extended attributes")?;
         let kind = st.inode.mode & S_IFMT;
         if name.starts_with(b"user.") && kind != S_IFREG && kind != S_IFDIR {
             return Err(FsError::Perm(
@@ -1318,6 +1366,7 @@ impl FileSystem {
         let _tx = self.core.begin();
         let h = self.handle(ino)?;
         let mut st = h.state.write();
+        attributes::check_changeable(&st.inode, "change extended attributes")?;
         let pos = st
             .inode
             .xattrs
@@ -1360,6 +1409,10 @@ impl FileSystem {
             return Err(FsError::NotSupported(format!(
                 "fallocate on a non-regular file (inode {ino})"
             )));
+        }
+        attributes::check_not_immutable(&st.inode, "fallocate")?;
+        if punch || zero {
+            attributes::check_changeable(&st.inode, "punch a hole or zero a range")?;
         }
         let t = now();
         if punch {

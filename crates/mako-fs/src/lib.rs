@@ -14,6 +14,7 @@
 
 pub mod acl;
 pub mod alloc_map;
+pub mod attributes;
 pub mod block_map;
 pub mod cache_flush;
 pub mod coherence;

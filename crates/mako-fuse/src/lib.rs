@@ -12,8 +12,8 @@
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use mako_format::inode::Timestamp;
 use mako_fs::fs::{Attr, Ctx, FileSystem, SetAttr, TimeSet, S_IFMT, S_ISGID};
@@ -27,6 +27,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long the kernel may trust attributes and entries without asking again.
 const TTL: Duration = Duration::from_secs(2);
+/// The ioctls through which the kernel's fileattr interface (chattr, lsattr, xfs_io chattr)
+/// reaches a FUSE file system (linux/fs.h; x86_64 and the other usual 64-bit ABIs).
+const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+/// `struct fsxattr`: xflags, extsize, nextents, projid, cowextsize, 8 bytes of padding.
+const FSXATTR_BYTES: usize = 28;
+/// statx attribute bits for the chattr attributes Mako keeps.
+const STATX_ATTR_IMMUTABLE: u64 = 0x10;
+const STATX_ATTR_APPEND: u64 = 0x20;
 /// File handle bits: how the file was opened.
 const FH_DIRECT: u64 = 1;
 const FH_APPEND: u64 = 2;
@@ -571,6 +582,9 @@ impl Filesystem for MakoFuse {
         reply: ReplyOpen,
     ) {
         self.guard("open", move || {
+            if let Err(e) = self.fs.check_open(ino.0, flags.0) {
+                return reply.error(errno(&e));
+            }
             match self.fs.open(ino.0) {
                 Ok(attr) => {
                     if flags.0 & libc::O_TRUNC != 0 {
@@ -876,6 +890,10 @@ impl Filesystem for MakoFuse {
             );
             match r {
                 Ok(a) => {
+                    // An existing file (no O_EXCL) may be immutable or append-only.
+                    if let Err(e) = self.fs.check_open(a.ino, flags) {
+                        return reply.error(errno(&e));
+                    }
                     if let Err(e) = self.fs.open(a.ino) {
                         return reply.error(errno(&e));
                     }
@@ -926,6 +944,85 @@ impl Filesystem for MakoFuse {
     ) {
         self.guard("fallocate", move || {
             Self::empty(self.fs.fallocate(ino.0, offset, length, mode), reply);
+        })
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        self.guard("ioctl", move || {
+            // The kernel checks ownership and CAP_LINUX_IMMUTABLE before it sends a set.
+            let word = |i: usize| {
+                in_data
+                    .get(i * 4..i * 4 + 4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            };
+            let r = match cmd {
+                FS_IOC_GETFLAGS => self
+                    .fs
+                    .file_attributes(ino.0)
+                    .map(|f| f.to_le_bytes().to_vec()),
+                FS_IOC_SETFLAGS => match word(0) {
+                    Some(f) => self.fs.set_file_attributes(ino.0, f).map(|()| Vec::new()),
+                    None => return reply.error(Errno::from_i32(libc::EINVAL)),
+                },
+                FS_IOC_FSGETXATTR => self.fs.file_xflags(ino.0).map(|x| {
+                    let mut out = vec![0u8; FSXATTR_BYTES];
+                    out[..4].copy_from_slice(&x.to_le_bytes());
+                    out
+                }),
+                FS_IOC_FSSETXATTR => match (word(0), word(1), word(3)) {
+                    (Some(x), Some(extsize), Some(projid)) => self
+                        .fs
+                        .set_file_xflags(ino.0, x, extsize, projid)
+                        .map(|()| Vec::new()),
+                    _ => return reply.error(Errno::from_i32(libc::EINVAL)),
+                },
+                // Not a file system ioctl Mako knows.
+                _ => return reply.error(Errno::from_i32(libc::ENOTTY)),
+            };
+            match r {
+                Ok(out) => reply.ioctl(0, &out),
+                Err(e) => reply.error(errno(&e)),
+            }
+        })
+    }
+
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: Option<FileHandle>,
+        _flags: u32,
+        _mask: u32,
+        reply: ReplyStatx,
+    ) {
+        self.guard("statx", move || match self.fs.getattr(ino.0) {
+            Ok(a) => {
+                let mut attributes = 0;
+                if a.attributes & mako_fs::attributes::FS_IMMUTABLE_FL != 0 {
+                    attributes |= STATX_ATTR_IMMUTABLE;
+                }
+                if a.attributes & mako_fs::attributes::FS_APPEND_FL != 0 {
+                    attributes |= STATX_ATTR_APPEND;
+                }
+                // `file_attr` carries the birth time (the inode's crtime) as crtime.
+                reply.statx(
+                    &TTL,
+                    &file_attr(&a),
+                    attributes,
+                    STATX_ATTR_IMMUTABLE | STATX_ATTR_APPEND,
+                );
+            }
+            Err(e) => reply.error(errno(&e)),
         })
     }
 
