@@ -355,6 +355,30 @@ impl FileSystem {
         Ok(a)
     }
 
+    /// open(O_TMPFILE): a regular file in no directory (no links), as `create` would make
+    /// it in `parent` (owner, setgid directory, default ACL, umask). It lives while it is
+    /// open or known to the kernel and is freed after, unless `link` gives it a name first
+    /// (the kernel allows that unless it was opened with O_EXCL). A crash leaves it an
+    /// orphan, as it leaves an open unlinked file: fsck reclaims it.
+    pub fn tmpfile(&self, ctx: Ctx, parent: u64, mode: u32, umask: u32) -> FsResult<Attr> {
+        self.core.check_writable()?;
+        let _tx = self.core.begin();
+        let p = self.handle(parent)?;
+        let pst = p.state.read();
+        self.live_dir(&pst)?;
+        attributes::check_not_immutable(&pst.inode, "create a file in a directory")?;
+        let (mut inode, xattrs) = self.new_inode(ctx, &pst, S_IFREG | (mode & 0o7777), umask, 0)?;
+        drop(pst);
+        inode.xattrs = xattrs;
+        inode.nlink = 0;
+        let ino = inode.ino;
+        let h = self.core.insert_new(inode);
+        self.core.coherence.inode(ino, TokenMode::Xw)?;
+        self.core.stats.creates.fetch_add(1, Ordering::Relaxed);
+        let st = h.state.read();
+        Ok(self.attr_of(&st.inode))
+    }
+
     pub fn mknod(
         &self,
         ctx: Ctx,
@@ -429,7 +453,9 @@ impl FileSystem {
         let mut pst = p.state.write();
         self.live_dir(&pst)?;
         let mut cst = c.state.write();
-        if cst.deleted || cst.inode.nlink == 0 {
+        // No links but not freed: an O_TMPFILE file or an open unlinked one. The kernel
+        // lets only the first be linked (I_LINKABLE: O_TMPFILE without O_EXCL).
+        if cst.deleted {
             return Err(FsError::NotFound(format!("inode {ino}")));
         }
         if is_dir_mode(cst.inode.mode) {

@@ -932,6 +932,37 @@ impl Filesystem for MakoFuse {
         })
     }
 
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        self.guard("tmpfile", move || {
+            let a = match self.fs.tmpfile(ctx(req), parent.0, mode, umask) {
+                Ok(a) => a,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            if let Err(e) = self.fs.open(a.ino) {
+                return reply.error(errno(&e));
+            }
+            // The kernel holds the inode as it holds a looked-up one, and forgets it when
+            // the last file closes (no links) or after a link.
+            self.fs.add_lookup(a.ino);
+            let (fh, out) = self.open_flags(flags, 0);
+            reply.created(
+                &TTL,
+                &file_attr(&a),
+                Generation(a.generation as u64),
+                FileHandle(fh),
+                out,
+            );
+        })
+    }
+
     fn fallocate(
         &self,
         _req: &Request,

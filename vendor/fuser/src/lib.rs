@@ -1085,8 +1085,8 @@ pub trait Filesystem: Send + Sync + 'static {
     }
 
     /// Create an unnamed regular file in `parent` and open it (O_TMPFILE). The kernel
-    /// gives it no name; `linkat` may give it one later. Reply as to `create`; the
-    /// attributes must say one link (the kernel drops it to zero itself).
+    /// gives it no name; `linkat` may give it one later (a LINK request for its inode).
+    /// Reply as to `create`, with attributes that say no links.
     fn tmpfile(
         &self,
         _req: &Request,

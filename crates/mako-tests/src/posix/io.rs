@@ -16,6 +16,7 @@ pub(super) const CHECKS: CheckTable = &[
     ("fallocate_zero_range", fallocate_zero_range),
     ("lseek_data_hole", lseek_data_hole),
     ("open_unlinked_file", open_unlinked_file),
+    ("open_tmpfile", open_tmpfile),
     ("o_direct_roundtrip", o_direct_roundtrip),
     ("mmap_read", mmap_read),
     ("mmap_shared_write", mmap_shared_write),
@@ -544,6 +545,83 @@ fn open_unlinked_file(c: &Ctx) -> CheckResult {
         fstat(&fd).ctx("fstat")?.st_size,
         100_006,
         "old inode unaffected",
+    )
+}
+
+/// open(O_TMPFILE): a file in no directory, readable and writable through its descriptor,
+/// that linkat through /proc/self/fd gives a name (unless opened with O_EXCL).
+fn open_tmpfile(c: &Ctx) -> CheckResult {
+    let fd = match open(&c.dir, libc::O_TMPFILE | RW, 0o640) {
+        Err(e) if e.0 == libc::EOPNOTSUPP || e.0 == libc::EISDIR => {
+            return skip(format!("O_TMPFILE not supported: {e}"))
+        }
+        r => r.ctx("open O_TMPFILE")?,
+    };
+    let data = pattern(70_000, 5);
+    pwrite_all(&fd, &data, 0).ctx("write to the unnamed file")?;
+    let st = fstat(&fd).ctx("fstat")?;
+    check_eq(st.st_nlink, 0, "links of an O_TMPFILE file")?;
+    check_eq(ftype(&st), libc::S_IFREG, "type of an O_TMPFILE file")?;
+    check_mode(
+        perms(&st),
+        0o640 & !current_umask(),
+        "mode of an O_TMPFILE file",
+    )?;
+    check_eq(st.st_size, data.len() as i64, "size")?;
+    check_eq(
+        std::fs::read_dir(&c.dir)
+            .map(|d| d.count())
+            .unwrap_or(usize::MAX),
+        0,
+        "entries in the directory (the file has no name)",
+    )?;
+    let mut back = vec![0u8; data.len()];
+    pread_full(&fd, &mut back, 0).ctx("read back")?;
+    ensure(back == data, "content read back through the descriptor")?;
+    // linkat gives it a name.
+    let proc_fd = sys::cstr(Path::new(&format!("/proc/self/fd/{}", fd.raw())));
+    let named = c.p("named");
+    let named_c = sys::cstr(&named);
+    cvt(unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            proc_fd.as_ptr(),
+            libc::AT_FDCWD,
+            named_c.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    })
+    .ctx("linkat of the O_TMPFILE file")?;
+    let nst = stat(&named).ctx("stat the linked name")?;
+    check_eq(nst.st_ino, st.st_ino, "the name is the O_TMPFILE inode")?;
+    check_eq(nst.st_nlink, 1, "links after linkat")?;
+    check_eq(
+        read_file(&named).ctx("read by name")?,
+        data,
+        "content by name",
+    )?;
+    // O_EXCL: the file may never get a name.
+    let excl = open(&c.dir, libc::O_TMPFILE | RW | libc::O_EXCL, 0o600).ctx("O_TMPFILE|O_EXCL")?;
+    let proc_excl = sys::cstr(Path::new(&format!("/proc/self/fd/{}", excl.raw())));
+    let other = sys::cstr(&c.p("other"));
+    expect_errno(
+        cvt(unsafe {
+            libc::linkat(
+                libc::AT_FDCWD,
+                proc_excl.as_ptr(),
+                libc::AT_FDCWD,
+                other.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        }),
+        &[libc::ENOENT],
+        "linkat of an O_TMPFILE|O_EXCL file",
+    )?;
+    // O_TMPFILE needs write access.
+    expect_errno(
+        open(&c.dir, libc::O_TMPFILE | libc::O_RDONLY, 0o600),
+        &[libc::EINVAL],
+        "O_TMPFILE read-only",
     )
 }
 
