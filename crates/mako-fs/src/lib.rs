@@ -18,6 +18,7 @@ pub mod attributes;
 pub mod block_map;
 pub mod cache_flush;
 pub mod coherence;
+pub mod copy_range;
 pub mod core;
 pub mod directory;
 pub mod error;

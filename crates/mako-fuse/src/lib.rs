@@ -1057,6 +1057,35 @@ impl Filesystem for MakoFuse {
         })
     }
 
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        self.guard("copy_file_range", move || {
+            if !flags.is_empty() {
+                return reply.error(Errno::from_i32(libc::EINVAL));
+            }
+            // The reply carries a 32-bit count; a copy is at most COPY_BYTES_MAX anyway.
+            let len = len.min(mako_fs::copy_range::COPY_BYTES_MAX);
+            match self
+                .fs
+                .copy_file_range(ino_in.0, offset_in, ino_out.0, offset_out, len)
+            {
+                Ok(n) => reply.written(n as u32),
+                Err(e) => reply.error(errno(&e)),
+            }
+        })
+    }
+
     fn lseek(
         &self,
         _req: &Request,
