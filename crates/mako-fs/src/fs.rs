@@ -25,6 +25,7 @@ pub const S_IFMT: u32 = 0o170000;
 pub const S_IFDIR: u32 = 0o040000;
 pub const S_IFREG: u32 = 0o100000;
 pub const S_IFLNK: u32 = 0o120000;
+pub const S_IFCHR: u32 = 0o020000;
 pub const S_ISUID: u32 = 0o4000;
 pub const S_ISGID: u32 = 0o2000;
 pub const ROOT_INO: u64 = 1;
@@ -600,19 +601,35 @@ impl FileSystem {
         Ok(())
     }
 
-    /// rename(2) / renameat2(2) with RENAME_NOREPLACE (1) and RENAME_EXCHANGE (2).
+    /// rename(2) / renameat2(2) by root; see `rename_as`.
     pub fn rename(&self, p1: u64, n1: &[u8], p2: u64, n2: &[u8], flags: u32) -> FsResult<()> {
+        self.rename_as(Ctx::default(), p1, n1, p2, n2, flags)
+    }
+
+    /// rename(2) / renameat2(2) with RENAME_NOREPLACE (1), RENAME_EXCHANGE (2) and
+    /// RENAME_WHITEOUT (4: the source name is left to a whiteout, a character device 0:0
+    /// owned by the caller `ctx`, as overlayfs uses it).
+    pub fn rename_as(
+        &self,
+        ctx: Ctx,
+        p1: u64,
+        n1: &[u8],
+        p2: u64,
+        n2: &[u8],
+        flags: u32,
+    ) -> FsResult<()> {
         const NOREPLACE: u32 = 1;
         const EXCHANGE: u32 = 2;
+        const WHITEOUT: u32 = 4;
         self.core.check_writable()?;
-        if flags & !(NOREPLACE | EXCHANGE) != 0 {
-            return Err(FsError::NotSupported(format!(
-                "rename flags {flags:#x} (only RENAME_NOREPLACE and RENAME_EXCHANGE)"
+        if flags & !(NOREPLACE | EXCHANGE | WHITEOUT) != 0 {
+            return Err(FsError::Invalid(format!(
+                "rename flags {flags:#x} (RENAME_NOREPLACE, RENAME_EXCHANGE and RENAME_WHITEOUT exist)"
             )));
         }
-        if flags & NOREPLACE != 0 && flags & EXCHANGE != 0 {
+        if flags & EXCHANGE != 0 && flags & (NOREPLACE | WHITEOUT) != 0 {
             return Err(FsError::Invalid(
-                "RENAME_NOREPLACE with RENAME_EXCHANGE".into(),
+                "RENAME_EXCHANGE with RENAME_NOREPLACE or RENAME_WHITEOUT".into(),
             ));
         }
         directory::check_name(n2)?;
@@ -767,14 +784,44 @@ impl FileSystem {
                     return Err(FsError::NotEmpty(String::from_utf8_lossy(n2).into_owned()));
                 }
             }
-            let s2: &mut InodeState = target_dir!();
-            directory::replace(&self.core, s2, n2, src.ino, src.kind)?;
             victim = Some((dh, dst_is_dir));
-        } else {
-            let s2: &mut InodeState = target_dir!();
-            directory::insert(&self.core, s2, n2, src.ino, src.kind)?;
         }
-        directory::remove(&self.core, &mut s1, n1)?;
+        // The whiteout's inode is allocated before any entry changes, so running out of
+        // inodes leaves the rename undone.
+        let whiteout = if flags & WHITEOUT != 0 {
+            let (mut w, _) = self.new_inode(ctx, &s1, S_IFCHR, 0, 0)?;
+            w.mode = S_IFCHR; // no permissions, no inherited ACL: 0:0 says "whiteout"
+            w.rdev = 0;
+            Some(w)
+        } else {
+            None
+        };
+        let entered = {
+            let s2: &mut InodeState = target_dir!();
+            if victim.is_some() {
+                directory::replace(&self.core, s2, n2, src.ino, src.kind).map(|_| ())
+            } else {
+                directory::insert(&self.core, s2, n2, src.ino, src.kind).map(|_| ())
+            }
+        };
+        if let Err(e) = entered {
+            if let Some(w) = &whiteout {
+                let _ = self.core.imap.free(w.ino);
+            }
+            return Err(e);
+        }
+        match whiteout {
+            Some(w) => {
+                directory::replace(&self.core, &mut s1, n1, w.ino, dtype(S_IFCHR))?;
+                let wino = w.ino;
+                self.core.insert_new(w);
+                self.core.coherence.inode(wino, TokenMode::Xw)?;
+                self.core.stats.creates.fetch_add(1, Ordering::Relaxed);
+            }
+            None => {
+                directory::remove(&self.core, &mut s1, n1)?;
+            }
+        }
         if let Some((dh, dst_is_dir)) = &victim {
             let mut vs = dh.state.write();
             if *dst_is_dir {

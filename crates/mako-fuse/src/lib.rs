@@ -538,7 +538,7 @@ impl Filesystem for MakoFuse {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -548,7 +548,8 @@ impl Filesystem for MakoFuse {
     ) {
         self.guard("rename", move || {
             Self::empty(
-                self.fs.rename(
+                self.fs.rename_as(
+                    ctx(req),
                     parent.0,
                     name.as_bytes(),
                     newparent.0,
