@@ -31,6 +31,11 @@ pub const FLAG_APPEND: u32 = 1 << 17;
 pub const FLAGS_KNOWN: u32 =
     FLAG_INLINE | FLAG_POINTERS | FLAG_SYSTEM | FLAG_IMMUTABLE | FLAG_APPEND;
 
+/// The largest file the format allows, in bytes (4 EiB). A decoder refuses an inode whose
+/// size is larger, so no offset arithmetic on a file's size can overflow; the file system
+/// answers EFBIG for anything that would make a file larger.
+pub const FILE_BYTES_MAX: u64 = 1 << 62;
+
 /// Direct block pointers an inode holds, by inode size.
 pub fn pointers_in_inode(inode_bytes: u32) -> usize {
     match inode_bytes {
@@ -293,6 +298,13 @@ impl Inode {
         let content_len = r.u16()? as usize;
         let entries = r.u64()?;
         let parent = r.u64()?;
+        if size > FILE_BYTES_MAX {
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!("inode {ino}: size {size} beyond the largest file ({FILE_BYTES_MAX})"),
+            ));
+        }
         if xattr_len + content_len > payload_bytes(inode_bytes) {
             return Err(FormatError::invalid(
                 S,

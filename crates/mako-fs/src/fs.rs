@@ -391,8 +391,11 @@ impl FileSystem {
     ) -> FsResult<Attr> {
         let kind = mode & S_IFMT;
         let kind = if kind == 0 { S_IFREG } else { kind };
-        if kind == S_IFDIR || kind == S_IFLNK {
-            return Err(FsError::Invalid("mknod of a directory or symlink".into()));
+        // Regular files, character and block devices, fifos and sockets; directories and
+        // symlinks have their own calls, and any other type would not be a file at all.
+        const MKNOD_KINDS: [u32; 5] = [S_IFREG, 0o020000, 0o060000, 0o010000, 0o140000];
+        if !MKNOD_KINDS.contains(&kind) {
+            return Err(FsError::Invalid(format!("mknod of file type {kind:#o}")));
         }
         self.make(
             ctx,
@@ -900,6 +903,23 @@ impl FileSystem {
             return Err(FsError::Stale(ino));
         }
         attributes::check_setattr(&st.inode, &set)?;
+        for ts in [set.atime, set.mtime]
+            .into_iter()
+            .flatten()
+            .filter_map(|s| match s {
+                TimeSet::At(ts) => Some(ts),
+                TimeSet::Now => None,
+            })
+            .chain(set.ctime)
+        {
+            // An inode with such a time would not decode again.
+            if ts.nsec >= 1_000_000_000 {
+                return Err(FsError::Invalid(format!(
+                    "timestamp with {} nanoseconds",
+                    ts.nsec
+                )));
+            }
+        }
         let t = now();
         if let Some(size) = set.size {
             if is_dir_mode(st.inode.mode) {
@@ -1037,18 +1057,19 @@ impl FileSystem {
             // The kernel's readahead sends several requests of a window at once and our
             // threads serve them in any order, so "sequential" means near where the
             // stream is: within a block behind it or two blocks ahead of it.
+            let end = offset.saturating_add(size as u64);
             let near = p.next_offset > 0
-                && offset + bb > p.next_offset
+                && offset.saturating_add(bb) > p.next_offset
                 && offset <= p.next_offset.saturating_add(2 * bb);
             let seq = near || offset == p.next_offset;
             p.run = if seq { p.run.saturating_add(1) } else { 0 };
             if seq {
-                p.next_offset = p.next_offset.max(offset + size as u64);
+                p.next_offset = p.next_offset.max(end);
             } else {
                 // A new pass (a re-read from the start, a seek): what was prefetched
                 // for the last one says nothing about this one.
                 p.prefetched_upto = 0;
-                p.next_offset = offset + size as u64;
+                p.next_offset = end;
             }
             p.run >= 2
         };
@@ -1065,7 +1086,7 @@ impl FileSystem {
             }
             // Queue read-ahead first, so prefetch overlaps this read's copy.
             if sequential {
-                self.schedule_prefetch(&h, offset + size as u64, st.inode.size);
+                self.schedule_prefetch(&h, offset.saturating_add(size as u64), st.inode.size);
             }
             // relatime: update atime when it is older than mtime/ctime or a day old.
             let i = &st.inode;
@@ -1188,9 +1209,13 @@ impl FileSystem {
             return self.read_with(ino, offset, size, AlignedBuf::from_slice);
         }
         let h = self.handle(ino)?;
-        // Dirty buffers under the range go to disk first so the disk is current.
+        // Dirty buffers under the range go to disk first so the disk is current (nothing
+        // past the largest file can be dirty).
         let bb = self.core.block_bytes();
-        for b in offset / bb..(offset + size as u64).div_ceil(bb) {
+        let end = offset
+            .saturating_add(size as u64)
+            .min(file_io::FILE_BYTES_MAX);
+        for b in offset / bb..end.div_ceil(bb) {
             file_io::flush_block(&self.core, &h, b)?;
         }
         self.core.stats.direct_reads.fetch_add(1, Ordering::Relaxed);
@@ -1204,6 +1229,10 @@ impl FileSystem {
     pub fn write_direct(&self, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
         let h = self.handle(ino)?;
         attributes::check_write(&h.state.read().inode, offset, false)?;
+        if offset.saturating_add(data.len() as u64) > file_io::FILE_BYTES_MAX {
+            // At the limit the buffered path writes what fits (or says EFBIG).
+            return self.write(ino, offset, data, false);
+        }
         if offset.is_multiple_of(512) && data.len().is_multiple_of(512) {
             let _tx = self.core.begin();
             let mut st = h.state.write();
@@ -1470,6 +1499,17 @@ impl FileSystem {
         }
         if len == 0 {
             return Err(FsError::Invalid("fallocate length 0".into()));
+        }
+        // As `vfs_fallocate`: a range past the largest file size is EFBIG, whatever the
+        // mode, and is refused before anything changes.
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > file_io::FILE_BYTES_MAX)
+        {
+            return Err(FsError::TooBig(format!(
+                "fallocate {offset}+{len} of inode {ino} (files end at {} bytes)",
+                file_io::FILE_BYTES_MAX
+            )));
         }
         if punch && !keep {
             return Err(FsError::NotSupported(

@@ -66,29 +66,45 @@ pub struct MakoFuse {
     direct_io_file_size: Arc<AtomicU64>,
 }
 
+/// An inode time as a `SystemTime`. Every `Timestamp` (any i64 seconds) is representable
+/// on Linux; nothing here can overflow, whatever time a user set.
 fn ts(t: Timestamp) -> SystemTime {
-    if t.sec >= 0 {
-        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    let secs = Duration::from_secs(t.sec.unsigned_abs());
+    let whole = if t.sec >= 0 {
+        UNIX_EPOCH.checked_add(secs)
     } else {
-        UNIX_EPOCH - Duration::new((-t.sec) as u64, 0) + Duration::new(0, t.nsec)
-    }
+        UNIX_EPOCH.checked_sub(secs)
+    };
+    let nsec = Duration::from_nanos(u64::from(t.nsec.min(999_999_999)));
+    whole
+        .and_then(|w| w.checked_add(nsec))
+        .or(whole)
+        .unwrap_or(UNIX_EPOCH)
 }
 
+/// A time from the kernel (utimensat may pass any seconds, i64::MIN included) as an inode
+/// time: seconds rounded down and nanoseconds added (-1.5 s is -2 s + 0.5 s), saturating
+/// at the ends of i64.
 fn from_systime(t: SystemTime) -> Timestamp {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => Timestamp {
-            sec: d.as_secs() as i64,
+            sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
             nsec: d.subsec_nanos(),
         },
         Err(e) => {
             let d = e.duration();
-            let mut sec = -(d.as_secs() as i64);
-            let mut nsec = d.subsec_nanos();
-            if nsec > 0 {
-                sec -= 1;
-                nsec = 1_000_000_000 - nsec;
+            // -(s + n) = -(s + 1) + (1 - n) for a fraction n > 0.
+            let (s, n) = match d.subsec_nanos() {
+                0 => (d.as_secs(), 0),
+                n => (d.as_secs().saturating_add(1), 1_000_000_000 - n),
+            };
+            match 0i64.checked_sub_unsigned(s) {
+                Some(sec) => Timestamp { sec, nsec: n },
+                None => Timestamp {
+                    sec: i64::MIN,
+                    nsec: 0,
+                },
             }
-            Timestamp { sec, nsec }
         }
     }
 }
@@ -1202,4 +1218,26 @@ pub fn mount(fs: FileSystem, mountpoint: &Path, opts: &FuseOptions) -> std::io::
         session: Some(session),
         mountpoint: mountpoint.to_path_buf(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Times a user may set with utimensat round-trip exactly, the ends of i64 included.
+    #[test]
+    fn timestamps_round_trip_without_overflow() {
+        for (sec, nsec) in [
+            (0, 0),
+            (-1, 500_000_000),
+            (-2, 800_000_000),
+            (1_700_000_000, 123),
+            (i64::MAX, 999_999_999),
+            (i64::MIN, 0),
+            (i64::MIN, 999_999_999),
+        ] {
+            let t = Timestamp { sec, nsec };
+            assert_eq!(from_systime(ts(t)), t, "{sec} s {nsec} ns");
+        }
+    }
 }

@@ -867,9 +867,9 @@ fn mmap_shared_write(c: &Ctx) -> CheckResult {
     Ok(())
 }
 
-const TMPFS_MAGIC: i64 = 0x0102_1994;
+pub(super) const TMPFS_MAGIC: i64 = 0x0102_1994;
 
-fn statvfs_type(p: &Path) -> Option<i64> {
+pub(super) fn statvfs_type(p: &Path) -> Option<i64> {
     let c = cstr(p);
     let mut s: libc::statfs = unsafe { std::mem::zeroed() };
     (unsafe { libc::statfs(c.as_ptr(), &mut s) } == 0).then_some(s.f_type as i64)
