@@ -1229,11 +1229,10 @@ impl FileSystem {
     pub fn write_direct(&self, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
         let h = self.handle(ino)?;
         attributes::check_write(&h.state.read().inode, offset, false)?;
-        if offset.saturating_add(data.len() as u64) > file_io::FILE_BYTES_MAX {
-            // At the limit the buffered path writes what fits (or says EFBIG).
-            return self.write(ino, offset, data, false);
-        }
-        if offset.is_multiple_of(512) && data.len().is_multiple_of(512) {
+        // Across the largest file size only the buffered path below applies: it writes
+        // what fits (or says EFBIG), then that part goes to disk.
+        let fits = offset.saturating_add(data.len() as u64) <= file_io::FILE_BYTES_MAX;
+        if fits && offset.is_multiple_of(512) && data.len().is_multiple_of(512) {
             let _tx = self.core.begin();
             let mut st = h.state.write();
             if file_io::direct_eligible(&self.core, &st, offset, data.len())? {
@@ -1246,7 +1245,7 @@ impl FileSystem {
         }
         let n = self.write(ino, offset, data, false)?;
         let bb = self.core.block_bytes();
-        for b in offset / bb..(offset + data.len() as u64).div_ceil(bb) {
+        for b in offset / bb..(offset + n as u64).div_ceil(bb) {
             file_io::flush_block(&self.core, &h, b)?;
         }
         Ok(n)
