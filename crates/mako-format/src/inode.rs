@@ -29,6 +29,23 @@ pub const FLAG_INLINE: u32 = 1 << 0;
 pub const FLAG_POINTERS: u32 = 1 << 1;
 /// Metadata file: invisible to users, never freed.
 pub const FLAG_SYSTEM: u32 = 1 << 2;
+/// Bits 16 and up are file attributes users set with chattr (FS_IOC_SETFLAGS); bits below
+/// describe the structure.
+/// Immutable (chattr +i): no change of data or attributes, no link, rename or removal,
+/// for root too.
+pub const FLAG_IMMUTABLE: u32 = 1 << 16;
+/// Append-only (chattr +a): data may only be appended; no truncate, rename or removal.
+pub const FLAG_APPEND: u32 = 1 << 17;
+/// Every flag this format version knows. A decoder refuses an inode with any other bit
+/// set, so a flag added by a later version is never silently ignored (an immutable file
+/// must not become writable under an older build).
+pub const FLAGS_KNOWN: u32 =
+    FLAG_INLINE | FLAG_POINTERS | FLAG_SYSTEM | FLAG_IMMUTABLE | FLAG_APPEND;
+
+/// The largest file the format allows, in bytes (4 EiB). A decoder refuses an inode whose
+/// size is larger, so no offset arithmetic on a file's size can overflow; the file system
+/// answers EFBIG for anything that would make a file larger.
+pub const FILE_BYTES_MAX: u64 = 1 << 62;
 
 /// Direct block pointers an inode holds, by inode size.
 pub fn pointers_in_inode(inode_bytes: u32) -> usize {
@@ -285,6 +302,16 @@ impl Inode {
         }
         let rdev = r.u32()?;
         let flags = r.u32()?;
+        if flags & !FLAGS_KNOWN != 0 {
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!(
+                    "inode {ino}: unknown flags {:#x} (written by a newer Mako?)",
+                    flags & !FLAGS_KNOWN
+                ),
+            ));
+        }
         let depth = r.u8()?;
         let last_block_subblocks = r.u16()?;
         let data_replicas = r.u8()?;
@@ -299,6 +326,13 @@ impl Inode {
                 S,
                 location,
                 format!("inode {ino}: version {version} inode with an xattr index address"),
+            ));
+        }
+        if size > FILE_BYTES_MAX {
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!("inode {ino}: size {size} beyond the largest file ({FILE_BYTES_MAX})"),
             ));
         }
         if xattr_len + content_len > payload_bytes(inode_bytes) {

@@ -18,7 +18,7 @@ fn name_strategy() -> impl Strategy<Value = Vec<u8>> {
 proptest! {
     #[test]
     fn inode_roundtrip(mode in prop_oneof![Just(0o100644u32), Just(0o040755u32), Just(0o120777u32)],
-                       size in any::<u64>(), uid in any::<u32>(), nsec in 0u32..1_000_000_000,
+                       size in 0..=FILE_BYTES_MAX, uid in any::<u32>(), nsec in 0u32..1_000_000_000,
                        data in proptest::collection::vec(any::<u8>(), 0..2000),
                        xname in proptest::collection::vec(any::<u8>(), 1..30),
                        xval in proptest::collection::vec(any::<u8>(), 0..500),
@@ -101,4 +101,36 @@ proptest! {
         let dec = DirBlock::decode(&enc, blk.id, Location::Memory).unwrap();
         prop_assert_eq!(dec, blk);
     }
+}
+
+/// The chattr attributes are kept in the inode's flags; a flag this version does not know
+/// is refused, never silently dropped (it may be one that restricts access).
+#[test]
+fn inode_attribute_flags_roundtrip_and_unknown_flags_are_refused() {
+    let mut i = Inode::new(77, 0o100644);
+    i.flags = FLAG_IMMUTABLE | FLAG_APPEND;
+    let enc = i.encode(512).unwrap();
+    let dec = Inode::decode(&enc, 512, 77, Location::Memory).unwrap();
+    assert_eq!(dec.flags, FLAG_IMMUTABLE | FLAG_APPEND);
+    i.flags = 1 << 30;
+    let enc = i.encode(512).unwrap();
+    let err = Inode::decode(&enc, 512, 77, Location::Memory).unwrap_err();
+    assert!(err.to_string().contains("unknown flags"), "{err}");
+}
+
+/// No inode claims a file larger than the format allows, so no offset arithmetic on a
+/// size read from disk can overflow.
+#[test]
+fn inode_larger_than_the_largest_file_is_refused() {
+    let mut i = Inode::new(78, 0o100644);
+    i.size = FILE_BYTES_MAX;
+    let enc = i.encode(512).unwrap();
+    assert_eq!(
+        Inode::decode(&enc, 512, 78, Location::Memory).unwrap().size,
+        FILE_BYTES_MAX
+    );
+    i.size = FILE_BYTES_MAX + 1;
+    let enc = i.encode(512).unwrap();
+    let err = Inode::decode(&enc, 512, 78, Location::Memory).unwrap_err();
+    assert!(err.to_string().contains("largest file"), "{err}");
 }

@@ -20,6 +20,16 @@ use std::sync::atomic::Ordering;
 /// Deepest tree we build; with 32 KiB indirect blocks depth 3 already maps exabytes.
 pub const DEPTH_MAX: u8 = 5;
 
+// Every file size up to the format's largest is mappable, so a write the size checks
+// accept never meets "beyond the largest file" in write-behind: the smallest geometry
+// (512-byte inodes with 16 pointers, 4 KiB indirect blocks, 64 KiB blocks) at DEPTH_MAX
+// covers FILE_BYTES_MAX.
+const _: () = {
+    let per_indirect = ((4096 - mako_format::indirect::INDIRECT_HEADER_BYTES) / 8) as u128;
+    let units = 16 * per_indirect.pow(DEPTH_MAX as u32);
+    assert!(units * 65536 >= mako_format::inode::FILE_BYTES_MAX as u128);
+};
+
 pub fn is_dir(inode: &Inode) -> bool {
     inode.mode & 0o170000 == 0o040000
 }

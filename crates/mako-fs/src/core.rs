@@ -634,6 +634,16 @@ impl Core {
         Ok(r.ino)
     }
 
+    /// Give a number taken by `allocate_reserved_inode` back to its reservation: the
+    /// operation failed or restarts before it committed.
+    pub fn unallocate_reserved_inode(&self, r: &mut InodeReservation) -> FsResult<()> {
+        if r.used {
+            self.imap.unuse_reserved(r.ino)?;
+            r.used = false;
+        }
+        Ok(())
+    }
+
     fn ensure_inode_slot(&self, ino: u64) -> FsResult<()> {
         let inode_file = self.metadata_inodes().inode_file;
         let block = ino * self.inode_bytes() as u64 / self.block_bytes();

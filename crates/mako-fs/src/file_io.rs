@@ -19,8 +19,10 @@ use mako_format::inode::{payload_bytes, pointers_in_inode, xattrs_encoded_len, I
 use mako_format::DiskAddress;
 use std::sync::atomic::Ordering;
 
-/// Largest file size (bytes): far beyond any disk, bounded so offsets never overflow.
-pub const FILE_BYTES_MAX: u64 = 1 << 62;
+/// Largest file size (bytes): far beyond any disk, bounded so offsets never overflow. The
+/// format's own limit (inodes with larger sizes do not decode); `block_map` asserts that its
+/// deepest tree maps it in every geometry.
+pub use mako_format::inode::FILE_BYTES_MAX;
 
 fn tag(ino: u64) -> IoTag {
     IoTag {
@@ -226,6 +228,18 @@ fn write_locked(
     if st.deleted {
         return Err(FsError::Stale(h.ino));
     }
+    // As the kernel's own file systems do (`generic_write_check_limits`): a write that
+    // starts at or past the largest file size is EFBIG; one that would cross it is
+    // shortened to end there, and reports the bytes it wrote.
+    if offset >= FILE_BYTES_MAX && !data.is_empty() {
+        return Err(FsError::TooBig(format!(
+            "write at offset {offset} of inode {} (files end at {FILE_BYTES_MAX} bytes)",
+            h.ino
+        )));
+    }
+    let data = &data[..data
+        .len()
+        .min((FILE_BYTES_MAX - offset.min(FILE_BYTES_MAX)) as usize)];
     let len = data.len() as u64;
     let mut end = offset
         .checked_add(len)
@@ -371,7 +385,7 @@ pub fn read(
     if offset >= fsize || size == 0 {
         return Ok(AlignedBuf::new());
     }
-    let end = fsize.min(offset + size as u64);
+    let end = fsize.min(offset.saturating_add(size as u64));
     if let InodeContent::InlineData(d) = &st.inode.content {
         let mut out = AlignedBuf::zeroed((end - offset) as usize);
         let have = (d.len() as u64).min(end);
@@ -473,7 +487,7 @@ pub fn read_direct(core: &Core, st: &InodeState, offset: u64, size: usize) -> Fs
     if matches!(st.inode.content, InodeContent::InlineData(_)) {
         return read(core, st, offset, size, false);
     }
-    let end = fsize.min(offset + size as u64);
+    let end = fsize.min(offset.saturating_add(size as u64));
     let bb = core.block_bytes();
     let mut out = AlignedBuf::with_capacity((end - offset) as usize);
     let mut b = offset / bb;
@@ -492,12 +506,13 @@ pub fn read_direct(core: &Core, st: &InodeState, offset: u64, size: usize) -> Fs
 pub fn direct_eligible(core: &Core, st: &InodeState, offset: u64, len: usize) -> FsResult<bool> {
     if !matches!(st.inode.content, InodeContent::Pointers(_))
         || len == 0
-        || offset + len as u64 > st.inode.size
+        || offset.saturating_add(len as u64) > st.inode.size
     {
         return Ok(false);
     }
     let bb = core.block_bytes();
     let spb = core.geo.subblocks_per_block;
+    // Below the size, so no overflow.
     for b in offset / bb..(offset + len as u64).div_ceil(bb) {
         if block_map::lookup(core, st, b)?.is_null()
             || block_map::allocated_subblocks(core, st, b) != spb

@@ -6,6 +6,7 @@
 //! first, then the inodes involved in inode-number order.
 
 use crate::acl;
+use crate::attributes;
 use crate::block_map;
 use crate::coherence::Need;
 use crate::core::{Core, InodeHandle, InodeState};
@@ -25,6 +26,7 @@ pub const S_IFMT: u32 = 0o170000;
 pub const S_IFDIR: u32 = 0o040000;
 pub const S_IFREG: u32 = 0o100000;
 pub const S_IFLNK: u32 = 0o120000;
+pub const S_IFCHR: u32 = 0o020000;
 pub const S_ISUID: u32 = 0o4000;
 pub const S_ISGID: u32 = 0o2000;
 pub const ROOT_INO: u64 = 1;
@@ -59,6 +61,8 @@ pub struct Attr {
     pub rdev: u32,
     pub blksize: u32,
     pub generation: u32,
+    /// chattr attributes as FS_IOC_GETFLAGS bits (`attributes::FS_*_FL`).
+    pub attributes: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -76,6 +80,12 @@ pub struct SetAttr {
     pub atime: Option<TimeSet>,
     pub mtime: Option<TimeSet>,
     pub ctime: Option<Timestamp>,
+    /// Clear setuid and setgid as `setid_to_clear` says, in the same transaction: the
+    /// kernel asks for it (FATTR_KILL_SUIDGID) on a truncate by a caller without
+    /// CAP_FSETID and on every chown of a non-directory.
+    pub clear_setid: bool,
+    /// With `clear_setid`: the caller is neither in the file's group nor has CAP_FSETID.
+    pub caller_outside_group: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -113,6 +123,21 @@ fn block_range(offset: u64, len: u64, block: u64) -> ByteRange {
     ByteRange { start, end }
 }
 
+/// The setid bits a data change or chown clears (`setattr_should_drop_suidgid` in the
+/// kernel): setuid; setgid when the group may execute, or when the caller is neither in
+/// the file's group nor has CAP_FSETID. Never on directories, where setgid says how new
+/// entries inherit their group.
+pub fn setid_to_clear(mode: u32, caller_outside_group: bool) -> u32 {
+    if is_dir_mode(mode) {
+        return 0;
+    }
+    let mut k = mode & S_ISUID;
+    if mode & S_ISGID != 0 && (mode & 0o010 != 0 || caller_outside_group) {
+        k |= S_ISGID;
+    }
+    k
+}
+
 pub fn dtype(mode: u32) -> u8 {
     ((mode & S_IFMT) >> 12) as u8
 }
@@ -147,6 +172,7 @@ impl FileSystem {
             rdev: inode.rdev,
             blksize: self.core.geo.block_bytes,
             generation: inode.generation,
+            attributes: attributes::fs_flags(inode),
         }
     }
 
@@ -379,6 +405,7 @@ impl FileSystem {
             }
             return self.getattr(e.ino);
         }
+        attributes::check_not_immutable(&pst.inode, "create an entry in a directory")?;
         if is_dir_mode(mode) && pst.inode.nlink >= LINKS_MAX {
             return Err(FsError::TooManyLinks(format!("directory inode {parent}")));
         }
@@ -386,7 +413,7 @@ impl FileSystem {
         let (mut inode, xattrs) = self.new_inode(ctx, pst, mode, umask, rdev, ino)?;
         inode.xattrs = xattrs;
         if let Err(e) = directory::insert(&self.core, pst, name, ino, dtype(inode.mode)) {
-            let _ = self.core.imap.free(ino);
+            let _ = self.core.unallocate_reserved_inode(reservation);
             return Err(e);
         }
         if is_dir_mode(inode.mode) {
@@ -433,6 +460,40 @@ impl FileSystem {
         Ok(a)
     }
 
+    /// open(O_TMPFILE): a regular file in no directory (no links), as `create` would make
+    /// it in `parent` (owner, setgid directory, default ACL, umask). It lives while it is
+    /// open or known to the kernel and is freed after, unless `link` gives it a name first
+    /// (the kernel allows that unless it was opened with O_EXCL). A crash leaves it an
+    /// orphan, as it leaves an open unlinked file: fsck reclaims it.
+    pub fn tmpfile(&self, ctx: Ctx, parent: u64, mode: u32, umask: u32) -> FsResult<Attr> {
+        self.core.check_writable()?;
+        let mut reservation = self.core.reserve_inode()?;
+        let ino = reservation.ino();
+        crate::op::run(&self.core, || {
+            self.need(ino, Need::Exclusive)?;
+            self.need_data(ino, TokenMode::Xw, ByteRange::WHOLE)?;
+            if !self.core.inode_slot_exists(ino) {
+                self.need(self.core.metadata_inodes().inode_file, Need::Exclusive)?;
+            }
+            let p = self.handle(parent)?;
+            self.need(parent, Need::Cache)?;
+            let _tx = self.core.begin();
+            let pst = p.state.read();
+            self.live_dir(&pst)?;
+            attributes::check_not_immutable(&pst.inode, "create a file in a directory")?;
+            let ino = self.core.allocate_reserved_inode(&mut reservation)?;
+            let (mut inode, xattrs) =
+                self.new_inode(ctx, &pst, S_IFREG | (mode & 0o7777), umask, 0, ino)?;
+            drop(pst);
+            inode.xattrs = xattrs;
+            inode.nlink = 0;
+            let h = self.core.insert_new(inode);
+            self.core.stats.creates.fetch_add(1, Ordering::Relaxed);
+            let st = h.state.read();
+            Ok(self.attr_of(&st.inode))
+        })
+    }
+
     pub fn mknod(
         &self,
         ctx: Ctx,
@@ -444,8 +505,11 @@ impl FileSystem {
     ) -> FsResult<Attr> {
         let kind = mode & S_IFMT;
         let kind = if kind == 0 { S_IFREG } else { kind };
-        if kind == S_IFDIR || kind == S_IFLNK {
-            return Err(FsError::Invalid("mknod of a directory or symlink".into()));
+        // Regular files, character and block devices, fifos and sockets; directories and
+        // symlinks have their own calls, and any other type would not be a file at all.
+        const MKNOD_KINDS: [u32; 5] = [S_IFREG, 0o020000, 0o060000, 0o010000, 0o140000];
+        if !MKNOD_KINDS.contains(&kind) {
+            return Err(FsError::Invalid(format!("mknod of file type {kind:#o}")));
         }
         self.make(
             ctx,
@@ -512,7 +576,9 @@ impl FileSystem {
             let mut pst = p.state.write();
             self.live_dir(&pst)?;
             let mut cst = c.state.write();
-            if cst.deleted || cst.inode.nlink == 0 {
+            // No links but not freed: an O_TMPFILE file or an open unlinked one. The
+            // kernel lets only the first be linked (I_LINKABLE: O_TMPFILE without O_EXCL).
+            if cst.deleted {
                 return Err(FsError::NotFound(format!("inode {ino}")));
             }
             if is_dir_mode(cst.inode.mode) {
@@ -523,6 +589,8 @@ impl FileSystem {
             if cst.inode.nlink >= LINKS_MAX {
                 return Err(FsError::TooManyLinks(format!("inode {ino}")));
             }
+            attributes::check_changeable(&cst.inode, "link")?;
+            attributes::check_not_immutable(&pst.inode, "create an entry in a directory")?;
             directory::insert(&self.core, &mut pst, newname, ino, dtype(cst.inode.mode))?;
             let t = self.core.now();
             cst.inode.nlink += 1;
@@ -580,6 +648,8 @@ impl FileSystem {
                 String::from_utf8_lossy(name).into_owned(),
             ));
         }
+        attributes::check_changeable(&pst.inode, "remove an entry from a directory")?;
+        attributes::check_changeable(&cst.inode, "remove")?;
         directory::remove(&self.core, &mut pst, name)?;
         let t = self.core.now();
         if is_dir {
@@ -682,23 +752,54 @@ impl FileSystem {
     }
 
     /// rename(2) / renameat2(2) with RENAME_NOREPLACE (1) and RENAME_EXCHANGE (2).
+    /// rename(2) / renameat2(2) by root; see `rename_as`.
     pub fn rename(&self, p1: u64, n1: &[u8], p2: u64, n2: &[u8], flags: u32) -> FsResult<()> {
+        self.rename_as(Ctx::default(), p1, n1, p2, n2, flags)
+    }
+
+    /// rename(2) / renameat2(2) with RENAME_NOREPLACE (1), RENAME_EXCHANGE (2) and
+    /// RENAME_WHITEOUT (4: the source name is left to a whiteout, a character device 0:0
+    /// owned by the caller `ctx`, as overlayfs uses it).
+    pub fn rename_as(
+        &self,
+        ctx: Ctx,
+        p1: u64,
+        n1: &[u8],
+        p2: u64,
+        n2: &[u8],
+        flags: u32,
+    ) -> FsResult<()> {
+        const NOREPLACE: u32 = 1;
+        const EXCHANGE: u32 = 2;
+        const WHITEOUT: u32 = 4;
+        self.core.check_writable()?;
+        if flags & !(NOREPLACE | EXCHANGE | WHITEOUT) != 0 {
+            return Err(FsError::Invalid(format!(
+                "rename flags {flags:#x} (RENAME_NOREPLACE, RENAME_EXCHANGE and RENAME_WHITEOUT exist)"
+            )));
+        }
+        if flags & EXCHANGE != 0 && flags & (NOREPLACE | WHITEOUT) != 0 {
+            return Err(FsError::Invalid(
+                "RENAME_EXCHANGE with RENAME_NOREPLACE or RENAME_WHITEOUT".into(),
+            ));
+        }
+        directory::check_name(n2)?;
+        // The whiteout's inode number is set aside first, as `make` does.
+        let mut whiteout_reservation = if flags & WHITEOUT != 0 {
+            Some(self.core.reserve_inode()?)
+        } else {
+            None
+        };
         crate::op::run(&self.core, || {
-            const NOREPLACE: u32 = 1;
-            const EXCHANGE: u32 = 2;
-            self.core.check_writable()?;
-            if flags & !(NOREPLACE | EXCHANGE) != 0 {
-                return Err(FsError::NotSupported(format!(
-                    "rename flags {flags:#x} (only RENAME_NOREPLACE and RENAME_EXCHANGE)"
-                )));
-            }
-            if flags & NOREPLACE != 0 && flags & EXCHANGE != 0 {
-                return Err(FsError::Invalid(
-                    "RENAME_NOREPLACE with RENAME_EXCHANGE".into(),
-                ));
-            }
-            directory::check_name(n2)?;
             self.flush_before_replace(p1, n1, p2, n2)?;
+            if let Some(r) = &whiteout_reservation {
+                let w = r.ino();
+                self.need(w, Need::Exclusive)?;
+                self.need_data(w, TokenMode::Xw, ByteRange::WHOLE)?;
+                if !self.core.inode_slot_exists(w) {
+                    self.need(self.core.metadata_inodes().inode_file, Need::Exclusive)?;
+                }
+            }
             let h1 = self.handle(p1)?;
             let h2 = self.handle(p2)?;
             self.need_parent(&h1, n1)?;
@@ -747,6 +848,35 @@ impl FileSystem {
             }
             let src_h = self.handle(src.ino)?;
             self.need(src.ino, Need::Exclusive)?;
+            // chattr attributes: the source leaves its directory (neither may be immutable
+            // or append-only), the target directory gets an entry (not immutable) and,
+            // when a victim or an exchange removes one there, loses one (not append-only).
+            attributes::check_changeable(&s1.inode, "rename out of a directory")?;
+            {
+                let target: &InodeState = s2_opt.as_deref().unwrap_or(&s1);
+                attributes::check_not_immutable(&target.inode, "rename into a directory")?;
+                if dst.is_some() {
+                    attributes::check_changeable(&target.inode, "replace an entry of a directory")?;
+                }
+            }
+            {
+                // The source or victim may be one of the locked parents (the kernel
+                // refuses such renames before they get here, but a lock taken twice would
+                // hang).
+                let changeable = |ino: u64, what: &str| -> FsResult<()> {
+                    if ino == p1 {
+                        return attributes::check_changeable(&s1.inode, what);
+                    }
+                    if let Some(s2) = s2_opt.as_deref().filter(|_| ino == p2) {
+                        return attributes::check_changeable(&s2.inode, what);
+                    }
+                    attributes::check_changeable(&self.handle(ino)?.state.read().inode, what)
+                };
+                changeable(src.ino, "rename")?;
+                if let Some(d) = &dst {
+                    changeable(d.ino, "replace")?;
+                }
+            }
             let src_is_dir = src.kind == dtype(S_IFDIR);
             if src_is_dir && p1 != p2 {
                 // A directory moves: the loop check above must have seen a tree no node
@@ -843,14 +973,44 @@ impl FileSystem {
                         return Err(FsError::NotEmpty(String::from_utf8_lossy(n2).into_owned()));
                     }
                 }
-                let s2: &mut InodeState = target_dir!();
-                directory::replace(&self.core, s2, n2, src.ino, src.kind)?;
                 victim = Some((dh, dst_is_dir));
-            } else {
-                let s2: &mut InodeState = target_dir!();
-                directory::insert(&self.core, s2, n2, src.ino, src.kind)?;
             }
-            directory::remove(&self.core, &mut s1, n1)?;
+            // The whiteout's inode is allocated before any entry changes, so running out
+            // of inodes leaves the rename undone.
+            let whiteout = match whiteout_reservation.as_mut() {
+                Some(r) => {
+                    let wino = self.core.allocate_reserved_inode(r)?;
+                    let (mut w, _) = self.new_inode(ctx, &s1, S_IFCHR, 0, 0, wino)?;
+                    w.mode = S_IFCHR; // no permissions, no inherited ACL: 0:0 says "whiteout"
+                    w.rdev = 0;
+                    Some(w)
+                }
+                None => None,
+            };
+            let entered = {
+                let s2: &mut InodeState = target_dir!();
+                if victim.is_some() {
+                    directory::replace(&self.core, s2, n2, src.ino, src.kind).map(|_| ())
+                } else {
+                    directory::insert(&self.core, s2, n2, src.ino, src.kind).map(|_| ())
+                }
+            };
+            if let Err(e) = entered {
+                if let Some(r) = whiteout_reservation.as_mut() {
+                    let _ = self.core.unallocate_reserved_inode(r);
+                }
+                return Err(e);
+            }
+            match whiteout {
+                Some(w) => {
+                    directory::replace(&self.core, &mut s1, n1, w.ino, dtype(S_IFCHR))?;
+                    self.core.insert_new(w);
+                    self.core.stats.creates.fetch_add(1, Ordering::Relaxed);
+                }
+                None => {
+                    directory::remove(&self.core, &mut s1, n1)?;
+                }
+            }
             if let Some((dh, dst_is_dir)) = &victim {
                 let mut vs = dh.state.write();
                 if *dst_is_dir {
@@ -893,27 +1053,29 @@ impl FileSystem {
         })
     }
 
-    /// Before a write by a caller without CAP_FSETID: clear S_ISUID, and S_ISGID when
-    /// the group may execute, as the kernel does itself for writes through its page
-    /// cache. Writes that bypass the page cache (FUSE direct I/O) leave it to us.
-    pub fn kill_setid_for_write(&self, ino: u64) -> FsResult<()> {
+    /// Clear setuid, and setgid when the group may execute, before a change of the file's
+    /// data by a caller without CAP_FSETID (write, fallocate, copy_file_range into it), as
+    /// the kernel's own file systems do (`file_remove_privs`). The caller knows who asks:
+    /// with FUSE_HANDLE_KILLPRIV_V2 the kernel flags such writes (FUSE_WRITE_KILL_SUIDGID).
+    ///
+    /// `caller_in_group(gid)` says whether the caller is in group `gid` or has CAP_FSETID;
+    /// it is asked only for a setgid bit without group execute (it may be costly).
+    pub fn clear_setid(&self, ino: u64, caller_in_group: impl Fn(u32) -> bool) -> FsResult<()> {
         crate::op::run(&self.core, || {
             let h = self.handle(ino)?;
-            let kill = |mode: u32| {
-                let mut k = mode & S_ISUID;
-                if mode & S_ISGID != 0 && mode & 0o010 != 0 {
-                    k |= S_ISGID;
-                }
-                k
+            self.need(ino, Need::Cache)?;
+            let to_clear = |i: &Inode| {
+                let nonexec_sgid = i.mode & S_ISGID != 0 && i.mode & 0o010 == 0;
+                setid_to_clear(i.mode, nonexec_sgid && !caller_in_group(i.gid))
             };
-            if kill(h.state.read().inode.mode) == 0 {
+            if to_clear(&h.state.read().inode) == 0 {
                 return Ok(());
             }
             self.core.check_writable()?;
             self.need(ino, Need::Exclusive)?;
             let _tx = self.core.begin();
             let mut st = h.state.write();
-            let k = kill(st.inode.mode);
+            let k = to_clear(&st.inode);
             if k != 0 && !st.deleted {
                 st.inode.mode &= !k;
                 st.inode.ctime = self.core.now();
@@ -935,6 +1097,24 @@ impl FileSystem {
             let mut st = h.state.write();
             if st.deleted {
                 return Err(FsError::Stale(ino));
+            }
+            attributes::check_setattr(&st.inode, &set)?;
+            for ts in [set.atime, set.mtime]
+                .into_iter()
+                .flatten()
+                .filter_map(|s| match s {
+                    TimeSet::At(ts) => Some(ts),
+                    TimeSet::Now => None,
+                })
+                .chain(set.ctime)
+            {
+                // An inode with such a time would not decode again.
+                if ts.nsec >= 1_000_000_000 {
+                    return Err(FsError::Invalid(format!(
+                        "timestamp with {} nanoseconds",
+                        ts.nsec
+                    )));
+                }
             }
             let t = self.core.now();
             if let Some(size) = set.size {
@@ -982,11 +1162,28 @@ impl FileSystem {
                 st.inode.mtime = resolve(m);
                 st.inode.ctime = t;
             }
+            if set.clear_setid {
+                let k = setid_to_clear(st.inode.mode, set.caller_outside_group);
+                if k != 0 {
+                    st.inode.mode &= !k;
+                    st.inode.ctime = t;
+                }
+            }
             if let Some(c) = set.ctime {
                 st.inode.ctime = c;
             }
             st.mark_dirty();
             Ok(self.attr_of(&st.inode))
+        })
+    }
+
+    /// Whether `ino` may be opened with open(2) `flags` (chattr attributes).
+    pub fn check_open(&self, ino: u64, flags: i32) -> FsResult<()> {
+        crate::op::run(&self.core, || {
+            let h = self.handle(ino)?;
+            self.need(ino, Need::Cache)?;
+            let st = h.state.read();
+            attributes::check_open(&st.inode, flags)
         })
     }
 
@@ -1067,17 +1264,17 @@ impl FileSystem {
                 // threads serve them in any order, so "sequential" means near where the
                 // stream is: within a block behind it or two blocks ahead of it.
                 let near = p.next_offset > 0
-                    && offset + bb > p.next_offset
+                    && offset.saturating_add(bb) > p.next_offset
                     && offset <= p.next_offset.saturating_add(2 * bb);
                 let seq = near || offset == p.next_offset;
                 p.run = if seq { p.run.saturating_add(1) } else { 0 };
                 if seq {
-                    p.next_offset = p.next_offset.max(offset + size as u64);
+                    p.next_offset = p.next_offset.max(offset.saturating_add(size as u64));
                 } else {
                     // A new pass (a re-read from the start, a seek): what was prefetched
                     // for the last one says nothing about this one.
                     p.prefetched_upto = 0;
-                    p.next_offset = offset + size as u64;
+                    p.next_offset = offset.saturating_add(size as u64);
                 }
                 p.run >= 2
             };
@@ -1091,7 +1288,7 @@ impl FileSystem {
                 }
                 // Queue read-ahead first, so prefetch overlaps this read's copy.
                 if sequential {
-                    self.schedule_prefetch(&h, offset + size as u64, st.inode.size);
+                    self.schedule_prefetch(&h, offset.saturating_add(size as u64), st.inode.size);
                 }
                 // relatime: update atime when it is older than mtime/ctime or a day old.
                 let i = &st.inode;
@@ -1236,6 +1433,7 @@ impl FileSystem {
             if is_dir_mode(st.inode.mode) {
                 return Err(FsError::IsDir(format!("inode {ino}")));
             }
+            attributes::check_write(&st.inode, offset, append)?;
         }
         if append {
             // O_APPEND: the offset is the size, read under the write's own lock.
@@ -1254,8 +1452,12 @@ impl FileSystem {
             let bb = self.core.block_bytes();
             self.need_data(ino, TokenMode::Ro, block_range(offset, size as u64, bb))?;
             crate::metanode::prepare(&self.core, &h)?;
-            // Dirty buffers under the range go to disk first so the disk is current.
-            for b in offset / bb..(offset + size as u64).div_ceil(bb) {
+            // Dirty buffers under the range go to disk first so the disk is current
+            // (nothing past the largest file can be dirty).
+            let end = offset
+                .saturating_add(size as u64)
+                .min(file_io::FILE_BYTES_MAX);
+            for b in offset / bb..end.div_ceil(bb) {
                 crate::workers::writebehind_block(&self.core, &h, b)?;
             }
             self.core.stats.direct_reads.fetch_add(1, Ordering::Relaxed);
@@ -1270,7 +1472,12 @@ impl FileSystem {
     pub fn write_direct(&self, ino: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
         crate::op::run(&self.core, || {
             let h = self.handle(ino)?;
-            if offset.is_multiple_of(512) && data.len().is_multiple_of(512) {
+            self.need(ino, Need::Cache)?;
+            attributes::check_write(&h.state.read().inode, offset, false)?;
+            // Across the largest file size only the buffered path below applies: it writes
+            // what fits (or says EFBIG), then that part goes to disk.
+            let fits = offset.saturating_add(data.len() as u64) <= file_io::FILE_BYTES_MAX;
+            if fits && offset.is_multiple_of(512) && data.len().is_multiple_of(512) {
                 let bb = self.core.block_bytes();
                 self.need(ino, Need::Write)?;
                 self.need_data(
@@ -1293,7 +1500,7 @@ impl FileSystem {
             let n = self.write(ino, offset, data, false)?;
             let bb = self.core.block_bytes();
             self.with_space_retry(|| {
-                for b in offset / bb..(offset + data.len() as u64).div_ceil(bb) {
+                for b in offset / bb..(offset + n as u64).div_ceil(bb) {
                     file_io::flush_block(&self.core, &h, b)?;
                 }
                 Ok(())
@@ -1393,6 +1600,20 @@ impl FileSystem {
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> FsResult<()> {
+        self.setxattr_as(ino, name, value, flags, false)
+    }
+
+    /// setxattr(2); `clear_sgid_for_acl` says the caller is neither in the file's group nor
+    /// has CAP_FSETID, so setting an access ACL clears setgid, as `posix_acl_update_mode`
+    /// does (the kernel says so with FUSE_SETXATTR_ACL_KILL_SGID).
+    pub fn setxattr_as(
+        &self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+        clear_sgid_for_acl: bool,
+    ) -> FsResult<()> {
         self.core.check_writable()?;
         Self::check_xattr_name(name)?;
         if value.len() > XATTR_VALUE_BYTES_MAX {
@@ -1403,11 +1624,20 @@ impl FileSystem {
         }
         // A new xattr block needs space: what waits for a checkpoint counts.
         crate::op::run(&self.core, || {
-            self.with_space_retry(|| self.setxattr_once(ino, name, value, flags))
+            self.with_space_retry(|| {
+                self.setxattr_once(ino, name, value, flags, clear_sgid_for_acl)
+            })
         })
     }
 
-    fn setxattr_once(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> FsResult<()> {
+    fn setxattr_once(
+        &self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+        clear_sgid_for_acl: bool,
+    ) -> FsResult<()> {
         let h = self.handle(ino)?;
         self.need(ino, Need::Exclusive)?;
         let _tx = self.begin_xattr_change(&h, value.len())?;
@@ -1415,6 +1645,7 @@ impl FileSystem {
         if st.deleted {
             return Err(FsError::Stale(ino));
         }
+        attributes::check_changeable(&st.inode, "change extended attributes")?;
         let kind = st.inode.mode & S_IFMT;
         if name.starts_with(b"user.") && kind != S_IFREG && kind != S_IFDIR {
             return Err(FsError::Perm(
@@ -1427,11 +1658,38 @@ impl FileSystem {
         if name == acl::DEFAULT && kind != S_IFDIR {
             return Err(FsError::Perm("default ACLs only on directories".into()));
         }
-        crate::xattr::set(&self.core, &mut st, name, value, flags)?;
+        // An access ACL sets the mode's permission bits (the mask, or the group entry when
+        // there is no mask, gives the group bits), and clears setgid for a caller outside
+        // the file's group.
+        let mut acl_mode = None;
         if name == acl::ACCESS {
-            if let Some(m) = acl::decode(value).and_then(|e| acl::mode_from(&e)) {
-                st.inode.mode = (st.inode.mode & !0o777) | m;
+            let entries =
+                acl::decode(value).ok_or_else(|| FsError::Invalid("malformed POSIX ACL".into()))?;
+            let m = acl::mode_from(&entries).ok_or_else(|| {
+                FsError::Invalid("POSIX ACL without an owner, group or other entry".into())
+            })?;
+            let mut mode = (st.inode.mode & !0o777) | m;
+            if clear_sgid_for_acl {
+                mode &= !S_ISGID;
             }
+            if acl::is_minimal(&entries) {
+                // A minimal ACL (owner, group and other only) says no more than the mode:
+                // it is folded into the mode and not stored, as `posix_acl_update_mode`
+                // does, so `ls -l` shows no `+` and getfacl shows the mode.
+                match crate::xattr::remove(&self.core, &mut st, acl::ACCESS) {
+                    Ok(()) | Err(FsError::NoAttr) => {}
+                    Err(e) => return Err(e),
+                }
+                st.inode.mode = mode;
+                st.inode.ctime = self.core.now();
+                st.mark_dirty();
+                return Ok(());
+            }
+            acl_mode = Some(mode);
+        }
+        crate::xattr::set(&self.core, &mut st, name, value, flags)?;
+        if let Some(mode) = acl_mode {
+            st.inode.mode = mode;
         }
         st.inode.ctime = self.core.now();
         st.mark_dirty();
@@ -1485,6 +1743,7 @@ impl FileSystem {
         if st.deleted {
             return Err(FsError::Stale(ino));
         }
+        attributes::check_changeable(&st.inode, "change extended attributes")?;
         crate::xattr::remove(&self.core, &mut st, name)?;
         st.inode.ctime = self.core.now();
         st.mark_dirty();
@@ -1517,6 +1776,17 @@ impl FileSystem {
             if len == 0 {
                 return Err(FsError::Invalid("fallocate length 0".into()));
             }
+            // As `vfs_fallocate`: a range past the largest file size is EFBIG, whatever
+            // the mode, and is refused before anything changes.
+            if offset
+                .checked_add(len)
+                .is_none_or(|end| end > file_io::FILE_BYTES_MAX)
+            {
+                return Err(FsError::TooBig(format!(
+                    "fallocate {offset}+{len} of inode {ino} (files end at {} bytes)",
+                    file_io::FILE_BYTES_MAX
+                )));
+            }
             if punch && !keep {
                 return Err(FsError::NotSupported(
                     "FALLOC_FL_PUNCH_HOLE needs FALLOC_FL_KEEP_SIZE".into(),
@@ -1531,6 +1801,10 @@ impl FileSystem {
                 return Err(FsError::NotSupported(format!(
                     "fallocate on a non-regular file (inode {ino})"
                 )));
+            }
+            attributes::check_not_immutable(&st.inode, "fallocate")?;
+            if punch || zero {
+                attributes::check_changeable(&st.inode, "punch a hole or zero a range")?;
             }
             let t = self.core.now();
             if punch {

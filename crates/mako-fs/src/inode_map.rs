@@ -106,6 +106,15 @@ impl InodeMap {
         self.reserved.lock().remove(&ino);
     }
 
+    /// Undo `use_reserved` when the operation that used the number fails before it
+    /// commits (or restarts): free again, and still reserved for it.
+    pub fn unuse_reserved(&self, ino: u64) -> FsResult<()> {
+        let mut reserved = self.reserved.lock();
+        self.free(ino)?;
+        reserved.insert(ino);
+        Ok(())
+    }
+
     /// Mark a reserved number used (part of the operation's transaction).
     pub fn use_reserved(&self, ino: u64) -> FsResult<()> {
         let (s, w, b) = self.slot(ino, "allocate")?;

@@ -14,9 +14,11 @@
 
 pub mod acl;
 pub mod alloc_map;
+pub mod attributes;
 pub mod block_map;
 pub mod cache_flush;
 pub mod coherence;
+pub mod copy_range;
 pub mod core;
 pub mod directory;
 pub mod env;

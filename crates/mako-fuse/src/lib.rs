@@ -12,11 +12,11 @@
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use mako_format::inode::Timestamp;
-use mako_fs::fs::{Attr, Ctx, FileSystem, SetAttr, TimeSet, S_IFMT};
+use mako_fs::fs::{Attr, Ctx, FileSystem, SetAttr, TimeSet, S_IFMT, S_ISGID};
 use mako_fs::{FsError, KernelInvalidator};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -27,6 +27,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long the kernel may trust attributes and entries without asking again.
 const TTL: Duration = Duration::from_secs(2);
+/// The ioctls through which the kernel's fileattr interface (chattr, lsattr, xfs_io chattr)
+/// reaches a FUSE file system (linux/fs.h; x86_64 and the other usual 64-bit ABIs).
+const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+/// `struct fsxattr`: xflags, extsize, nextents, projid, cowextsize, 8 bytes of padding.
+const FSXATTR_BYTES: usize = 28;
+/// statx attribute bits for the chattr attributes Mako keeps.
+const STATX_ATTR_IMMUTABLE: u64 = 0x10;
+const STATX_ATTR_APPEND: u64 = 0x20;
 /// File handle bits: how the file was opened.
 const FH_DIRECT: u64 = 1;
 const FH_APPEND: u64 = 2;
@@ -55,29 +66,45 @@ pub struct MakoFuse {
     direct_io_file_size: Arc<AtomicU64>,
 }
 
+/// An inode time as a `SystemTime`. Every `Timestamp` (any i64 seconds) is representable
+/// on Linux; nothing here can overflow, whatever time a user set.
 fn ts(t: Timestamp) -> SystemTime {
-    if t.sec >= 0 {
-        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    let secs = Duration::from_secs(t.sec.unsigned_abs());
+    let whole = if t.sec >= 0 {
+        UNIX_EPOCH.checked_add(secs)
     } else {
-        UNIX_EPOCH - Duration::new((-t.sec) as u64, 0) + Duration::new(0, t.nsec)
-    }
+        UNIX_EPOCH.checked_sub(secs)
+    };
+    let nsec = Duration::from_nanos(u64::from(t.nsec.min(999_999_999)));
+    whole
+        .and_then(|w| w.checked_add(nsec))
+        .or(whole)
+        .unwrap_or(UNIX_EPOCH)
 }
 
+/// A time from the kernel (utimensat may pass any seconds, i64::MIN included) as an inode
+/// time: seconds rounded down and nanoseconds added (-1.5 s is -2 s + 0.5 s), saturating
+/// at the ends of i64.
 fn from_systime(t: SystemTime) -> Timestamp {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => Timestamp {
-            sec: d.as_secs() as i64,
+            sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
             nsec: d.subsec_nanos(),
         },
         Err(e) => {
             let d = e.duration();
-            let mut sec = -(d.as_secs() as i64);
-            let mut nsec = d.subsec_nanos();
-            if nsec > 0 {
-                sec -= 1;
-                nsec = 1_000_000_000 - nsec;
+            // -(s + n) = -(s + 1) + (1 - n) for a fraction n > 0.
+            let (s, n) = match d.subsec_nanos() {
+                0 => (d.as_secs(), 0),
+                n => (d.as_secs().saturating_add(1), 1_000_000_000 - n),
+            };
+            match 0i64.checked_sub_unsigned(s) {
+                Some(sec) => Timestamp { sec, nsec: n },
+                None => Timestamp {
+                    sec: i64::MIN,
+                    nsec: 0,
+                },
             }
-            Timestamp { sec, nsec }
         }
     }
 }
@@ -125,6 +152,35 @@ fn errno(e: &FsError) -> Errno {
     Errno::from_i32(e.errno())
 }
 
+/// Whether the caller of `req` is in group `gid` (as its fsgid or a supplementary group) or
+/// has CAP_FSETID: `in_group_or_capable` in the kernel, which decides whether a setgid bit
+/// without group execute survives a change by that caller. A FUSE request carries only the
+/// caller's uid, gid and pid; its supplementary groups and capabilities are read from
+/// `/proc/<pid>/status`, which names the caller for as long as it waits in its system call.
+/// Without it (a request the kernel makes on its own, pid 0), only the gid and root count.
+fn caller_in_group_or_capable(req: &Request, gid: u32) -> bool {
+    if req.gid() == gid {
+        return true;
+    }
+    let status = match req.pid() {
+        0 => None,
+        pid => std::fs::read_to_string(format!("/proc/{pid}/status")).ok(),
+    };
+    let Some(status) = status else {
+        return req.uid() == 0;
+    };
+    const CAP_FSETID: u32 = 4;
+    status.lines().any(|l| {
+        if let Some(groups) = l.strip_prefix("Groups:") {
+            groups.split_whitespace().any(|g| g.parse() == Ok(gid))
+        } else if let Some(caps) = l.strip_prefix("CapEff:") {
+            u64::from_str_radix(caps.trim(), 16).is_ok_and(|c| c & (1 << CAP_FSETID) != 0)
+        } else {
+            false
+        }
+    })
+}
+
 fn ctx(req: &Request) -> Ctx {
     Ctx {
         uid: req.uid(),
@@ -149,6 +205,19 @@ impl MakoFuse {
             self.fs
                 .core
                 .go_read_only(&format!("internal error in {op}: {what}"));
+        }
+    }
+
+    /// For a change that clears setid bits: whether the caller is outside the file's group
+    /// (without CAP_FSETID), which matters only for a setgid bit without group execute, so
+    /// only then is `/proc` consulted. A concurrent chmod or chgrp can only make this
+    /// answer stale for that one bit.
+    fn caller_outside_group(&self, req: &Request, ino: u64) -> bool {
+        match self.fs.getattr(ino) {
+            Ok(a) if a.mode & S_ISGID != 0 && a.mode & 0o010 == 0 => {
+                !caller_in_group_or_capable(req, a.gid)
+            }
+            _ => false,
         }
     }
 
@@ -272,7 +341,16 @@ impl Filesystem for MakoFuse {
             // When a file's mtime changes under the kernel's cached pages (utimensat,
             // another node's write), the kernel drops them, so the next read reaches
             // Mako — which keeps atime (relatime) and serves current data.
-            | InitFlags::FUSE_AUTO_INVAL_DATA;
+            | InitFlags::FUSE_AUTO_INVAL_DATA
+            // The kernel says which writes, truncates and opens must clear setuid/setgid
+            // (callers without CAP_FSETID; every chown), and makod clears them, in the same
+            // transaction where it can: the kernel's own attempt (a getattr and a chmod
+            // before the write) does not reach writes that bypass the page cache.
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            // Setting an access ACL says whether setgid must go (FUSE_SETXATTR_ACL_KILL_SGID).
+            | InitFlags::FUSE_SETXATTR_EXT
+            // chattr/lsattr on directories reach the file system too.
+            | InitFlags::FUSE_HAS_IOCTL_DIR;
         let want = if self.writeback_cache {
             want | InitFlags::FUSE_WRITEBACK_CACHE
         } else {
@@ -328,9 +406,9 @@ impl Filesystem for MakoFuse {
         })
     }
 
-    fn setattr(
+    fn setattr_ext(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -344,6 +422,7 @@ impl Filesystem for MakoFuse {
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
+        kill_suidgid: bool,
         reply: ReplyAttr,
     ) {
         self.guard("setattr", move || {
@@ -354,6 +433,19 @@ impl Filesystem for MakoFuse {
             // Only a pure time change (utimensat) drops the kernel's pages: a truncate holds
             // page locks while it waits for this reply, and invalidating under it deadlocks.
             let times = (atime.is_some() || mtime.is_some()) && size.is_none();
+            // A setattr that changes nothing is how the kernel's `file_remove_privs` reaches
+            // a FUSE file system with FUSE_HANDLE_KILLPRIV_V2 (the kernel strips the mode it
+            // would have set, leaving the request): it comes before a fallocate, a punch
+            // hole, a zero range or a copy_file_range by a caller without CAP_FSETID whose
+            // file has setid bits, and on chown(f, -1, -1). ext4 clears the bits then.
+            let nothing = mode.is_none()
+                && uid.is_none()
+                && gid.is_none()
+                && size.is_none()
+                && atime.is_none()
+                && mtime.is_none()
+                && ctime.is_none();
+            let clear_setid = kill_suidgid || nothing;
             let set = SetAttr {
                 mode,
                 uid,
@@ -362,6 +454,8 @@ impl Filesystem for MakoFuse {
                 atime: atime.map(t),
                 mtime: mtime.map(t),
                 ctime: ctime.map(from_systime),
+                clear_setid,
+                caller_outside_group: clear_setid && self.caller_outside_group(req, ino.0),
             };
             match self.fs.setattr(ino.0, set) {
                 Ok(a) => {
@@ -460,7 +554,7 @@ impl Filesystem for MakoFuse {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -470,7 +564,8 @@ impl Filesystem for MakoFuse {
     ) {
         self.guard("rename", move || {
             Self::empty(
-                self.fs.rename(
+                self.fs.rename_as(
+                    ctx(req),
                     parent.0,
                     name.as_bytes(),
                     newparent.0,
@@ -495,8 +590,18 @@ impl Filesystem for MakoFuse {
         })
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open_ext(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        flags: OpenFlags,
+        kill_suidgid: bool,
+        reply: ReplyOpen,
+    ) {
         self.guard("open", move || {
+            if let Err(e) = self.fs.check_open(ino.0, flags.0) {
+                return reply.error(errno(&e));
+            }
             match self.fs.open(ino.0) {
                 Ok(attr) => {
                     if flags.0 & libc::O_TRUNC != 0 {
@@ -506,6 +611,9 @@ impl Filesystem for MakoFuse {
                             ino.0,
                             SetAttr {
                                 size: Some(0),
+                                clear_setid: kill_suidgid,
+                                caller_outside_group: kill_suidgid
+                                    && self.caller_outside_group(req, ino.0),
                                 ..Default::default()
                             },
                         ) {
@@ -565,15 +673,17 @@ impl Filesystem for MakoFuse {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let uid = req.uid();
         self.guard("write", move || {
-            if uid != 0 {
-                if let Err(e) = self.fs.kill_setid_for_write(ino.0) {
+            // FUSE_HANDLE_KILLPRIV_V2: the kernel flags writes by callers without
+            // CAP_FSETID, through the page cache or not; the file system clears the bits.
+            if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+                let in_group = |gid| caller_in_group_or_capable(req, gid);
+                if let Err(e) = self.fs.clear_setid(ino.0, in_group) {
                     return reply.error(errno(&e));
                 }
             }
@@ -720,7 +830,7 @@ impl Filesystem for MakoFuse {
         })
     }
 
-    fn setxattr(
+    fn setxattr_ext(
         &self,
         _req: &Request,
         ino: INodeNo,
@@ -728,11 +838,14 @@ impl Filesystem for MakoFuse {
         value: &[u8],
         flags: i32,
         _position: u32,
+        setxattr_flags: u32,
         reply: ReplyEmpty,
     ) {
         self.guard("setxattr", move || {
+            let clear_sgid = setxattr_flags & fuser::consts::FUSE_SETXATTR_ACL_KILL_SGID != 0;
             Self::empty(
-                self.fs.setxattr(ino.0, name.as_bytes(), value, flags),
+                self.fs
+                    .setxattr_as(ino.0, name.as_bytes(), value, flags, clear_sgid),
                 reply,
             );
         })
@@ -772,7 +885,7 @@ impl Filesystem for MakoFuse {
         })
     }
 
-    fn create(
+    fn create_ext(
         &self,
         req: &Request,
         parent: INodeNo,
@@ -780,6 +893,7 @@ impl Filesystem for MakoFuse {
         mode: u32,
         umask: u32,
         flags: i32,
+        kill_suidgid: bool,
         reply: ReplyCreate,
     ) {
         self.guard("create", move || {
@@ -793,6 +907,10 @@ impl Filesystem for MakoFuse {
             );
             match r {
                 Ok(a) => {
+                    // An existing file (no O_EXCL) may be immutable or append-only.
+                    if let Err(e) = self.fs.check_open(a.ino, flags) {
+                        return reply.error(errno(&e));
+                    }
                     if let Err(e) = self.fs.open(a.ino) {
                         return reply.error(errno(&e));
                     }
@@ -801,6 +919,9 @@ impl Filesystem for MakoFuse {
                             a.ino,
                             SetAttr {
                                 size: Some(0),
+                                clear_setid: kill_suidgid,
+                                caller_outside_group: kill_suidgid
+                                    && self.caller_outside_group(req, a.ino),
                                 ..Default::default()
                             },
                         ) {
@@ -828,6 +949,37 @@ impl Filesystem for MakoFuse {
         })
     }
 
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        self.guard("tmpfile", move || {
+            let a = match self.fs.tmpfile(ctx(req), parent.0, mode, umask) {
+                Ok(a) => a,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            if let Err(e) = self.fs.open(a.ino) {
+                return reply.error(errno(&e));
+            }
+            // The kernel holds the inode as it holds a looked-up one, and forgets it when
+            // the last file closes (no links) or after a link.
+            self.fs.add_lookup(a.ino);
+            let (fh, out) = self.open_flags(flags, 0);
+            reply.created(
+                &TTL,
+                &file_attr(&a),
+                Generation(a.generation as u64),
+                FileHandle(fh),
+                out,
+            );
+        })
+    }
+
     fn fallocate(
         &self,
         _req: &Request,
@@ -840,6 +992,114 @@ impl Filesystem for MakoFuse {
     ) {
         self.guard("fallocate", move || {
             Self::empty(self.fs.fallocate(ino.0, offset, length, mode), reply);
+        })
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        self.guard("ioctl", move || {
+            // The kernel checks ownership and CAP_LINUX_IMMUTABLE before it sends a set.
+            let word = |i: usize| {
+                in_data
+                    .get(i * 4..i * 4 + 4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            };
+            let r = match cmd {
+                FS_IOC_GETFLAGS => self
+                    .fs
+                    .file_attributes(ino.0)
+                    .map(|f| f.to_le_bytes().to_vec()),
+                FS_IOC_SETFLAGS => match word(0) {
+                    Some(f) => self.fs.set_file_attributes(ino.0, f).map(|()| Vec::new()),
+                    None => return reply.error(Errno::from_i32(libc::EINVAL)),
+                },
+                FS_IOC_FSGETXATTR => self.fs.file_xflags(ino.0).map(|x| {
+                    let mut out = vec![0u8; FSXATTR_BYTES];
+                    out[..4].copy_from_slice(&x.to_le_bytes());
+                    out
+                }),
+                FS_IOC_FSSETXATTR => match (word(0), word(1), word(3)) {
+                    (Some(x), Some(extsize), Some(projid)) => self
+                        .fs
+                        .set_file_xflags(ino.0, x, extsize, projid)
+                        .map(|()| Vec::new()),
+                    _ => return reply.error(Errno::from_i32(libc::EINVAL)),
+                },
+                // Not a file system ioctl Mako knows.
+                _ => return reply.error(Errno::from_i32(libc::ENOTTY)),
+            };
+            match r {
+                Ok(out) => reply.ioctl(0, &out),
+                Err(e) => reply.error(errno(&e)),
+            }
+        })
+    }
+
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: Option<FileHandle>,
+        _flags: u32,
+        _mask: u32,
+        reply: ReplyStatx,
+    ) {
+        self.guard("statx", move || match self.fs.getattr(ino.0) {
+            Ok(a) => {
+                let mut attributes = 0;
+                if a.attributes & mako_fs::attributes::FS_IMMUTABLE_FL != 0 {
+                    attributes |= STATX_ATTR_IMMUTABLE;
+                }
+                if a.attributes & mako_fs::attributes::FS_APPEND_FL != 0 {
+                    attributes |= STATX_ATTR_APPEND;
+                }
+                // `file_attr` carries the birth time (the inode's crtime) as crtime.
+                reply.statx(
+                    &TTL,
+                    &file_attr(&a),
+                    attributes,
+                    STATX_ATTR_IMMUTABLE | STATX_ATTR_APPEND,
+                );
+            }
+            Err(e) => reply.error(errno(&e)),
+        })
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        self.guard("copy_file_range", move || {
+            if !flags.is_empty() {
+                return reply.error(Errno::from_i32(libc::EINVAL));
+            }
+            // The reply carries a 32-bit count; a copy is at most COPY_BYTES_MAX anyway.
+            let len = len.min(mako_fs::copy_range::COPY_BYTES_MAX);
+            match self
+                .fs
+                .copy_file_range(ino_in.0, offset_in, ino_out.0, offset_out, len)
+            {
+                Ok(n) => reply.written(n as u32),
+                Err(e) => reply.error(errno(&e)),
+            }
         })
     }
 
@@ -970,4 +1230,26 @@ pub fn mount(fs: FileSystem, mountpoint: &Path, opts: &FuseOptions) -> std::io::
         session: Some(session),
         mountpoint: mountpoint.to_path_buf(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Times a user may set with utimensat round-trip exactly, the ends of i64 included.
+    #[test]
+    fn timestamps_round_trip_without_overflow() {
+        for (sec, nsec) in [
+            (0, 0),
+            (-1, 500_000_000),
+            (-2, 800_000_000),
+            (1_700_000_000, 123),
+            (i64::MAX, 999_999_999),
+            (i64::MIN, 0),
+            (i64::MIN, 999_999_999),
+        ] {
+            let t = Timestamp { sec, nsec };
+            assert_eq!(from_systime(ts(t)), t, "{sec} s {nsec} ns");
+        }
+    }
 }

@@ -531,6 +531,44 @@ pub struct Cred {
     /// Directory to `chdir` into before dropping privileges, so the child can use relative paths
     /// even when an ancestor of the test directory is not searchable by the new identity.
     pub cwd: Option<std::path::PathBuf>,
+    /// Capabilities (`CAP_*` numbers) the child keeps, effective and permitted, after it
+    /// switches to a non-zero uid (which otherwise clears them all), e.g. `CAP_FSETID` for a
+    /// non-root writer that keeps setuid bits.
+    pub caps: Vec<u32>,
+}
+
+/// `CAP_FSETID`: writes keep setuid/setgid bits; setgid may be set outside the group.
+pub const CAP_FSETID: u32 = 4;
+/// `CAP_LINUX_IMMUTABLE`: may set and clear the immutable and append-only attributes.
+pub const CAP_LINUX_IMMUTABLE: u32 = 9;
+
+/// Sets the calling thread's effective and permitted capabilities to exactly `caps`
+/// (capset(2), version 3 of the interface).
+pub fn set_caps(caps: &[u32]) -> SysResult<()> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut data = [Data::default(); 2];
+    for &c in caps {
+        let (word, bit) = ((c / 32) as usize, 1u32 << (c % 32));
+        data[word].effective |= bit;
+        data[word].permitted |= bit;
+    }
+    let header = Header {
+        version: 0x2008_0522,
+        pid: 0,
+    };
+    cvt(unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) as libc::c_int })
+        .map(|_| ())
 }
 
 /// Exit code of a child whose credential switch failed.
@@ -557,12 +595,19 @@ pub fn fork_as<F: FnOnce() -> i32>(cred: Option<&Cred>, f: F) -> Result<i32, Str
                     }
                 }
                 unsafe {
+                    // Keep the permitted set across the uid switch when capabilities stay.
+                    if !c.caps.is_empty() && libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0 {
+                        return CHILD_SETUP_FAILED;
+                    }
                     if libc::setgroups(c.groups.len(), c.groups.as_ptr()) != 0
                         || libc::setresgid(c.gid, c.gid, c.gid) != 0
                         || libc::setresuid(c.uid, c.uid, c.uid) != 0
                     {
                         return CHILD_SETUP_FAILED;
                     }
+                }
+                if !c.caps.is_empty() && set_caps(&c.caps).is_err() {
+                    return CHILD_SETUP_FAILED;
                 }
             }
             f()

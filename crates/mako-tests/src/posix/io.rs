@@ -16,6 +16,8 @@ pub(super) const CHECKS: CheckTable = &[
     ("fallocate_zero_range", fallocate_zero_range),
     ("lseek_data_hole", lseek_data_hole),
     ("open_unlinked_file", open_unlinked_file),
+    ("open_tmpfile", open_tmpfile),
+    ("copy_file_range_semantics", copy_file_range_semantics),
     ("o_direct_roundtrip", o_direct_roundtrip),
     ("mmap_read", mmap_read),
     ("mmap_shared_write", mmap_shared_write),
@@ -547,6 +549,217 @@ fn open_unlinked_file(c: &Ctx) -> CheckResult {
     )
 }
 
+/// open(O_TMPFILE): a file in no directory, readable and writable through its descriptor,
+/// that linkat through /proc/self/fd gives a name (unless opened with O_EXCL).
+fn open_tmpfile(c: &Ctx) -> CheckResult {
+    let fd = match open(&c.dir, libc::O_TMPFILE | RW, 0o640) {
+        Err(e) if e.0 == libc::EOPNOTSUPP || e.0 == libc::EISDIR => {
+            return skip(format!("O_TMPFILE not supported: {e}"))
+        }
+        r => r.ctx("open O_TMPFILE")?,
+    };
+    let data = pattern(70_000, 5);
+    pwrite_all(&fd, &data, 0).ctx("write to the unnamed file")?;
+    let st = fstat(&fd).ctx("fstat")?;
+    check_eq(st.st_nlink, 0, "links of an O_TMPFILE file")?;
+    check_eq(ftype(&st), libc::S_IFREG, "type of an O_TMPFILE file")?;
+    check_mode(
+        perms(&st),
+        0o640 & !current_umask(),
+        "mode of an O_TMPFILE file",
+    )?;
+    check_eq(st.st_size, data.len() as i64, "size")?;
+    check_eq(
+        std::fs::read_dir(&c.dir)
+            .map(|d| d.count())
+            .unwrap_or(usize::MAX),
+        0,
+        "entries in the directory (the file has no name)",
+    )?;
+    let mut back = vec![0u8; data.len()];
+    pread_full(&fd, &mut back, 0).ctx("read back")?;
+    ensure(back == data, "content read back through the descriptor")?;
+    // linkat gives it a name.
+    let proc_fd = sys::cstr(Path::new(&format!("/proc/self/fd/{}", fd.raw())));
+    let named = c.p("named");
+    let named_c = sys::cstr(&named);
+    cvt(unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            proc_fd.as_ptr(),
+            libc::AT_FDCWD,
+            named_c.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    })
+    .ctx("linkat of the O_TMPFILE file")?;
+    let nst = stat(&named).ctx("stat the linked name")?;
+    check_eq(nst.st_ino, st.st_ino, "the name is the O_TMPFILE inode")?;
+    check_eq(nst.st_nlink, 1, "links after linkat")?;
+    check_eq(
+        read_file(&named).ctx("read by name")?,
+        data,
+        "content by name",
+    )?;
+    // O_EXCL: the file may never get a name.
+    let excl = open(&c.dir, libc::O_TMPFILE | RW | libc::O_EXCL, 0o600).ctx("O_TMPFILE|O_EXCL")?;
+    let proc_excl = sys::cstr(Path::new(&format!("/proc/self/fd/{}", excl.raw())));
+    let other = sys::cstr(&c.p("other"));
+    expect_errno(
+        cvt(unsafe {
+            libc::linkat(
+                libc::AT_FDCWD,
+                proc_excl.as_ptr(),
+                libc::AT_FDCWD,
+                other.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        }),
+        &[libc::ENOENT],
+        "linkat of an O_TMPFILE|O_EXCL file",
+    )?;
+    // O_TMPFILE needs write access.
+    expect_errno(
+        open(&c.dir, libc::O_TMPFILE | libc::O_RDONLY, 0o600),
+        &[libc::EINVAL],
+        "O_TMPFILE read-only",
+    )
+}
+
+/// One copy_file_range(2) call with explicit offsets.
+fn copy_range(fd_in: &Fd, off_in: u64, fd_out: &Fd, off_out: u64, len: usize) -> SysResult<usize> {
+    let (mut i, mut o) = (off_in as i64, off_out as i64);
+    let n = unsafe { libc::copy_file_range(fd_in.raw(), &mut i, fd_out.raw(), &mut o, len, 0) };
+    if n < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// copy_file_range until `len` bytes are copied or the source ends; returns the count.
+fn copy_all(fd_in: &Fd, off_in: u64, fd_out: &Fd, off_out: u64, len: usize) -> SysResult<usize> {
+    let mut done = 0;
+    while done < len {
+        let n = copy_range(
+            fd_in,
+            off_in + done as u64,
+            fd_out,
+            off_out + done as u64,
+            len - done,
+        )?;
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    Ok(done)
+}
+
+/// copy_file_range: sparse sources (holes copy as zeros, also over data), unaligned
+/// offsets, counts short at the source's end, nothing past it, overlapping ranges of one
+/// file refused (EINVAL), the destination's size and mtime, an O_APPEND destination EBADF.
+fn copy_file_range_semantics(c: &Ctx) -> CheckResult {
+    const MIB: u64 = 1 << 20;
+    let src = c.p("src");
+    let s = open(&src, CREAT | RW, 0o644).ctx("create source")?;
+    let head = pattern(100_000, 3);
+    let tail = pattern(5000, 4);
+    pwrite_all(&s, &head, 0).ctx("write source head")?;
+    pwrite_all(&s, &tail, 12 * MIB).ctx("write source tail")?;
+    let size = 12 * MIB + tail.len() as u64;
+    let mut expect = vec![0u8; size as usize];
+    expect[..head.len()].copy_from_slice(&head);
+    expect[12 * MIB as usize..].copy_from_slice(&tail);
+    // Over a destination full of other bytes, longer than the source.
+    let dst = c.p("dst");
+    let d = open(&dst, CREAT | RW, 0o644).ctx("create destination")?;
+    pwrite_all(&d, &vec![0xaa; 14 * MIB as usize], 0).ctx("fill destination")?;
+    let before = fstat(&d).ctx("fstat")?;
+    wait_past(sys::ts_ns(before.st_mtime, before.st_mtime_nsec));
+    check_eq(
+        copy_all(&s, 0, &d, 0, 64 * MIB as usize).ctx("copy the sparse source")?,
+        size as usize,
+        "bytes copied (short at the source's end)",
+    )?;
+    let after = fstat(&d).ctx("fstat")?;
+    check_eq(
+        after.st_size,
+        14 * MIB as i64,
+        "destination size (it was longer)",
+    )?;
+    ensure(
+        sys::ts_ns(after.st_mtime, after.st_mtime_nsec)
+            > sys::ts_ns(before.st_mtime, before.st_mtime_nsec),
+        "destination mtime moved",
+    )?;
+    let got = read_file(&dst).ctx("read destination")?;
+    ensure(
+        got[..size as usize] == expect[..],
+        "copied bytes, holes as zeros",
+    )?;
+    ensure(
+        got[size as usize..].iter().all(|&b| b == 0xaa),
+        "bytes past the copy untouched",
+    )?;
+    check_eq(
+        fstat(&s).ctx("fstat source")?.st_size,
+        size as i64,
+        "source size unchanged",
+    )?;
+    // To a new file at an unaligned offset: zeros before, the copy after.
+    let new = c.p("new");
+    let n = open(&new, CREAT | RW, 0o644).ctx("create")?;
+    let off = MIB + 3;
+    check_eq(
+        copy_all(&s, 7, &n, off, size as usize).ctx("copy to an unaligned offset")?,
+        size as usize - 7,
+        "bytes copied from offset 7",
+    )?;
+    let got = read_file(&new).ctx("read new")?;
+    check_eq(got.len() as u64, off + size - 7, "new file's size")?;
+    ensure(
+        got[..off as usize].iter().all(|&b| b == 0),
+        "zeros before the copy",
+    )?;
+    ensure(
+        got[off as usize..] == expect[7..],
+        "copied bytes at the unaligned offset",
+    )?;
+    // At and past the source's end: nothing.
+    check_eq(
+        copy_range(&s, size, &n, 0, 100).ctx("copy at EOF")?,
+        0,
+        "copy at EOF",
+    )?;
+    check_eq(
+        copy_range(&s, size + 10, &n, 0, 100).ctx("copy past EOF")?,
+        0,
+        "copy past EOF",
+    )?;
+    // Within one file: overlapping ranges are refused, others copy.
+    expect_errno(
+        copy_range(&s, 0, &s, 50_000, 100_000),
+        &[libc::EINVAL],
+        "overlapping copy within a file",
+    )?;
+    check_eq(
+        copy_all(&s, 0, &s, 200_000, 1000).ctx("copy within a file")?,
+        1000,
+        "copy within a file",
+    )?;
+    let mut buf = vec![0u8; 1000];
+    pread_full(&s, &mut buf, 200_000).ctx("read back")?;
+    ensure(buf[..] == head[..1000], "bytes copied within the file")?;
+    // An O_APPEND destination is refused by the kernel.
+    let a = open(&new, libc::O_WRONLY | libc::O_APPEND, 0).ctx("open O_APPEND")?;
+    expect_errno(
+        copy_range(&s, 0, &a, 0, 10),
+        &[libc::EBADF],
+        "copy to an O_APPEND file",
+    )
+}
+
 fn o_direct_roundtrip(c: &Ctx) -> CheckResult {
     let f = c.p("f");
     let fd = match open(&f, CREAT | RW | libc::O_DIRECT, 0o644) {
@@ -654,9 +867,9 @@ fn mmap_shared_write(c: &Ctx) -> CheckResult {
     Ok(())
 }
 
-const TMPFS_MAGIC: i64 = 0x0102_1994;
+pub(super) const TMPFS_MAGIC: i64 = 0x0102_1994;
 
-fn statvfs_type(p: &Path) -> Option<i64> {
+pub(super) fn statvfs_type(p: &Path) -> Option<i64> {
     let c = cstr(p);
     let mut s: libc::statfs = unsafe { std::mem::zeroed() };
     (unsafe { libc::statfs(c.as_ptr(), &mut s) } == 0).then_some(s.f_type as i64)

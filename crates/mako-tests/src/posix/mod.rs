@@ -6,11 +6,13 @@
 
 mod attr;
 mod dir;
+mod fileattr;
 mod io;
 mod locks;
 mod misc;
 mod namespace;
 mod perm;
+mod setid;
 mod xattr;
 
 use crate::sys::{self, Errno, SysResult};
@@ -183,6 +185,16 @@ pub fn checks() -> Vec<Check> {
             .map(|&(name, func)| Check { name, func }),
     );
     v.extend(
+        fileattr::CHECKS
+            .iter()
+            .map(|&(name, func)| Check { name, func }),
+    );
+    v.extend(
+        setid::CHECKS
+            .iter()
+            .map(|&(name, func)| Check { name, func }),
+    );
+    v.extend(
         misc::CHECKS
             .iter()
             .map(|&(name, func)| Check { name, func }),
@@ -225,10 +237,20 @@ impl Drop for DirGuard {
 }
 
 /// Gives the owner rwx on every directory below `p` and drops immutable-ish obstacles that would
-/// stop `remove_dir_all` when not running as root.
+/// stop `remove_dir_all` when not running as root, and the immutable and append-only attributes
+/// a failed check may have left (root only can clear those).
 fn make_removable(p: &Path) {
     if let Ok(st) = sys::lstat(p) {
-        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+        let kind = st.st_mode & libc::S_IFMT;
+        if kind == libc::S_IFREG || kind == libc::S_IFDIR {
+            let sticky = fileattr::FS_IMMUTABLE_FL | fileattr::FS_APPEND_FL;
+            if let Ok(f) = fileattr::get_flags(p) {
+                if f & sticky != 0 {
+                    let _ = fileattr::set_flags(p, f & !sticky);
+                }
+            }
+        }
+        if kind == libc::S_IFDIR {
             let _ = sys::chmod(p, 0o700);
             if let Ok(rd) = std::fs::read_dir(p) {
                 for e in rd.flatten() {
@@ -501,6 +523,7 @@ pub(crate) fn cred(
         gid,
         groups: groups.to_vec(),
         cwd: Some(c.dir.clone()),
+        caps: Vec::new(),
     }
 }
 

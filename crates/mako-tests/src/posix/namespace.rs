@@ -22,6 +22,7 @@ pub(super) const CHECKS: CheckTable = &[
     ("rename_into_own_subtree", rename_into_own_subtree),
     ("rename_noreplace", rename_noreplace),
     ("rename_exchange", rename_exchange),
+    ("rename_whiteout", rename_whiteout),
     ("rename_dir_between_parents", rename_dir_between_parents),
 ];
 
@@ -706,6 +707,49 @@ fn rename_noreplace(c: &Ctx) -> CheckResult {
         "content after RENAME_NOREPLACE",
     )?;
     expect_errno(stat(&c.p("a")), &[libc::ENOENT], "old name gone")
+}
+
+/// renameat2(RENAME_WHITEOUT): the rename happens and the source name is left to a whiteout,
+/// a character device 0:0 (what overlayfs uses to hide lower files); it does not combine
+/// with RENAME_EXCHANGE. (Since Linux 5.8 it no longer needs CAP_MKNOD.)
+fn rename_whiteout(c: &Ctx) -> CheckResult {
+    const WHITEOUT: libc::c_uint = 4;
+    let (a, b) = (c.p("a"), c.p("b"));
+    write_file(&a, b"moved", 0o644).ctx("create a")?;
+    renameat2(&a, &b, WHITEOUT).ctx("renameat2 RENAME_WHITEOUT")?;
+    check_eq(
+        read_file(&b).ctx("read b")?,
+        b"moved".to_vec(),
+        "content under the new name",
+    )?;
+    let is_whiteout = |p: &Path, what: &str| -> CheckResult {
+        let st = lstat(p).ctx(format!("lstat {what}"))?;
+        check_eq(ftype(&st), libc::S_IFCHR, format!("type of {what}"))?;
+        check_eq(st.st_rdev, 0, format!("device of {what}"))
+    };
+    is_whiteout(&a, "the whiteout left at the old name")?;
+    // Over an existing target, and for a directory.
+    write_file(&c.p("x"), b"new", 0o644).ctx("create x")?;
+    renameat2(&c.p("x"), &b, WHITEOUT).ctx("RENAME_WHITEOUT over an existing file")?;
+    check_eq(
+        read_file(&b).ctx("read b")?,
+        b"new".to_vec(),
+        "the target was replaced",
+    )?;
+    is_whiteout(&c.p("x"), "the whiteout of the replacing file")?;
+    mkdir(&c.p("d"), 0o755).ctx("mkdir d")?;
+    write_file(&c.p("d").join("in"), b"", 0o644).ctx("create d/in")?;
+    renameat2(&c.p("d"), &c.p("e"), WHITEOUT).ctx("RENAME_WHITEOUT of a directory")?;
+    stat(&c.p("e").join("in")).ctx("the directory moved with its entries")?;
+    is_whiteout(&c.p("d"), "the whiteout of a directory")?;
+    expect_errno(
+        renameat2(&b, &c.p("e"), WHITEOUT | libc::RENAME_EXCHANGE),
+        &[libc::EINVAL],
+        "RENAME_WHITEOUT with RENAME_EXCHANGE",
+    )?;
+    // A whiteout is an ordinary name again once removed.
+    unlink(&c.p("x")).ctx("unlink a whiteout")?;
+    write_file(&c.p("x"), b"back", 0o644).ctx("reuse the whiteout's name")
 }
 
 fn rename_exchange(c: &Ctx) -> CheckResult {

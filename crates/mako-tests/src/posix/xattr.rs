@@ -10,6 +10,7 @@ pub(super) const CHECKS: CheckTable = &[
     ("xattr_flags_and_erange", xattr_flags_and_erange),
     ("acl_access_named_user", acl_access_named_user),
     ("acl_default_inheritance", acl_default_inheritance),
+    ("acl_minimal_folded_into_mode", acl_minimal_folded_into_mode),
 ];
 
 fn xattr_roundtrip(p: &Path, ns: &str, nofollow: bool) -> CheckResult {
@@ -245,12 +246,12 @@ fn xattr_flags_and_erange(c: &Ctx) -> CheckResult {
 // --- POSIX ACL binary format (linux/posix_acl_xattr.h) --------------------------------------
 
 const ACL_VERSION: u32 = 2;
-const ACL_USER_OBJ: u16 = 0x01;
-const ACL_USER: u16 = 0x02;
-const ACL_GROUP_OBJ: u16 = 0x04;
-const ACL_GROUP: u16 = 0x08;
-const ACL_MASK: u16 = 0x10;
-const ACL_OTHER: u16 = 0x20;
+pub(crate) const ACL_USER_OBJ: u16 = 0x01;
+pub(crate) const ACL_USER: u16 = 0x02;
+pub(crate) const ACL_GROUP_OBJ: u16 = 0x04;
+pub(crate) const ACL_GROUP: u16 = 0x08;
+pub(crate) const ACL_MASK: u16 = 0x10;
+pub(crate) const ACL_OTHER: u16 = 0x20;
 const ACL_UNDEFINED_ID: u32 = u32::MAX;
 
 /// Encodes ACL entries (tag, perm, id) in kernel xattr format; entries must be in tag/id order.
@@ -369,6 +370,57 @@ fn acl_access_named_user(c: &Ctx) -> CheckResult {
         &[libc::EACCES],
         "access(R_OK) after removing the ACL",
     )
+}
+
+/// A minimal access ACL (owner, group, other) says no more than the mode: the file system
+/// folds it into the mode bits and stores no ACL (`ls -l` shows no `+`, getxattr ENODATA),
+/// also when it replaces a full ACL.
+fn acl_minimal_folded_into_mode(c: &Ctx) -> CheckResult {
+    let f = c.p("f");
+    write_file(&f, b"x", 0o644).ctx("create")?;
+    chmod(&f, 0o644).ctx("chmod 644")?;
+    let minimal = [
+        (ACL_USER_OBJ, 6, ACL_UNDEFINED_ID),
+        (ACL_GROUP_OBJ, 4, ACL_UNDEFINED_ID),
+        (ACL_OTHER, 0, ACL_UNDEFINED_ID),
+    ];
+    let stored = |what: &str| -> CheckResult {
+        expect_errno(
+            getxattr(&f, "system.posix_acl_access"),
+            &[libc::ENODATA],
+            format!("getxattr system.posix_acl_access after {what}"),
+        )?;
+        let names = listxattr(&f).ctx("listxattr")?;
+        ensure(
+            !names.iter().any(|n| n == "system.posix_acl_access"),
+            format!("listxattr after {what} names an access ACL: {names:?}"),
+        )
+    };
+    set_acl(&f, "system.posix_acl_access", &minimal)?;
+    check_mode(
+        perms(&stat(&f).ctx("stat")?),
+        0o640,
+        "mode after a minimal ACL",
+    )?;
+    stored("a minimal ACL")?;
+    // A full ACL is stored; a minimal one set over it removes it.
+    let full = [
+        (ACL_USER_OBJ, 7, ACL_UNDEFINED_ID),
+        (ACL_USER, 4, UID_A),
+        (ACL_GROUP_OBJ, 4, ACL_UNDEFINED_ID),
+        (ACL_MASK, 4, ACL_UNDEFINED_ID),
+        (ACL_OTHER, 4, ACL_UNDEFINED_ID),
+    ];
+    set_acl(&f, "system.posix_acl_access", &full)?;
+    let back = getxattr(&f, "system.posix_acl_access").ctx("getxattr of a full ACL")?;
+    check_eq(acl_decode(&back), Some(full.to_vec()), "full ACL read back")?;
+    set_acl(&f, "system.posix_acl_access", &minimal)?;
+    check_mode(
+        perms(&stat(&f).ctx("stat")?),
+        0o640,
+        "mode after a minimal ACL over a full one",
+    )?;
+    stored("a minimal ACL over a full one")
 }
 
 fn acl_default_inheritance(c: &Ctx) -> CheckResult {
