@@ -473,6 +473,15 @@ impl FileSystem {
             directory::check_name(newname)?;
             let p = self.handle(newparent)?;
             let c = self.handle(ino)?;
+            if ino == newparent {
+                // Linking an inode into itself: refused before its lock is taken twice.
+                // A directory cannot be hard-linked; anything else is not a directory.
+                return Err(if is_dir_mode(c.state.read().inode.mode) {
+                    FsError::Perm("hard links to directories are not allowed".into())
+                } else {
+                    FsError::NotDir(format!("inode {ino}"))
+                });
+            }
             self.need(newparent, Need::Exclusive)?;
             self.need_names(newparent, TokenMode::Xw)?;
             self.need(ino, Need::Exclusive)?;
@@ -707,6 +716,13 @@ impl FileSystem {
             if let Some(d) = &dst {
                 if d.ino == src.ino {
                     return Ok(()); // two names of one inode: POSIX says do nothing
+                }
+                if up1.contains(&d.ino) && flags & (EXCHANGE | NOREPLACE) == 0 {
+                    // The target is the source's parent or one of its ancestors: a
+                    // directory that is not empty (it holds the source), as Linux
+                    // answers. Refused here, before the target's lock is taken: it may
+                    // be the source parent's, which this thread already holds.
+                    return Err(FsError::NotEmpty(String::from_utf8_lossy(n2).into_owned()));
                 }
             }
             let src_h = self.handle(src.ino)?;
