@@ -7,6 +7,31 @@ use crate::core::Core;
 use mako_token::{ByteRange, ResourceId, ResourceKind, TokenError};
 use std::sync::{Arc, OnceLock, Weak};
 
+/// TEST ONLY: ways to break a revoke on purpose, for the tests that prove the cluster
+/// simulation (`mako-sim`) catches a broken one. Stored in `Core::revoke_fault`, which
+/// every real mount leaves at `None`; nothing but those tests sets it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RevokeFault {
+    /// Revokes work as they must.
+    None = 0,
+    /// A data revoke drops the dirty buffers without writing them back (lost writes).
+    SkipWriteBack = 1,
+    /// A data revoke writes back but keeps the cached buffers (a missing invalidation:
+    /// the node goes on serving data it no longer holds a token for).
+    KeepCachedData = 2,
+}
+
+impl RevokeFault {
+    fn of(core: &Core) -> RevokeFault {
+        match core.revoke_fault.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => RevokeFault::SkipWriteBack,
+            2 => RevokeFault::KeepCachedData,
+            _ => RevokeFault::None,
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct FsCacheFlush {
     core: OnceLock<Weak<Core>>,
@@ -31,6 +56,7 @@ impl mako_token::CacheFlush for FsCacheFlush {
         let ino = resource.id;
         if let Some(h) = core.cached_handle(ino) {
             if resource.kind == ResourceKind::ByteRange {
+                let fault = RevokeFault::of(&core);
                 let bb = core.block_bytes();
                 let first = range.start / bb;
                 let last = if range.end == u64::MAX {
@@ -39,7 +65,7 @@ impl mako_token::CacheFlush for FsCacheFlush {
                     range.end.div_ceil(bb)
                 };
                 for (_, b) in core.pool.keys_of(ino, true) {
-                    if b >= first && b < last {
+                    if b >= first && b < last && fault != RevokeFault::SkipWriteBack {
                         crate::file_io::flush_block(&core, &h, b).map_err(|e| {
                             TokenError::FlushFailed {
                                 node: mako_token::NodeId(core.node),
@@ -50,8 +76,10 @@ impl mako_token::CacheFlush for FsCacheFlush {
                         })?;
                     }
                 }
-                core.alloc
-                    .unreserve(core.pool.remove_from_range(ino, first, last));
+                if fault != RevokeFault::KeepCachedData {
+                    core.alloc
+                        .unreserve(core.pool.remove_from_range(ino, first, last));
+                }
             } else {
                 crate::workers::flush_inode(&core, &h).map_err(|e| TokenError::FlushFailed {
                     node: mako_token::NodeId(core.node),
