@@ -14,12 +14,16 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Latency of each kind of I/O, drawn uniformly per I/O.
+/// Latency of each kind of I/O, drawn uniformly per I/O; with probability
+/// `spike_probability` an I/O is slow instead (up to `spike_max`: a busy disk, a
+/// remapped sector), so that other tasks run far ahead of it.
 #[derive(Clone, Copy, Debug)]
 pub struct DiskLatency {
     pub read: (Duration, Duration),
     pub write: (Duration, Duration),
     pub sync: (Duration, Duration),
+    pub spike_probability: f64,
+    pub spike_max: Duration,
 }
 
 impl Default for DiskLatency {
@@ -28,6 +32,8 @@ impl Default for DiskLatency {
             read: (Duration::from_micros(20), Duration::from_micros(200)),
             write: (Duration::from_micros(20), Duration::from_micros(300)),
             sync: (Duration::from_micros(50), Duration::from_micros(500)),
+            spike_probability: 0.02,
+            spike_max: Duration::from_millis(5),
         }
     }
 }
@@ -93,7 +99,15 @@ impl SimDisk {
         }
         let lo = lo.as_nanos() as u64;
         let hi = (hi.as_nanos() as u64).max(lo);
-        let d = self.rng.lock().range(lo, hi);
+        let d = {
+            let mut rng = self.rng.lock();
+            let spike = self.latency.spike_probability;
+            if spike > 0.0 && rng.chance(spike) {
+                rng.range(hi, (self.latency.spike_max.as_nanos() as u64).max(hi))
+            } else {
+                rng.range(lo, hi)
+            }
+        };
         mako_diag::sched::sleep(Duration::from_nanos(d));
     }
 

@@ -36,7 +36,7 @@ pub struct SeedConfig {
     /// Run inode eviction and token release concurrently with operations (as the
     /// daemon's sync thread does). Off: they run after the step's operations, alone,
     /// because today the release of an inode's tokens races with an operation that
-    /// reuses the inode's number (the inode is then cached without a token; seed 266
+    /// reuses the inode's number (the inode is then cached without a token; seed 360
     /// at one node shows it). `MAKO_SIM_CONCURRENT_RELEASE=1` turns it on.
     pub concurrent_release: bool,
     /// Run queued prefetches as background work. Off by default while the token thief
