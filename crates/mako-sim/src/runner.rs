@@ -12,7 +12,7 @@ use crate::model::{nanos, Kind, Model, Window};
 use crate::ops::{self, show_outcome, Op, Outcome, Value};
 use crate::sched::{Sim, SimConfig, SimReport};
 use crate::workload::{Planned, Workload};
-use crate::NetStats;
+use crate::{NetStats, SimRng};
 use mako_format::inode::Timestamp;
 use mako_fs::cache_flush::RevokeFault;
 use parking_lot::Mutex;
@@ -39,6 +39,13 @@ pub struct SeedConfig {
     /// reuses the inode's number (the inode is then cached without a token; seed 360
     /// at one node shows it). `MAKO_SIM_CONCURRENT_RELEASE=1` turns it on.
     pub concurrent_release: bool,
+    /// Let the token thief steal while operations run. Off: it steals after the
+    /// step's operations, alone, because today an operation that holds a data token
+    /// and asks for it again (unlink freeing the file: `remove` then `maybe_free`)
+    /// is refused while a revoke waits for that very hold, after it changed memory,
+    /// and the mount turns read-only (seed 1288 at one node shows it).
+    /// `MAKO_SIM_STEAL_CONCURRENT=1` turns it on.
+    pub steal_concurrent: bool,
     /// Run queued prefetches as background work. Off by default while the token thief
     /// runs: today a prefetch loads a block without holding a data token, so after a
     /// revoke it caches data the node no longer holds (seed 28 at one node shows it).
@@ -63,6 +70,7 @@ impl SeedConfig {
             steal_probability: 0.3,
             concurrent_release: env_flag("MAKO_SIM_CONCURRENT_RELEASE"),
             prefetch: env_flag("MAKO_SIM_PREFETCH"),
+            steal_concurrent: env_flag("MAKO_SIM_STEAL_CONCURRENT"),
             checks: Checks::from_env(),
             verify: !env_flag("MAKO_SIM_NO_CHECKS"),
             revoke_fault: RevokeFault::None,
@@ -314,6 +322,7 @@ fn drive(
         Window::exact(mkfs_time),
     );
     let mut workload = Workload::new(config.seed, nodes);
+    let mut background_rng = SimRng::new(config.seed ^ 0x4241_434b_4752_4f55);
     for step in 0..=config.steps + 1 {
         let plan = if step == 0 {
             workload.setup()
@@ -326,14 +335,15 @@ fn drive(
         let background = if step == 0 {
             Vec::new()
         } else {
-            background_for(config, &mut workload, &model, step <= config.steps)
+            background_for(config, &mut background_rng, &model, step <= config.steps)
         };
-        // Token releases that must not overlap operations (see `concurrent_release`)
-        // go after them.
+        // Work that must not overlap operations yet (see `concurrent_release` and
+        // `steal_concurrent`) goes after them.
         let (background, after): (Vec<_>, Vec<_>) =
-            background.into_iter().partition(|(_, w, _)| {
-                config.concurrent_release
-                    || !matches!(w, Background::Evict | Background::ReleaseTokens)
+            background.into_iter().partition(|(_, w, _)| match w {
+                Background::Evict | Background::ReleaseTokens => config.concurrent_release,
+                Background::Steal { .. } => config.steal_concurrent,
+                _ => true,
             });
         run_step(
             cluster,
@@ -358,19 +368,19 @@ fn drive(
 }
 
 /// The background work of one step, at random nodes and times: what the daemon's
-/// worker threads would be doing, and (`steal`) the token thief.
+/// worker threads would be doing, and (`steal`) the token thief. Drawn from its own
+/// stream, so switching background work or the thief leaves the operations alone.
 fn background_for(
     config: &SeedConfig,
-    workload: &mut Workload,
+    rng: &mut SimRng,
     model: &Model,
     steal_allowed: bool,
 ) -> Vec<(u32, Background, u64)> {
     let nodes = config.cluster.nodes;
     let prefetch = config.prefetch || config.cluster.thief == Thief::Off;
     let mut out = Vec::new();
-    if workload.rng().chance(config.background_probability) {
-        for _ in 0..1 + workload.rng().below(2) {
-            let rng = workload.rng();
+    if rng.chance(config.background_probability) {
+        for _ in 0..1 + rng.below(2) {
             let node = rng.below(nodes as u64) as u32;
             let work = match rng.below(20) {
                 0..=6 => Background::WriteBehind(1 + rng.below(8) as usize),
@@ -385,34 +395,38 @@ fn background_for(
             out.push((node, work, rng.below(300)));
         }
     }
-    if steal_allowed
-        && config.cluster.thief != Thief::Off
-        && workload.rng().chance(config.steal_probability)
-    {
-        let whole = config.cluster.thief == Thief::Whole;
+    if steal_allowed && config.cluster.thief != Thief::Off && rng.chance(config.steal_probability) {
         let block = config.cluster.block_bytes as u64;
-        if let Some(s) = steal(model, workload.rng(), block, whole) {
-            let delay = workload.rng().below(300);
+        let inode = 4096;
+        if let Some(s) = steal(model, rng, block, inode, config.cluster.thief) {
+            let delay = rng.below(300);
             out.push((0, s, delay));
         }
     }
     out
 }
 
-/// A data range of a random file for the token thief: a few blocks, sometimes the
-/// whole file.
-fn steal(model: &Model, rng: &mut crate::SimRng, block: u64, whole: bool) -> Option<Background> {
+/// What the token thief takes this time: the data token of a random file, whole or
+/// (`Thief::Ranges`) sometimes a few blocks of it.
+fn steal(
+    model: &Model,
+    rng: &mut SimRng,
+    block: u64,
+    inode_bytes: u64,
+    thief: Thief,
+) -> Option<Background> {
     let files: Vec<(u64, u64)> = model
         .inodes
         .values()
         .filter(|i| i.kind == Kind::File)
+        .filter(|i| thief != Thief::Large || i.size() > inode_bytes)
         .filter_map(|i| i.real.map(|r| (r, i.size())))
         .collect();
     if files.is_empty() {
         return None;
     }
     let (ino, size) = files[rng.below(files.len() as u64) as usize];
-    if whole || rng.chance(0.2) {
+    if thief != Thief::Ranges || rng.chance(0.2) {
         return Some(Background::Steal {
             ino,
             start: 0,
@@ -753,6 +767,7 @@ pub fn replay_command(test: &str, nodes: u32, seed: u64, ignored: bool) -> Strin
         "MAKO_SIM_SKIP_CHECKS",
         "MAKO_SIM_PREFETCH",
         "MAKO_SIM_CONCURRENT_RELEASE",
+        "MAKO_SIM_STEAL_CONCURRENT",
         "MAKO_SIM_NO_CHECKS",
     ] {
         if let Ok(v) = std::env::var(name) {

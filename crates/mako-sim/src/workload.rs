@@ -118,10 +118,6 @@ impl Workload {
         }
     }
 
-    pub fn rng(&mut self) -> &mut SimRng {
-        &mut self.rng
-    }
-
     fn node(&mut self) -> u32 {
         self.rng.below(self.nodes as u64) as u32
     }

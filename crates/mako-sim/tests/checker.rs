@@ -13,7 +13,7 @@ const SEEDS_MAX: u64 = 40;
 
 fn config(seed: u64, fault: RevokeFault) -> SeedConfig {
     let mut c = SeedConfig::new(seed, 1);
-    c.cluster.thief = Thief::Whole;
+    c.cluster.thief = Thief::Large;
     c.revoke_fault = fault;
     c
 }
