@@ -381,7 +381,8 @@ pub fn plan_create(
         avoid_dir_fragments: args.avoid_dir_fragments,
         dir_pre_split_levels: args.pre_split_levels,
         regions: None,
-        nodes: 1,
+        log_count: 1,
+        reproducible: None,
     };
     Ok((params, chosen, mountpoint))
 }

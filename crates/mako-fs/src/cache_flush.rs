@@ -11,6 +11,31 @@ use mako_token::{ByteRange, NodeId, ResourceId, ResourceKind, TokenError, TokenM
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock, Weak};
 
+/// TEST ONLY: ways to break a revoke on purpose, for the tests that prove the cluster
+/// simulation (`mako-sim`) catches a broken one. Stored in `Core::revoke_fault`, which
+/// every real mount leaves at `None`; nothing but those tests sets it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RevokeFault {
+    /// Revokes work as they must.
+    None = 0,
+    /// A data revoke drops the dirty buffers without writing them back (lost writes).
+    SkipWriteBack = 1,
+    /// A data revoke writes back but keeps the cached buffers (a missing invalidation:
+    /// the node goes on serving data it no longer holds a token for).
+    KeepCachedData = 2,
+}
+
+impl RevokeFault {
+    fn of(core: &Core) -> RevokeFault {
+        match core.revoke_fault.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => RevokeFault::SkipWriteBack,
+            2 => RevokeFault::KeepCachedData,
+            _ => RevokeFault::None,
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct FsCacheFlush {
     core: OnceLock<Weak<Core>>,
@@ -132,9 +157,10 @@ fn revoke_data(
     } else {
         range.end.div_ceil(bb)
     };
+    let fault = RevokeFault::of(core);
     if let Some(h) = core.cached_handle(ino) {
         for (_, b) in core.pool.keys_of(ino, true) {
-            if b >= first && b < last {
+            if b >= first && b < last && fault != RevokeFault::SkipWriteBack {
                 file_io::flush_block(core, &h, b)?;
             }
         }
@@ -146,7 +172,7 @@ fn revoke_data(
             }
         }
     }
-    if keep.is_none() {
+    if keep.is_none() && fault != RevokeFault::KeepCachedData {
         core.alloc
             .unreserve(core.pool.remove_from_range(ino, first, last));
         let (off, len) = if range.end == u64::MAX {

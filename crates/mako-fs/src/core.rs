@@ -460,6 +460,10 @@ pub struct Core {
     pub journal: Journal,
     /// Inode-file chunks missed recently (a set and its insertion order).
     chunk_misses: Mutex<(FastSet<u64>, std::collections::VecDeque<u64>)>,
+    /// TEST ONLY: a deliberately broken revoke (`cache_flush::RevokeFault`), so that
+    /// the cluster simulation can prove its checker catches one. 0 (none) unless a
+    /// test stores another value; read once per revoke.
+    pub revoke_fault: std::sync::atomic::AtomicU8,
 }
 
 /// The mount's read-only state: once set (damage, a failed commit), nothing more is
@@ -567,6 +571,7 @@ impl Core {
             inode_file_grow: CountedMutex::new(&INODE_FILE_GROW_LOCK, ()),
             journal,
             chunk_misses: Mutex::new(Default::default()),
+            revoke_fault: std::sync::atomic::AtomicU8::new(0),
         }
     }
 

@@ -219,6 +219,8 @@ impl FileSystem {
     /// inode. A shape change found later asks for more (`directory::cover_structure`).
     fn need_parent(&self, p: &Arc<InodeHandle>, name: &[u8]) -> FsResult<()> {
         crate::metanode::prepare(&self.core, p)?;
+        // Not a directory (any more): said before its "names" are looked for.
+        self.live_dir(&p.state.read())?;
         let inline = matches!(p.state.read().inode.content, InodeContent::InlineDir(_));
         self.need(p.ino, if inline { Need::Exclusive } else { Need::Write })?;
         crate::metanode::prepare(&self.core, p)?;
@@ -570,6 +572,15 @@ impl FileSystem {
             directory::check_name(newname)?;
             let p = self.handle(newparent)?;
             let c = self.handle(ino)?;
+            if ino == newparent {
+                // Linking an inode into itself: refused before its lock is taken twice.
+                // A directory cannot be hard-linked; anything else is not a directory.
+                return Err(if is_dir_mode(c.state.read().inode.mode) {
+                    FsError::Perm("hard links to directories are not allowed".into())
+                } else {
+                    FsError::NotDir(format!("inode {ino}"))
+                });
+            }
             self.need_parent(&p, newname)?;
             self.need(ino, Need::Exclusive)?;
             let _tx = self.core.begin();
@@ -845,6 +856,20 @@ impl FileSystem {
                 if d.ino == src.ino {
                     return Ok(()); // two names of one inode: POSIX says do nothing
                 }
+                if up1.contains(&d.ino) && flags & (EXCHANGE | NOREPLACE) == 0 {
+                    // The target is the source's parent or one of its ancestors: a
+                    // directory that is not empty (it holds the source), as Linux
+                    // answers. Refused here, before the target's lock is taken: it may
+                    // be the source parent's, which this thread already holds.
+                    return Err(FsError::NotEmpty(String::from_utf8_lossy(n2).into_owned()));
+                }
+            }
+            if src.kind == dtype(S_IFDIR) && p1 != p2 && up2.contains(&src.ino) {
+                // Into itself, or below itself. Refused before the source's handle is
+                // looked at: it may be the target parent, whose lock this thread holds.
+                return Err(FsError::Invalid(
+                    "cannot move a directory into itself".into(),
+                ));
             }
             let src_h = self.handle(src.ino)?;
             self.need(src.ino, Need::Exclusive)?;
@@ -896,11 +921,6 @@ impl FileSystem {
                 if d.kind == dtype(S_IFDIR) {
                     self.need_names(d.ino, TokenMode::Xw)?;
                 }
-            }
-            if src_is_dir && p1 != p2 && up2.contains(&src.ino) {
-                return Err(FsError::Invalid(
-                    "cannot move a directory into itself".into(),
-                ));
             }
             let t = self.core.now();
             if flags & EXCHANGE != 0 {

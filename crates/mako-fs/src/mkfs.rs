@@ -36,13 +36,46 @@ pub struct MkfsParams {
     pub avoid_dir_fragments: bool,
     pub dir_pre_split_levels: u8,
     pub regions: Option<u32>,
-    /// Nodes that may mount the file system: one recovery log each.
-    pub nodes: u32,
+    /// Recovery logs to create: one per node that may mount the file system (node `n`
+    /// uses log `n`; like mmcrfs -n it bounds the cluster). 1 to `LOGS_MAX`.
+    pub log_count: u32,
+    /// Reproducible formatting for simulations and tests that must replay bit-for-bit:
+    /// UUIDs derived from a seed and one fixed time for every timestamp mkfs writes.
+    /// `None` (the default, and what `mako fs create` uses): random UUIDs and the
+    /// host's clock.
+    pub reproducible: Option<Reproducible>,
 }
 
-/// Most recovery logs a file system has: the system inodes between the first log and
-/// the first user inode.
-pub const NODES_MAX: u32 = (FIRST_USER_INO - LOG_FIRST_INO) as u32;
+/// What a reproducible format takes instead of randomness and the clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reproducible {
+    /// Every UUID (file system, disks) is derived from this seed.
+    pub uuid_seed: u64,
+    /// Creation time, root directory and metadata-file timestamps.
+    pub time: mako_format::inode::Timestamp,
+}
+
+impl Reproducible {
+    /// The `index`-th UUID of this format: a SplitMix64 stream, so distinct indices
+    /// give distinct UUIDs.
+    fn uuid(&self, index: u64) -> [u8; 16] {
+        let mix = |mut z: u64| {
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
+        const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+        let base = self
+            .uuid_seed
+            .wrapping_add(index.wrapping_mul(2).wrapping_mul(GOLDEN));
+        let a = mix(base.wrapping_add(GOLDEN));
+        let b = mix(base.wrapping_add(GOLDEN.wrapping_mul(2)));
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&a.to_le_bytes());
+        out[8..].copy_from_slice(&b.to_le_bytes());
+        out
+    }
+}
 
 impl Default for MkfsParams {
     fn default() -> Self {
@@ -62,7 +95,8 @@ impl Default for MkfsParams {
             avoid_dir_fragments: false,
             dir_pre_split_levels: 0,
             regions: None,
-            nodes: 1,
+            log_count: 1,
+            reproducible: None,
         }
     }
 }
@@ -97,6 +131,9 @@ pub const FIRST_USER_INO: u64 = 16;
 pub const INODES_PER_SEGMENT: u32 = 32768;
 /// Default number of allocation regions.
 pub const REGIONS_DEFAULT: u32 = 32;
+/// Most recovery logs (nodes): their inodes lie between the log's first inode and
+/// the first user inode.
+pub const LOGS_MAX: u32 = (FIRST_USER_INO - LOG_FIRST_INO) as u32;
 
 fn range_err(what: &str, v: impl std::fmt::Display, range: &str) -> FsError {
     FsError::Invalid(format!("{what} {v} is out of range ({range})"))
@@ -161,20 +198,19 @@ pub fn validate(params: &MkfsParams) -> FsResult<Geometry> {
             ),
         ));
     }
-    if params.nodes == 0 || params.nodes > NODES_MAX {
+    if !(1..=LOGS_MAX).contains(&params.log_count) {
         return Err(range_err(
-            "nodes (-n)",
-            params.nodes,
-            &format!("1..{NODES_MAX}"),
+            "number of recovery logs (nodes)",
+            params.log_count,
+            &format!("1..{LOGS_MAX}"),
         ));
     }
     // Recovery finds the logs' inodes in the first block of the inode file.
-    if (LOG_FIRST_INO + params.nodes as u64) * params.inode_bytes as u64 > params.block_bytes as u64
-    {
+    let logs_end = LOG_FIRST_INO + params.log_count as u64;
+    if logs_end * params.inode_bytes as u64 > params.block_bytes as u64 {
         return Err(FsError::Invalid(format!(
-            "inode size {} with block size {}: the inodes of {} recovery logs must lie in the first block; \
-             use fewer nodes or a larger block size",
-            params.inode_bytes, params.block_bytes, params.nodes
+            "inode size {} with block size {}: the recovery logs' inodes must lie in the first block",
+            params.inode_bytes, params.block_bytes
         )));
     }
     if params.dir_pre_split_levels > 10 {
@@ -227,7 +263,10 @@ pub fn format_disks(
         }
         entries.push(DiskEntry {
             index: i as u32,
-            uuid: *uuid::Uuid::new_v4().as_bytes(),
+            uuid: match &params.reproducible {
+                Some(r) => r.uuid(1 + i as u64),
+                None => *uuid::Uuid::new_v4().as_bytes(),
+            },
             name: m.name.clone(),
             size_bytes: blocks * bb,
             pool: m.pool.clone(),
@@ -260,11 +299,18 @@ pub fn format_disks(
         .inodes_max
         .unwrap_or((total / (16 << 10)).clamp(65536, 1 << 32))
         .max(FIRST_USER_INO + 64);
+    let now = || match &params.reproducible {
+        Some(r) => r.time,
+        None => system_now(),
+    };
     let desc = Descriptor {
         version: mako_format::FORMAT_VERSION,
         generation: 1,
         fs_name: params.name.clone(),
-        fs_uuid: *uuid::Uuid::new_v4().as_bytes(),
+        fs_uuid: match &params.reproducible {
+            Some(r) => r.uuid(0),
+            None => *uuid::Uuid::new_v4().as_bytes(),
+        },
         geometry: geo,
         default_metadata_replicas: params.default_metadata_replicas,
         max_metadata_replicas: params.max_metadata_replicas,
@@ -277,7 +323,7 @@ pub fn format_disks(
         inodes_max,
         regions,
         inodes_per_segment: INODES_PER_SEGMENT,
-        created_unix: system_now().sec,
+        created_unix: now().sec,
         mounted: false,
         metadata_inodes: MetadataInodes {
             inode_file: INODE_FILE_INO,
@@ -285,7 +331,7 @@ pub fn format_disks(
             block_alloc_map: BLOCK_ALLOC_MAP_INO,
             inode_alloc_map: INODE_ALLOC_MAP_INO,
             log_first: LOG_FIRST_INO,
-            log_count: params.nodes,
+            log_count: params.log_count,
             first_user_inode: FIRST_USER_INO,
         },
         inode_file_start: DiskAddress::new(0, 1),
@@ -324,7 +370,7 @@ pub fn format_disks(
     for ino in 0..FIRST_USER_INO {
         core.imap.mark_used(ino)?;
     }
-    let t = system_now();
+    let t = now();
     let slot_alloc = core.alloc_slot_bytes as u64;
     let slot_imap = core.imap.slot_bytes() as u64;
     let nseg = InodeMap::segment_count(inodes_max, INODES_PER_SEGMENT) as u64;
@@ -333,9 +379,8 @@ pub fn format_disks(
         (BLOCK_ALLOC_MAP_INO, regions as u64 * slot_alloc),
         (INODE_ALLOC_MAP_INO, nseg * slot_imap),
     ];
-    for n in 0..params.nodes as u64 {
-        metafiles.push((LOG_FIRST_INO + n, params.log_bytes));
-    }
+    let logs = LOG_FIRST_INO..LOG_FIRST_INO + params.log_count as u64;
+    metafiles.extend(logs.clone().map(|ino| (ino, params.log_bytes)));
     let mut handles = Vec::new();
     for (ino, bytes) in metafiles {
         let mut inode = Inode::new(ino, 0o100000);
@@ -378,20 +423,19 @@ pub fn format_disks(
             ino: 0,
         },
     )?;
-    for n in 0..params.nodes {
+    for (node, log_ino) in logs.enumerate() {
         let log = LogHeader {
-            node: n,
+            node: node as u32,
             log_bytes: params.log_bytes,
             tail_lsn: 0,
             head_lsn: 0,
             clean: true,
         };
-        let ino = LOG_FIRST_INO + n as u64;
         for off in mako_format::log_header::LOG_HEADER_OFFSETS {
-            core.metafile_write(ino, off, &log.encode(), BufferType::Log)?;
+            core.metafile_write(log_ino, off, &log.encode(), BufferType::Log)?;
         }
         core.metafile_write(
-            ino,
+            log_ino,
             mako_format::log_header::LOG_RECORDS_OFFSET,
             &[0u8; 4096],
             BufferType::Log,

@@ -297,6 +297,12 @@ impl PagePool {
             .map(|(k, _)| k.1)
     }
 
+    /// Every cached buffer's key, in order (diagnostics; the simulation's check that
+    /// cached data lies under a token).
+    pub fn keys(&self) -> Vec<BufferKey> {
+        self.map.lock().keys().copied().collect()
+    }
+
     /// Every dirty buffer key, oldest clock position first.
     pub fn dirty_keys(&self, max: usize) -> Vec<BufferKey> {
         let slots: Vec<(BufferKey, Arc<BufferSlot>)> = self

@@ -300,6 +300,63 @@ fn rename_semantics() {
     m.unmount().unwrap();
 }
 
+/// rename("a/inside", "a"): the target is the source's own parent. Linux answers
+/// ENOTEMPTY; the core used to lock the parent a second time and hang forever (found
+/// by the cluster simulation, seed 64); link(2) of an inode into itself did the same
+/// (seed 99). Run on a thread with a deadline so that a regression fails instead of
+/// hanging the test run.
+#[test]
+fn operations_that_name_one_inode_twice_do_not_hang() {
+    let disks = MemDisks::new(1, 64 << 20);
+    disks.format(&small_params());
+    let m = disks.mount(small_config());
+    let fs = m.fs.clone();
+    let a = fs.mkdir(C, ROOT_INO, b"a", 0o755, 0).unwrap();
+    let b = fs.mkdir(C, a.ino, b"b", 0o755, 0).unwrap();
+    fs.create(C, a.ino, b"inside", 0o644, 0, true).unwrap();
+    fs.create(C, b.ino, b"deeper", 0o644, 0, true).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let fs2 = fs.clone();
+    let f = fs.lookup(a.ino, b"inside").unwrap();
+    std::thread::spawn(move || {
+        // link(2) of a directory into itself, and of a file "into" itself, took the
+        // inode's lock twice too (seed 99).
+        assert!(matches!(
+            fs2.link(a.ino, a.ino, b"self"),
+            Err(FsError::Perm(_))
+        ));
+        assert!(matches!(
+            fs2.link(f.ino, f.ino, b"self"),
+            Err(FsError::NotDir(_))
+        ));
+        let parent = fs2.rename(a.ino, b"inside", ROOT_INO, b"a", 0);
+        let grandparent = fs2.rename(b.ino, b"deeper", ROOT_INO, b"a", 0);
+        let noreplace = fs2.rename(a.ino, b"inside", ROOT_INO, b"a", 1);
+        // rename("a", "a/a"): the source is the target's parent (seed 1 of the
+        // simulation after the merge of the token-covered core).
+        let into_itself = fs2.rename(ROOT_INO, b"a", a.ino, b"a", 0);
+        assert!(
+            matches!(into_itself, Err(FsError::Invalid(_))),
+            "{into_itself:?}"
+        );
+        let _ = tx.send((parent, grandparent, noreplace));
+    });
+    let (parent, grandparent, noreplace) = rx
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("an operation naming one inode twice hung");
+    assert!(matches!(parent, Err(FsError::NotEmpty(_))), "{parent:?}");
+    assert!(
+        matches!(grandparent, Err(FsError::NotEmpty(_))),
+        "{grandparent:?}"
+    );
+    assert!(
+        matches!(noreplace, Err(FsError::Exists(_))),
+        "{noreplace:?}"
+    );
+    assert!(fs.lookup(a.ino, b"inside").is_ok());
+    m.unmount().unwrap();
+}
+
 #[test]
 fn full_file_system_gives_enospc_and_stays_consistent() {
     let disks = MemDisks::new(1, 8 << 20);

@@ -29,7 +29,7 @@ impl TwoNodes {
     fn new(n: u32) -> TwoNodes {
         let disks = MemDisks::new(4, 64 << 20);
         disks.format(&MkfsParams {
-            nodes: n,
+            log_count: n,
             ..small_params()
         });
         let registry = Registry::new();

@@ -215,9 +215,13 @@ pub fn run(
     let done = AtomicU64::new(0);
     let running = AtomicUsize::new(threads.max(1));
     let results: Vec<Mutex<Option<ChunkOut>>> = (0..nchunks).map(|_| Mutex::new(None)).collect();
+    // The coordinator reports progress every tick and is woken as soon as the last
+    // worker ends (a small file system is scanned in well under a tick).
+    let coordinator = std::thread::current();
     std::thread::scope(|s| {
         for t in 0..threads.max(1) {
             let (sc, next, done, running, results) = (&sc, &next, &done, &running, &results);
+            let coordinator = coordinator.clone();
             std::thread::Builder::new()
                 .name(format!("fsck-scan-{t}"))
                 .spawn_scoped(s, move || {
@@ -233,12 +237,13 @@ pub fn run(
                         done.fetch_add(last - first, Ordering::Relaxed);
                     }
                     running.fetch_sub(1, Ordering::Release);
+                    coordinator.unpark();
                 })
                 .expect("spawning a scan thread");
         }
         while running.load(Ordering::Acquire) > 0 {
             progress.update(Phase::Inodes, done.load(Ordering::Relaxed), slots);
-            std::thread::sleep(Duration::from_millis(TICK_MS));
+            std::thread::park_timeout(Duration::from_millis(TICK_MS));
         }
     });
     progress.update(Phase::Inodes, done.load(Ordering::Relaxed), slots);

@@ -11,11 +11,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Latency of one message, drawn uniformly from `[min, max]` per message.
+/// Latency of one message, drawn uniformly from `[min, max]` per message; with
+/// probability `spike_probability` a message is slow instead (up to `spike_max`: a
+/// congested link, a retransmission), so that many others overtake it.
 #[derive(Clone, Copy, Debug)]
 pub struct NetConfig {
     pub latency_min: Duration,
     pub latency_max: Duration,
+    pub spike_probability: f64,
+    pub spike_max: Duration,
 }
 
 impl Default for NetConfig {
@@ -23,6 +27,8 @@ impl Default for NetConfig {
         NetConfig {
             latency_min: Duration::from_micros(20),
             latency_max: Duration::from_micros(300),
+            spike_probability: 0.02,
+            spike_max: Duration::from_millis(3),
         }
     }
 }
@@ -89,9 +95,15 @@ impl SimNet {
     }
 
     fn latency(&self) -> Duration {
-        let lo = self.config.latency_min.as_nanos() as u64;
-        let hi = self.config.latency_max.as_nanos() as u64;
-        Duration::from_nanos(self.rng.lock().range(lo, hi.max(lo)))
+        let c = &self.config;
+        let lo = c.latency_min.as_nanos() as u64;
+        let hi = c.latency_max.as_nanos() as u64;
+        let mut rng = self.rng.lock();
+        if c.spike_probability > 0.0 && rng.chance(c.spike_probability) {
+            let top = (c.spike_max.as_nanos() as u64).max(hi);
+            return Duration::from_nanos(rng.range(hi, top));
+        }
+        Duration::from_nanos(rng.range(lo, hi.max(lo)))
     }
 
     fn count(&self, from: NodeId, service: Option<ServiceId>, bytes: usize) {

@@ -96,6 +96,8 @@ fn run_seed(seed: u64, nodes: u32, ops_per_worker: u32) -> Result<(), String> {
         NetConfig {
             latency_min: Duration::from_micros(10),
             latency_max: Duration::from_micros(500),
+            spike_probability: 0.0,
+            spike_max: Duration::ZERO,
         },
     );
     let manager = Arc::new(TokenManager::default());

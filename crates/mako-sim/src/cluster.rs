@@ -1,0 +1,368 @@
+//! A simulated cluster: one small Mako file system formatted on `SimDisk`s, the token
+//! manager on node 0, and N nodes mounted with `mako_fs::mount::mount_node` over the
+//! simulated network and clock. The daemon's background threads do not run here;
+//! the simulation drives their work itself (`Background`) at seeded times, so every
+//! write-back, commit, checkpoint and eviction is part of the replayable schedule.
+
+use crate::clock::{SimClock, SIM_EPOCH};
+use crate::disk::{DiskLatency, SimDisk};
+use crate::net::{NetConfig, SimNet};
+use crate::sched::Sim;
+use mako_disk::Disk;
+use mako_fs::core::{Core, FsConfig, INODE_CACHE_KEY};
+use mako_fs::env::NodeEnv;
+use mako_fs::error::{FsError, FsResult};
+use mako_fs::fs::FileSystem;
+use mako_fs::mkfs::{DiskMeta, MkfsParams, Reproducible};
+use mako_fs::mount::Mounted;
+use mako_rt::{NodeId, ServiceId};
+use mako_token::{
+    ByteRange, ManagerMap, ManagerService, ResourceId, ResourceKind, TokenClient,
+    TokenClientLimits, TokenManager, TokenManagerLimits, TokenMode,
+};
+use parking_lot::Mutex;
+use std::sync::Arc;
+
+/// The shape of a simulated cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub nodes: u32,
+    pub disks: u32,
+    pub disk_bytes: u64,
+    pub block_bytes: u32,
+    pub log_bytes: u64,
+    pub pagepool_bytes: u64,
+    /// Small, so that eviction and the stat cache's token releases happen.
+    pub max_files_to_cache: usize,
+    pub max_stat_cache: usize,
+    pub net: NetConfig,
+    pub disk_latency: DiskLatency,
+    /// The token thief: a phantom node (number `nodes`, never mounted) that takes
+    /// data tokens away from the nodes as another node's write would, and gives them
+    /// back at once. It makes revokes happen even with one node.
+    pub thief: Thief,
+}
+
+/// What the token thief steals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Thief {
+    Off,
+    /// The whole data token of a file larger than an inode (whose data cannot be
+    /// inline in it).
+    Large,
+    /// The whole data token of any file.
+    Whole,
+    /// A file's whole data token, or a range of a few blocks (a node then holds parts
+    /// of a file's data, as when several nodes write one file).
+    Ranges,
+}
+
+impl Thief {
+    /// `MAKO_SIM_THIEF=off|large|whole|ranges`, or `default`.
+    pub fn from_env(default: Thief) -> Thief {
+        match std::env::var("MAKO_SIM_THIEF").as_deref() {
+            Ok("off") => Thief::Off,
+            Ok("large") => Thief::Large,
+            Ok("whole") => Thief::Whole,
+            Ok("ranges") => Thief::Ranges,
+            Ok(other) => panic!("MAKO_SIM_THIEF={other:?}: off, large, whole or ranges"),
+            Err(_) => default,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// The simulation's usual cluster: three 32 MiB disks (memory is only used where
+    /// written), 64 KiB blocks, a 2 MiB pagepool.
+    pub fn small(nodes: u32) -> ClusterConfig {
+        ClusterConfig {
+            nodes,
+            disks: 3,
+            disk_bytes: 32 << 20,
+            block_bytes: 64 << 10,
+            log_bytes: 1 << 20,
+            pagepool_bytes: 2 << 20,
+            max_files_to_cache: 24,
+            max_stat_cache: 16,
+            net: NetConfig::default(),
+            disk_latency: DiskLatency::default(),
+            // Not `Whole` yet: an operation that moves a small file's inline data into a
+            // block without its data token (setxattr, seed 1664 with
+            // MAKO_SIM_THIEF=whole) fails the buffer check.
+            thief: Thief::from_env(Thief::Large),
+        }
+    }
+
+    pub fn mkfs_params(&self, seed: u64) -> MkfsParams {
+        MkfsParams {
+            name: "sim".into(),
+            block_bytes: self.block_bytes,
+            indirect_bytes: 4096,
+            inode_bytes: 4096,
+            inodes_max: Some(100_000),
+            log_bytes: self.log_bytes,
+            regions: Some(8),
+            log_count: self.nodes,
+            reproducible: Some(Reproducible {
+                uuid_seed: seed,
+                time: mako_fs::core::timestamp(SIM_EPOCH),
+            }),
+            ..MkfsParams::default()
+        }
+    }
+
+    pub fn fs_config(&self) -> FsConfig {
+        FsConfig {
+            pagepool_bytes: self.pagepool_bytes,
+            max_files_to_cache: self.max_files_to_cache,
+            max_stat_cache: self.max_stat_cache,
+            prefetch_threads: 1,
+            writebehind_threads: 1,
+            sync_interval_secs: 3600,
+            iohist_size: 16,
+            background_workers: false,
+            ..FsConfig::default()
+        }
+    }
+}
+
+/// Background work of one node, as the daemon's worker threads would do it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Background {
+    /// Write back up to this many dirty blocks (queued complete blocks first).
+    WriteBehind(usize),
+    /// Read up to this many queued prefetch blocks.
+    Prefetch(usize),
+    /// Commit the running log transaction.
+    Commit,
+    /// Write back every dirty block, then commit (the sync thread's interval work).
+    Sync,
+    /// Write committed images in place and free log space.
+    Checkpoint,
+    /// Evict inodes over `maxFilesToCache` (and give back tokens the stat cache drops).
+    Evict,
+    /// Give back the tokens of inodes nothing uses any more.
+    ReleaseTokens,
+    /// The token thief takes `xw` over `[start, end)` of inode `ino`'s data (revoking
+    /// it from every node that holds it) and gives it back.
+    Steal { ino: u64, start: u64, end: u64 },
+}
+
+pub struct SimCluster {
+    pub sim: Sim,
+    pub config: ClusterConfig,
+    pub net: Arc<SimNet>,
+    pub clock: Arc<SimClock>,
+    pub disks: Vec<Arc<SimDisk>>,
+    pub manager: Arc<TokenManager>,
+    /// The token thief's client (see `ClusterConfig::thief`).
+    pub thief: Option<TokenClient>,
+    /// Mounted nodes by node number (None before mount and after unmount).
+    mounted: Mutex<Vec<Option<Mounted>>>,
+}
+
+impl SimCluster {
+    /// Format the file system (outside the simulation: no time passes) and set up the
+    /// network and the token manager. Nodes mount later, from a task (`mount`).
+    pub fn new(sim: &Sim, config: ClusterConfig) -> Result<Arc<SimCluster>, String> {
+        let disks: Vec<Arc<SimDisk>> = (0..config.disks)
+            .map(|i| {
+                Arc::new(SimDisk::new(
+                    &format!("d{i}"),
+                    config.disk_bytes,
+                    config.disk_latency,
+                    sim.fork_rng(),
+                ))
+            })
+            .collect();
+        let meta: Vec<DiskMeta> = (0..config.disks)
+            .map(|i| DiskMeta {
+                name: format!("d{i}"),
+                pool: "system".into(),
+                failure_group: i as i32 + 1,
+                usage: mako_format::disk_header::DiskUsage::DataAndMetadata,
+            })
+            .collect();
+        let dyn_disks: Vec<Arc<dyn Disk>> =
+            disks.iter().map(|d| d.clone() as Arc<dyn Disk>).collect();
+        mako_fs::mkfs::format_disks(dyn_disks, &meta, &config.mkfs_params(sim.seed()))
+            .map_err(|e| format!("mkfs on the simulated disks: {e}"))?;
+        let net = SimNet::new(sim, config.net);
+        let manager = Arc::new(TokenManager::new(TokenManagerLimits {
+            tokens_max: 10_000_000,
+        }));
+        net.registry().register(
+            NodeId(0),
+            ServiceId::TokenManager,
+            Arc::new(ManagerService {
+                manager: manager.clone(),
+            }),
+        );
+        let nodes = config.nodes as usize;
+        let thief = (config.thief != Thief::Off).then(|| {
+            let id = NodeId(config.nodes);
+            let client = TokenClient::new(
+                id,
+                net.transport(id),
+                ManagerMap::single(NodeId(0)),
+                TokenClientLimits::default(),
+            );
+            net.registry()
+                .register(id, ServiceId::TokenClient, client.service());
+            client
+        });
+        Ok(Arc::new(SimCluster {
+            sim: sim.clone(),
+            clock: Arc::new(SimClock::new(sim)),
+            config,
+            net,
+            disks,
+            manager,
+            thief,
+            mounted: Mutex::new((0..nodes).map(|_| None).collect()),
+        }))
+    }
+
+    pub fn dyn_disks(&self) -> Vec<Arc<dyn Disk>> {
+        self.disks
+            .iter()
+            .map(|d| d.clone() as Arc<dyn Disk>)
+            .collect()
+    }
+
+    /// How node `node` reaches the cluster.
+    pub fn env(&self, node: u32) -> NodeEnv {
+        NodeEnv {
+            node,
+            fs_index: 0,
+            clock: self.clock.clone(),
+            transport: self.net.transport(NodeId(node)),
+            managers: ManagerMap::single(NodeId(0)),
+            fs_manager: NodeId(0),
+            registry: Some(self.net.registry().clone()),
+        }
+    }
+
+    /// Mount node `node` (from a simulated task).
+    pub fn mount(&self, node: u32) -> FsResult<()> {
+        let m =
+            mako_fs::mount::mount_node(self.dyn_disks(), self.config.fs_config(), self.env(node))?;
+        self.mounted.lock()[node as usize] = Some(m);
+        Ok(())
+    }
+
+    /// The file system as node `node` sees it.
+    pub fn fs(&self, node: u32) -> Option<FileSystem> {
+        self.mounted.lock()[node as usize]
+            .as_ref()
+            .map(|m| m.fs.clone())
+    }
+
+    /// The core of every mounted node, by node number.
+    pub fn cores(&self) -> Vec<(u32, Arc<Core>)> {
+        self.mounted
+            .lock()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| m.as_ref().map(|m| (i as u32, m.core().clone())))
+            .collect()
+    }
+
+    /// Unmount node `node` cleanly (from a simulated task).
+    pub fn unmount(&self, node: u32) -> FsResult<()> {
+        let m = self.mounted.lock()[node as usize].take();
+        match m {
+            Some(m) => m.unmount(),
+            None => Ok(()),
+        }
+    }
+
+    /// Forget every node without unmounting (after a failure: like a crash, nothing
+    /// more is written).
+    pub fn abandon(&self) {
+        let all: Vec<Option<Mounted>> = std::mem::take(&mut *self.mounted.lock());
+        drop(all);
+    }
+
+    /// Do one piece of background work on `node`.
+    pub fn background(&self, node: u32, work: Background) -> FsResult<()> {
+        if let Background::Steal { ino, start, end } = work {
+            let Some(thief) = &self.thief else {
+                return Ok(());
+            };
+            let resource = ResourceId::new(0, ResourceKind::ByteRange, ino);
+            let range = ByteRange::new(start, end);
+            let e = |e: mako_token::TokenError| FsError::Token(format!("token thief: {e}"));
+            thief
+                .acquire(resource, TokenMode::Xw, range, range)
+                .map_err(e)?;
+            mako_diag::sched::sleep(std::time::Duration::from_micros(50));
+            return thief.release(resource, range).map_err(e);
+        }
+        let Some(fs) = self.fs(node) else {
+            return Ok(());
+        };
+        let core = &fs.core;
+        match work {
+            Background::WriteBehind(max) => {
+                let mut keys: Vec<(u64, u64)> = Vec::new();
+                while keys.len() < max {
+                    match core.flushq.lock().pop_front() {
+                        Some(k) => keys.push(k),
+                        None => break,
+                    }
+                }
+                if keys.len() < max {
+                    keys.extend(
+                        core.pool
+                            .dirty_keys(max)
+                            .into_iter()
+                            .filter(|(ino, _)| *ino != INODE_CACHE_KEY)
+                            .take(max - keys.len()),
+                    );
+                }
+                for (ino, b) in keys {
+                    if let Some(h) = core.cached_handle(ino) {
+                        match mako_fs::file_io::flush_block(core, &h, b) {
+                            // As the write-behind thread: space freed but waiting for a
+                            // checkpoint is made usable, then the block is tried again.
+                            Err(FsError::NoSpace(_)) if core.alloc.quarantined_subblocks() > 0 => {
+                                core.journal.quiesce(core)?;
+                                mako_fs::file_io::flush_block(core, &h, b)?;
+                            }
+                            r => r?,
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Background::Prefetch(max) => {
+                for _ in 0..max {
+                    let Some((ino, b)) = core.prefetchq.lock().pop_front() else {
+                        break;
+                    };
+                    if let Some(h) = core.cached_handle(ino) {
+                        mako_fs::file_io::prefetch_block(core, &h, b)?;
+                    }
+                }
+                Ok(())
+            }
+            Background::Commit => core.journal.commit(core),
+            Background::Sync => mako_fs::workers::sync_all(core),
+            Background::Checkpoint => core.journal.checkpoint(core),
+            Background::Evict => mako_fs::workers::evict_inodes(core),
+            Background::ReleaseTokens => mako_fs::workers::release_tokens(core),
+            Background::Steal { .. } => unreachable!("handled above"),
+        }
+    }
+
+    /// Check the unmounted file system with the offline fsck (after the run).
+    pub fn fsck(&self) -> Result<(), String> {
+        let opts = mako_fsck::Options::check().threads(1);
+        match mako_fsck::check_offline(self.dyn_disks(), &opts, &mako_fsck::NoProgress) {
+            Ok(r) if r.is_clean() => Ok(()),
+            Ok(r) => Err(format!("fsck found problems:\n{}", r.render())),
+            Err(e) => Err(format!("fsck could not check the file system: {e}")),
+        }
+    }
+}

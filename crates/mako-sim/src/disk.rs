@@ -1,0 +1,196 @@
+//! The simulated disk: an in-memory `mako_disk::Disk` whose reads, writes and syncs
+//! take seeded simulated time. One `SimDisk` is shared by every node of a simulated
+//! cluster (each node builds its own `LocalNsd` over the same `Arc`s), as the nodes of
+//! a real cluster share their disks over a SAN.
+//!
+//! An I/O happens at the end of its latency: a read returns what the disk holds at
+//! that moment, a write becomes visible to every node then. Writes are durable at
+//! once (this disk never loses a write; crashes are `CrashDisk`'s business). Outside
+//! a simulated task (formatting before the run, fsck after it) an I/O takes no time.
+
+use crate::rng::SimRng;
+use mako_disk::{Disk, DiskError};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Latency of each kind of I/O, drawn uniformly per I/O; with probability
+/// `spike_probability` an I/O is slow instead (up to `spike_max`: a busy disk, a
+/// remapped sector), so that other tasks run far ahead of it.
+#[derive(Clone, Copy, Debug)]
+pub struct DiskLatency {
+    pub read: (Duration, Duration),
+    pub write: (Duration, Duration),
+    pub sync: (Duration, Duration),
+    pub spike_probability: f64,
+    pub spike_max: Duration,
+}
+
+impl Default for DiskLatency {
+    fn default() -> Self {
+        DiskLatency {
+            read: (Duration::from_micros(20), Duration::from_micros(200)),
+            write: (Duration::from_micros(20), Duration::from_micros(300)),
+            sync: (Duration::from_micros(50), Duration::from_micros(500)),
+            spike_probability: 0.02,
+            spike_max: Duration::from_millis(5),
+        }
+    }
+}
+
+/// I/O counters of one disk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimDiskStats {
+    pub reads: u64,
+    pub writes: u64,
+    pub syncs: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+}
+
+pub struct SimDisk {
+    name: String,
+    size_bytes: u64,
+    latency: DiskLatency,
+    rng: Mutex<SimRng>,
+    /// The disk's bytes. Never held across a scheduling point (the latency is spent
+    /// before the lock is taken), so one task's I/O cannot block another's thread.
+    data: Mutex<Vec<u8>>,
+    reads: AtomicU64,
+    writes: AtomicU64,
+    syncs: AtomicU64,
+    read_bytes: AtomicU64,
+    write_bytes: AtomicU64,
+}
+
+impl SimDisk {
+    /// A zeroed disk (the memory is mapped lazily: untouched space costs nothing).
+    pub fn new(name: &str, size_bytes: u64, latency: DiskLatency, rng: SimRng) -> SimDisk {
+        SimDisk {
+            name: name.to_string(),
+            size_bytes,
+            latency,
+            rng: Mutex::new(rng),
+            data: Mutex::new(vec![0u8; size_bytes as usize]),
+            reads: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
+            read_bytes: AtomicU64::new(0),
+            write_bytes: AtomicU64::new(0),
+        }
+    }
+
+    pub fn stats(&self) -> SimDiskStats {
+        SimDiskStats {
+            reads: self.reads.load(Ordering::Relaxed),
+            writes: self.writes.load(Ordering::Relaxed),
+            syncs: self.syncs.load(Ordering::Relaxed),
+            read_bytes: self.read_bytes.load(Ordering::Relaxed),
+            write_bytes: self.write_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Spend the simulated time of one I/O (nothing outside a simulated task: the
+    /// random stream is then left alone too, so formatting and checking do not shift
+    /// the latencies a seed draws).
+    fn take_time(&self, (lo, hi): (Duration, Duration)) {
+        if !mako_diag::sched::active() {
+            return;
+        }
+        let lo = lo.as_nanos() as u64;
+        let hi = (hi.as_nanos() as u64).max(lo);
+        let d = {
+            let mut rng = self.rng.lock();
+            let spike = self.latency.spike_probability;
+            if spike > 0.0 && rng.chance(spike) {
+                rng.range(hi, (self.latency.spike_max.as_nanos() as u64).max(hi))
+            } else {
+                rng.range(lo, hi)
+            }
+        };
+        mako_diag::sched::sleep(Duration::from_nanos(d));
+    }
+
+    fn check(&self, op: &'static str, offset: u64, len: usize) -> Result<(), DiskError> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.size_bytes => Ok(()),
+            _ => Err(DiskError::OutOfRange {
+                disk: self.name.clone(),
+                op,
+                offset,
+                len,
+                size: self.size_bytes,
+            }),
+        }
+    }
+}
+
+impl Disk for SimDisk {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
+        self.check("read", offset, buf.len())?;
+        self.take_time(self.latency.read);
+        let data = self.data.lock();
+        buf.copy_from_slice(&data[offset as usize..offset as usize + buf.len()]);
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.read_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
+        self.check("write", offset, buf.len())?;
+        self.take_time(self.latency.write);
+        let mut data = self.data.lock();
+        data[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.write_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+    fn sync(&self) -> Result<(), DiskError> {
+        self.take_time(self.latency.sync);
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Sim, SimConfig};
+    use std::sync::Arc;
+
+    #[test]
+    fn io_takes_simulated_time_and_is_shared() {
+        let sim = Sim::new(1, SimConfig::default());
+        let disk = Arc::new(SimDisk::new(
+            "d0",
+            1 << 20,
+            DiskLatency::default(),
+            sim.fork_rng(),
+        ));
+        // Outside a task: no time passes, the bytes are there.
+        disk.write_at(&[7u8; 512], 4096).expect("write");
+        let d2 = disk.clone();
+        sim.spawn("io", move || {
+            let mut b = [0u8; 512];
+            d2.read_at(&mut b, 4096).expect("read");
+            assert_eq!(b, [7u8; 512]);
+            d2.write_at(&[9u8; 512], 0).expect("write");
+            d2.sync().expect("sync");
+        });
+        let r = sim.run().expect("run");
+        assert!(r.elapsed >= Duration::from_micros(90), "{:?}", r.elapsed);
+        let mut b = [0u8; 512];
+        disk.read_at(&mut b, 0).expect("read");
+        assert_eq!(b, [9u8; 512]);
+        let e = disk.read_at(&mut b, (1 << 20) - 100).unwrap_err();
+        assert!(e.to_string().contains("d0"), "{e}");
+        assert_eq!(disk.stats().writes, 2);
+    }
+}

@@ -1,0 +1,781 @@
+//! One seed of the cluster simulation from start to end, and many seeds in a row.
+//!
+//! A seed: format, start the network and the token manager, mount N nodes, run the
+//! workload step by step (checking every outcome against the model and every
+//! invariant after each step), read everything back on every node, unmount, fsck.
+//! Everything is a function of the seed: `SeedReport::trace` (the scheduler's hash of
+//! every decision) and `SeedReport::digest` (every outcome) are equal for two runs.
+
+use crate::cluster::{Background, ClusterConfig, SimCluster, Thief};
+use crate::invariants::Checks;
+use crate::model::{nanos, Kind, Model, Window};
+use crate::ops::{self, show_outcome, Op, Outcome, Value};
+use crate::sched::{Sim, SimConfig, SimReport};
+use crate::workload::{Planned, Workload};
+use crate::{NetStats, SimRng};
+use mako_format::inode::Timestamp;
+use mako_fs::cache_flush::RevokeFault;
+use parking_lot::Mutex;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What one seed runs.
+#[derive(Clone, Debug)]
+pub struct SeedConfig {
+    pub seed: u64,
+    pub cluster: ClusterConfig,
+    /// Steps of the workload (the setup and the final read-back come on top).
+    pub steps: u32,
+    /// Probability that a step also runs background work (write-behind, commit,
+    /// checkpoint, eviction, token release) on random nodes, concurrently.
+    pub background_probability: f64,
+    /// Probability that a step also has the token thief steal a data range.
+    pub steal_probability: f64,
+    /// Run inode eviction and token release concurrently with operations (as the
+    /// daemon's sync thread does). Off: they run after the step's operations, alone,
+    /// because today the release of an inode's tokens races with an operation that
+    /// reuses the inode's number (the inode is then cached without a token; seed 360
+    /// at one node shows it). `MAKO_SIM_CONCURRENT_RELEASE=1` turns it on.
+    pub concurrent_release: bool,
+    /// Let the token thief steal while operations run. Off: it steals after the
+    /// step's operations, alone, because today an operation that holds a data token
+    /// and asks for it again (unlink freeing the file: `remove` then `maybe_free`)
+    /// is refused while a revoke waits for that very hold, after it changed memory,
+    /// and the mount turns read-only (seed 1288 at one node shows it).
+    /// `MAKO_SIM_STEAL_CONCURRENT=1` turns it on.
+    pub steal_concurrent: bool,
+    /// Run queued prefetches as background work. Off by default while the token thief
+    /// runs: today a prefetch loads a block without holding a data token, so after a
+    /// revoke it caches data the node no longer holds (seed 28 at one node shows it).
+    /// `MAKO_SIM_PREFETCH=1` turns it on.
+    pub prefetch: bool,
+    pub checks: Checks,
+    /// Check outcomes against the model, invariants and fsck. Off (`MAKO_SIM_NO_CHECKS=1`)
+    /// only to time a workload or see whether it completes: a failure is then only a
+    /// deadlock, a hang or a panic.
+    pub verify: bool,
+    /// TEST ONLY: a broken revoke to inject in every node (the checker's own test).
+    pub revoke_fault: RevokeFault,
+}
+
+impl SeedConfig {
+    pub fn new(seed: u64, nodes: u32) -> SeedConfig {
+        SeedConfig {
+            seed,
+            cluster: ClusterConfig::small(nodes),
+            steps: 40,
+            background_probability: 0.6,
+            steal_probability: 0.3,
+            concurrent_release: env_flag("MAKO_SIM_CONCURRENT_RELEASE"),
+            prefetch: env_flag("MAKO_SIM_PREFETCH"),
+            steal_concurrent: env_flag("MAKO_SIM_STEAL_CONCURRENT"),
+            checks: Checks::from_env(),
+            verify: !env_flag("MAKO_SIM_NO_CHECKS"),
+            revoke_fault: RevokeFault::None,
+        }
+    }
+}
+
+/// How a seed went.
+#[derive(Clone, Debug)]
+pub struct SeedReport {
+    pub seed: u64,
+    pub sim: SimReport,
+    /// Hash of every operation's outcome, in order.
+    pub digest: u64,
+    pub operations: u64,
+    pub steps: u32,
+    pub net: NetStats,
+    /// Real time the seed took, fsck included.
+    pub wall: Duration,
+}
+
+impl SeedReport {
+    /// The scheduler's trace: equal for two runs of one seed.
+    pub fn trace(&self) -> u64 {
+        self.sim.trace
+    }
+}
+
+/// Why a seed failed.
+#[derive(Clone, Debug)]
+pub struct SeedFailure {
+    pub seed: u64,
+    pub nodes: u32,
+    /// The step that failed (None: before the first or after the last).
+    pub step: Option<u32>,
+    pub message: String,
+}
+
+impl fmt::Display for SeedFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "seed {} ({} node", self.seed, self.nodes)?;
+        if self.nodes != 1 {
+            write!(f, "s")?;
+        }
+        match self.step {
+            Some(s) => write!(f, ", step {s}): {}", self.message),
+            None => write!(f, "): {}", self.message),
+        }
+    }
+}
+
+/// What the driver task leaves for the caller.
+#[derive(Default)]
+struct DriverState {
+    failure: Option<(Option<u32>, String)>,
+    /// What the simulation was doing (for failures the scheduler reports: a deadlock,
+    /// a panic, a hang).
+    context: String,
+    step: Option<u32>,
+    digest: u64,
+    operations: u64,
+}
+
+fn mix(h: u64, v: u64) -> u64 {
+    (h ^ v.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .rotate_left(31)
+        .wrapping_mul(0xbf58_476d_1ce4_e5b9)
+}
+
+/// A stable hash of an outcome (FNV-1a over its fields).
+fn hash_outcome(o: &Outcome) -> u64 {
+    struct Fnv(u64);
+    impl Fnv {
+        fn bytes(&mut self, b: &[u8]) {
+            for x in b {
+                self.0 = (self.0 ^ *x as u64).wrapping_mul(0x100_0000_01b3);
+            }
+        }
+        fn num(&mut self, n: u64) {
+            self.bytes(&n.to_le_bytes());
+        }
+    }
+    let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+    match o {
+        Err(e) => {
+            h.num(1);
+            h.num(e.errno as u64);
+        }
+        Ok(v) => match v {
+            Value::Unit => h.num(2),
+            Value::Attr(a) => {
+                for n in [
+                    3,
+                    a.ino,
+                    a.mode as u64,
+                    a.size,
+                    a.nlink as u64,
+                    a.mtime.sec as u64,
+                    a.mtime.nsec as u64,
+                    a.ctime.sec as u64,
+                    a.ctime.nsec as u64,
+                ] {
+                    h.num(n);
+                }
+            }
+            Value::Bytes(b) => {
+                h.num(4);
+                h.bytes(b);
+            }
+            Value::Names(n) => {
+                h.num(5);
+                for x in n {
+                    h.bytes(x);
+                    h.num(0);
+                }
+            }
+            Value::Entries(e) => {
+                h.num(6);
+                for (n, i) in e {
+                    h.bytes(n);
+                    h.num(*i);
+                }
+            }
+            Value::Count(n) => {
+                h.num(7);
+                h.num(*n);
+            }
+            Value::Offset(n) => {
+                h.num(8);
+                h.num(*n);
+            }
+        },
+    }
+    h.0
+}
+
+/// Run one seed.
+pub fn run_seed(config: &SeedConfig) -> Result<SeedReport, SeedFailure> {
+    let started = Instant::now();
+    let nodes = config.cluster.nodes;
+    let fail = |step, message| SeedFailure {
+        seed: config.seed,
+        nodes,
+        step,
+        message,
+    };
+    let sim = Sim::new(
+        config.seed,
+        SimConfig {
+            hang_timeout: Duration::from_secs(60),
+            ..SimConfig::default()
+        },
+    );
+    let cluster = SimCluster::new(&sim, config.cluster.clone()).map_err(|e| fail(None, e))?;
+    let state = Arc::new(Mutex::new(DriverState::default()));
+    {
+        let (cluster, state, config) = (cluster.clone(), state.clone(), config.clone());
+        sim.spawn_task("driver", move || {
+            let r = drive(&cluster, &config, &state);
+            if let Err((step, msg)) = r {
+                let mut s = state.lock();
+                if s.failure.is_none() {
+                    s.failure = Some((step, msg));
+                }
+                drop(s);
+                cluster.abandon();
+            }
+        });
+    }
+    // Where a seed's real time goes (`MAKO_SIM_TIMING=1`).
+    let t_fmt = started.elapsed();
+    let sim_result = sim.run();
+    let t_run = started.elapsed();
+    let s = state.lock();
+    let report = match sim_result {
+        Ok(r) => r,
+        Err(e) => {
+            cluster.abandon();
+            return Err(fail(
+                s.step,
+                format!("{}\n  while: {}", e.message, s.context),
+            ));
+        }
+    };
+    if let Some((step, msg)) = &s.failure {
+        return Err(fail(*step, msg.clone()));
+    }
+    if config.verify {
+        cluster.fsck().map_err(|e| fail(None, e))?;
+    }
+    if env_flag("MAKO_SIM_TIMING") {
+        eprintln!(
+            "seed {}: format {:?}, run {:?} ({} scheduling decisions, {:?} simulated), fsck {:?}",
+            config.seed,
+            t_fmt,
+            t_run - t_fmt,
+            report.steps,
+            report.elapsed,
+            started.elapsed() - t_run,
+        );
+    }
+    Ok(SeedReport {
+        seed: config.seed,
+        sim: report,
+        digest: s.digest,
+        operations: s.operations,
+        steps: config.steps,
+        net: cluster.net.stats(),
+        wall: started.elapsed(),
+    })
+}
+
+type DriveResult = Result<(), (Option<u32>, String)>;
+
+fn now(cluster: &SimCluster) -> Timestamp {
+    mako_fs::core::timestamp(mako_rt::Clock::wall(cluster.clock.as_ref()))
+}
+
+/// The driver task: everything from mount to unmount.
+fn drive(
+    cluster: &Arc<SimCluster>,
+    config: &SeedConfig,
+    state: &Mutex<DriverState>,
+) -> DriveResult {
+    let nodes = config.cluster.nodes;
+    state.lock().context = "mounting".into();
+    for n in 0..nodes {
+        cluster
+            .mount(n)
+            .map_err(|e| (None, format!("mount of node {n} failed: {e}")))?;
+    }
+    for (_, core) in cluster.cores() {
+        core.revoke_fault
+            .store(config.revoke_fault as u8, Ordering::Relaxed);
+    }
+    let fs0 = cluster.fs(0).expect("node 0 mounted");
+    let root = fs0
+        .getattr(mako_fs::fs::ROOT_INO)
+        .map_err(|e| (None, format!("stat of the root on node 0: {e}")))?;
+    let mkfs_time = config
+        .cluster
+        .mkfs_params(config.seed)
+        .reproducible
+        .expect("reproducible")
+        .time;
+    let mut model = Model::new(
+        root.ino,
+        config.cluster.block_bytes as u64,
+        Window::exact(mkfs_time),
+    );
+    let mut workload = Workload::new(config.seed, nodes);
+    let mut background_rng = SimRng::new(config.seed ^ 0x4241_434b_4752_4f55);
+    for step in 0..=config.steps + 1 {
+        let plan = if step == 0 {
+            workload.setup()
+        } else if step == config.steps + 1 {
+            read_back(&model, nodes)
+        } else {
+            let kind = workload.step_kind();
+            workload.plan(&model, kind)
+        };
+        let background = if step == 0 {
+            Vec::new()
+        } else {
+            background_for(config, &mut background_rng, &model, step <= config.steps)
+        };
+        // Work that must not overlap operations yet (see `concurrent_release` and
+        // `steal_concurrent`) goes after them.
+        let (background, after): (Vec<_>, Vec<_>) =
+            background.into_iter().partition(|(_, w, _)| match w {
+                Background::Evict | Background::ReleaseTokens => config.concurrent_release,
+                Background::Steal { .. } => config.steal_concurrent,
+                _ => true,
+            });
+        run_step(
+            cluster,
+            config.checks,
+            config.verify,
+            step,
+            &plan,
+            &background,
+            &after,
+            &mut model,
+            state,
+        )?;
+    }
+    state.lock().context = "unmounting".into();
+    for n in 0..nodes {
+        cluster
+            .unmount(n)
+            .map_err(|e| (None, format!("unmount of node {n} failed: {e}")))?;
+    }
+    state.lock().context = "done".into();
+    Ok(())
+}
+
+/// The background work of one step, at random nodes and times: what the daemon's
+/// worker threads would be doing, and (`steal`) the token thief. Drawn from its own
+/// stream, so switching background work or the thief leaves the operations alone.
+fn background_for(
+    config: &SeedConfig,
+    rng: &mut SimRng,
+    model: &Model,
+    steal_allowed: bool,
+) -> Vec<(u32, Background, u64)> {
+    let nodes = config.cluster.nodes;
+    let prefetch = config.prefetch || config.cluster.thief == Thief::Off;
+    let mut out = Vec::new();
+    if rng.chance(config.background_probability) {
+        for _ in 0..1 + rng.below(2) {
+            let node = rng.below(nodes as u64) as u32;
+            let work = match rng.below(20) {
+                0..=6 => Background::WriteBehind(1 + rng.below(8) as usize),
+                7..=9 => Background::Commit,
+                10..=11 => Background::Sync,
+                12..=14 => Background::Checkpoint,
+                15..=16 => Background::Evict,
+                17..=18 => Background::ReleaseTokens,
+                _ if prefetch => Background::Prefetch(4),
+                _ => Background::WriteBehind(2),
+            };
+            out.push((node, work, rng.below(300)));
+        }
+    }
+    if steal_allowed && config.cluster.thief != Thief::Off && rng.chance(config.steal_probability) {
+        let block = config.cluster.block_bytes as u64;
+        let inode = 4096;
+        if let Some(s) = steal(model, rng, block, inode, config.cluster.thief) {
+            let delay = rng.below(300);
+            out.push((0, s, delay));
+        }
+    }
+    out
+}
+
+/// What the token thief takes this time: the data token of a random file, whole or
+/// (`Thief::Ranges`) sometimes a few blocks of it.
+fn steal(
+    model: &Model,
+    rng: &mut SimRng,
+    block: u64,
+    inode_bytes: u64,
+    thief: Thief,
+) -> Option<Background> {
+    let files: Vec<(u64, u64)> = model
+        .inodes
+        .values()
+        .filter(|i| i.kind == Kind::File)
+        .filter(|i| thief != Thief::Large || i.size() > inode_bytes)
+        .filter_map(|i| i.real.map(|r| (r, i.size())))
+        .collect();
+    if files.is_empty() {
+        return None;
+    }
+    let (ino, size) = files[rng.below(files.len() as u64) as usize];
+    if thief != Thief::Ranges || rng.chance(0.2) {
+        return Some(Background::Steal {
+            ino,
+            start: 0,
+            end: u64::MAX,
+        });
+    }
+    let blocks = size.div_ceil(block).max(1);
+    let first = rng.below(blocks);
+    let n = 1 + rng.below(3);
+    Some(Background::Steal {
+        ino,
+        start: first * block,
+        end: (first + n) * block,
+    })
+}
+
+/// Every node reads everything back: each directory listed, each name stat'ed, each
+/// file read whole. Only reads: they commute.
+fn read_back(model: &Model, nodes: u32) -> Vec<Planned> {
+    let mut out = Vec::new();
+    for node in 0..nodes {
+        for (path, i) in model.all_paths() {
+            let m = model.get(i);
+            let op = match m.kind {
+                Kind::Dir => Op::Readdir { path: path.clone() },
+                Kind::File => Op::Read {
+                    path: path.clone(),
+                    offset: 0,
+                    len: m.size().max(1),
+                },
+                Kind::Symlink => Op::Readlink { path: path.clone() },
+            };
+            out.push(Planned {
+                node,
+                op,
+                delay_micros: 0,
+                observer: false,
+            });
+            if !path.is_empty() {
+                out.push(Planned {
+                    node,
+                    op: Op::Stat { path },
+                    delay_micros: 0,
+                    observer: false,
+                });
+            }
+        }
+    }
+    out
+}
+
+type Slot = Option<(Outcome, Timestamp, Timestamp)>;
+
+/// `MAKO_SIM_VERBOSE=1`: print every operation and its outcome (to replay a seed).
+fn verbose() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("MAKO_SIM_VERBOSE").is_ok_and(|v| v == "1"))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_step(
+    cluster: &Arc<SimCluster>,
+    checks: Checks,
+    verify: bool,
+    step: u32,
+    plan: &[Planned],
+    background: &[(u32, Background, u64)],
+    after: &[(u32, Background, u64)],
+    model: &mut Model,
+    state: &Mutex<DriverState>,
+) -> DriveResult {
+    let sim = crate::sched::current().expect("the driver runs in the simulation");
+    {
+        let mut s = state.lock();
+        s.step = Some(step);
+        s.context = format!(
+            "step {step}: {}{}",
+            plan.iter()
+                .map(|p| format!(
+                    "[node {}] {}{}",
+                    p.node,
+                    if p.observer { "(observer) " } else { "" },
+                    p.op
+                ))
+                .collect::<Vec<_>>()
+                .join("; "),
+            background
+                .iter()
+                .map(|(n, w, _)| format!("; [node {n}] background {w:?}"))
+                .chain(
+                    after
+                        .iter()
+                        .map(|(n, w, _)| format!("; [node {n}] then background {w:?}"))
+                )
+                .collect::<String>()
+        );
+    }
+    let results: Arc<Mutex<Vec<Slot>>> = Arc::new(Mutex::new(vec![None; plan.len()]));
+    let bg_errors: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+    let pending = Arc::new(AtomicU64::new((plan.len() + background.len()) as u64));
+    for (i, p) in plan.iter().enumerate() {
+        let Some(fs) = cluster.fs(p.node) else {
+            return Err((Some(step), format!("node {} is not mounted", p.node)));
+        };
+        let (cluster, results, pending, p) =
+            (cluster.clone(), results.clone(), pending.clone(), p.clone());
+        sim.spawn(format!("s{step}-n{}-op{i}", p.node), move || {
+            mako_diag::sched::sleep(Duration::from_micros(p.delay_micros));
+            let start = now(&cluster);
+            let outcome = ops::exec(&fs, &p.op);
+            let end = now(&cluster);
+            results.lock()[i] = Some((outcome, start, end));
+            pending.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+    for (node, work, delay) in background.iter().copied() {
+        let (cluster, errors, pending) = (cluster.clone(), bg_errors.clone(), pending.clone());
+        sim.spawn(format!("s{step}-n{node}-{work:?}"), move || {
+            mako_diag::sched::sleep(Duration::from_micros(delay));
+            if let Err(e) = cluster.background(node, work) {
+                errors
+                    .lock()
+                    .push(format!("node {node}: background {work:?} failed: {e}"));
+            }
+            pending.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+    mako_diag::sched::block_until("step", || pending.load(Ordering::SeqCst) == 0);
+    for (node, work, _) in after {
+        if let Err(e) = cluster.background(*node, *work) {
+            bg_errors
+                .lock()
+                .push(format!("node {node}: background {work:?} failed: {e}"));
+        }
+    }
+    if verbose() {
+        for (n, w, _) in background.iter().chain(after) {
+            eprintln!("  step {step} [node {n}] background {w:?}");
+        }
+    }
+    if let Some(e) = bg_errors.lock().first() {
+        return Err((Some(step), e.clone()));
+    }
+    // Observers are checked against the state before the step and after it; the
+    // others, which commute, against the model as it goes.
+    let before = plan.iter().any(|p| p.observer).then(|| model.clone());
+    model.begin_step(step as u64);
+    let results = std::mem::take(&mut *results.lock());
+    // The operations of a step commute, so any order of checking is right; creations
+    // go last, because a new inode may reuse the number of one freed in this step.
+    let mut order: Vec<usize> = (0..plan.len()).filter(|i| !plan[*i].observer).collect();
+    order.sort_by_key(|i| {
+        matches!(
+            plan[*i].op,
+            Op::Create { .. } | Op::Mkdir { .. } | Op::Symlink { .. }
+        )
+    });
+    let observers: Vec<usize> = (0..plan.len()).filter(|i| plan[*i].observer).collect();
+    order.extend(&observers);
+    let mut results: Vec<Option<Slot>> = results.into_iter().map(Some).collect();
+    let mut s = state.lock();
+    for i in order {
+        let p = &plan[i];
+        let r = results[i].take().flatten();
+        let (outcome, start, end) = r.expect("every operation finished");
+        s.operations += 1;
+        s.digest = mix(s.digest, hash_outcome(&outcome));
+        let window = Window {
+            lo: nanos(start),
+            hi: nanos(end),
+        };
+        if verbose() {
+            eprintln!(
+                "  step {step} [node {}] {}{} -> {}",
+                p.node,
+                if p.observer { "(observer) " } else { "" },
+                p.op,
+                show_outcome(&outcome)
+            );
+        }
+        let verdict = if p.observer {
+            // Read-only: checked on copies, so neither model changes.
+            let pre = before.as_ref().expect("a copy when there are observers");
+            match pre.clone().check_and_apply(&p.op, &outcome, window) {
+                Ok(()) => Ok(()),
+                Err(pre_why) => model.clone().check_and_apply(&p.op, &outcome, window).map_err(
+                    |post_why| {
+                        format!(
+                            "it raced one change and saw neither the state before it nor the state after it (not atomic?): against the state before the step: {pre_why}; after: {post_why}"
+                        )
+                    },
+                ),
+            }
+        } else {
+            model.check_and_apply(&p.op, &outcome, window)
+        };
+        if let (Err(why), true) = (verdict, verify) {
+            return Err((
+                Some(step),
+                format!(
+                    "node {}: {}: {why}\n  outcome: {}\n  step: {}",
+                    p.node,
+                    p.op,
+                    show_outcome(&outcome),
+                    s.context
+                ),
+            ));
+        }
+    }
+    drop(s);
+    let violations = if verify {
+        crate::invariants::check(cluster, checks)
+    } else {
+        Vec::new()
+    };
+    if !violations.is_empty() {
+        return Err((
+            Some(step),
+            format!(
+                "invariant violated after the step: {}\n  step: {}",
+                violations.join("\n  "),
+                state.lock().context
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Seeds to run, from the environment: `MAKO_SIM_SEEDS` (how many), `MAKO_SIM_SEED_BASE`
+/// (the first), `MAKO_SIM_NODES`, `MAKO_SIM_JOBS` (seeds at once), `MAKO_SIM_LONG=1`
+/// (the long local mode: 10x the seeds).
+#[derive(Clone, Debug)]
+pub struct SeedPlan {
+    pub base: u64,
+    pub count: u64,
+    pub nodes: u32,
+    pub jobs: usize,
+}
+
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "1")
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    match v.trim().parse() {
+        Ok(n) => Some(n),
+        Err(_) => panic!("{name}={v:?} is not a number"),
+    }
+}
+
+impl SeedPlan {
+    pub fn from_env(default_count: u64, default_nodes: u32) -> SeedPlan {
+        let long = std::env::var("MAKO_SIM_LONG").is_ok_and(|v| v == "1");
+        let count = env_u64("MAKO_SIM_SEEDS").unwrap_or(if long {
+            default_count * 10
+        } else {
+            default_count
+        });
+        SeedPlan {
+            base: env_u64("MAKO_SIM_SEED_BASE").unwrap_or(1),
+            count,
+            nodes: env_u64("MAKO_SIM_NODES").map_or(default_nodes, |n| n as u32),
+            jobs: env_u64("MAKO_SIM_JOBS").map_or(2, |n| n.max(1) as usize),
+        }
+    }
+}
+
+/// Totals of a run of many seeds.
+#[derive(Clone, Debug, Default)]
+pub struct RunSummary {
+    pub seeds: u64,
+    pub operations: u64,
+    pub wall: Duration,
+    pub simulated: Duration,
+    /// The failures, by seed (the run stops taking new seeds after the first).
+    pub failures: Vec<SeedFailure>,
+}
+
+impl RunSummary {
+    pub fn seeds_per_minute(&self) -> f64 {
+        self.seeds as f64 * 60.0 / self.wall.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Run `plan`'s seeds, `jobs` at once (each seed is its own simulation; they share
+/// nothing), with `config` making each seed's configuration. Stops starting seeds at
+/// the first failure when `stop_at_failure`.
+pub fn run_seeds(
+    plan: &SeedPlan,
+    stop_at_failure: bool,
+    config: impl Fn(u64) -> SeedConfig + Sync,
+) -> RunSummary {
+    let started = Instant::now();
+    let next = AtomicU64::new(plan.base);
+    let stop = AtomicBool::new(false);
+    let summary = Mutex::new(RunSummary::default());
+    std::thread::scope(|s| {
+        for _ in 0..plan.jobs {
+            s.spawn(|| loop {
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                let seed = next.fetch_add(1, Ordering::SeqCst);
+                if seed >= plan.base + plan.count {
+                    return;
+                }
+                let r = run_seed(&config(seed));
+                let mut sm = summary.lock();
+                sm.seeds += 1;
+                match r {
+                    Ok(rep) => {
+                        sm.operations += rep.operations;
+                        sm.simulated += rep.sim.elapsed;
+                    }
+                    Err(f) => {
+                        sm.failures.push(f);
+                        if stop_at_failure {
+                            stop.store(true, Ordering::SeqCst);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let mut sm = summary.into_inner();
+    sm.wall = started.elapsed();
+    sm.failures.sort_by_key(|f| f.seed);
+    sm
+}
+
+/// The command that replays `seed` of the test `test` in `tests/cluster.rs`, with the
+/// `MAKO_SIM_*` settings of this run that change what a seed does.
+pub fn replay_command(test: &str, nodes: u32, seed: u64, ignored: bool) -> String {
+    let mut env = String::new();
+    for name in [
+        "MAKO_SIM_THIEF",
+        "MAKO_SIM_SKIP_CHECKS",
+        "MAKO_SIM_PREFETCH",
+        "MAKO_SIM_CONCURRENT_RELEASE",
+        "MAKO_SIM_STEAL_CONCURRENT",
+        "MAKO_SIM_NO_CHECKS",
+    ] {
+        if let Ok(v) = std::env::var(name) {
+            env.push_str(&format!("{name}={v} "));
+        }
+    }
+    format!(
+        "{env}MAKO_SIM_NODES={nodes} MAKO_SIM_SEED_BASE={seed} MAKO_SIM_SEEDS=1 MAKO_SIM_JOBS=1 cargo test --release -p mako-sim --test cluster -- --exact {test} --nocapture{}",
+        if ignored { " --ignored" } else { "" }
+    )
+}
