@@ -35,7 +35,7 @@ use mako_format::alloc_segment::{AllocSegment, DiskSlice};
 use mako_format::descriptor::{Descriptor, DiskStatus, LayoutMap, RESERVED_BYTES};
 use mako_format::geometry::Geometry;
 use mako_format::DiskAddress;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// One changed page of an encoded allocation segment: (offset in the segment slot, bytes).
 pub type DirtyPage = (u64, Vec<u8>);
@@ -96,8 +96,21 @@ pub struct AllocMap {
     reserved_subblocks: AtomicU64,
     /// Subblocks that only metadata may take (indirect blocks, directory blocks and
     /// inode-file growth that a data flush may need).
-    metadata_reserve: u64,
+    metadata_reserve: AtomicU64,
     total_subblocks: u64,
+    /// Regions this node allocates in and frees in (docs/coherence.md section 6):
+    /// those whose token it holds. Every counter above (free, empty, ready, reserved,
+    /// quarantined, the metadata reserve) is about owned regions only: they say what
+    /// this node can allocate. A region not owned keeps its segment as last read.
+    owned: Vec<AtomicBool>,
+    /// Subblocks in owned regions.
+    owned_subblocks: AtomicU64,
+    /// Frees in regions this node does not own: (transaction, address, subblocks).
+    /// After the transaction is checkpointed they go to the region's owner
+    /// (`take_foreign_frees`), which frees them in its map.
+    foreign: parking_lot::Mutex<Vec<(u64, DiskAddress, u32)>>,
+    /// Foreign frees whose transaction is checkpointed, waiting to be sent.
+    foreign_ready: parking_lot::Mutex<Vec<(DiskAddress, u32)>>,
     next_region: AtomicUsize,
     rotor: AtomicUsize,
     /// Pages marked dirty in all regions (for the log's size estimate).
@@ -337,6 +350,7 @@ impl AllocMap {
         let mut free_total = 0;
         let mut empty_total = 0;
         let mut regions = Vec::new();
+        let nregions = segments.len();
         for (r, seg) in segments.into_iter().enumerate() {
             let expect = region_slices(desc, r as u32);
             if seg.slices != expect {
@@ -383,13 +397,12 @@ impl AllocMap {
             ready_blocks: AtomicU64::new(empty_total),
             reserved_subblocks: AtomicU64::new(0),
             // 1% of the space, at least 16 and at most 1024 full blocks.
-            metadata_reserve: (total / 100)
-                .clamp(
-                    16 * geo.subblocks_per_block as u64,
-                    1024 * geo.subblocks_per_block as u64,
-                )
-                .min(total / 4),
+            metadata_reserve: AtomicU64::new(reserve_for(total, geo.subblocks_per_block)),
             total_subblocks: total,
+            owned: (0..nregions).map(|_| AtomicBool::new(true)).collect(),
+            owned_subblocks: AtomicU64::new(total),
+            foreign: parking_lot::Mutex::new(Vec::new()),
+            foreign_ready: parking_lot::Mutex::new(Vec::new()),
             next_region: AtomicUsize::new(0),
             rotor: AtomicUsize::new(0),
             dirty_pages: AtomicU64::new(0),
@@ -428,7 +441,7 @@ impl AllocMap {
 
     /// Subblocks kept for metadata: data allocations never take them.
     pub fn metadata_reserve(&self) -> u64 {
-        self.metadata_reserve
+        self.metadata_reserve.load(Ordering::Relaxed)
     }
 
     /// Free space as users see it (statfs `f_bfree`, `mako status`): every subblock not
@@ -478,7 +491,7 @@ impl AllocMap {
         let spb = self.geo.subblocks_per_block as u64;
         let others = self.reserved_subblocks().saturating_sub(held);
         let floor = if kind == AllocKind::Data && held == 0 {
-            self.metadata_reserve
+            self.metadata_reserve()
         } else {
             0
         };
@@ -490,7 +503,7 @@ impl AllocMap {
     fn data_room_blocks(&self) -> u64 {
         let spb = self.geo.subblocks_per_block as u64;
         self.empty_blocks().saturating_sub(
-            self.metadata_reserve.div_ceil(spb) + self.reserved_subblocks().div_ceil(spb),
+            self.metadata_reserve().div_ceil(spb) + self.reserved_subblocks().div_ceil(spb),
         )
     }
 
@@ -504,7 +517,7 @@ impl AllocMap {
     fn usable(&self, kind: AllocKind, held: u64) -> u64 {
         let others = self.reserved_subblocks().saturating_sub(held);
         let floor = if kind == AllocKind::Data && held == 0 {
-            self.metadata_reserve
+            self.metadata_reserve()
         } else {
             0
         };
@@ -529,14 +542,16 @@ impl AllocMap {
         let spb = self.geo.subblocks_per_block as u64;
         let mut cur = self.reserved_subblocks.load(Ordering::Relaxed);
         loop {
-            let free = self.free_subblocks().saturating_sub(self.metadata_reserve);
-            let blocks = (self.ready_blocks() * spb).saturating_sub(self.metadata_reserve);
+            let free = self
+                .free_subblocks()
+                .saturating_sub(self.metadata_reserve());
+            let blocks = (self.ready_blocks() * spb).saturating_sub(self.metadata_reserve());
             if free < cur + n || blocks < cur + n {
                 return Err(FsError::NoSpace(format!(
                     "{} subblocks free, {} promised to data not yet written, {} kept for metadata",
                     self.free_subblocks(),
                     cur,
-                    self.metadata_reserve
+                    self.metadata_reserve()
                 )));
             }
             match self.reserved_subblocks.compare_exchange_weak(
@@ -663,6 +678,10 @@ impl AllocMap {
             self.damage
                 .integrity(IntegrityError::new(STRUCTURE, what).at(da))
         })?;
+        if !self.owned[region].load(Ordering::Acquire) {
+            // Another node's region: the fragment moves to this node's space.
+            return Ok(false);
+        }
         let subblock = self.regions[region].lock().seg.slices[si].first_subblock + off;
         if subblock % spb + new as u64 > spb {
             return Ok(false);
@@ -778,6 +797,9 @@ impl AllocMap {
         subblocks: u32,
         may_take_block: bool,
     ) -> Option<DiskAddress> {
+        if !self.owned[region].load(Ordering::Acquire) {
+            return None;
+        }
         let spb = self.geo.subblocks_per_block as u64;
         let mut r = self.regions[region].lock();
         let si = r.seg.slices.iter().position(|s| s.disk == disk)?;
@@ -903,6 +925,14 @@ impl AllocMap {
     pub fn free(&self, da: DiskAddress, subblocks: u32, ino: u64) -> FsResult<()> {
         let doing = format!("freeing {subblocks} subblocks");
         let (region, si, off) = self.locate_or_report(da, subblocks, ino, &doing)?;
+        if !self.owned[region].load(Ordering::Acquire) {
+            // The owner frees it, once the transaction that freed it here is
+            // checkpointed (so this node's log can never write over it again).
+            crate::journal::note_change();
+            self.fresh.lock().remove(&da);
+            self.foreign.lock().push((UNCOMMITTED, da, subblocks));
+            return Ok(());
+        }
         let mut r = self.regions[region].lock();
         let n = subblocks as u64;
         let bm = &r.seg.bitmaps[si];
@@ -974,11 +1004,26 @@ impl AllocMap {
                 f.0 = seq;
             }
         }
+        for f in self.foreign.lock().iter_mut() {
+            if f.0 == UNCOMMITTED {
+                f.0 = seq;
+            }
+        }
         self.fresh.lock().clear();
     }
 
     /// Make space freed by transactions up to `seq` (now checkpointed) allocatable.
     pub fn release_frees(&self, seq: u64) {
+        {
+            let mut f = self.foreign.lock();
+            if !f.is_empty() {
+                let (done, keep): (Vec<_>, Vec<_>) = f.drain(..).partition(|(s, _, _)| *s <= seq);
+                *f = keep;
+                self.foreign_ready
+                    .lock()
+                    .extend(done.into_iter().map(|(_, da, n)| (da, n)));
+            }
+        }
         let done: Vec<(u64, DiskAddress, u32)> = {
             let mut f = self.frees.lock();
             let (done, keep): (Vec<_>, Vec<_>) = f.drain(..).partition(|(s, _, _)| *s <= seq);
@@ -1090,10 +1135,119 @@ impl AllocMap {
         self.dirty_pages.fetch_add(added, Ordering::Relaxed);
     }
 
+    /// Does this node allocate in `region`?
+    pub fn is_owned(&self, region: usize) -> bool {
+        self.owned
+            .get(region)
+            .is_some_and(|o| o.load(Ordering::Acquire))
+    }
+
+    /// The region `da` lies in (`None` outside every region).
+    pub fn region_of(&self, da: DiskAddress) -> Option<usize> {
+        self.locate(da, 1).ok().map(|(r, _, _)| r)
+    }
+
+    /// Stop allocating in `region`: its space leaves this node's counters. Called for
+    /// the regions a node of a cluster does not own when it mounts (before anything is
+    /// allocated), and when a region's token leaves after its map was written in place.
+    pub fn disown(&self, region: usize) {
+        if !self.owned[region].swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let mut r = self.regions[region].lock();
+        let free: u64 = r.free.iter().sum();
+        let empty: u64 = r.empty.iter().sum();
+        let ready: u64 = r.ready.iter().sum();
+        let quarantined: u64 = r.quarantined.iter().sum();
+        let pages = std::mem::take(&mut r.dirty_pages).len() as u64;
+        let total: u64 = r.seg.slices.iter().map(|s| s.subblocks).sum();
+        drop(r);
+        self.frees
+            .lock()
+            .retain(|(_, da, n)| self.locate(*da, *n).map(|(g, _, _)| g) != Ok(region));
+        self.free_subblocks.fetch_sub(free, Ordering::Relaxed);
+        self.took_blocks((empty, ready));
+        self.quarantined_subblocks
+            .fetch_sub(quarantined, Ordering::Relaxed);
+        self.dirty_pages.fetch_sub(pages, Ordering::Relaxed);
+        let owned = self.owned_subblocks.fetch_sub(total, Ordering::Relaxed) - total;
+        self.metadata_reserve.store(
+            reserve_for(owned, self.geo.subblocks_per_block),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Start allocating in `region`, from `seg` as read from disk (its last owner wrote
+    /// it in place before its token left).
+    pub fn own(&self, region: usize, seg: AllocSegment) -> FsResult<()> {
+        if self.is_owned(region) {
+            return Ok(());
+        }
+        let mut r = self.regions[region].lock();
+        if seg.slices != r.seg.slices {
+            return Err(self.damage.integrity(IntegrityError::new(
+                STRUCTURE,
+                format!(
+                    "allocation region {region} read from disk covers {:?}, not {:?}",
+                    seg.slices, r.seg.slices
+                ),
+            )));
+        }
+        *r = Region::from_segment(seg, self.geo.subblocks_per_block as u64);
+        let free: u64 = r.free.iter().sum();
+        let empty: u64 = r.empty.iter().sum();
+        let total: u64 = r.seg.slices.iter().map(|s| s.subblocks).sum();
+        drop(r);
+        self.free_subblocks.fetch_add(free, Ordering::Relaxed);
+        self.gave_blocks((empty, empty));
+        let owned = self.owned_subblocks.fetch_add(total, Ordering::Relaxed) + total;
+        self.metadata_reserve.store(
+            reserve_for(owned, self.geo.subblocks_per_block),
+            Ordering::Relaxed,
+        );
+        self.owned[region].store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Free and empty-block space (in subblocks) of the regions this node does not
+    /// own, as last read: the rest of the file system for statfs.
+    pub fn unowned_space(&self) -> (u64, u64) {
+        let spb = self.geo.subblocks_per_block as u64;
+        let (mut free, mut empty) = (0, 0);
+        for (i, r) in self.regions.iter().enumerate() {
+            if self.owned[i].load(Ordering::Acquire) {
+                continue;
+            }
+            let r = r.lock();
+            free += r.free.iter().sum::<u64>();
+            empty += r.empty.iter().sum::<u64>() * spb;
+        }
+        (free, empty)
+    }
+
+    /// Frees in other nodes' regions whose transactions are checkpointed: to be sent
+    /// to the regions' owners.
+    pub fn take_foreign_frees(&self) -> Vec<(DiskAddress, u32)> {
+        std::mem::take(&mut *self.foreign_ready.lock())
+    }
+
+    /// Put back frees that could not be delivered (tried again later).
+    pub fn return_foreign_frees(&self, frees: Vec<(DiskAddress, u32)>) {
+        self.foreign_ready.lock().extend(frees);
+    }
+
     /// Spread allocation start points (used by threads that allocate a lot).
     pub fn rotate(&self) -> usize {
         self.rotor.fetch_add(1, Ordering::Relaxed)
     }
+}
+
+/// The metadata reserve of `subblocks` of owned space: 1% of it, at least 16 and at
+/// most 1024 full blocks, never more than a quarter.
+fn reserve_for(subblocks: u64, spb: u32) -> u64 {
+    (subblocks / 100)
+        .clamp(16 * spb as u64, 1024 * spb as u64)
+        .min(subblocks / 4)
 }
 
 fn splitmix(mut x: u64) -> u64 {

@@ -163,6 +163,7 @@ impl Tokens {
                     replace: missing.replace,
                     upgrade_to: missing.upgrade_to,
                     alt_mode: missing.alt_mode,
+                    no_revoke: false,
                 },
             )
             .map_err(token_error)

@@ -613,9 +613,16 @@ impl Core {
     /// Set aside a free inode number for an operation (see `InodeMap::reserve`); the
     /// reservation is given back when the guard drops unless `use_it` was called.
     pub fn reserve_inode(self: &Arc<Self>) -> FsResult<InodeReservation> {
+        let ino = loop {
+            match self.imap.reserve() {
+                // This node's segments are full: take another one nobody owns.
+                Err(FsError::NoSpace(_)) if crate::ownership::acquire_segment(self)? => {}
+                r => break r?,
+            }
+        };
         Ok(InodeReservation {
             core: self.clone(),
-            ino: self.imap.reserve()?,
+            ino,
             used: false,
         })
     }

@@ -1584,6 +1584,7 @@ impl FileSystem {
 
     pub fn statfs(&self) -> StatFs {
         let c = &self.core;
+        let (unowned_free, unowned_empty) = c.alloc.unowned_space();
         StatFs {
             block_bytes: c.geo.block_bytes,
             fragment_bytes: c.geo.subblock_bytes(),
@@ -1591,8 +1592,9 @@ impl FileSystem {
             // Space freed and waiting for a checkpoint counts as free: it is, as soon as
             // the log is checkpointed (an allocation that needs it forces that). What
             // data can never take (the metadata reserve) is not available.
-            blocks_free: c.alloc.user_free_subblocks(),
-            blocks_available: c.alloc.user_available_subblocks(),
+            // Plus, in a cluster, the other nodes' space as this node last read it.
+            blocks_free: c.alloc.user_free_subblocks() + unowned_free,
+            blocks_available: c.alloc.user_available_subblocks() + unowned_empty,
             files: c.imap.inodes_max(),
             files_free: c.imap.inodes_max() - c.imap.used(),
             name_max: 255,

@@ -3,7 +3,7 @@
 use crate::error::{DamageSink, FsError, FsResult, IntegrityError, SinkSlot};
 use mako_diag::{CountedMutex, LockClass};
 use mako_format::inode_map_segment::InodeMapSegment;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// Lock class of `mako diag counters`.
 pub static INODE_MAP_SEGMENT_LOCK: LockClass = LockClass::new("inodeMap.segment");
@@ -21,7 +21,18 @@ pub struct InodeMap {
     reserved: CountedMutex<crate::core::FastSet<u64>>,
     /// Where an inode freed twice or a number past the limit is reported.
     damage: SinkSlot,
+    /// Segments this node hands numbers out of and frees in: those whose token it
+    /// holds (docs/coherence.md section 6). Others keep their bitmap as last read.
+    owned: Vec<AtomicBool>,
+    /// Numbers freed here in other nodes' segments: (transaction, inode). Sent to the
+    /// owner once the transaction is checkpointed (this node's log then never writes
+    /// the inode again).
+    foreign: parking_lot::Mutex<Vec<(u64, u64)>>,
+    foreign_ready: parking_lot::Mutex<Vec<u64>>,
 }
+
+/// A foreign free not yet committed.
+const UNCOMMITTED: u64 = u64::MAX;
 
 /// Lock class of `mako diag counters`.
 pub static INODE_MAP_RESERVED_LOCK: LockClass = LockClass::new("inodeMap.reserved");
@@ -38,6 +49,7 @@ impl InodeMap {
     }
 
     pub fn new(segments: Vec<InodeMapSegment>, inodes_max: u64, per_segment: u32) -> InodeMap {
+        let count = segments.len();
         let used = segments
             .iter()
             .map(|s| s.bitmap.iter().map(|w| w.count_ones() as u64).sum::<u64>())
@@ -54,7 +66,80 @@ impl InodeMap {
             dirty_segments: AtomicU64::new(0),
             reserved: CountedMutex::new(&INODE_MAP_RESERVED_LOCK, Default::default()),
             damage: SinkSlot::default(),
+            owned: (0..count).map(|_| AtomicBool::new(true)).collect(),
+            foreign: parking_lot::Mutex::new(Vec::new()),
+            foreign_ready: parking_lot::Mutex::new(Vec::new()),
         }
+    }
+
+    pub fn segment_of(&self, ino: u64) -> usize {
+        (ino / self.inodes_per_segment as u64) as usize
+    }
+
+    pub fn segments(&self) -> usize {
+        self.segments.len()
+    }
+
+    pub fn is_owned(&self, segment: usize) -> bool {
+        self.owned
+            .get(segment)
+            .is_some_and(|o| o.load(Ordering::Acquire))
+    }
+
+    /// Stop handing out numbers of `segment` (see `AllocMap::disown`).
+    pub fn disown(&self, segment: usize) {
+        self.owned[segment].store(false, Ordering::Release);
+        let mut g = self.segments[segment].lock();
+        if g.1 {
+            g.1 = false;
+            self.dirty_segments.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Start handing out numbers of `segment`, from `seg` as read from disk.
+    pub fn own(&self, segment: usize, seg: InodeMapSegment) {
+        if self.is_owned(segment) {
+            return;
+        }
+        let count =
+            |s: &InodeMapSegment| s.bitmap.iter().map(|w| w.count_ones() as u64).sum::<u64>();
+        let mut g = self.segments[segment].lock();
+        let (before, after) = (count(&g.0), count(&seg));
+        g.0 = seg;
+        drop(g);
+        self.used.fetch_add(after, Ordering::Relaxed);
+        self.used.fetch_sub(before, Ordering::Relaxed);
+        self.owned[segment].store(true, Ordering::Release);
+    }
+
+    /// The running transaction becomes `seq` (see `AllocMap::end_transaction`).
+    pub fn end_transaction(&self, seq: u64) {
+        for f in self.foreign.lock().iter_mut() {
+            if f.0 == UNCOMMITTED {
+                f.0 = seq;
+            }
+        }
+    }
+
+    /// Transactions up to `seq` are checkpointed: their foreign frees may be sent.
+    pub fn release_frees(&self, seq: u64) {
+        let mut f = self.foreign.lock();
+        if f.is_empty() {
+            return;
+        }
+        let (done, keep): (Vec<_>, Vec<_>) = f.drain(..).partition(|(s, _)| *s <= seq);
+        *f = keep;
+        self.foreign_ready
+            .lock()
+            .extend(done.into_iter().map(|(_, ino)| ino));
+    }
+
+    pub fn take_foreign_frees(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.foreign_ready.lock())
+    }
+
+    pub fn return_foreign_frees(&self, inos: Vec<u64>) {
+        self.foreign_ready.lock().extend(inos);
     }
 
     /// Report integrity failures to the mounted file system's sink.
@@ -71,6 +156,9 @@ impl InodeMap {
         let start = self.cursor.load(Ordering::Relaxed);
         for k in 0..n {
             let s = (start + k) % n;
+            if !self.owned[s].load(Ordering::Acquire) {
+                continue;
+            }
             let g = self.segments[s].lock();
             let seg = &g.0;
             for (wi, w) in seg.bitmap.iter().enumerate() {
@@ -243,6 +331,11 @@ impl InodeMap {
     /// turns read-only.
     pub fn free(&self, ino: u64) -> FsResult<()> {
         let (s, w, b) = self.slot(ino, "freeing it")?;
+        if !self.owned[s].load(Ordering::Acquire) {
+            crate::journal::note_change();
+            self.foreign.lock().push((UNCOMMITTED, ino));
+            return Ok(());
+        }
         let mut g = self.segments[s].lock();
         if g.0.bitmap[w] >> b & 1 == 0 {
             drop(g);

@@ -643,6 +643,7 @@ impl Journal {
         }
         // Space freed by this transaction becomes reusable once it is checkpointed.
         core.alloc.end_transaction(seq);
+        core.imap.end_transaction(seq);
         let owned: Vec<(BufferType, u64, Arc<LogImage>)> = images
             .into_iter()
             .map(|(k, o, i)| (k, o, Arc::new(i)))
@@ -847,6 +848,7 @@ impl Journal {
         }
         // 6. Space freed by checkpointed transactions can be handed out again.
         core.alloc.release_frees(upto);
+        core.imap.release_frees(upto);
         *self.last_checkpoint.lock() = Instant::now();
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         self.stats

@@ -69,6 +69,13 @@ pub enum FsRequest {
     Sync {
         ino: u64,
     },
+    /// Free these extents (raw address, subblocks) and inode numbers in the receiver's
+    /// regions and segments: the sender freed them in files it changed, and the
+    /// transactions that did are checkpointed (`ownership::deliver_frees`).
+    Free {
+        extents: Vec<(u64, u32)>,
+        inos: Vec<u64>,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -151,10 +158,21 @@ impl Service for FsService {
 }
 
 fn serve(core: &Arc<Core>, req: FsRequest) -> FsResult<FsReply> {
+    if let FsRequest::Free { extents, inos } = &req {
+        // Only what this node still owns is freed in its map; the rest becomes its own
+        // foreign free and travels on.
+        crate::ownership::apply_frees(core, extents, inos)?;
+        core.stats
+            .foreign_frees_served
+            .fetch_add(1, Ordering::Relaxed);
+        return Ok(FsReply::Done);
+    }
     let ino = match &req {
         FsRequest::GetAttr { ino } | FsRequest::GetBlocks { ino, .. } => *ino,
         FsRequest::Update(u) => u.ino,
         FsRequest::Sync { ino } => *ino,
+        // Served above.
+        FsRequest::Free { .. } => return Ok(FsReply::Done),
     };
     // Still the metanode, and staying so while this request is served?
     let Ok(_hold) = core
@@ -199,6 +217,7 @@ fn serve(core: &Arc<Core>, req: FsRequest) -> FsResult<FsReply> {
             core.journal.commit_upto(core, seq)?;
             Ok(FsReply::Done)
         }
+        FsRequest::Free { .. } => Ok(FsReply::Done),
     }
 }
 
@@ -398,6 +417,11 @@ fn locate(core: &Core, h: &InodeHandle) -> FsResult<()> {
             h.ino
         ))),
     }
+}
+
+/// Send `req` to node `to`'s file-system service.
+pub fn call_node(core: &Core, to: NodeId, req: &FsRequest) -> FsResult<FsReply> {
+    call(core, to, req)
 }
 
 fn call(core: &Core, to: NodeId, req: &FsRequest) -> FsResult<FsReply> {

@@ -129,6 +129,10 @@ pub const LOG_FIRST_INO: u64 = 4;
 pub const FIRST_USER_INO: u64 = 16;
 /// Inodes per inode-map segment.
 pub const INODES_PER_SEGMENT: u32 = 32768;
+/// Inodes per segment of a file system several nodes mount: each node hands out numbers
+/// from segments of its own, and the inode file grows (densely) up to the highest
+/// number in use, so smaller segments keep every node's first numbers low.
+pub const INODES_PER_SEGMENT_SHARED: u32 = 1024;
 /// Default number of allocation regions.
 pub const REGIONS_DEFAULT: u32 = 32;
 /// Most recovery logs (nodes): their inodes lie between the log's first inode and
@@ -299,6 +303,11 @@ pub fn format_disks(
         .inodes_max
         .unwrap_or((total / (16 << 10)).clamp(65536, 1 << 32))
         .max(FIRST_USER_INO + 64);
+    let per_segment = if params.log_count > 1 {
+        INODES_PER_SEGMENT_SHARED
+    } else {
+        INODES_PER_SEGMENT
+    };
     let now = || match &params.reproducible {
         Some(r) => r.time,
         None => system_now(),
@@ -322,7 +331,7 @@ pub fn format_disks(
         log_bytes: params.log_bytes,
         inodes_max,
         regions,
-        inodes_per_segment: INODES_PER_SEGMENT,
+        inodes_per_segment: per_segment,
         created_unix: now().sec,
         mounted: false,
         metadata_inodes: MetadataInodes {
@@ -341,9 +350,9 @@ pub fn format_disks(
     let nsd: Arc<dyn Nsd> = Arc::new(LocalNsd::new(disks, 0));
     let alloc = AllocMap::new(&desc, AllocMap::fresh_segments(&desc))?;
     let imap = InodeMap::new(
-        InodeMap::fresh(inodes_max, INODES_PER_SEGMENT),
+        InodeMap::fresh(inodes_max, per_segment),
         inodes_max,
-        INODES_PER_SEGMENT,
+        per_segment,
     );
     let cfg = FsConfig {
         pagepool_bytes: 64 << 20,
@@ -373,7 +382,7 @@ pub fn format_disks(
     let t = now();
     let slot_alloc = core.alloc_slot_bytes as u64;
     let slot_imap = core.imap.slot_bytes() as u64;
-    let nseg = InodeMap::segment_count(inodes_max, INODES_PER_SEGMENT) as u64;
+    let nseg = InodeMap::segment_count(inodes_max, per_segment) as u64;
     let mut metafiles = vec![
         (INODE_FILE_INO, bb),
         (BLOCK_ALLOC_MAP_INO, regions as u64 * slot_alloc),

@@ -306,6 +306,16 @@ impl Mounted {
         if !core.read_only.load(Ordering::Relaxed) {
             // Everything in place, the log empty and marked clean: nothing to replay.
             core.journal.checkpoint(&core)?;
+            if crate::ownership::shared(&core) {
+                // Frees in other nodes' space, checkpointed now, go to them; what this
+                // node freed for itself meanwhile is checkpointed too. Then its space
+                // is free for others to take.
+                if let Err(e) = crate::ownership::deliver_frees(&core) {
+                    tracing::warn!("unmount: frees in other nodes' space not delivered ({e}); fsck reclaims them");
+                }
+                core.journal.checkpoint(&core)?;
+                crate::ownership::release_all(&core)?;
+            }
             let head = core.journal.head_lsn();
             core.journal.write_header(&core, head, head, true)?;
             let mut desc = core.desc.lock();
@@ -532,6 +542,15 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
     // The log is in use until a clean unmount says otherwise.
     let head = recovery.head_lsn;
     core.journal.write_header(&core, head, head, false)?;
+    // A node of a cluster takes its share of the space before anything is allocated.
+    crate::ownership::claim_at_mount(&core)?;
+    if crate::ownership::shared(&core) {
+        // The inode file's inode was read without its token: another node may grow the
+        // file at any time, so the first use under the token reads it again.
+        if let Some(h) = core.cached_handle(m.inode_file) {
+            h.state.write().stale = true;
+        }
+    }
     let fs = FileSystem { core: core.clone() };
     fs.getattr(m.root_dir)?;
     let background = core.cfg.read().background_workers;

@@ -82,6 +82,15 @@ pub fn run<T>(core: &Core, mut f: impl FnMut() -> FsResult<T>) -> FsResult<T> {
                     }
                 }
             }
+            // This node's space ran out (the operation changed nothing: ENOSPC is refused
+            // up front): take one more region nobody owns and run it again.
+            Err(FsError::NoSpace(why)) => {
+                drop(frame.holds);
+                if !crate::ownership::acquire_region(core)? {
+                    return Err(FsError::NoSpace(why));
+                }
+                last = format!("space ({why})");
+            }
             Err(FsError::NeedBlocks { ino, unit }) => {
                 drop(frame.holds);
                 last = format!("block addresses of inode {ino} unit {unit}");

@@ -1,20 +1,315 @@
 //! Ownership of space (docs/coherence.md section 6): a node allocates blocks only in
 //! allocation regions whose token it holds, and inode numbers only in inode-map
-//! segments whose token it holds. When such a token leaves, what the node changed in
-//! the region's or segment's map is committed and written in place first, so the next
-//! owner reads the current map from disk.
+//! segments whose token it holds; it frees in them directly. Everything else about a
+//! region or segment (its map as last read) is a stale copy this node never writes.
+//!
+//! - **Taking.** Tokens of regions and segments are taken with `no_revoke`: a node gets
+//!   one nobody holds, never another node's. At mount a node of a cluster takes its
+//!   share (`r % nodes == node`, the file system's `log_count` being the most nodes it
+//!   was made for) and gives up the in-memory claim on the rest; when its space or its
+//!   inode numbers run out it takes one more, reading its map from disk (the last owner
+//!   wrote it in place when its token left). A file system with one log is mounted by
+//!   one node: it owns everything and takes no token at all.
+//! - **Freeing elsewhere.** A block or inode number freed in a region or segment of
+//!   another node (a file another node created) is queued with its transaction. Once
+//!   that transaction is checkpointed (this node's log can never write the freed
+//!   structure again) the frees go to the owner (`FsRequest::Free`), which frees them in
+//!   its map in a transaction of its own; a region nobody owns is taken and freed in
+//!   here. A crash before delivery leaks the space until fsck reclaims it, never
+//!   double-allocates it.
+//! - **Leaving.** When a region's or segment's token is revoked (unmount, a failed node's
+//!   recovery later), what this node changed in it is committed and written in place
+//!   first, then this node stops using it.
 
 use crate::core::Core;
-use crate::error::FsResult;
+use crate::error::{FsError, FsResult};
 use crate::journal::{OWNER_ALLOC_MAP, OWNER_INODE_MAP};
+use mako_disk::BufferType;
+use mako_format::alloc_segment::AllocSegment;
+use mako_format::error::Location;
+use mako_format::inode_map_segment::InodeMapSegment;
+use mako_format::DiskAddress;
+use mako_token::{AcquireOptions, ByteRange, ResourceId, TokenError, TokenMode};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// The allocation region's token leaves this node.
-pub fn revoke_region(core: &Arc<Core>, _region: u64) -> FsResult<()> {
-    core.journal.write_in_place(core, OWNER_ALLOC_MAP)
+/// Nodes the file system shares its space among: one per recovery log.
+fn nodes(core: &Core) -> u32 {
+    core.desc.lock().metadata_inodes.log_count.max(1)
+}
+
+/// True when this node shares the space with others (tokens decide who owns what).
+pub fn shared(core: &Core) -> bool {
+    nodes(core) > 1
+}
+
+/// Take `resource` if nobody holds it: Ok(false) when another node does.
+fn take(core: &Core, resource: ResourceId) -> FsResult<bool> {
+    match core.tokens.client().acquire_with_options(
+        resource,
+        TokenMode::Xw,
+        ByteRange::WHOLE,
+        ByteRange::WHOLE,
+        AcquireOptions {
+            no_revoke: true,
+            ..Default::default()
+        },
+    ) {
+        Ok(()) => Ok(true),
+        Err(TokenError::Conflict { .. }) => Ok(false),
+        Err(e) => Err(crate::coherence::token_error(e)),
+    }
+}
+
+fn read_region(core: &Core, region: usize) -> FsResult<AllocSegment> {
+    let desc = core.desc.lock().clone();
+    let slot = crate::alloc_map::segment_slot_bytes(&desc);
+    let mut b = vec![0u8; slot];
+    let da = core.metafile_read(
+        desc.metadata_inodes.block_alloc_map,
+        region as u64 * slot as u64,
+        &mut b,
+        BufferType::AllocMap,
+    )?;
+    Ok(AllocSegment::decode(&b, region as u32, Location::Disk(da))?)
+}
+
+fn read_segment(core: &Core, segment: usize) -> FsResult<InodeMapSegment> {
+    let desc = core.desc.lock().clone();
+    let per = desc.inodes_per_segment;
+    let slot = InodeMapSegment::slot_bytes(per);
+    let mut b = vec![0u8; slot];
+    let da = core.metafile_read(
+        desc.metadata_inodes.inode_alloc_map,
+        segment as u64 * slot as u64,
+        &mut b,
+        BufferType::InodeMap,
+    )?;
+    Ok(InodeMapSegment::decode(
+        &b,
+        segment as u32,
+        per,
+        Location::Disk(da),
+    )?)
+}
+
+/// At mount, before any operation: a node of a cluster takes its share of regions and
+/// segments and stops allocating in the rest.
+pub fn claim_at_mount(core: &Core) -> FsResult<()> {
+    if !shared(core) {
+        return Ok(());
+    }
+    let (n, me) = (nodes(core), core.node);
+    for r in 0..core.alloc.region_count() {
+        let mine = r as u32 % n == me && take(core, core.tokens.region(r as u32))?;
+        if !mine {
+            core.alloc.disown(r);
+        }
+    }
+    for s in 0..core.imap.segments() {
+        let mine = s as u32 % n == me && take(core, core.tokens.segment(s as u32))?;
+        if !mine {
+            core.imap.disown(s);
+        }
+    }
+    Ok(())
+}
+
+/// Take one more allocation region nobody owns (its map read from disk). False when
+/// every region is owned (by this node or others). Blocks: call with no lock, no
+/// transaction handle and no hold open.
+pub fn acquire_region(core: &Core) -> FsResult<bool> {
+    if !shared(core) {
+        return Ok(false);
+    }
+    let count = core.alloc.region_count();
+    let start = core.node as usize * count / nodes(core) as usize;
+    for k in 0..count {
+        let r = (start + k) % count;
+        if core.alloc.is_owned(r) || !take(core, core.tokens.region(r as u32))? {
+            continue;
+        }
+        core.alloc.own(r, read_region(core, r)?)?;
+        core.stats
+            .regions_acquired
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+/// Take one more inode-map segment nobody owns. As `acquire_region`.
+pub fn acquire_segment(core: &Core) -> FsResult<bool> {
+    if !shared(core) {
+        return Ok(false);
+    }
+    let count = core.imap.segments();
+    let start = core.node as usize * count / nodes(core) as usize;
+    for k in 0..count {
+        let s = (start + k) % count;
+        if core.imap.is_owned(s) || !take(core, core.tokens.segment(s as u32))? {
+            continue;
+        }
+        core.imap.own(s, read_segment(core, s)?);
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+/// Free what other nodes freed in this node's regions and segments (`FsRequest::Free`).
+/// Anything no longer owned here goes back as this node's own foreign free.
+pub fn apply_frees(core: &Core, extents: &[(u64, u32)], inos: &[u64]) -> FsResult<()> {
+    core.check_writable()?;
+    let _tx = core.begin();
+    for &(raw, n) in extents {
+        core.alloc.free(DiskAddress::from_raw(raw), n, 0)?;
+    }
+    for &ino in inos {
+        core.imap.free(ino)?;
+    }
+    Ok(())
+}
+
+/// Send the checkpointed frees in other nodes' regions and segments to their owners
+/// (or take an unowned one and free here). What cannot be delivered now stays queued.
+/// Blocks: call with no lock, no transaction handle and no hold open.
+pub fn deliver_frees(core: &Core) -> FsResult<()> {
+    let extents = core.alloc.take_foreign_frees();
+    let inos = core.imap.take_foreign_frees();
+    if extents.is_empty() && inos.is_empty() {
+        return Ok(());
+    }
+    // Per owner resource: what goes there.
+    let mut by_region: BTreeMap<usize, Vec<(DiskAddress, u32)>> = BTreeMap::new();
+    for (da, n) in extents {
+        match core.alloc.region_of(da) {
+            Some(r) => by_region.entry(r).or_default().push((da, n)),
+            None => tracing::warn!("foreign free of {n} subblocks at {da}: outside every region"),
+        }
+    }
+    let mut by_segment: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+    for ino in inos {
+        by_segment
+            .entry(core.imap.segment_of(ino))
+            .or_default()
+            .push(ino);
+    }
+    let mut result = Ok(());
+    for (r, list) in by_region {
+        let sent = deliver(core, core.tokens.region(r as u32), &list, &[]);
+        if let Err(e) = sent {
+            core.alloc.return_foreign_frees(list);
+            result = result.and(Err(e));
+        }
+    }
+    for (s, list) in by_segment {
+        let sent = deliver(core, core.tokens.segment(s as u32), &[], &list);
+        if let Err(e) = sent {
+            core.imap.return_foreign_frees(list);
+            result = result.and(Err(e));
+        }
+    }
+    result
+}
+
+fn deliver(
+    core: &Core,
+    resource: ResourceId,
+    extents: &[(DiskAddress, u32)],
+    inos: &[u64],
+) -> FsResult<()> {
+    let raw: Vec<(u64, u32)> = extents.iter().map(|(da, n)| (da.raw(), *n)).collect();
+    for _ in 0..4 {
+        let owner = core
+            .tokens
+            .client()
+            .locate_metanode(resource, false)
+            .map_err(crate::coherence::token_error)?;
+        match owner {
+            Some(n) if n == core.tokens.node() => return apply_frees(core, &raw, inos),
+            Some(n) => {
+                let req = crate::metanode::FsRequest::Free {
+                    extents: raw.clone(),
+                    inos: inos.to_vec(),
+                };
+                match crate::metanode::call_node(core, n, &req)? {
+                    crate::metanode::FsReply::Done => {
+                        core.stats
+                            .foreign_frees_sent
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        return Ok(());
+                    }
+                    crate::metanode::FsReply::Failed(e) => {
+                        return Err(FsError::Token(format!(
+                            "node {n} could not free what this node freed in its space: {e}"
+                        )))
+                    }
+                    // Not the owner any more: look again.
+                    _ => continue,
+                }
+            }
+            None => {
+                // Nobody owns it: take it and free here.
+                if take(core, resource)? {
+                    match resource.kind {
+                        mako_token::ResourceKind::AllocRegion => {
+                            let r = resource.id as usize;
+                            core.alloc.own(r, read_region(core, r)?)?;
+                        }
+                        _ => {
+                            let s = resource.id as usize;
+                            core.imap.own(s, read_segment(core, s)?);
+                        }
+                    }
+                    return apply_frees(core, &raw, inos);
+                }
+            }
+        }
+    }
+    Err(FsError::Token(format!(
+        "{resource}: its owner keeps changing; frees queued for later"
+    )))
+}
+
+/// At unmount, after the last checkpoint (every map is in place): give back every
+/// region and segment token, so other nodes can take the space.
+pub fn release_all(core: &Core) -> FsResult<()> {
+    for r in 0..core.alloc.region_count() {
+        if core.alloc.is_owned(r) {
+            core.alloc.disown(r);
+            core.tokens
+                .client()
+                .release(core.tokens.region(r as u32), ByteRange::WHOLE)
+                .map_err(crate::coherence::token_error)?;
+        }
+    }
+    for s in 0..core.imap.segments() {
+        if core.imap.is_owned(s) {
+            core.imap.disown(s);
+            core.tokens
+                .client()
+                .release(core.tokens.segment(s as u32), ByteRange::WHOLE)
+                .map_err(crate::coherence::token_error)?;
+        }
+    }
+    Ok(())
+}
+
+/// The allocation region's token leaves this node: what it changed there is written in
+/// place (the next owner reads it from disk), then it allocates there no more.
+pub fn revoke_region(core: &Arc<Core>, region: u64) -> FsResult<()> {
+    core.journal.write_in_place(core, OWNER_ALLOC_MAP)?;
+    if (region as usize) < core.alloc.region_count() {
+        core.alloc.disown(region as usize);
+    }
+    Ok(())
 }
 
 /// The inode-map segment's token leaves this node.
-pub fn revoke_segment(core: &Arc<Core>, _segment: u64) -> FsResult<()> {
-    core.journal.write_in_place(core, OWNER_INODE_MAP)
+pub fn revoke_segment(core: &Arc<Core>, segment: u64) -> FsResult<()> {
+    core.journal.write_in_place(core, OWNER_INODE_MAP)?;
+    if (segment as usize) < core.imap.segments() {
+        core.imap.disown(segment as usize);
+    }
+    Ok(())
 }

@@ -178,7 +178,8 @@ pub fn release_tokens(core: &Core) -> FsResult<()> {
             core.tokens.release_inode(ino)?;
         }
     }
-    Ok(())
+    // Frees in other nodes' space whose transactions are checkpointed.
+    crate::ownership::deliver_frees(core)
 }
 
 fn report(core: &Core, what: &str, e: FsError) {
@@ -391,6 +392,9 @@ fn sync_loop(core: &Core) {
         if used > j.capacity() / 4 || (used > 0 && idle) {
             if let Err(e) = j.checkpoint(core) {
                 report(core, "recovery log checkpoint", e);
+            }
+            if let Err(e) = crate::ownership::deliver_frees(core) {
+                report(core, "frees in other nodes' space", e);
             }
         }
     }

@@ -85,7 +85,6 @@ fn read_all(fs: &FileSystem, ino: u64) -> Vec<u8> {
 }
 
 #[test]
-#[ignore = "both nodes allocate from the same regions and inode-map segments until allocation ownership lands (issue 12)"]
 fn what_one_node_writes_the_other_reads() {
     let c = TwoNodes::new(2);
     let (a, b) = (c.fs(0), c.fs(1));
@@ -112,7 +111,6 @@ fn what_one_node_writes_the_other_reads() {
 }
 
 #[test]
-#[ignore = "both nodes allocate from the same regions and inode-map segments until allocation ownership lands (issue 12)"]
 fn names_created_and_removed_on_either_node() {
     let c = TwoNodes::new(2);
     let (a, b) = (c.fs(0), c.fs(1));
@@ -154,7 +152,6 @@ fn names_created_and_removed_on_either_node() {
 }
 
 #[test]
-#[ignore = "both nodes allocate from the same regions and inode-map segments until allocation ownership lands (issue 12)"]
 fn renames_between_nodes() {
     let c = TwoNodes::new(2);
     let (a, b) = (c.fs(0), c.fs(1));
@@ -176,7 +173,6 @@ fn renames_between_nodes() {
 }
 
 #[test]
-#[ignore = "both nodes allocate from the same regions and inode-map segments until allocation ownership lands (issue 12)"]
 fn two_writers_of_one_file_through_the_metanode() {
     let c = TwoNodes::new(2);
     let (a, b) = (c.fs(0), c.fs(1));

@@ -92,6 +92,11 @@ pub struct AcquireOptions {
     pub replace: bool,
     pub upgrade_to: Option<TokenMode>,
     pub alt_mode: Option<TokenMode>,
+    /// Take the token only if nobody else holds it in the way: a conflict is returned
+    /// (`TokenError::Conflict`) instead of revoked. Ownership of allocation regions and
+    /// inode-map segments is handed out this way: a node takes a free one, never
+    /// another node's.
+    pub no_revoke: bool,
 }
 
 /// Limits of one token client.
@@ -594,6 +599,9 @@ impl TokenClient {
         desired: ByteRange,
         options: AcquireOptions,
     ) -> Result<(), TokenError> {
+        if options.no_revoke {
+            return self.acquire_if_free(resource, mode, required, desired);
+        }
         self.acquire_full(
             resource,
             mode,
@@ -622,6 +630,57 @@ impl TokenClient {
         self.acquire_full(
             resource, mode, required, desired, None, replace, upgrade_to, alt_mode,
         )
+    }
+
+    /// One request to the manager: granted, or the conflict (nobody is revoked).
+    fn acquire_if_free(
+        &self,
+        resource: ResourceId,
+        mode: TokenMode,
+        required: ByteRange,
+        desired: ByteRange,
+    ) -> Result<(), TokenError> {
+        let inner = &self.inner;
+        debug_assert_eq!(
+            thread_holds(inner.id),
+            0,
+            "{}: blocking acquire of {resource} with holds open on this thread (rule R1)",
+            inner.node
+        );
+        let req = AcquireRequest::new(inner.node, resource, mode, required, desired);
+        validate_request(&req)?;
+        let (lock, cv) = inner.shard(&resource);
+        let shard = lock.lock();
+        let mut shard = inner.wait_until(&resource, shard, |st| !st.busy);
+        let st = shard.res.entry(resource).or_default();
+        if st.covers(required, Some(mode)) && !st.revoking_overlaps(&required) {
+            inner.covered.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        st.busy = true;
+        drop(shard);
+        inner.manager_calls.fetch_add(1, Ordering::Relaxed);
+        let reply = inner.ask_manager(&resource, ManagerRequest::Acquire(req));
+        let mut shard = lock.lock();
+        let st = shard.res.entry(resource).or_default();
+        st.busy = false;
+        cv.notify_all();
+        let result = match reply {
+            Ok(ManagerReply::Granted(g)) => {
+                st.held.grant(g.range, g.mode);
+                st.version = st.version.max(g.version);
+                return Ok(());
+            }
+            Ok(ManagerReply::Failed(e)) => Err(e),
+            Ok(other) => Err(TokenError::Transport(format!(
+                "unexpected manager reply {other:?}"
+            ))),
+            Err(e) => Err(e),
+        };
+        if st.is_idle() {
+            shard.res.remove(&resource);
+        }
+        result
     }
 
     fn acquire_with(

@@ -429,6 +429,14 @@ impl TokenManager {
             if mode == TokenMode::Xw || (mode == TokenMode::Rw && entry.metanode.is_none()) {
                 entry.metanode = Some(node);
             }
+        } else if matches!(
+            resource.kind,
+            crate::ResourceKind::AllocRegion | crate::ResourceKind::InodeMapSegment
+        ) && mode == TokenMode::Xw
+        {
+            // The holder of a region or segment owns it: frees other nodes make there
+            // are sent to it (`locate_metanode` finds it).
+            entry.metanode = Some(node);
         }
         entry.check_metanode();
         let version = entry.version;
