@@ -137,7 +137,10 @@ fn mount_t_fuse_mako_and_an_fstab_line_mount_through_makod() {
     );
     assert!(ok, "mount -t fuse.mako: {text}");
     let (opts, fstype, source, _) = mountinfo(&x.0).expect("mounted");
-    assert_eq!((fstype.as_str(), source.as_str()), ("fuse.mako", "mako:fs1"));
+    assert_eq!(
+        (fstype.as_str(), source.as_str()),
+        ("fuse.mako", "mako:fs1")
+    );
     assert!(opts.starts_with("rw"), "{opts}");
     assert_eq!(
         std::fs::read(x.0.join("hello")).unwrap(),
@@ -174,11 +177,22 @@ fn mount_t_fuse_mako_and_an_fstab_line_mount_through_makod() {
     let (ok, text) = run(
         &cluster,
         "mount",
-        &["-t", "fuse.mako", "-o", "bogus", "mako:fs1", z.0.to_str().unwrap()],
+        &[
+            "-t",
+            "fuse.mako",
+            "-o",
+            "bogus",
+            "mako:fs1",
+            z.0.to_str().unwrap(),
+        ],
     );
     assert!(!ok, "mount -o bogus succeeded");
     assert!(text.contains("unknown mount option bogus"), "{text}");
-    assert!(mountinfo(&z.0).is_none(), "something was mounted on {:?}", z.0);
+    assert!(
+        mountinfo(&z.0).is_none(),
+        "something was mounted on {:?}",
+        z.0
+    );
     // An unknown file system: a clear error too.
     let (ok, text) = run(
         &cluster,
@@ -206,7 +220,10 @@ fn mount_t_fuse_mako_and_an_fstab_line_mount_through_makod() {
         "mount",
         &["-t", "fuse.mako", "mako:fs1", x.0.to_str().unwrap()],
     );
-    assert!(!ok && text.contains("makod is not running") && text.contains("mako up"), "{text}");
+    assert!(
+        !ok && text.contains("makod is not running") && text.contains("mako up"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -296,7 +313,11 @@ fn remount_ro_and_back_to_rw() {
     assert!(ok, "{text}");
     std::fs::write(b.0.join("f"), b"before").unwrap();
 
-    let (ok, text) = run(&cluster, "mount", &["-o", "remount,ro", b.0.to_str().unwrap()]);
+    let (ok, text) = run(
+        &cluster,
+        "mount",
+        &["-o", "remount,ro", b.0.to_str().unwrap()],
+    );
     assert!(ok, "mount -o remount,ro: {text}");
     assert!(mountinfo(&b.0).unwrap().0.starts_with("ro"));
     let e = std::fs::write(b.0.join("f"), b"x").unwrap_err();
@@ -316,7 +337,14 @@ fn remount_ro_and_back_to_rw() {
 
     // `mako fs mount -o remount,rw` is the same request, from the CLI.
     let out = cluster
-        .mako(&["fs", "mount", "fs1", "-o", "remount,rw", b.0.to_str().unwrap()])
+        .mako(&[
+            "fs",
+            "mount",
+            "fs1",
+            "-o",
+            "remount,rw",
+            b.0.to_str().unwrap(),
+        ])
         .unwrap();
     assert!(out.success(), "{out}");
     assert!(mountinfo(&b.0).unwrap().0.starts_with("rw"));
@@ -387,7 +415,14 @@ fn noexec_nosuid_nodev_and_atime_options_hold() {
     // read through each mount point; only strictatime moves it.
     let s = MountDir::new(&cluster, "s");
     let out = cluster
-        .mako(&["fs", "mount", "fs1", "-o", "strictatime", s.0.to_str().unwrap()])
+        .mako(&[
+            "fs",
+            "mount",
+            "fs1",
+            "-o",
+            "strictatime",
+            s.0.to_str().unwrap(),
+        ])
         .unwrap();
     assert!(out.success(), "{out}");
     // The kernel shows strictatime as neither relatime nor noatime.
@@ -432,9 +467,16 @@ fn noexec_nosuid_nodev_and_atime_options_hold() {
     sys::utimensat(&a.join("data"), &hour_ago, 0).unwrap();
     assert_eq!(atime(), now - 3600);
     std::fs::read(n.0.join("data")).unwrap();
-    assert_eq!(atime(), now - 3600, "a read through a noatime mount moved atime");
+    assert_eq!(
+        atime(),
+        now - 3600,
+        "a read through a noatime mount moved atime"
+    );
     std::fs::read(s.0.join("data")).unwrap();
-    assert!(atime() >= now, "a read through a strictatime mount left atime");
+    assert!(
+        atime() >= now,
+        "a read through a strictatime mount left atime"
+    );
     for d in [&n.0, &s.0] {
         let out = cluster
             .mako(&["fs", "unmount", "fs1", d.to_str().unwrap()])

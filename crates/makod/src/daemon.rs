@@ -382,8 +382,8 @@ impl Daemon {
 
     fn note_outside_unmount(p: &MountPoint) {
         tracing::warn!(
-            "{} was unmounted from {} from outside (e.g. by `umount`); `mako fs mount {}` or \
-             `mako up` mounts it again",
+            "{} was unmounted from outside ({} is no longer its mount point, e.g. by \
+             `umount`); `mako fs mount {}` or `mako up` mounts it again",
             p.name,
             p.mountpoint.display(),
             p.name
