@@ -5,12 +5,14 @@
 //! the mount table; `umount -l` while files are open detaches it from its mount point
 //! but keeps serving those files. makod must not go on reporting "mounted" (or refuse
 //! `mako fs mount` as "already mounted") from what it remembers, so every report and
-//! every mount or unmount first asks [`MountedFs::health`], which looks at the FUSE
-//! session and the kernel's mount table (`mako_control::mount_table`), and a mount whose
-//! session ended is released — written back and forgotten — by
-//! [`MountedFs::release_ended`]. makod's main loop also looks a few times a second, so
-//! the write-back happens and `makod.log` records it soon after the unmount, not only at
-//! the next request.
+//! every mount or unmount first asks [`MountPoint::health`], which looks at the FUSE
+//! session and the kernel's mount table (`mako_control::mount_table`). A file system
+//! may have several mount points (a `MountPoint` each, one FUSE session over the one
+//! mounted core): a mount point whose session ended is released
+//! ([`MountPoint::join_ended`]), and the file system is written back and forgotten
+//! ([`MountedFs::write_back`]) when its last mount point is gone. makod's main loop also
+//! looks a few times a second, so the write-back happens and `makod.log` records it soon
+//! after the unmount, not only at the next request.
 
 use anyhow::{Context, Result};
 use mako_control::mount_options::{AtimeOption, MountOptions};
