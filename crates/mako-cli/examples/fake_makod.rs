@@ -69,20 +69,21 @@ impl ControlHandler for Fake {
                                 pagepool_used_bytes: 12 << 20,
                                 pagepool_dirty_bytes: 1 << 20,
                                 read_only: false,
+                                mounts: Vec::new(),
                                 disks,
                             }
                         })
                         .collect(),
                 })
             }
-            Request::Mount { fs } => match cluster.filesystem(&fs) {
+            Request::Mount { fs, .. } => match cluster.filesystem(&fs) {
                 Some(def) => {
                     self.mounted.lock().unwrap().push(fs.clone());
                     Response::ok(format!("{fs} mounted on {}", def.mountpoint.display()))
                 }
                 None => Response::error(format!("no file system `{fs}` in cluster.toml")),
             },
-            Request::Unmount { fs } => {
+            Request::Unmount { fs, .. } => {
                 self.mounted.lock().unwrap().retain(|m| *m != fs);
                 Response::ok(format!("{fs} unmounted"))
             }

@@ -49,6 +49,16 @@ pub enum Command {
     /// Show, explain and change configuration parameters.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Install the mount helper `mount.fuse.mako` (a link to this program), so that
+    /// `mount -t fuse.mako mako:fs1 DIR` and /etc/fstab lines work (root only).
+    InstallHelper {
+        /// Where mount(8) looks for helpers
+        #[arg(long, default_value = "/sbin")]
+        dir: String,
+        /// Remove the helper instead
+        #[arg(long)]
+        remove: bool,
+    },
     /// Diagnostics from the running daemon (like mmdiag).
     #[command(subcommand)]
     Diag(DiagCommand),
@@ -100,15 +110,25 @@ pub enum FsCommand {
         /// File system [default: all]
         name: Option<String>,
     },
-    /// Mount a file system now and at every start (like mmmount).
+    /// Mount a file system now and at every start (like mmmount); with a MOUNTPOINT,
+    /// mount it there now (one more mount point; not remembered for the next start).
     Mount {
         /// File system
         name: String,
+        /// Mount options, as `mount -o` takes them: ro, rw, remount, noatime, relatime,
+        /// strictatime, nosuid, nodev, noexec (and their opposites)
+        #[arg(short = 'o', value_name = "OPTIONS", default_value = "")]
+        options: String,
+        /// Where to mount it [default: its mount point, `mako fs show`]
+        mountpoint: Option<PathBuf>,
     },
-    /// Unmount a file system now and stop mounting it at start (like mmumount).
+    /// Unmount a file system from every mount point now and stop mounting it at start
+    /// (like mmumount); with a MOUNTPOINT, unmount only that one.
     Unmount {
         /// File system
         name: String,
+        /// The mount point to unmount [default: all of them]
+        mountpoint: Option<PathBuf>,
     },
 }
 
@@ -347,8 +367,17 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Status => status::status(&context),
         Command::Fs(FsCommand::Create(args)) => fs_cmd::create(&context, &args),
         Command::Fs(FsCommand::Show { name }) => fs_cmd::show(&context, name.as_deref()),
-        Command::Fs(FsCommand::Mount { name }) => fs_cmd::mount(&context, &name, true),
-        Command::Fs(FsCommand::Unmount { name }) => fs_cmd::mount(&context, &name, false),
+        Command::Fs(FsCommand::Mount {
+            name,
+            options,
+            mountpoint,
+        }) => fs_cmd::mount(&context, &name, true, &options, mountpoint.as_deref()),
+        Command::Fs(FsCommand::Unmount { name, mountpoint }) => {
+            fs_cmd::mount(&context, &name, false, "", mountpoint.as_deref())
+        }
+        Command::InstallHelper { dir, remove } => {
+            crate::mount_helper::install(std::path::Path::new(&dir), remove)
+        }
         Command::Disk(DiskCommand::Create(args)) => fs_cmd::disk_create(&context, &args),
         Command::Disk(DiskCommand::Show { fs }) => fs_cmd::disk_show(&context, fs.as_deref()),
         Command::Fsck(args) => Ok(fsck_cmd::run(&context, &args)),

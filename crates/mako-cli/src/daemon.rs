@@ -486,6 +486,7 @@ fn create_cluster(data: &DataDir, args: &UpArgs) -> Result<ClusterConfig> {
         disks: cluster.disks.iter().map(|d| d.name.clone()).collect(),
         mountpoint: mountpoint.clone(),
         automount: true,
+        mount_options: String::new(),
     });
     cluster.validate()?;
 
@@ -660,6 +661,8 @@ fn start_and_wait(data: &DataDir, cluster: &ClusterConfig) -> Result<()> {
                     for fs in &missing {
                         let request = Request::Mount {
                             fs: fs.name.clone(),
+                            mountpoint: None,
+                            options: fs.mount_options.clone(),
                         };
                         let mut client = connect(data)?;
                         client.set_timeout(MOUNT_TIMEOUT);

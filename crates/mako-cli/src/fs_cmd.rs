@@ -194,6 +194,7 @@ pub fn create(context: &Context, args: &FsCreateArgs) -> Result<ExitCode> {
         disks: chosen.iter().map(|d| d.name.clone()).collect(),
         mountpoint,
         automount: args.automount == "yes",
+        mount_options: String::new(),
     };
     cluster.filesystems.push(fs.clone());
     cluster.save(&context.data.root).with_context(|| {
@@ -651,24 +652,44 @@ pub fn no_such_fs(cluster: &ClusterConfig, name: &str) -> anyhow::Error {
 }
 
 /// `mako fs mount NAME` (`mount = true`) and `mako fs unmount NAME`.
-pub fn mount(context: &Context, name: &str, mount: bool) -> Result<ExitCode> {
+pub fn mount(
+    context: &Context,
+    name: &str,
+    mount: bool,
+    options: &str,
+    mountpoint: Option<&Path>,
+) -> Result<ExitCode> {
     let mut cluster = context.cluster()?;
     let fs = cluster
         .filesystem(name)
         .ok_or_else(|| no_such_fs(&cluster, name))?
         .clone();
+    // Options are checked here too, so a typo is reported even with makod down.
+    let request_options =
+        mako_control::mount_options::MountRequestOptions::parse(options, &Default::default())
+            .map_err(|e| anyhow!("{e}"))?;
+    let mountpoint = mountpoint.map(mako_control::mount_table::canonical_mountpoint);
+    let remount = request_options.remount;
+    if remount && !mount {
+        bail!("`remount` is an option of `mako fs mount`");
+    }
     let daemon_up = daemon::try_connect(&context.data)?.is_some();
     if daemon_up {
         let request = if mount {
-            std::fs::create_dir_all(&fs.mountpoint).with_context(|| {
-                format!("cannot create mount point {}", fs.mountpoint.display())
-            })?;
+            let at = mountpoint.clone().unwrap_or_else(|| fs.mountpoint.clone());
+            if !remount {
+                std::fs::create_dir_all(&at)
+                    .with_context(|| format!("cannot create mount point {}", at.display()))?;
+            }
             Request::Mount {
                 fs: name.to_string(),
+                mountpoint: mountpoint.as_ref().map(|p| p.display().to_string()),
+                options: options.to_string(),
             }
         } else {
             Request::Unmount {
                 fs: name.to_string(),
+                mountpoint: mountpoint.as_ref().map(|p| p.display().to_string()),
             }
         };
         let message = daemon::call_ok(context, &request)?;
@@ -676,15 +697,36 @@ pub fn mount(context: &Context, name: &str, mount: bool) -> Result<ExitCode> {
             println!("{message}");
         }
     }
+    // A mount at another mount point, or a remount, is for now only (as `mount` without
+    // fstab); the file system's own mount point, its options and whether it is mounted
+    // at start are remembered in cluster.toml (as `mmmount` does).
+    if mountpoint.is_some() || remount {
+        if !daemon_up {
+            eprintln!(
+                "mako: error: makod is not running, so {name} is not {}; start it with `mako up`",
+                if mount { "mounted" } else { "mounted anywhere" }
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Some(entry) = cluster.filesystem_mut(name) {
         entry.automount = mount;
+        if mount {
+            entry.mount_options = options.to_string();
+        }
     }
     cluster.save(&context.data.root)?;
     match (mount, daemon_up) {
         (true, true) => {
             println!(
-                "{name} is mounted on {} and will be mounted at every `mako up`.",
-                fs.mountpoint.display()
+                "{name} is mounted on {} and will be mounted at every `mako up`{}.",
+                fs.mountpoint.display(),
+                if options.is_empty() {
+                    String::new()
+                } else {
+                    format!(" with {}", request_options.options)
+                }
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -1005,6 +1047,7 @@ mod tests {
             disks: vec!["d2".into()],
             mountpoint: "/mako/fs1".into(),
             automount: true,
+            mount_options: String::new(),
         });
         let message = plan_error(&c, "mako fs create fs2 -d d0,d2");
         assert!(

@@ -5,6 +5,8 @@
 //! Every command works on one data directory (`--data-dir`, default from
 //! `mako_control::default_data_dir`) holding `cluster.toml`, `config.toml`, the disks
 //! of `mako up`, `makod.log`, `makod.pid` and the control socket `makod.sock`.
+//! Started as `mount.fuse.mako` (`mako install-helper`), it is the mount helper of
+//! mount(8) (`mount_helper`).
 
 mod cli;
 mod config_cmd;
@@ -13,6 +15,7 @@ mod diag;
 mod diskspec;
 mod fs_cmd;
 mod fsck_cmd;
+mod mount_helper;
 mod status;
 mod table;
 mod units;
@@ -27,6 +30,18 @@ fn main() -> ExitCode {
         return ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1));
     }
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // Linked as /sbin/mount.fuse.mako, this program is the mount helper of mount(8).
+    if args
+        .first()
+        .is_some_and(|a| mount_helper::invoked_as_helper(a))
+    {
+        let rest: Vec<String> = args
+            .iter()
+            .skip(1)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        return mount_helper::run(&rest);
+    }
     // gpfsperf's single-dash options (`-th 16`) only mean something to `mako perf`.
     let args = if args.iter().any(|a| a == "perf") {
         mako_bench::normalize_args(args)

@@ -103,6 +103,22 @@ pub fn render_status(cluster: &ClusterConfig, status: &DaemonStatus, data: &Data
         out.push_str(&filesystems.render());
     }
 
+    // Every mount point with its options (a file system may be mounted at several).
+    let mut mounts = Table::new(&["File system", "Mounted on", "Options"]);
+    for fs in &status.filesystems {
+        for m in &fs.mounts {
+            mounts.row(vec![
+                fs.name.clone(),
+                m.mountpoint.clone(),
+                m.options.clone(),
+            ]);
+        }
+    }
+    if !mounts.is_empty() {
+        out.push('\n');
+        out.push_str(&mounts.render());
+    }
+
     let mut disks = Table::new(&[
         "Disk",
         "File system",
@@ -270,6 +286,7 @@ mod tests {
             disks: vec!["d0".into()],
             mountpoint: PathBuf::from("/nonexistent/mako/fs1"),
             automount: true,
+            mount_options: String::new(),
         });
         c
     }
@@ -297,6 +314,7 @@ mod tests {
                 pagepool_used_bytes: 10 << 20,
                 pagepool_dirty_bytes: 0,
                 read_only: false,
+                mounts: Vec::new(),
                 disks: vec![DiskStatusView {
                     name: "d0".into(),
                     path: "/data/disks/d0.img".into(),

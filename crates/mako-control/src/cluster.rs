@@ -110,6 +110,10 @@ pub struct FsDef {
     /// Mounted by the daemon when it starts.
     #[serde(default)]
     pub automount: bool,
+    /// Options of the mount at `mountpoint` (`mako fs mount NAME -o …`), as `mount -o`
+    /// takes them; empty for the defaults (`rw,relatime`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mount_options: String,
 }
 
 /// The whole cluster configuration file.
@@ -500,6 +504,7 @@ mod tests {
             disks: vec!["d0".into(), "d1".into()],
             mountpoint: PathBuf::from("/mako/fs1"),
             automount: true,
+            mount_options: String::new(),
         });
         c
     }
@@ -568,6 +573,7 @@ mod tests {
             disks: vec!["d1".into()],
             mountpoint: "/mako/fs2".into(),
             automount: false,
+            mount_options: String::new(),
         });
         let p = problem(&c);
         assert!(p.contains("disk `d1` is in two file systems"), "{p}");

@@ -11,6 +11,8 @@
 //! - `mount_table`: the kernel's mount table (`/proc/self/mountinfo`): what is mounted
 //!   where, which mounts are Mako's, whether a mount's daemon is gone; both makod and
 //!   the CLI decide "is it mounted" here.
+//! - `mount_options`: `MountOptions`, the `-o` options of mount(8), fstab and
+//!   `mako fs mount`, parsed and printed the same way everywhere.
 //! - `server`: `serve`, the daemon side: one thread per connection, a
 //!   `ControlHandler` answers each request.
 //!
@@ -19,6 +21,7 @@
 
 pub mod client;
 pub mod cluster;
+pub mod mount_options;
 pub mod mount_table;
 pub mod protocol;
 pub mod server;
@@ -30,7 +33,7 @@ pub use cluster::{
 };
 pub use protocol::{
     ConfigRowView, DaemonStatus, DiskCountersView, DiskStatusView, FsCountersView, FsStatus,
-    FsckView, IoRecordView, LockCounterView, ProtocolError, Request, Response, StatsView,
-    TokenView, WaiterView, PROTOCOL_VERSION,
+    FsckView, IoRecordView, LockCounterView, MountView, ProtocolError, Request, Response,
+    StatsView, TokenView, WaiterView, PROTOCOL_VERSION,
 };
 pub use server::{serve, ControlHandler};

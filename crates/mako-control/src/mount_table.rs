@@ -26,9 +26,20 @@ pub struct MountEntry {
     pub mountpoint: PathBuf,
     pub fstype: String,
     pub source: String,
+    /// The mount's own options (`rw,nosuid,relatime`).
+    pub mount_options: String,
+    /// The superblock's options (`rw,user_id=0,…`).
+    pub super_options: String,
 }
 
 impl MountEntry {
+    /// True if writes through this mount are refused by the kernel: the mount or its
+    /// superblock is read-only.
+    pub fn read_only(&self) -> bool {
+        let ro = |list: &str| list.split(',').any(|o| o == "ro");
+        ro(&self.mount_options) || ro(&self.super_options)
+    }
+
     /// The Mako file system this mount serves, if it is a Mako FUSE mount.
     pub fn mako_fs(&self) -> Option<&str> {
         let fuse = self.fstype == "fuse" || self.fstype == "fuse.mako";
@@ -95,14 +106,18 @@ fn parse_line(line: &str) -> Option<MountEntry> {
     let device = fields.get(2)?.split_once(':')?;
     let device = (device.0.parse().ok()?, device.1.parse().ok()?);
     let mountpoint = PathBuf::from(unescape(fields.get(4)?));
+    let mount_options = fields.get(5).unwrap_or(&"").to_string();
     let mut rest = after.split(' ');
     let fstype = unescape(rest.next()?);
     let source = unescape(rest.next().unwrap_or(""));
+    let super_options = rest.next().unwrap_or("").to_string();
     Some(MountEntry {
         device,
         mountpoint,
         fstype,
         source,
+        mount_options,
+        super_options,
     })
 }
 

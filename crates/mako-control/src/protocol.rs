@@ -29,10 +29,25 @@ pub const LINE_BYTES_MAX: usize = 16 << 20;
 pub enum Request {
     /// Node, daemon and file system state → `Response::Status`.
     Status,
-    /// Mount a file system defined in cluster.toml → `Ok`/`Error`.
-    Mount { fs: String },
-    /// Unmount a file system → `Ok`/`Error`.
-    Unmount { fs: String },
+    /// Mount a file system defined in cluster.toml → `Ok`/`Error`: at `mountpoint` (an
+    /// absolute path; `None`: its mount point in cluster.toml), with `options` as
+    /// `mount -o` takes them (`mount_options`). A file system may be mounted at several
+    /// mount points at once; `remount` in `options` changes the options of the mount
+    /// at `mountpoint`.
+    Mount {
+        fs: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mountpoint: Option<String>,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        options: String,
+    },
+    /// Unmount a file system from `mountpoint`, or from every mount point → `Ok`/`Error`
+    /// (the message names each mount point unmounted).
+    Unmount {
+        fs: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mountpoint: Option<String>,
+    },
     /// Flush, unmount everything and exit → `Ok` (sent before the daemon exits).
     Shutdown,
     /// Write every dirty block and the logs → `Ok`.
@@ -180,6 +195,17 @@ pub struct FsStatus {
     pub pagepool_dirty_bytes: u64,
     pub read_only: bool,
     pub disks: Vec<DiskStatusView>,
+    /// Every mount point the file system is mounted at, with its options.
+    #[serde(default)]
+    pub mounts: Vec<MountView>,
+}
+
+/// One mount point of a file system in `FsStatus`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MountView {
+    pub mountpoint: String,
+    /// The canonical options (`rw,nosuid,relatime`), as `MountOptions` prints them.
+    pub options: String,
 }
 
 /// One disk in `FsStatus`.
@@ -405,6 +431,7 @@ mod tests {
                 pagepool_used_bytes: 10 << 20,
                 pagepool_dirty_bytes: 0,
                 read_only: false,
+                mounts: Vec::new(),
                 disks: vec![DiskStatusView {
                     name: "d0".into(),
                     path: "/var/lib/mako/disks/d0.img".into(),
@@ -422,8 +449,15 @@ mod tests {
     fn all_requests() -> Vec<Request> {
         vec![
             Request::Status,
-            Request::Mount { fs: "fs1".into() },
-            Request::Unmount { fs: "fs1".into() },
+            Request::Mount {
+                fs: "fs1".into(),
+                mountpoint: None,
+                options: String::new(),
+            },
+            Request::Unmount {
+                fs: "fs1".into(),
+                mountpoint: Some("/tmp/x".into()),
+            },
             Request::Shutdown,
             Request::Sync,
             Request::ClearCache { fs: None },
@@ -540,7 +574,11 @@ mod tests {
             r#"{"v":1,"request":"status"}"#
         );
         assert_eq!(
-            encode_request(&Request::Mount { fs: "fs1".into() }),
+            encode_request(&Request::Mount {
+                fs: "fs1".into(),
+                mountpoint: None,
+                options: String::new(),
+            }),
             r#"{"v":1,"request":{"mount":{"fs":"fs1"}}}"#
         );
         assert_eq!(

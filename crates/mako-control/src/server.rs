@@ -212,8 +212,8 @@ mod tests {
     impl ControlHandler for TestHandler {
         fn handle(&self, request: Request) -> Response {
             match request {
-                Request::Mount { fs } if fs == "boom" => panic!("test panic"),
-                Request::Mount { fs } => Response::ok(format!("{fs} mounted")),
+                Request::Mount { fs, .. } if fs == "boom" => panic!("test panic"),
+                Request::Mount { fs, .. } => Response::ok(format!("{fs} mounted")),
                 Request::DiagWaiters { .. } => {
                     let open = GATE.lock().unwrap();
                     // Bounded, so that a test that never opens the gate still ends.
@@ -243,7 +243,13 @@ mod tests {
 
         let mut client = ControlClient::connect(&socket).unwrap();
         for _ in 0..3 {
-            let answer = client.call(&Request::Mount { fs: "fs1".into() }).unwrap();
+            let answer = client
+                .call(&Request::Mount {
+                    fs: "fs1".into(),
+                    mountpoint: None,
+                    options: String::new(),
+                })
+                .unwrap();
             assert_eq!(answer, Response::ok("fs1 mounted"));
         }
         assert_eq!(
@@ -251,9 +257,21 @@ mod tests {
             Response::error("unsupported sync")
         );
         // A panicking handler becomes an error; the connection keeps working.
-        let answer = client.call(&Request::Mount { fs: "boom".into() }).unwrap();
+        let answer = client
+            .call(&Request::Mount {
+                fs: "boom".into(),
+                mountpoint: None,
+                options: String::new(),
+            })
+            .unwrap();
         assert!(matches!(answer, Response::Error { ref message } if message.contains("mount")));
-        let answer = client.call(&Request::Mount { fs: "fs2".into() }).unwrap();
+        let answer = client
+            .call(&Request::Mount {
+                fs: "fs2".into(),
+                mountpoint: None,
+                options: String::new(),
+            })
+            .unwrap();
         assert_eq!(answer, Response::ok("fs2 mounted"));
 
         // A second daemon on the same socket is refused.
@@ -344,7 +362,13 @@ mod tests {
         let handle = serve(&socket, Arc::new(TestHandler), Arc::clone(&stop)).unwrap();
         let mut client = ControlClient::connect(&socket).unwrap();
         assert_eq!(
-            client.call(&Request::Mount { fs: "a".into() }).unwrap(),
+            client
+                .call(&Request::Mount {
+                    fs: "a".into(),
+                    mountpoint: None,
+                    options: String::new(),
+                })
+                .unwrap(),
             Response::ok("a mounted")
         );
         stop.store(true, Ordering::SeqCst);

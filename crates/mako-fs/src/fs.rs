@@ -35,6 +35,19 @@ pub const SYMLINK_BYTES_MAX: usize = 4095;
 pub const LINKS_MAX: u32 = 65000;
 pub use crate::xattr::{XATTR_BYTES_MAX, XATTR_LIST_BYTES_MAX, XATTR_VALUE_BYTES_MAX};
 
+/// When a read updates a file's atime: the mount's `relatime` (the default),
+/// `strictatime` or `noatime` option.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AtimePolicy {
+    /// When atime is not after mtime or ctime, or is a day old (Linux's default).
+    #[default]
+    Relatime,
+    /// At every read that reaches makod.
+    Strict,
+    /// Never.
+    Never,
+}
+
 /// Who is asking (from the FUSE request).
 #[derive(Debug, Clone, Copy, Default)]
 
@@ -1270,6 +1283,19 @@ impl FileSystem {
         size: u32,
         f: impl FnOnce(&[u8]) -> R,
     ) -> FsResult<R> {
+        self.read_with_atime(ino, offset, size, AtimePolicy::Relatime, f)
+    }
+
+    /// `read_with`, updating atime as the mount's option says (`relatime`, `strictatime`
+    /// or `noatime`: each mount point of a file system may have its own).
+    pub fn read_with_atime<R>(
+        &self,
+        ino: u64,
+        offset: u64,
+        size: u32,
+        atime: AtimePolicy,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> FsResult<R> {
         // Called once, at the end, after every token is held: a restart never needs it.
         let mut f = Some(f);
         crate::op::run(&self.core, || {
@@ -1310,13 +1336,20 @@ impl FileSystem {
                 if sequential {
                     self.schedule_prefetch(&h, offset.saturating_add(size as u64), st.inode.size);
                 }
-                // relatime: update atime when it is older than mtime/ctime or a day old.
+                // relatime: update atime when it is older than mtime/ctime or a day old;
+                // strictatime: at every read that reaches Mako; noatime: never.
                 let i = &st.inode;
                 let t = self.core.now();
-                let due = i.atime.sec < i.mtime.sec
-                    || (i.atime.sec == i.mtime.sec && i.atime.nsec <= i.mtime.nsec)
-                    || i.atime.sec < i.ctime.sec
-                    || t.sec - i.atime.sec >= 24 * 3600;
+                let due = match atime {
+                    AtimePolicy::Never => false,
+                    AtimePolicy::Strict => true,
+                    AtimePolicy::Relatime => {
+                        i.atime.sec < i.mtime.sec
+                            || (i.atime.sec == i.mtime.sec && i.atime.nsec <= i.mtime.nsec)
+                            || i.atime.sec < i.ctime.sec
+                            || t.sec.saturating_sub(i.atime.sec) >= 24 * 3600
+                    }
+                };
                 let f = f.take().expect("the read's reply is made once");
                 (
                     file_io::read_with(&self.core, &st, offset, size as usize, sequential, f)?,

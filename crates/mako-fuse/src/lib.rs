@@ -8,6 +8,14 @@
 //! - The kernel may cache attributes, entries and pages (one node owns every token);
 //!   `Invalidator` is how the token layer takes those caches back.
 //! - fuser is kept behind this crate: nothing else in Mako names a fuser type.
+//! - One file system may be served at several mount points at once, each its own FUSE
+//!   session (its own kernel superblock and caches) over the same `FileSystem`.
+//!   `Sessions` is the file system's one `KernelInvalidator`: what the core invalidates
+//!   reaches every session, and a change made through one session is invalidated in
+//!   the others' caches before its reply, so the other mount points see it at once.
+//! - Each session has its own `MountFlags` (read-only, atime policy), which makod may
+//!   change while it runs (`mount -o remount`); a read-only session refuses every
+//!   change with EROFS itself, whatever the kernel let through.
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -16,13 +24,14 @@ use fuser::{
     ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use mako_format::inode::Timestamp;
-use mako_fs::fs::{Attr, Ctx, FileSystem, SetAttr, TimeSet, S_IFMT, S_ISGID};
+use mako_fs::fs::{AtimePolicy, Attr, Ctx, FileSystem, SetAttr, TimeSet, S_IFMT, S_ISGID};
 use mako_fs::{FsError, KernelInvalidator};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long the kernel may trust attributes and entries without asking again.
@@ -57,13 +66,160 @@ pub struct FuseOptions {
     /// Let every user reach the mount (needs root or user_allow_other).
     pub allow_other: bool,
     pub fs_name: String,
+    /// Read-only and atime policy of this mount point (changed by a remount).
+    pub flags: Arc<MountFlags>,
+    /// Kernel mount flags of this mount point: `nosuid`, `nodev`, `noexec`.
+    pub nosuid: bool,
+    pub nodev: bool,
+    pub noexec: bool,
+    /// Every session of this file system (one per mount point).
+    pub sessions: Arc<Sessions>,
 }
+
+/// The options of one mount point that makod itself honours, changed in place by a
+/// remount: whether it is read-only and when reads update atime.
+#[derive(Debug, Default)]
+pub struct MountFlags {
+    read_only: AtomicBool,
+    atime: AtomicU8,
+}
+
+impl MountFlags {
+    pub fn new(read_only: bool, atime: AtimePolicy) -> Arc<MountFlags> {
+        let f = Arc::new(MountFlags::default());
+        f.set(read_only, atime);
+        f
+    }
+
+    pub fn set(&self, read_only: bool, atime: AtimePolicy) {
+        self.read_only.store(read_only, Ordering::SeqCst);
+        let a = match atime {
+            AtimePolicy::Relatime => 0,
+            AtimePolicy::Strict => 1,
+            AtimePolicy::Never => 2,
+        };
+        self.atime.store(a, Ordering::SeqCst);
+    }
+
+    pub fn read_only(&self) -> bool {
+        self.read_only.load(Ordering::SeqCst)
+    }
+
+    pub fn atime(&self) -> AtimePolicy {
+        match self.atime.load(Ordering::Relaxed) {
+            1 => AtimePolicy::Strict,
+            2 => AtimePolicy::Never,
+            _ => AtimePolicy::Relatime,
+        }
+    }
+}
+
+/// The FUSE sessions of one file system (one per mount point), for cache invalidation.
+/// The list is replaced, never changed in place, so a notification (which may wait
+/// for kernel locks) is sent without holding any lock of Mako's.
+/// Each session's id and notifier.
+type SessionList = Arc<Vec<(u64, Arc<Notifier>)>>;
+
+#[derive(Default)]
+pub struct Sessions {
+    next_id: AtomicU64,
+    list: Mutex<SessionList>,
+}
+
+impl std::fmt::Debug for Sessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Sessions({})", self.len())
+    }
+}
+
+impl Sessions {
+    pub fn new() -> Arc<Sessions> {
+        Arc::new(Sessions::default())
+    }
+
+    fn snapshot(&self) -> SessionList {
+        self.list.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn add(&self, id: u64, n: Notifier) {
+        let mut l = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v = (**l).clone();
+        v.push((id, Arc::new(n)));
+        *l = Arc::new(v);
+    }
+
+    fn remove(&self, id: u64) {
+        let mut l = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        let v: Vec<_> = l.iter().filter(|(i, _)| *i != id).cloned().collect();
+        *l = Arc::new(v);
+    }
+
+    /// How many sessions serve the file system now.
+    pub fn len(&self) -> usize {
+        self.snapshot().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every session but `except` drops its attributes of `ino` and, if `offset` is not
+    /// negative, its cached pages from `offset` (`len` 0: to the end).
+    fn inval_inode(&self, except: Option<u64>, ino: u64, offset: i64, len: i64) {
+        for (id, n) in self.snapshot().iter() {
+            if Some(*id) == except {
+                continue;
+            }
+            if let Err(e) = n.inval_inode(INodeNo(ino), offset, len) {
+                tracing::debug!("inval_inode {ino} in session {id}: {e}");
+            }
+        }
+    }
+
+    /// Every session but `except` forgets the name `name` in `parent` (an entry or a
+    /// negative entry) and the directory's attributes.
+    fn inval_entry(&self, except: Option<u64>, parent: u64, name: &[u8]) {
+        for (id, n) in self.snapshot().iter() {
+            if Some(*id) == except {
+                continue;
+            }
+            let _ = n.inval_entry(INodeNo(parent), OsStr::from_bytes(name));
+            let _ = n.inval_inode(INodeNo(parent), -1, 0);
+        }
+    }
+}
+
+impl KernelInvalidator for Sessions {
+    fn invalidate_inode(&self, ino: u64, offset: i64, len: i64) {
+        self.inval_inode(None, ino, offset, len);
+    }
+    fn invalidate_entry(&self, parent: u64, name: &[u8]) {
+        for (_, n) in self.snapshot().iter() {
+            let _ = n.inval_entry(INodeNo(parent), OsStr::from_bytes(name));
+        }
+    }
+    fn invalidate_names(&self, dir: u64) {
+        // Entries the kernel cached under `dir` expire with the entry TTL; the
+        // directory's own attributes and listing are dropped now.
+        self.inval_inode(None, dir, 0, 0);
+    }
+}
+
+/// The kernel references (FUSE lookup counts) one session holds, so that when the
+/// session ends — its kernel sends no FORGET at unmount — they are given back to the
+/// file system, which another mount point may go on serving.
+type Lookups = Arc<Mutex<HashMap<u64, u64>>>;
 
 pub struct MakoFuse {
     fs: FileSystem,
     max_write: u32,
     writeback_cache: bool,
     direct_io_file_size: Arc<AtomicU64>,
+    flags: Arc<MountFlags>,
+    sessions: Arc<Sessions>,
+    /// This session's id in `sessions`.
+    id: u64,
+    lookups: Lookups,
 }
 
 /// An inode time as a `SystemTime`. Every `Timestamp` (any i64 seconds) is representable
@@ -245,24 +401,56 @@ impl MakoFuse {
         }
     }
 
-    pub fn new(
-        fs: FileSystem,
-        max_write: u32,
-        writeback_cache: bool,
-        direct_io_file_size: Arc<AtomicU64>,
-    ) -> MakoFuse {
+    fn new(fs: FileSystem, opts: &FuseOptions, id: u64, lookups: Lookups) -> MakoFuse {
         MakoFuse {
             fs,
-            max_write,
-            writeback_cache,
-            direct_io_file_size,
+            max_write: opts.max_write,
+            writeback_cache: opts.writeback_cache,
+            direct_io_file_size: opts.direct_io_file_size.clone(),
+            flags: opts.flags.clone(),
+            sessions: opts.sessions.clone(),
+            id,
+            lookups,
         }
+    }
+
+    /// The kernel holds one more reference to `ino` through this session.
+    fn add_lookup(&self, ino: u64) {
+        self.fs.add_lookup(ino);
+        *self
+            .lookups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(ino)
+            .or_insert(0) += 1;
+    }
+
+    /// EROFS when this mount point is read-only (`ro`, `remount,ro`). The kernel refuses
+    /// most changes on a read-only mount before they reach makod; this covers the rest
+    /// (and a remount makod was told about before the kernel applied it).
+    fn refuse_if_read_only(&self) -> Result<(), Errno> {
+        if self.flags.read_only() {
+            Err(Errno::from_i32(libc::EROFS))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The other mount points drop what they cached of `ino` (attributes, and pages
+    /// from `offset` if it is not negative).
+    fn peers_inode(&self, ino: u64, offset: i64, len: i64) {
+        self.sessions.inval_inode(Some(self.id), ino, offset, len);
+    }
+
+    /// The other mount points forget `name` in `parent`.
+    fn peers_entry(&self, parent: u64, name: &[u8]) {
+        self.sessions.inval_entry(Some(self.id), parent, name);
     }
 
     fn entry(&self, r: Result<Attr, FsError>, reply: ReplyEntry) {
         match r {
             Ok(a) => {
-                self.fs.add_lookup(a.ino);
+                self.add_lookup(a.ino);
                 reply.entry(&TTL, &file_attr(&a), Generation(a.generation as u64));
             }
             Err(e) => reply.error(errno(&e)),
@@ -395,6 +583,15 @@ impl Filesystem for MakoFuse {
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         self.guard("forget", move || {
+            {
+                let mut l = self.lookups.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(c) = l.get_mut(&ino.0) {
+                    *c = c.saturating_sub(nlookup);
+                    if *c == 0 {
+                        l.remove(&ino.0);
+                    }
+                }
+            }
             self.fs.forget(ino.0, nlookup);
         })
     }
@@ -426,6 +623,9 @@ impl Filesystem for MakoFuse {
         reply: ReplyAttr,
     ) {
         self.guard("setattr", move || {
+            if let Err(e) = self.refuse_if_read_only() {
+                return reply.error(e);
+            }
             let t = |x: TimeOrNow| match x {
                 TimeOrNow::Now => TimeSet::Now,
                 TimeOrNow::SpecificTime(s) => TimeSet::At(from_systime(s)),
@@ -467,6 +667,10 @@ impl Filesystem for MakoFuse {
                         if let Some(inv) = self.fs.core.invalidator.read().clone() {
                             inv.invalidate_inode(ino.0, 0, 0);
                         }
+                    } else {
+                        // The other mount points' pages of a truncated file and their
+                        // attributes are stale (this session's kernel knows already).
+                        self.peers_inode(ino.0, if size.is_some() { 0 } else { -1 }, 0);
                     }
                     reply.attr(&TTL, &file_attr(&a));
                 }
@@ -493,11 +697,16 @@ impl Filesystem for MakoFuse {
         reply: ReplyEntry,
     ) {
         self.guard("mknod", move || {
-            self.entry(
-                self.fs
-                    .mknod(ctx(req), parent.0, name.as_bytes(), mode, umask, rdev),
-                reply,
-            );
+            if let Err(e) = self.refuse_if_read_only() {
+                return reply.error(e);
+            }
+            let r = self
+                .fs
+                .mknod(ctx(req), parent.0, name.as_bytes(), mode, umask, rdev);
+            if r.is_ok() {
+                self.peers_entry(parent.0, name.as_bytes());
+            }
+            self.entry(r, reply);
         })
     }
 
@@ -511,23 +720,42 @@ impl Filesystem for MakoFuse {
         reply: ReplyEntry,
     ) {
         self.guard("mkdir", move || {
-            self.entry(
-                self.fs
-                    .mkdir(ctx(req), parent.0, name.as_bytes(), mode, umask),
-                reply,
-            );
+            if let Err(e) = self.refuse_if_read_only() {
+                return reply.error(e);
+            }
+            let r = self
+                .fs
+                .mkdir(ctx(req), parent.0, name.as_bytes(), mode, umask);
+            if r.is_ok() {
+                self.peers_entry(parent.0, name.as_bytes());
+            }
+            self.entry(r, reply);
         })
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.guard("unlink", move || {
-            Self::empty(self.fs.unlink(parent.0, name.as_bytes()), reply);
+            if let Err(e) = self.refuse_if_read_only() {
+                return reply.error(e);
+            }
+            let r = self.fs.unlink(parent.0, name.as_bytes());
+            if r.is_ok() {
+                self.peers_entry(parent.0, name.as_bytes());
+            }
+            Self::empty(r, reply);
         })
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.guard("rmdir", move || {
-            Self::empty(self.fs.rmdir(parent.0, name.as_bytes()), reply);
+            if let Err(e) = self.refuse_if_read_only() {
+                return reply.error(e);
+            }
+            let r = self.fs.rmdir(parent.0, name.as_bytes());
+            if r.is_ok() {
+                self.peers_entry(parent.0, name.as_bytes());
+            }
+            Self::empty(r, reply);
         })
     }
 
@@ -540,15 +768,19 @@ impl Filesystem for MakoFuse {
         reply: ReplyEntry,
     ) {
         self.guard("symlink", move || {
-            self.entry(
-                self.fs.symlink(
-                    ctx(req),
-                    parent.0,
-                    link_name.as_bytes(),
-                    target.as_os_str().as_bytes(),
-                ),
-                reply,
+            if let Err(e) = self.refuse_if_read_only() {
+                return reply.error(e);
+            }
+            let r = self.fs.symlink(
+                ctx(req),
+                parent.0,
+                link_name.as_bytes(),
+                target.as_os_str().as_bytes(),
             );
+            if r.is_ok() {
+                self.peers_entry(parent.0, link_name.as_bytes());
+            }
+            self.entry(r, reply);
         })
     }
 
@@ -563,17 +795,22 @@ impl Filesystem for MakoFuse {
         reply: ReplyEmpty,
     ) {
         self.guard("rename", move || {
-            Self::empty(
-                self.fs.rename_as(
-                    ctx(req),
-                    parent.0,
-                    name.as_bytes(),
-                    newparent.0,
-                    newname.as_bytes(),
-                    flags.bits(),
-                ),
-                reply,
+            if let Err(e) = self.refuse_if_read_only() {
+                return reply.error(e);
+            }
+            let r = self.fs.rename_as(
+                ctx(req),
+                parent.0,
+                name.as_bytes(),
+                newparent.0,
+                newname.as_bytes(),
+                flags.bits(),
             );
+            if r.is_ok() {
+                self.peers_entry(parent.0, name.as_bytes());
+                self.peers_entry(newparent.0, newname.as_bytes());
+            }
+            Self::empty(r, reply);
         })
     }
 
@@ -586,7 +823,15 @@ impl Filesystem for MakoFuse {
         reply: ReplyEntry,
     ) {
         self.guard("link", move || {
-            self.entry(self.fs.link(ino.0, newparent.0, newname.as_bytes()), reply);
+            if let Err(e) = self.refuse_if_read_only() {
+                return reply.error(e);
+            }
+            let r = self.fs.link(ino.0, newparent.0, newname.as_bytes());
+            if r.is_ok() {
+                self.peers_entry(newparent.0, newname.as_bytes());
+                self.peers_inode(ino.0, -1, 0);
+            }
+            self.entry(r, reply);
         })
     }
 
@@ -599,6 +844,13 @@ impl Filesystem for MakoFuse {
         reply: ReplyOpen,
     ) {
         self.guard("open", move || {
+            let writes =
+                flags.0 & libc::O_ACCMODE != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
+            if writes {
+                if let Err(e) = self.refuse_if_read_only() {
+                    return reply.error(e);
+                }
+            }
             if let Err(e) = self.fs.check_open(ino.0, flags.0) {
                 return reply.error(errno(&e));
             }
@@ -655,7 +907,14 @@ impl Filesystem for MakoFuse {
             }
             // The reply is written from the pagepool buffer when the range is in one block.
             let mut reply = Some(reply);
-            let r = self.fs.read_with(ino.0, offset, size, |d| {
+            let atime = if self.flags.read_only() {
+                // A read-only mount changes nothing, atime included (as the kernel's
+                // own file systems do).
+                AtimePolicy::Never
+            } else {
+                self.flags.atime()
+            };
+            let r = self.fs.read_with_atime(ino.0, offset, size, atime, |d| {
                 if let Some(r) = reply.take() {
                     r.data(d)
                 }
@@ -679,6 +938,9 @@ impl Filesystem for MakoFuse {
         reply: ReplyWrite,
     ) {
         self.guard("write", move || {
+            if let Err(e) = self.refuse_if_read_only() {
+                return reply.error(e);
+            }
             // FUSE_HANDLE_KILLPRIV_V2: the kernel flags writes by callers without
             // CAP_FSETID, through the page cache or not; the file system clears the bits.
             if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
@@ -693,7 +955,12 @@ impl Filesystem for MakoFuse {
                 self.fs.write(ino.0, offset, data, fh.0 & FH_APPEND != 0)
             };
             match r {
-                Ok(n) => reply.written(n as u32),
+                Ok(n) => {
+                    // An append lands at the size, not at `offset`: drop all pages then.
+                    let from = if fh.0 & FH_APPEND != 0 { 0 } else { offset };
+                    self.peers_inode(ino.0, i64::try_from(from).unwrap_or(i64::MAX), 0);
+                    reply.written(n as u32)
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         })
@@ -803,7 +1070,7 @@ impl Filesystem for MakoFuse {
                 );
                 // Entries handed to the kernel (all but . and ..) count as lookups.
                 if !full && e.name != b"." && e.name != b".." {
-                    self.fs.add_lookup(e.ino);
+                    self.add_lookup(e.ino);
                 }
                 full
             });
@@ -842,12 +1109,17 @@ impl Filesystem for MakoFuse {
         reply: ReplyEmpty,
     ) {
         self.guard("setxattr", move || {
+            if let Err(e) = self.refuse_if_read_only() {
+                return reply.error(e);
+            }
             let clear_sgid = setxattr_flags & fuser::consts::FUSE_SETXATTR_ACL_KILL_SGID != 0;
-            Self::empty(
-                self.fs
-                    .setxattr_as(ino.0, name.as_bytes(), value, flags, clear_sgid),
-                reply,
-            );
+            let r = self
+                .fs
+                .setxattr_as(ino.0, name.as_bytes(), value, flags, clear_sgid);
+            if r.is_ok() {
+                self.peers_inode(ino.0, -1, 0);
+            }
+            Self::empty(r, reply);
         })
     }
 
@@ -874,7 +1146,14 @@ impl Filesystem for MakoFuse {
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.guard("removexattr", move || {
-            Self::empty(self.fs.removexattr(ino.0, name.as_bytes()), reply);
+            if let Err(e) = self.refuse_if_read_only() {
+                return reply.error(e);
+            }
+            let r = self.fs.removexattr(ino.0, name.as_bytes());
+            if r.is_ok() {
+                self.peers_inode(ino.0, -1, 0);
+            }
+            Self::empty(r, reply);
         })
     }
 
@@ -897,6 +1176,9 @@ impl Filesystem for MakoFuse {
         reply: ReplyCreate,
     ) {
         self.guard("create", move || {
+            if let Err(e) = self.refuse_if_read_only() {
+                return reply.error(e);
+            }
             let r = self.fs.create(
                 ctx(req),
                 parent.0,
@@ -934,7 +1216,11 @@ impl Filesystem for MakoFuse {
                     } else {
                         a
                     };
-                    self.fs.add_lookup(a.ino);
+                    self.add_lookup(a.ino);
+                    self.peers_entry(parent.0, name.as_bytes());
+                    if flags & libc::O_TRUNC != 0 {
+                        self.peers_inode(a.ino, 0, 0);
+                    }
                     let (fh, out) = self.open_flags(flags, a.size);
                     reply.created(
                         &TTL,
@@ -959,6 +1245,9 @@ impl Filesystem for MakoFuse {
         reply: ReplyCreate,
     ) {
         self.guard("tmpfile", move || {
+            if let Err(e) = self.refuse_if_read_only() {
+                return reply.error(e);
+            }
             let a = match self.fs.tmpfile(ctx(req), parent.0, mode, umask) {
                 Ok(a) => a,
                 Err(e) => return reply.error(errno(&e)),
@@ -968,7 +1257,7 @@ impl Filesystem for MakoFuse {
             }
             // The kernel holds the inode as it holds a looked-up one, and forgets it when
             // the last file closes (no links) or after a link.
-            self.fs.add_lookup(a.ino);
+            self.add_lookup(a.ino);
             let (fh, out) = self.open_flags(flags, 0);
             reply.created(
                 &TTL,
@@ -991,7 +1280,14 @@ impl Filesystem for MakoFuse {
         reply: ReplyEmpty,
     ) {
         self.guard("fallocate", move || {
-            Self::empty(self.fs.fallocate(ino.0, offset, length, mode), reply);
+            if let Err(e) = self.refuse_if_read_only() {
+                return reply.error(e);
+            }
+            let r = self.fs.fallocate(ino.0, offset, length, mode);
+            if r.is_ok() {
+                self.peers_inode(ino.0, offset as i64, length as i64);
+            }
+            Self::empty(r, reply);
         })
     }
 
@@ -1018,6 +1314,9 @@ impl Filesystem for MakoFuse {
                     .fs
                     .file_attributes(ino.0)
                     .map(|f| f.to_le_bytes().to_vec()),
+                FS_IOC_SETFLAGS | FS_IOC_FSSETXATTR if self.flags.read_only() => {
+                    return reply.error(Errno::from_i32(libc::EROFS))
+                }
                 FS_IOC_SETFLAGS => match word(0) {
                     Some(f) => self.fs.set_file_attributes(ino.0, f).map(|()| Vec::new()),
                     None => return reply.error(Errno::from_i32(libc::EINVAL)),
@@ -1037,6 +1336,9 @@ impl Filesystem for MakoFuse {
                 // Not a file system ioctl Mako knows.
                 _ => return reply.error(Errno::from_i32(libc::ENOTTY)),
             };
+            if cmd == FS_IOC_SETFLAGS || cmd == FS_IOC_FSSETXATTR {
+                self.peers_inode(ino.0, -1, 0);
+            }
             match r {
                 Ok(out) => reply.ioctl(0, &out),
                 Err(e) => reply.error(errno(&e)),
@@ -1091,13 +1393,19 @@ impl Filesystem for MakoFuse {
             if !flags.is_empty() {
                 return reply.error(Errno::from_i32(libc::EINVAL));
             }
+            if let Err(e) = self.refuse_if_read_only() {
+                return reply.error(e);
+            }
             // The reply carries a 32-bit count; a copy is at most COPY_BYTES_MAX anyway.
             let len = len.min(mako_fs::copy_range::COPY_BYTES_MAX);
             match self
                 .fs
                 .copy_file_range(ino_in.0, offset_in, ino_out.0, offset_out, len)
             {
-                Ok(n) => reply.written(n as u32),
+                Ok(n) => {
+                    self.peers_inode(ino_out.0, offset_out as i64, n as i64);
+                    reply.written(n as u32)
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         })
@@ -1124,35 +1432,14 @@ impl Filesystem for MakoFuse {
     }
 }
 
-/// Kernel cache invalidation through FUSE notifications.
-pub struct Invalidator {
-    notifier: Arc<OnceLock<Notifier>>,
-}
-
-impl KernelInvalidator for Invalidator {
-    fn invalidate_inode(&self, ino: u64, offset: i64, len: i64) {
-        if let Some(n) = self.notifier.get() {
-            if let Err(e) = n.inval_inode(INodeNo(ino), offset, len) {
-                tracing::debug!("inval_inode {ino}: {e}");
-            }
-        }
-    }
-    fn invalidate_entry(&self, parent: u64, name: &[u8]) {
-        if let Some(n) = self.notifier.get() {
-            let _ = n.inval_entry(INodeNo(parent), OsStr::from_bytes(name));
-        }
-    }
-    fn invalidate_names(&self, dir: u64) {
-        // Entries the kernel cached under `dir` expire with the entry TTL; the
-        // directory's own attributes and listing are dropped now.
-        self.invalidate_inode(dir, 0, 0);
-    }
-}
-
 /// A mounted FUSE session.
 pub struct FuseMount {
     session: Option<fuser::BackgroundSession>,
     pub mountpoint: PathBuf,
+    fs: FileSystem,
+    sessions: Arc<Sessions>,
+    id: u64,
+    lookups: Lookups,
 }
 
 impl FuseMount {
@@ -1165,9 +1452,26 @@ impl FuseMount {
 
     /// Unmount from the kernel and wait for the request threads to finish.
     pub fn unmount(mut self) -> std::io::Result<()> {
-        match self.session.take() {
+        let r = match self.session.take() {
             Some(s) => s.umount_and_join(),
             None => Ok(()),
+        };
+        self.end();
+        r
+    }
+
+    /// After the session's end: it no longer gets invalidations, and the references its
+    /// kernel held (an unmounting kernel sends no FORGET) go back to the file system.
+    fn end(&mut self) {
+        self.sessions.remove(self.id);
+        let held: Vec<(u64, u64)> = self
+            .lookups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .collect();
+        for (ino, n) in held {
+            self.fs.forget(ino, n);
         }
     }
 }
@@ -1176,6 +1480,7 @@ impl Drop for FuseMount {
     fn drop(&mut self) {
         if let Some(s) = self.session.take() {
             let _ = s.umount_and_join();
+            self.end();
         }
     }
 }
@@ -1183,18 +1488,96 @@ impl Drop for FuseMount {
 /// Largest read request the kernel sends (the `max_read` mount option); see `mount`.
 pub const MAX_READ_REQUEST: u32 = 1 << 20;
 
-/// Mount `fs` at `mountpoint` and serve it from a pool of threads.
+/// The kernel's per-mount flags for these options (`MS_*` of mount(2)).
+fn ms_flags(read_only: bool, nosuid: bool, nodev: bool, noexec: bool, atime: AtimePolicy) -> u64 {
+    let mut f = 0;
+    for (on, flag) in [
+        (read_only, libc::MS_RDONLY),
+        (nosuid, libc::MS_NOSUID),
+        (nodev, libc::MS_NODEV),
+        (noexec, libc::MS_NOEXEC),
+        (atime == AtimePolicy::Never, libc::MS_NOATIME),
+        (atime == AtimePolicy::Relatime, libc::MS_RELATIME),
+        (atime == AtimePolicy::Strict, libc::MS_STRICTATIME),
+    ] {
+        if on {
+            f |= flag;
+        }
+    }
+    f
+}
+
+/// Changes the options of the mount at `mountpoint` in the kernel (`mount -o remount`):
+/// the superblock's read-only flag and the mount's nosuid, nodev, noexec and atime flags.
+pub fn remount(
+    mountpoint: &Path,
+    read_only: bool,
+    nosuid: bool,
+    nodev: bool,
+    noexec: bool,
+    atime: AtimePolicy,
+) -> std::io::Result<()> {
+    let flags = libc::MS_REMOUNT | ms_flags(read_only, nosuid, nodev, noexec, atime);
+    sys_mount(mountpoint, flags)
+}
+
+fn sys_mount(mountpoint: &Path, flags: u64) -> std::io::Result<()> {
+    let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: mount(2) with a NUL-terminated path and null source, type and data, as a
+    // remount takes them.
+    let r = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            path.as_ptr(),
+            std::ptr::null(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Mount `fs` at `mountpoint` and serve it from a pool of threads: one more session of
+/// `opts.sessions`, which becomes (stays) the file system's kernel invalidator.
 pub fn mount(fs: FileSystem, mountpoint: &Path, opts: &FuseOptions) -> std::io::Result<FuseMount> {
     use fuser::MountOption;
+    let atime = opts.flags.atime();
+    let read_only = opts.flags.read_only();
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         MountOption::FSName(opts.fs_name.clone()),
         MountOption::Subtype("mako".into()),
         MountOption::DefaultPermissions,
-        MountOption::RW,
-        MountOption::Dev,
-        MountOption::Suid,
-        MountOption::Atime,
+        if read_only {
+            MountOption::RO
+        } else {
+            MountOption::RW
+        },
+        if opts.nodev {
+            MountOption::NoDev
+        } else {
+            MountOption::Dev
+        },
+        if opts.nosuid {
+            MountOption::NoSuid
+        } else {
+            MountOption::Suid
+        },
+        if opts.noexec {
+            MountOption::NoExec
+        } else {
+            MountOption::Exec
+        },
+        if atime == AtimePolicy::Never {
+            MountOption::NoAtime
+        } else {
+            MountOption::Atime
+        },
     ];
     // Read requests of at most 1 MiB. The kernel's readahead windows (max_readahead,
     // a whole block) start wherever the reader's first read put them, so 4 MiB requests
@@ -1211,25 +1594,43 @@ pub fn mount(fs: FileSystem, mountpoint: &Path, opts: &FuseOptions) -> std::io::
     }
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = true;
-    let notifier = Arc::new(OnceLock::new());
-    fs.core.invalidator.write().replace(Arc::new(Invalidator {
-        notifier: notifier.clone(),
-    }));
+    fs.core
+        .invalidator
+        .write()
+        .replace(opts.sessions.clone() as Arc<dyn KernelInvalidator>);
+    let id = opts.sessions.next_id.fetch_add(1, Ordering::Relaxed);
+    let lookups: Lookups = Arc::default();
     let session = fuser::spawn_mount(
-        MakoFuse::new(
-            fs,
-            opts.max_write,
-            opts.writeback_cache,
-            opts.direct_io_file_size.clone(),
-        ),
+        MakoFuse::new(fs.clone(), opts, id, lookups.clone()),
         mountpoint,
         &config,
     )?;
-    let _ = notifier.set(session.notifier());
-    Ok(FuseMount {
+    opts.sessions.add(id, session.notifier());
+    let mut mount = FuseMount {
         session: Some(session),
         mountpoint: mountpoint.to_path_buf(),
-    })
+        fs,
+        sessions: opts.sessions.clone(),
+        id,
+        lookups,
+    };
+    // fuser has no word for strictatime (a new mount is relatime unless told
+    // otherwise), so the mount's flags are set once more, all of them, the way
+    // `mount -o remount,strictatime` sets them.
+    if atime == AtimePolicy::Strict {
+        let flags = libc::MS_REMOUNT
+            | libc::MS_BIND
+            | ms_flags(read_only, opts.nosuid, opts.nodev, opts.noexec, atime);
+        if let Err(e) = sys_mount(mountpoint, flags) {
+            let _ = mount.session.take().map(|s| s.umount_and_join());
+            mount.end();
+            return Err(std::io::Error::new(
+                e.kind(),
+                format!("setting strictatime on {}: {e}", mountpoint.display()),
+            ));
+        }
+    }
+    Ok(mount)
 }
 
 #[cfg(test)]

@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::mount_state::{Health, MountedFs};
+use crate::mount_state::{atime_policy, Health, MountPoint, MountedFs};
+use mako_control::mount_options::{MountOptions, MountRequestOptions};
 
 /// One file system's counters: name, named counters, per-disk counters.
 pub(crate) type FsCounters = (String, Vec<(String, u64)>, Vec<mako_disk::nsd::DiskStats>);
@@ -105,223 +106,478 @@ impl Daemon {
         Ok(EffectiveConfig::resolve(Some(&store), &[])?)
     }
 
-    fn mount_fs(&self, name: &str) -> Result<String> {
+    /// Mounts `name` at `mountpoint` (its mount point in cluster.toml if `None`) with
+    /// `options` as `mount -o` gives them; with `remount` among them, changes the
+    /// options of the mount at `mountpoint` instead. A file system already mounted
+    /// elsewhere gets one more FUSE session over the same mounted core.
+    pub(crate) fn mount_fs(
+        &self,
+        name: &str,
+        mountpoint: Option<&Path>,
+        options: &str,
+    ) -> Result<String> {
         let _ops = self.mount_ops.lock();
-        let known = self.mounts.lock().remove(name);
-        if let Some(m) = known {
-            // What makod remembers is checked against the kernel first: a mount that
-            // was unmounted from outside is released and mounted again.
-            match m.settle() {
-                Health::Mounted => {
-                    let mp = m.mountpoint.clone();
-                    self.mounts.lock().insert(name.to_string(), m);
-                    return Ok(format!("{name} is already mounted on {}", mp.display()));
-                }
-                Health::Ended => self.release_outside(m)?,
-                Health::Detached => {
-                    let mp = m.mountpoint.clone();
-                    self.mounts.lock().insert(name.to_string(), m);
-                    bail!(
-                        "{name} was detached from {} (`umount -l`) while files on it were open; \
-                         makod serves those files until they are closed, and only then can it \
-                         mount {name} again. Close them (or end the programs using them), then \
-                         run `mako fs mount {name}` again",
-                        mp.display()
-                    );
-                }
-            }
-        }
         let cluster = ClusterConfig::load(self.dir.root.as_path())?;
         *self.cluster.lock() = cluster.clone();
         let fsdef = cluster
             .filesystem(name)
             .with_context(|| {
+                let known: Vec<&str> = cluster
+                    .filesystems
+                    .iter()
+                    .map(|f| f.name.as_str())
+                    .collect();
                 format!(
-                    "no file system {name} in {}",
-                    self.dir.cluster_file().display()
+                    "no file system {name} in {} (known: {}); create it with `mako fs create`",
+                    self.dir.cluster_file().display(),
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
                 )
             })?
             .clone();
-        let mut specs = Vec::new();
-        for d in cluster.disks_of(&fsdef) {
-            let usage = DiskUsage::parse(&d.usage)
-                .with_context(|| format!("disk {}: usage {:?}", d.name, d.usage))?;
-            specs.push(DiskSpec {
-                name: d.name.clone(),
-                path: d.path.clone(),
-                pool: d.pool.clone(),
-                failure_group: d.failure_group,
-                usage,
-            });
-        }
-        let cfg = self.config.read().clone();
-        let mounted = mako_fs::mount(&specs, fs_config(&cfg), cluster.node_id)
-            .with_context(|| format!("mounting file system {name}"))?;
-        std::fs::create_dir_all(&fsdef.mountpoint)
-            .with_context(|| format!("creating mount point {}", fsdef.mountpoint.display()))?;
-        let max_write = cfg.fuse_max_write_bytes();
-        let direct_io_file_size = Arc::new(AtomicU64::new(cfg.fuse_direct_io_file_size()));
-        let opts = mako_fuse::FuseOptions {
-            direct_io_file_size: direct_io_file_size.clone(),
-            writeback_cache: cfg.fuse_writeback_cache(),
-            threads: cfg.worker_threads(),
-            max_write,
-            allow_other: unsafe { libc::geteuid() } == 0,
-            fs_name: format!("mako:{name}"),
+        let mp = match mountpoint {
+            Some(p) if !p.is_absolute() => {
+                bail!("mount point {} is not an absolute path", p.display())
+            }
+            Some(p) => mako_control::mount_table::canonical_mountpoint(p),
+            None => fsdef.mountpoint.clone(),
         };
-        let fuse = match mako_fuse::mount(mounted.fs.clone(), &fsdef.mountpoint, &opts) {
-            Ok(f) => f,
-            Err(e) => {
-                let _ = mounted.unmount();
-                bail!("FUSE mount of {name} on {} failed: {e}; is /dev/fuse there and is fuse3 installed?", fsdef.mountpoint.display());
+        // Checked before anything is taken out of `mounts`: an error from here on must
+        // put back what it took.
+        let request = MountRequestOptions::parse(options, &MountOptions::default())
+            .map_err(|e| anyhow::anyhow!("{name} on {}: {e}", mp.display()))?;
+        let known = self.mounts.lock().remove(name);
+        if request.remount {
+            let Some(mut m) = known else {
+                bail!("{name} is not mounted, so it cannot be remounted; mount it first");
+            };
+            let r = Self::remount_point(&mut m, &mp, options);
+            self.mounts.lock().insert(name.to_string(), m);
+            return r;
+        }
+        let opts = request.options;
+        let m = match known {
+            None => None,
+            Some(mut m) => {
+                // What makod remembers is checked against the kernel first: a mount
+                // point that was unmounted from outside is released.
+                let mut kept = Vec::new();
+                for p in std::mem::take(&mut m.points) {
+                    match p.settle() {
+                        Health::Ended => {
+                            Self::note_outside_unmount(&p);
+                            p.join_ended();
+                        }
+                        _ => kept.push(p),
+                    }
+                }
+                m.points = kept;
+                let here = m.points.iter().find(|p| p.mountpoint == mp);
+                match here.map(|p| (p.health(), p.options.clone())) {
+                    Some((Health::Mounted, o)) => {
+                        self.mounts.lock().insert(name.to_string(), m);
+                        return Ok(format!(
+                            "{name} is already mounted on {} ({o})",
+                            mp.display()
+                        ));
+                    }
+                    Some((Health::Detached, _)) => {
+                        self.mounts.lock().insert(name.to_string(), m);
+                        bail!(
+                            "{name} was detached from {} (`umount -l`) while files on it were open; \
+                             makod serves those files until they are closed, and only then can it \
+                             mount {name} there again. Close them (or end the programs using them), \
+                             then run `mako fs mount {name}` again",
+                            mp.display()
+                        );
+                    }
+                    _ => {}
+                }
+                if m.points.is_empty() {
+                    m.write_back()?;
+                    tracing::info!("{name}: written back after the unmount from outside");
+                    None
+                } else {
+                    Some(m)
+                }
             }
         };
-        if cfg.fuse_writeback_cache() {
-            relax_dirty_limit(&fsdef.mountpoint);
+        let cfg = self.config.read().clone();
+        let mut m = match m {
+            Some(m) => m,
+            None => {
+                let mut specs = Vec::new();
+                for d in cluster.disks_of(&fsdef) {
+                    let usage = DiskUsage::parse(&d.usage)
+                        .with_context(|| format!("disk {}: usage {:?}", d.name, d.usage))?;
+                    specs.push(DiskSpec {
+                        name: d.name.clone(),
+                        path: d.path.clone(),
+                        pool: d.pool.clone(),
+                        failure_group: d.failure_group,
+                        usage,
+                    });
+                }
+                let mounted = mako_fs::mount(&specs, fs_config(&cfg), cluster.node_id)
+                    .with_context(|| format!("mounting file system {name}"))?;
+                MountedFs {
+                    name: name.to_string(),
+                    mounted,
+                    points: Vec::new(),
+                    sessions: mako_fuse::Sessions::new(),
+                    direct_io_file_size: Arc::new(AtomicU64::new(cfg.fuse_direct_io_file_size())),
+                    disk_paths: specs
+                        .iter()
+                        .map(|s| (s.name.clone(), s.path.clone()))
+                        .collect(),
+                }
+            }
+        };
+        match self.add_mount_point(&mut m, &cfg, &mp, opts) {
+            Ok(message) => {
+                self.mounts.lock().insert(name.to_string(), m);
+                Ok(message)
+            }
+            Err(e) if m.points.is_empty() => {
+                let _ = m.write_back();
+                Err(e)
+            }
+            Err(e) => {
+                self.mounts.lock().insert(name.to_string(), m);
+                Err(e)
+            }
         }
-        if let Some(kb) = raise_readahead(&fsdef.mountpoint, mounted.core().geo.block_bytes) {
-            tracing::info!(
-                "kernel readahead for {} set to {kb} KiB",
-                fsdef.mountpoint.display()
+    }
+
+    /// One more FUSE session of `m`, at `mp`.
+    fn add_mount_point(
+        &self,
+        m: &mut MountedFs,
+        cfg: &EffectiveConfig,
+        mp: &Path,
+        options: MountOptions,
+    ) -> Result<String> {
+        let name = m.name.clone();
+        if let Some(e) = mako_control::mount_table::at(mp) {
+            // Something else (or a dead Mako mount) is there; mounting over it would hide
+            // it. `mako up` cleans up dead mounts of its own file systems.
+            bail!(
+                "{} is already a mount point ({} {}); unmount it first or choose another directory",
+                mp.display(),
+                e.fstype,
+                e.source
             );
         }
-        let device = MountedFs::find_device(name, &fsdef.mountpoint);
+        std::fs::create_dir_all(mp)
+            .with_context(|| format!("creating mount point {}", mp.display()))?;
+        let flags = mako_fuse::MountFlags::new(options.read_only, atime_policy(options.atime));
+        let opts = mako_fuse::FuseOptions {
+            direct_io_file_size: m.direct_io_file_size.clone(),
+            writeback_cache: cfg.fuse_writeback_cache(),
+            threads: cfg.worker_threads(),
+            max_write: cfg.fuse_max_write_bytes(),
+            allow_other: unsafe { libc::geteuid() } == 0,
+            fs_name: format!("mako:{name}"),
+            flags: flags.clone(),
+            nosuid: options.nosuid,
+            nodev: options.nodev,
+            noexec: options.noexec,
+            sessions: m.sessions.clone(),
+        };
+        let fuse = mako_fuse::mount(m.mounted.fs.clone(), mp, &opts).map_err(|e| {
+            anyhow::anyhow!(
+                "FUSE mount of {name} on {} failed: {e}; is /dev/fuse there and is fuse3 installed?",
+                mp.display()
+            )
+        })?;
+        if cfg.fuse_writeback_cache() {
+            relax_dirty_limit(mp);
+        }
+        if let Some(kb) = raise_readahead(mp, m.mounted.core().geo.block_bytes) {
+            tracing::info!("kernel readahead for {} set to {kb} KiB", mp.display());
+        }
+        let device = MountPoint::find_device(&name, mp);
         if device.is_none() {
             tracing::warn!(
                 "mounted {name} on {}, but the kernel's mount table does not show it there; \
                  makod will go by the mount point alone",
-                fsdef.mountpoint.display()
+                mp.display()
             );
         }
-        tracing::info!("mounted {name} on {}", fsdef.mountpoint.display());
-        let disk_paths = specs
-            .iter()
-            .map(|s| (s.name.clone(), s.path.clone()))
-            .collect();
-        self.mounts.lock().insert(
-            name.to_string(),
-            MountedFs {
-                name: name.to_string(),
-                mounted,
-                fuse,
-                direct_io_file_size,
-                mountpoint: fsdef.mountpoint.clone(),
-                disk_paths,
-                device,
-            },
-        );
-        Ok(format!("{name} mounted on {}", fsdef.mountpoint.display()))
+        tracing::info!("mounted {name} on {} ({options})", mp.display());
+        let message = format!("{name} mounted on {} ({options})", mp.display());
+        m.points.push(MountPoint {
+            name,
+            fuse,
+            mountpoint: mp.to_path_buf(),
+            options,
+            flags,
+            device,
+        });
+        Ok(message)
     }
 
-    /// Unmounts `name`. A mount detached by `umount -l` that still serves open files is
-    /// refused (it is written back when they close), unless makod is `stopping`: then its
-    /// connection is aborted and it is written back.
-    fn unmount_fs(&self, name: &str, stopping: bool) -> Result<String> {
+    /// `mount -o remount,…` of the mount of `m` at `mp`: the kernel's flags first
+    /// (superblock read-only, the mount's nosuid, nodev, noexec and atime), then
+    /// makod's own (it refuses writes through a read-only mount point itself and
+    /// updates atime as the new option says).
+    fn remount_point(m: &mut MountedFs, mp: &Path, options: &str) -> Result<String> {
+        let name = m.name.clone();
+        let Some(p) = m
+            .points
+            .iter_mut()
+            .find(|p| p.mountpoint == mp && p.health() == Health::Mounted)
+        else {
+            let at: Vec<String> = m
+                .points
+                .iter()
+                .map(|p| p.mountpoint.display().to_string())
+                .collect();
+            bail!(
+                "{name} is not mounted on {} (it is mounted on {}); nothing was changed",
+                mp.display(),
+                at.join(", ")
+            );
+        };
+        let new = MountRequestOptions::parse(options, &p.options)
+            .map_err(|e| anyhow::anyhow!("{name} on {}: {e}", mp.display()))?
+            .options;
+        // Read-only first on makod's side, so no write slips in between; read-write
+        // only once the kernel agreed.
+        if new.read_only {
+            p.flags.set(true, p.flags.atime());
+        }
+        if let Err(e) = mako_fuse::remount(
+            mp,
+            new.read_only,
+            new.nosuid,
+            new.nodev,
+            new.noexec,
+            atime_policy(new.atime),
+        ) {
+            p.flags.set(p.options.read_only, p.flags.atime());
+            bail!(
+                "remounting {name} on {} with {new}: {e}{}; the options stay {}",
+                mp.display(),
+                if e.raw_os_error() == Some(libc::EBUSY) {
+                    " (a file is open for writing there)"
+                } else {
+                    ""
+                },
+                p.options
+            );
+        }
+        tracing::info!(
+            "remounted {name} on {}: {} -> {new}",
+            mp.display(),
+            p.options
+        );
+        let message = format!("{name} remounted on {} ({new})", mp.display());
+        p.set_options(new);
+        Ok(message)
+    }
+
+    fn note_outside_unmount(p: &MountPoint) {
+        tracing::warn!(
+            "{} was unmounted from outside ({} is no longer its mount point, e.g. by \
+             `umount`); `mako fs mount {}` or `mako up` mounts it again",
+            p.name,
+            p.mountpoint.display(),
+            p.name
+        );
+    }
+
+    /// Unmounts `name` from `mountpoint`, or from every mount point. A mount detached
+    /// by `umount -l` that still serves open files is refused (it is released when they
+    /// close), unless makod is `stopping`: then its connection is aborted. When the last
+    /// mount point goes, the file system is written back.
+    pub(crate) fn unmount_fs(
+        &self,
+        name: &str,
+        mountpoint: Option<&Path>,
+        stopping: bool,
+    ) -> Result<String> {
         let _ops = self.mount_ops.lock();
-        let m = self
+        let mut m = self
             .mounts
             .lock()
             .remove(name)
             .with_context(|| format!("{name} is not mounted"))?;
-        let mp = m.mountpoint.clone();
-        match m.settle() {
-            Health::Mounted => {}
-            Health::Ended => {
-                self.release_outside(m)?;
-                return Ok(format!(
-                    "{name} had been unmounted from {} from outside; it is written back",
-                    mp.display()
-                ));
-            }
-            Health::Detached if stopping => {
-                tracing::warn!(
-                    "{name} was detached from {} (`umount -l`) and still serves open files; \
-                     makod is stopping: aborting its FUSE connection (those files fail from \
-                     now on) and writing it back",
-                    mp.display()
-                );
-                if let Err(e) = m.abort_connection() {
-                    // Write back all the same: what was accepted must reach the disks.
-                    tracing::error!("{e:#}; writing {name} back with its session running");
-                    m.mounted
-                        .unmount()
-                        .with_context(|| format!("writing back {name}"))?;
-                    // Not `FuseMount::unmount`: it would unmount whatever is at the mount
-                    // point now. The connection ends when makod exits.
-                    std::mem::forget(m.fuse);
-                    return Ok(format!("{name} written back"));
-                }
-                m.release_ended()?;
-                return Ok(format!(
-                    "{name} written back after aborting its detached mount"
-                ));
-            }
-            Health::Detached => {
+        let wanted = mountpoint.map(mako_control::mount_table::canonical_mountpoint);
+        if let Some(w) = &wanted {
+            if !m.points.iter().any(|p| &p.mountpoint == w) {
+                let at: Vec<String> = m
+                    .points
+                    .iter()
+                    .map(|p| p.mountpoint.display().to_string())
+                    .collect();
                 self.mounts.lock().insert(name.to_string(), m);
                 bail!(
-                    "{name} was detached from {} (`umount -l`) while files on it were open; \
-                     makod serves those files until they are closed and then writes {name} \
-                     back by itself",
-                    mp.display()
+                    "{name} is not mounted on {} (it is mounted on {})",
+                    w.display(),
+                    at.join(", ")
                 );
             }
         }
-        let device = m.device;
-        // 1. Detach from the kernel (no new requests), 2. write everything back.
-        if let Err(e) = m.fuse.unmount() {
+        let mut done = Vec::new();
+        let mut refused = Vec::new();
+        let mut kept = Vec::new();
+        for p in std::mem::take(&mut m.points) {
+            if wanted.as_ref().is_some_and(|w| *w != p.mountpoint) {
+                kept.push(p);
+                continue;
+            }
+            let mp = p.mountpoint.clone();
+            match p.settle() {
+                Health::Mounted => {
+                    Self::unmount_point(p);
+                    done.push(mp.display().to_string());
+                }
+                Health::Ended => {
+                    Self::note_outside_unmount(&p);
+                    p.join_ended();
+                    done.push(format!("{} (unmounted from outside before)", mp.display()));
+                }
+                Health::Detached if stopping => {
+                    tracing::warn!(
+                        "{name} was detached from {} (`umount -l`) and still serves open files; \
+                         makod is stopping: aborting its FUSE connection (those files fail from \
+                         now on)",
+                        mp.display()
+                    );
+                    if let Err(e) = p.abort_connection() {
+                        // Write back all the same: what was accepted must reach the disks.
+                        tracing::error!("{e:#}; writing {name} back with its session running");
+                        // Not `FuseMount::unmount`: it would unmount whatever is at the
+                        // mount point now. The connection ends when makod exits.
+                        std::mem::forget(p.fuse);
+                    } else {
+                        p.join_ended();
+                    }
+                    done.push(format!("{} (detached; aborted)", mp.display()));
+                }
+                Health::Detached => {
+                    refused.push(mp.display().to_string());
+                    kept.push(p);
+                }
+            }
+        }
+        m.points = kept;
+        let all_gone = m.points.is_empty();
+        if all_gone {
+            m.write_back()?;
+            tracing::info!("{name} written back");
+        } else {
+            self.mounts.lock().insert(name.to_string(), m);
+        }
+        if !refused.is_empty() {
+            bail!(
+                "{name} was detached from {} (`umount -l`) while files on it were open; \
+                 makod serves those files until they are closed and then releases it by itself{}",
+                refused.join(", "),
+                if done.is_empty() {
+                    String::new()
+                } else {
+                    format!("; unmounted from {}", done.join(", "))
+                }
+            );
+        }
+        Ok(format!(
+            "{name} unmounted from {}{}",
+            done.join(", "),
+            if all_gone {
+                ""
+            } else {
+                "; its other mount points stay"
+            }
+        ))
+    }
+
+    /// Detaches one mount point from the kernel (no new requests) and joins its threads.
+    fn unmount_point(p: MountPoint) {
+        let (name, mp, device) = (p.name.clone(), p.mountpoint.clone(), p.device);
+        if let Err(e) = p.fuse.unmount() {
             tracing::warn!(
                 "FUSE unmount of {}: {e}; trying a lazy unmount",
                 mp.display()
             );
             // Only our own mount: never detach what someone else mounted there since.
             let ours = mako_control::mount_table::at(&mp)
-                .is_some_and(|e| Some(e.device) == device || e.mako_fs() == Some(name));
+                .is_some_and(|e| Some(e.device) == device || e.mako_fs() == Some(name.as_str()));
             if ours {
                 if let Err(e) = mako_control::mount_table::lazy_unmount(&mp) {
                     tracing::warn!("lazy unmount of {}: {e}", mp.display());
                 }
             }
         }
-        m.mounted
-            .unmount()
-            .with_context(|| format!("writing back {name}"))?;
         tracing::info!("unmounted {name} from {}", mp.display());
-        Ok(format!("{name} unmounted from {}", mp.display()))
     }
 
-    /// Writes back and forgets a mount whose FUSE session ended without makod ending
-    /// it (an admin's `umount`), and says so in the log.
-    fn release_outside(&self, m: MountedFs) -> Result<()> {
-        let (name, mp) = (m.name.clone(), m.mountpoint.clone());
-        tracing::warn!(
-            "{name} was unmounted from outside ({} is no longer its mount point, e.g. by \
-             `umount`); writing it back. `mako fs mount {name}` or `mako up` mounts it again",
-            mp.display()
-        );
-        m.release_ended()?;
-        tracing::info!("{name}: written back after the unmount from outside");
-        Ok(())
-    }
-
-    /// Releases every mount whose FUSE session has ended (see `mount_state`). Skipped
+    /// Releases every mount point whose FUSE session has ended (an admin's `umount`),
+    /// writes back a file system that has none left, and follows a remount made
+    /// without makod (`mount -o remount,ro` that did not go through the mount helper):
+    /// a mount point the kernel shows read-only is read-only for makod too. Skipped
     /// while a mount or unmount is under way: that one checks for itself.
     pub(crate) fn release_ended_mounts(&self) {
         let Some(_ops) = self.mount_ops.try_lock() else {
             return;
         };
-        let ended: Vec<MountedFs> = {
+        let mut emptied = Vec::new();
+        {
             let mut mounts = self.mounts.lock();
+            let table = mako_control::mount_table::read();
+            for m in mounts.values_mut() {
+                let (ended, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut m.points)
+                    .into_iter()
+                    .partition(|p| p.fuse.session_ended());
+                m.points = kept;
+                for p in ended {
+                    Self::note_outside_unmount(&p);
+                    p.join_ended();
+                }
+                for p in m.points.iter_mut() {
+                    let entry = table
+                        .iter()
+                        .rev()
+                        .find(|e| e.mountpoint == p.mountpoint && Some(e.device) == p.device);
+                    if let Some(e) = entry {
+                        if e.read_only() != p.options.read_only {
+                            let mut o = p.options.clone();
+                            o.read_only = e.read_only();
+                            tracing::info!(
+                                "{} on {} was remounted {} by the kernel directly; makod follows",
+                                p.name,
+                                p.mountpoint.display(),
+                                if o.read_only {
+                                    "read-only"
+                                } else {
+                                    "read-write"
+                                }
+                            );
+                            p.set_options(o);
+                        }
+                    }
+                }
+            }
             let names: Vec<String> = mounts
                 .iter()
-                .filter(|(_, m)| m.fuse.session_ended())
+                .filter(|(_, m)| m.points.is_empty())
                 .map(|(n, _)| n.clone())
                 .collect();
-            names.iter().filter_map(|n| mounts.remove(n)).collect()
-        };
-        for m in ended {
+            for n in names {
+                if let Some(m) = mounts.remove(&n) {
+                    emptied.push(m);
+                }
+            }
+        }
+        for m in emptied {
             let name = m.name.clone();
-            if let Err(e) = self.release_outside(m) {
-                tracing::error!("{name}: {e:#}");
+            match m.write_back() {
+                Ok(()) => tracing::info!("{name}: written back after the unmount from outside"),
+                Err(e) => tracing::error!("{name}: {e:#}"),
             }
         }
     }
@@ -345,13 +601,29 @@ impl Daemon {
             pagepool_dirty_bytes: 0,
             read_only: false,
             disks: Vec::new(),
+            mounts: Vec::new(),
         };
         // Mounted means mounted in the kernel, not only remembered by makod.
+        let served = mounts.get(&def.name).map(|m| {
+            m.points
+                .iter()
+                .filter(|p| p.health() == Health::Mounted)
+                .collect::<Vec<_>>()
+        });
         match mounts
             .get(&def.name)
-            .filter(|m| m.health() == Health::Mounted)
+            .zip(served)
+            .filter(|(_, s)| !s.is_empty())
         {
-            Some(m) => {
+            Some((m, points)) => {
+                st.mountpoint = points[0].mountpoint.display().to_string();
+                st.mounts = points
+                    .iter()
+                    .map(|p| mako_control::MountView {
+                        mountpoint: p.mountpoint.display().to_string(),
+                        options: p.options.to_string(),
+                    })
+                    .collect();
                 let core = m.mounted.core();
                 let sb = core.geo.subblock_bytes() as u64;
                 st.mounted = true;
@@ -575,8 +847,20 @@ impl ControlHandler for Daemon {
         let r: Result<Response> = (|| {
             Ok(match request {
                 Request::Status => Response::Status(self.status()),
-                Request::Mount { fs } => Response::ok(self.mount_fs(&fs)?),
-                Request::Unmount { fs } => Response::ok(self.unmount_fs(&fs, false)?),
+                Request::Mount {
+                    fs,
+                    mountpoint,
+                    options,
+                } => Response::ok(self.mount_fs(
+                    &fs,
+                    mountpoint.as_deref().map(Path::new),
+                    &options,
+                )?),
+                Request::Unmount { fs, mountpoint } => Response::ok(self.unmount_fs(
+                    &fs,
+                    mountpoint.as_deref().map(Path::new),
+                    false,
+                )?),
                 Request::Shutdown => {
                     self.stop.store(true, Ordering::SeqCst);
                     Response::ok("makod is stopping: writing back and unmounting")
@@ -751,7 +1035,7 @@ pub fn run(root: &Path) -> Result<()> {
         .and_then(|addr| crate::metrics::start(addr, daemon.clone(), stop.clone()));
     let mut failed = Vec::new();
     for f in cluster.filesystems.iter().filter(|f| f.automount) {
-        if let Err(e) = daemon.mount_fs(&f.name) {
+        if let Err(e) = daemon.mount_fs(&f.name, None, &f.mount_options) {
             tracing::error!("{e:#}");
             failed.push(format!("{e:#}"));
         }
@@ -771,7 +1055,7 @@ pub fn run(root: &Path) -> Result<()> {
     let names: Vec<String> = daemon.mounts.lock().keys().cloned().collect();
     let mut errors = Vec::new();
     for n in names {
-        if let Err(e) = daemon.unmount_fs(&n, true) {
+        if let Err(e) = daemon.unmount_fs(&n, None, true) {
             tracing::error!("{e:#}");
             errors.push(format!("{e:#}"));
         }

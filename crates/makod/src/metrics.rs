@@ -623,6 +623,7 @@ mod tests {
             pagepool_used_bytes: 300 << 20,
             pagepool_dirty_bytes: 12 << 20,
             read_only: false,
+            mounts: Vec::new(),
             disks: vec![DiskStatusView {
                 name: "d0".into(),
                 path: "/var/lib/mako/disks/d0.img".into(),

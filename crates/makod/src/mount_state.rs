@@ -5,15 +5,19 @@
 //! the mount table; `umount -l` while files are open detaches it from its mount point
 //! but keeps serving those files. makod must not go on reporting "mounted" (or refuse
 //! `mako fs mount` as "already mounted") from what it remembers, so every report and
-//! every mount or unmount first asks [`MountedFs::health`], which looks at the FUSE
-//! session and the kernel's mount table (`mako_control::mount_table`), and a mount whose
-//! session ended is released — written back and forgotten — by
-//! [`MountedFs::release_ended`]. makod's main loop also looks a few times a second, so
-//! the write-back happens and `makod.log` records it soon after the unmount, not only at
-//! the next request.
+//! every mount or unmount first asks [`MountPoint::health`], which looks at the FUSE
+//! session and the kernel's mount table (`mako_control::mount_table`). A file system
+//! may have several mount points (a `MountPoint` each, one FUSE session over the one
+//! mounted core): a mount point whose session ended is released
+//! ([`MountPoint::join_ended`]), and the file system is written back and forgotten
+//! ([`MountedFs::write_back`]) when its last mount point is gone. makod's main loop also
+//! looks a few times a second, so the write-back happens and `makod.log` records it soon
+//! after the unmount, not only at the next request.
 
 use anyhow::{Context, Result};
+use mako_control::mount_options::{AtimeOption, MountOptions};
 use mako_control::mount_table;
+use mako_fs::fs::AtimePolicy;
 use mako_fs::Mounted;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -24,15 +28,29 @@ use std::time::{Duration, Instant};
 /// from outside to end (the request threads return within milliseconds).
 const SESSION_END_WAIT: Duration = Duration::from_secs(5);
 
-/// A file system makod mounted.
+/// A file system makod mounted, at one or more mount points.
 pub(crate) struct MountedFs {
     pub(crate) name: String,
     pub(crate) mounted: Mounted,
-    pub(crate) fuse: mako_fuse::FuseMount,
+    /// Its mount points, each a FUSE session over `mounted`. Never empty while makod
+    /// keeps the file system: when the last one goes, it is written back and forgotten.
+    pub(crate) points: Vec<MountPoint>,
+    /// The file system's FUSE sessions, its kernel invalidator.
+    pub(crate) sessions: Arc<mako_fuse::Sessions>,
     /// `fuseDirectIoFileSize` as the FUSE adapter reads it at each open.
     pub(crate) direct_io_file_size: Arc<AtomicU64>,
-    pub(crate) mountpoint: PathBuf,
     pub(crate) disk_paths: Vec<(String, PathBuf)>,
+}
+
+/// One mount point of a file system: a FUSE session, with its options.
+pub(crate) struct MountPoint {
+    pub(crate) name: String,
+    pub(crate) fuse: mako_fuse::FuseMount,
+    pub(crate) mountpoint: PathBuf,
+    /// The options as makod applied them (a remount changes them).
+    pub(crate) options: MountOptions,
+    /// What the session's request handlers read: read-only and atime policy.
+    pub(crate) flags: Arc<mako_fuse::MountFlags>,
     /// The kernel's device of this mount (its FUSE connection), read from the mount
     /// table right after mounting; `None` if it could not be found there.
     pub(crate) device: Option<(u32, u32)>,
@@ -51,7 +69,27 @@ pub(crate) enum Health {
     Detached,
 }
 
+/// What the FUSE adapter needs of an atime option.
+pub(crate) fn atime_policy(a: AtimeOption) -> AtimePolicy {
+    match a {
+        AtimeOption::Relatime => AtimePolicy::Relatime,
+        AtimeOption::Strictatime => AtimePolicy::Strict,
+        AtimeOption::Noatime => AtimePolicy::Never,
+    }
+}
+
 impl MountedFs {
+    /// Writes the file system back once its last mount point has gone.
+    pub(crate) fn write_back(self) -> Result<()> {
+        debug_assert!(self.points.is_empty());
+        let name = self.name.clone();
+        self.mounted
+            .unmount()
+            .with_context(|| format!("writing back {name}"))
+    }
+}
+
+impl MountPoint {
     /// The device of the Mako mount of `name` now visible at `mountpoint`.
     pub(crate) fn find_device(name: &str, mountpoint: &std::path::Path) -> Option<(u32, u32)> {
         mount_table::at(mountpoint)
@@ -134,16 +172,24 @@ impl MountedFs {
         Ok(())
     }
 
-    /// Releases a mount whose session has ended: joins the request threads and writes
-    /// everything back, so that the file system can be mounted again.
-    pub(crate) fn release_ended(self) -> Result<()> {
-        let name = self.name.clone();
+    /// Releases a mount point whose session has ended: joins the request threads and
+    /// gives back the references its kernel held.
+    pub(crate) fn join_ended(self) {
         if let Err(e) = self.fuse.unmount() {
             // The session is over either way; its final error is only worth a note.
-            tracing::warn!("FUSE session of {name} ended with: {e}");
+            tracing::warn!(
+                "FUSE session of {} on {} ended with: {e}",
+                self.name,
+                self.mountpoint.display()
+            );
         }
-        self.mounted
-            .unmount()
-            .with_context(|| format!("writing back {name}"))
+    }
+
+    /// Applies a remount's options to makod's side of this mount point (the kernel's
+    /// side is done by then).
+    pub(crate) fn set_options(&mut self, options: MountOptions) {
+        self.flags
+            .set(options.read_only, atime_policy(options.atime));
+        self.options = options;
     }
 }

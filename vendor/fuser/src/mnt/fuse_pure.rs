@@ -477,11 +477,22 @@ fn fuse_mount_sys(
         source = name;
     }
 
+    // MAKO PATCH: the type is `fuse.SUBTYPE` when a subtype is given, as fusermount
+    // mounts it, so that the mount table shows `fuse.mako` and mount(8) finds the
+    // `mount.fuse.mako` helper for a remount.
+    #[cfg(target_os = "linux")]
+    let fstype = match options
+        .iter()
+        .find(|x| matches!(**x, MountOption::Subtype(_)))
+    {
+        Some(MountOption::Subtype(subtype)) => format!("fuse.{subtype}"),
+        _ => "fuse".to_string(),
+    };
     #[cfg(target_os = "linux")]
     let result = nix::mount::mount(
         Some(source),
         mountpoint,
-        Some("fuse"),
+        Some(fstype.as_str()),
         flags,
         Some(mount_options.as_str()),
     );
