@@ -241,6 +241,18 @@ impl FileSystem {
         crate::metanode::defer_report(&self.core, p)
     }
 
+    /// What an operation that creates inode `ino` (a reserved number) holds before
+    /// anything changes: the inode and its data exclusively, and the inode file
+    /// exclusively when it must grow to reach the number.
+    fn need_new_inode(&self, ino: u64) -> FsResult<()> {
+        self.need(ino, Need::Exclusive)?;
+        self.need_data(ino, TokenMode::Xw, ByteRange::WHOLE)?;
+        if !self.core.inode_slot_exists(ino) {
+            self.need(self.core.metadata_inodes().inode_file, Need::Exclusive)?;
+        }
+        Ok(())
+    }
+
     /// Hold a file's data over `range` in `mode`.
     fn need_data(&self, ino: u64, mode: TokenMode, range: ByteRange) -> FsResult<()> {
         crate::op::hold_range(
@@ -379,11 +391,7 @@ impl FileSystem {
         let mut reservation = self.core.reserve_inode()?;
         let ino = reservation.ino();
         crate::op::run(&self.core, || {
-            self.need(ino, Need::Exclusive)?;
-            self.need_data(ino, TokenMode::Xw, ByteRange::WHOLE)?;
-            if !self.core.inode_slot_exists(ino) {
-                self.need(self.core.metadata_inodes().inode_file, Need::Exclusive)?;
-            }
+            self.need_new_inode(ino)?;
             let p = self.handle(parent)?;
             self.need_parent(&p, name)?;
             let _tx = self.core.begin();
@@ -485,11 +493,7 @@ impl FileSystem {
         let mut reservation = self.core.reserve_inode()?;
         let ino = reservation.ino();
         crate::op::run(&self.core, || {
-            self.need(ino, Need::Exclusive)?;
-            self.need_data(ino, TokenMode::Xw, ByteRange::WHOLE)?;
-            if !self.core.inode_slot_exists(ino) {
-                self.need(self.core.metadata_inodes().inode_file, Need::Exclusive)?;
-            }
+            self.need_new_inode(ino)?;
             let p = self.handle(parent)?;
             self.need(parent, Need::Cache)?;
             let _tx = self.core.begin();
@@ -818,11 +822,7 @@ impl FileSystem {
             self.flush_before_replace(p1, n1, p2, n2)?;
             if let Some(r) = &whiteout_reservation {
                 let w = r.ino();
-                self.need(w, Need::Exclusive)?;
-                self.need_data(w, TokenMode::Xw, ByteRange::WHOLE)?;
-                if !self.core.inode_slot_exists(w) {
-                    self.need(self.core.metadata_inodes().inode_file, Need::Exclusive)?;
-                }
+                self.need_new_inode(w)?;
             }
             let h1 = self.handle(p1)?;
             let h2 = self.handle(p2)?;

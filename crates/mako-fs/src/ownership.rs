@@ -115,45 +115,64 @@ pub fn claim_at_mount(core: &Core) -> FsResult<()> {
     Ok(())
 }
 
-/// Take one more allocation region nobody owns (its map read from disk). False when
-/// every region is owned (by this node or others). Blocks: call with no lock, no
-/// transaction handle and no hold open.
-pub fn acquire_region(core: &Core) -> FsResult<bool> {
-    if !shared(core) {
+/// Take `resource` (a region or a segment) if nobody holds it, and start using it with
+/// its map as read from disk. False when another node holds it.
+fn take_and_own(core: &Core, resource: ResourceId) -> FsResult<bool> {
+    if !take(core, resource)? {
         return Ok(false);
     }
-    let count = core.alloc.region_count();
-    let start = core.node as usize * count / nodes(core) as usize;
-    for k in 0..count {
-        let r = (start + k) % count;
-        if core.alloc.is_owned(r) || !take(core, core.tokens.region(r as u32))? {
-            continue;
-        }
-        core.alloc.own(r, read_region(core, r)?)?;
+    let index = resource.id as usize;
+    if resource.kind == mako_token::ResourceKind::AllocRegion {
+        core.alloc.own(index, read_region(core, index)?)?;
         core.stats
             .regions_acquired
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        return Ok(true);
+    } else {
+        core.imap.own(index, read_segment(core, index)?);
+    }
+    Ok(true)
+}
+
+/// Take one more of `count` resources (regions or segments) that nobody owns, starting
+/// at this node's share. False when every one is owned (by this node or others).
+/// Blocks: call with no lock, no transaction handle and no hold open.
+fn acquire_one(
+    core: &Core,
+    count: usize,
+    owned: impl Fn(usize) -> bool,
+    resource: impl Fn(u32) -> ResourceId,
+) -> FsResult<bool> {
+    if !shared(core) {
+        return Ok(false);
+    }
+    let start = core.node as usize * count / nodes(core) as usize;
+    for k in 0..count {
+        let i = (start + k) % count;
+        if !owned(i) && take_and_own(core, resource(i as u32))? {
+            return Ok(true);
+        }
     }
     Ok(false)
 }
 
-/// Take one more inode-map segment nobody owns. As `acquire_region`.
+/// Take one more allocation region nobody owns (this node's space ran out).
+pub fn acquire_region(core: &Core) -> FsResult<bool> {
+    acquire_one(
+        core,
+        core.alloc.region_count(),
+        |r| core.alloc.is_owned(r),
+        |r| core.tokens.region(r),
+    )
+}
+
+/// Take one more inode-map segment nobody owns (this node's numbers ran out).
 pub fn acquire_segment(core: &Core) -> FsResult<bool> {
-    if !shared(core) {
-        return Ok(false);
-    }
-    let count = core.imap.segments();
-    let start = core.node as usize * count / nodes(core) as usize;
-    for k in 0..count {
-        let s = (start + k) % count;
-        if core.imap.is_owned(s) || !take(core, core.tokens.segment(s as u32))? {
-            continue;
-        }
-        core.imap.own(s, read_segment(core, s)?);
-        return Ok(true);
-    }
-    Ok(false)
+    acquire_one(
+        core,
+        core.imap.segments(),
+        |s| core.imap.is_owned(s),
+        |s| core.tokens.segment(s),
+    )
 }
 
 /// Free what other nodes freed in this node's regions and segments (`FsRequest::Free`).
@@ -250,17 +269,7 @@ fn deliver(
             }
             None => {
                 // Nobody owns it: take it and free here.
-                if take(core, resource)? {
-                    match resource.kind {
-                        mako_token::ResourceKind::AllocRegion => {
-                            let r = resource.id as usize;
-                            core.alloc.own(r, read_region(core, r)?)?;
-                        }
-                        _ => {
-                            let s = resource.id as usize;
-                            core.imap.own(s, read_segment(core, s)?);
-                        }
-                    }
+                if take_and_own(core, resource)? {
                     return apply_frees(core, &raw, inos);
                 }
             }

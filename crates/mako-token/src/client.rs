@@ -585,9 +585,12 @@ impl TokenClient {
         upgrade_to: Option<TokenMode>,
         replace: bool,
     ) -> Result<(), TokenError> {
-        self.acquire_full(
-            resource, mode, required, desired, None, replace, upgrade_to, None,
-        )
+        let options = AcquireOptions {
+            replace,
+            upgrade_to,
+            ..Default::default()
+        };
+        self.acquire_full(resource, mode, required, desired, options)
     }
 
     /// The general acquire: `acquire` with `options` (see `AcquireRequest`).
@@ -599,19 +602,7 @@ impl TokenClient {
         desired: ByteRange,
         options: AcquireOptions,
     ) -> Result<(), TokenError> {
-        if options.no_revoke {
-            return self.acquire_if_free(resource, mode, required, desired);
-        }
-        self.acquire_full(
-            resource,
-            mode,
-            required,
-            desired,
-            options.condition,
-            options.replace,
-            options.upgrade_to,
-            options.alt_mode,
-        )
+        self.acquire_full(resource, mode, required, desired, options)
     }
 
     /// As `acquire_upgrading`, settling for `alt_mode` when `mode` would have to
@@ -627,60 +618,13 @@ impl TokenClient {
         upgrade_to: Option<TokenMode>,
         replace: bool,
     ) -> Result<(), TokenError> {
-        self.acquire_full(
-            resource, mode, required, desired, None, replace, upgrade_to, alt_mode,
-        )
-    }
-
-    /// One request to the manager: granted, or the conflict (nobody is revoked).
-    fn acquire_if_free(
-        &self,
-        resource: ResourceId,
-        mode: TokenMode,
-        required: ByteRange,
-        desired: ByteRange,
-    ) -> Result<(), TokenError> {
-        let inner = &self.inner;
-        debug_assert_eq!(
-            thread_holds(inner.id),
-            0,
-            "{}: blocking acquire of {resource} with holds open on this thread (rule R1)",
-            inner.node
-        );
-        let req = AcquireRequest::new(inner.node, resource, mode, required, desired);
-        validate_request(&req)?;
-        let (lock, cv) = inner.shard(&resource);
-        let shard = lock.lock();
-        let mut shard = inner.wait_until(&resource, shard, |st| !st.busy);
-        let st = shard.res.entry(resource).or_default();
-        if st.covers(required, Some(mode)) && !st.revoking_overlaps(&required) {
-            inner.covered.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
-        }
-        st.busy = true;
-        drop(shard);
-        inner.manager_calls.fetch_add(1, Ordering::Relaxed);
-        let reply = inner.ask_manager(&resource, ManagerRequest::Acquire(req));
-        let mut shard = lock.lock();
-        let st = shard.res.entry(resource).or_default();
-        st.busy = false;
-        cv.notify_all();
-        let result = match reply {
-            Ok(ManagerReply::Granted(g)) => {
-                st.held.grant(g.range, g.mode);
-                st.version = st.version.max(g.version);
-                return Ok(());
-            }
-            Ok(ManagerReply::Failed(e)) => Err(e),
-            Ok(other) => Err(TokenError::Transport(format!(
-                "unexpected manager reply {other:?}"
-            ))),
-            Err(e) => Err(e),
+        let options = AcquireOptions {
+            replace,
+            upgrade_to,
+            alt_mode,
+            ..Default::default()
         };
-        if st.is_idle() {
-            shard.res.remove(&resource);
-        }
-        result
+        self.acquire_full(resource, mode, required, desired, options)
     }
 
     fn acquire_with(
@@ -692,23 +636,29 @@ impl TokenClient {
         condition: Option<Condition>,
         replace: bool,
     ) -> Result<(), TokenError> {
-        self.acquire_full(
-            resource, mode, required, desired, condition, replace, None, None,
-        )
+        let options = AcquireOptions {
+            condition,
+            replace,
+            ..Default::default()
+        };
+        self.acquire_full(resource, mode, required, desired, options)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn acquire_full(
         &self,
         resource: ResourceId,
         mode: TokenMode,
         required: ByteRange,
         desired: ByteRange,
-        condition: Option<Condition>,
-        replace: bool,
-        upgrade_to: Option<TokenMode>,
-        alt_mode: Option<TokenMode>,
+        options: AcquireOptions,
     ) -> Result<(), TokenError> {
+        let AcquireOptions {
+            condition,
+            replace,
+            upgrade_to,
+            alt_mode,
+            no_revoke,
+        } = options;
         let inner = &self.inner;
         debug_assert_eq!(
             thread_holds(inner.id),
@@ -782,6 +732,18 @@ impl TokenClient {
                 }
                 Err(e) => return Err(e),
             };
+            if no_revoke {
+                // Someone else holds it: say so instead of taking it from them.
+                if shard.res.get(&resource).is_some_and(|st| st.is_idle()) {
+                    shard.res.remove(&resource);
+                }
+                return Err(TokenError::Conflict {
+                    resource,
+                    mode: wanted,
+                    required: effective_required,
+                    copyset,
+                });
+            }
             drop(shard);
             // 3. Ask every conflicting holder to give up what overlaps `required`, all
             //    at once, holding nothing ourselves (a holder may be revoking from us).
