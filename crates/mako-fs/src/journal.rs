@@ -35,8 +35,8 @@
 //! block that a not-yet-durable old pointer still names, or let replay of an older
 //! image overwrite the block's new contents.
 
-use crate::core::FastSet;
 use crate::core::{Core, INODE_CACHE_KEY};
+use crate::core::{FastMap, FastSet};
 use crate::error::{FsError, FsResult};
 use mako_diag::{Condvar, CountedMutex, CountedRwLock, LockClass};
 use mako_diag::{Wait, WaitGuard};
@@ -145,6 +145,16 @@ struct Pending {
     image: Arc<LogImage>,
 }
 
+/// `owner` has no image at `da` in the overlay any more.
+fn forget_owner(by_owner: &mut FastMap<u64, FastSet<DiskAddress>>, owner: u64, da: DiskAddress) {
+    if let Some(set) = by_owner.get_mut(&owner) {
+        set.remove(&da);
+        if set.is_empty() {
+            by_owner.remove(&owner);
+        }
+    }
+}
+
 /// Owner of allocation-map images in the overlay.
 pub const OWNER_ALLOC_MAP: u64 = u64::MAX - 10;
 /// Owner of inode-map images in the overlay.
@@ -246,6 +256,10 @@ pub struct Journal {
     /// newer image is committed while the older one is still being checkpointed.
     /// Ordered by sequence number; reads see the last.
     pending: CountedRwLock<BTreeMap<DiskAddress, Vec<Pending>>>,
+    /// Per owner, the addresses where `pending` may hold one of its images (a superset:
+    /// entries are dropped as images leave), so that a revoke's `write_in_place` costs
+    /// the owner's images, not the whole overlay. Locked after `pending`.
+    by_owner: parking_lot::Mutex<FastMap<u64, FastSet<DiskAddress>>>,
     pending_sectors_max: AtomicU64,
     pub stats: LogStats,
     last_checkpoint: Mutex<Instant>,
@@ -341,6 +355,7 @@ impl Journal {
                 },
             ),
             pending: CountedRwLock::new(&JOURNAL_PENDING_LOCK, BTreeMap::new()),
+            by_owner: parking_lot::Mutex::new(FastMap::default()),
             pending_sectors_max: AtomicU64::new(0),
             stats: LogStats::default(),
             last_checkpoint: Mutex::new(Instant::now()),
@@ -649,7 +664,9 @@ impl Journal {
             .map(|(k, o, i)| (k, o, Arc::new(i)))
             .collect();
         let mut pending = self.pending.write();
+        let mut by_owner = self.by_owner.lock();
         for (kind, owner, img) in &owned {
+            by_owner.entry(*owner).or_default().insert(img.da);
             let sectors = img.length as u64 / 512;
             self.pending_sectors_max
                 .fetch_max(sectors, Ordering::Relaxed);
@@ -657,7 +674,11 @@ impl Journal {
             // Within one transaction a later image of an address replaces an earlier
             // one (a freed inode's slot reused at once).
             if v.last().is_some_and(|p| p.seq == seq) {
-                v.pop();
+                if let Some(old) = v.pop() {
+                    if old.owner != *owner && !v.iter().any(|q| q.owner == old.owner) {
+                        forget_owner(&mut by_owner, old.owner, img.da);
+                    }
+                }
             }
             v.push(Pending {
                 seq,
@@ -837,9 +858,20 @@ impl Journal {
         // 5. The overlay drops what is now in place (unless a newer image replaced it).
         {
             let mut pending = self.pending.write();
+            let mut by_owner = self.by_owner.lock();
             for p in &work {
                 if let Some(v) = pending.get_mut(&p.image.da) {
+                    let dropped: Vec<u64> = v
+                        .iter()
+                        .filter(|q| q.seq <= upto)
+                        .map(|q| q.owner)
+                        .collect();
                     v.retain(|q| q.seq > upto);
+                    for o in dropped {
+                        if !v.iter().any(|q| q.owner == o) {
+                            forget_owner(&mut by_owner, o, p.image.da);
+                        }
+                    }
                     if v.is_empty() {
                         pending.remove(&p.image.da);
                     }
@@ -866,17 +898,29 @@ impl Journal {
         self.commit(core)?;
         let _k = self.checkpoint_lock.lock();
         let upto = self.durable_seq();
-        let work: Vec<Pending> = self
-            .pending
-            .read()
-            .values()
-            .filter_map(|v| {
-                v.iter()
-                    .rev()
-                    .find(|p| p.seq <= upto && p.owner == owner)
-                    .cloned()
-            })
-            .collect();
+        let addresses: Vec<DiskAddress> = self
+            .by_owner
+            .lock()
+            .get(&owner)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        let work: Vec<Pending> = {
+            let pending = self.pending.read();
+            let mut work: Vec<Pending> = addresses
+                .iter()
+                .filter_map(|da| {
+                    pending
+                        .get(da)?
+                        .iter()
+                        .rev()
+                        .find(|p| p.seq <= upto && p.owner == owner)
+                        .cloned()
+                })
+                .collect();
+            // In address order, as a checkpoint writes them (runs of adjacent images).
+            work.sort_by_key(|p| p.image.da);
+            work
+        };
         if work.is_empty() {
             return Ok(());
         }
@@ -899,9 +943,13 @@ impl Journal {
         run.flush(core)?;
         self.barrier(core)?;
         let mut pending = self.pending.write();
+        let mut by_owner = self.by_owner.lock();
         for p in &work {
             if let Some(v) = pending.get_mut(&p.image.da) {
                 v.retain(|q| !(q.owner == owner && q.seq <= upto));
+                if !v.iter().any(|q| q.owner == owner) {
+                    forget_owner(&mut by_owner, owner, p.image.da);
+                }
                 if v.is_empty() {
                     pending.remove(&p.image.da);
                 }

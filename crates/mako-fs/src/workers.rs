@@ -175,14 +175,6 @@ pub fn release_tokens(core: &Core) -> FsResult<()> {
             || core.stat_cache.lock().contains(ino)
             || core.imap.is_reserved(ino))
     });
-    if !inos.is_empty() {
-        // Each token that leaves has its inode's metadata written in place first
-        // (`Journal::write_in_place`, a scan of the log's overlay). One checkpoint for
-        // the whole batch writes everything in place at once, so those scans find an
-        // empty overlay instead of costing the overlay's size per inode.
-        core.journal.commit(core)?;
-        core.journal.checkpoint(core)?;
-    }
     for ino in inos {
         core.tokens.release_inode(ino)?;
     }
