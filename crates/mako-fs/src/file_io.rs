@@ -128,6 +128,14 @@ fn make_full_block(core: &Core, st: &mut InodeState, b: u64) -> FsResult<()> {
     } else {
         block_map::allocated_subblocks(core, st, b)
     };
+    if cur_sb >= spb {
+        // Already a whole block (a shared writer's own copy of the unit).
+        return Ok(());
+    }
+    // A shared writer never changes the metanode's allocation: it moves the unit to a
+    // whole block of its own space, and the metanode frees the fragment when it moves
+    // the pointer (`metanode::apply_update`).
+    let shared = st.shared.is_some();
     let slot = core.pool.get_or_create((ino, b));
     let mut buf = slot.buf.lock();
     let was = buf.is_dirty();
@@ -135,6 +143,7 @@ fn make_full_block(core: &Core, st: &mut InodeState, b: u64) -> FsResult<()> {
     // A fragment at the start of its block with the rest of the block free becomes
     // the full block where it is (no copy, nothing freed).
     let in_place = !cur.is_null()
+        && !shared
         && core
             .alloc
             .extend(AllocKind::Data, cur, cur_sb, spb, buf.reserved)?;
@@ -151,7 +160,7 @@ fn make_full_block(core: &Core, st: &mut InodeState, b: u64) -> FsResult<()> {
     core.nsd.write(new, &full, tag(ino))?;
     core.journal.note_ordered_write();
     if !cur.is_null() {
-        if !in_place {
+        if !in_place && !shared {
             core.alloc.free(cur, cur_sb, ino)?;
         }
         st.inode.subblocks = st.inode.subblocks.saturating_sub(cur_sb as u64);
@@ -178,6 +187,9 @@ fn grow_prepare(core: &Core, st: &mut InodeState, new_size: u64) -> FsResult<()>
     let new_last = (new_size - 1) / bb;
     let frag = st.inode.last_block_subblocks;
     if new_last > b0 && frag != 0 {
+        // (`make_full_block` leaves a unit that already is a whole block alone: a
+        // shared writer's view of the last block's size can be the metanode's while
+        // the unit is its own whole block.)
         make_full_block(core, st, b0)?;
         st.inode.last_block_subblocks = 0;
         return Ok(());
@@ -569,8 +581,18 @@ pub fn read_with<R>(
     offset: u64,
     size: usize,
     sequential: bool,
-    f: impl FnOnce(&[u8]) -> R,
+    f: &mut Option<impl FnOnce(&[u8]) -> R>,
 ) -> FsResult<R> {
+    // `f` is taken only once the bytes are in hand: a read that fails here (or asks for
+    // a restart) leaves it for the next attempt.
+    let mut reply = |bytes: &[u8]| {
+        f.take().map(|f| f(bytes)).ok_or_else(|| {
+            FsError::integrity(crate::error::IntegrityError::new(
+                "read",
+                "the read's reply was made twice",
+            ))
+        })
+    };
     let fsize = st.inode.size;
     let bb = core.block_bytes();
     let end = fsize.min(offset.saturating_add(size as u64));
@@ -604,12 +626,12 @@ pub fn read_with<R>(
                 core.stats
                     .bytes_read
                     .fetch_add((hi - lo) as u64, Ordering::Relaxed);
-                return Ok(f(&buf.bytes[lo..hi]));
+                return reply(&buf.bytes[lo..hi]);
             }
         }
     }
     let v = read(core, st, offset, size, sequential)?;
-    Ok(f(&v))
+    reply(&v)
 }
 
 fn copy_out(bytes: &[u8], lo: usize, hi: usize, out: &mut AlignedBuf) {
@@ -652,8 +674,9 @@ pub fn prefetch_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
 /// Write one dirty block back to disk, allocating (or re-sizing: fragment <-> full
 /// block) its space first. Called by write-behind, fsync and sync.
 pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
-    // A shared writer learns the block's address first, with no lock held.
-    crate::metanode::fetch_blocks(core, h, b, b + 1)?;
+    // A shared writer learns the block's address first, with no lock held. Every
+    // caller holds the block's data token (a hold, or the revoke of it is running).
+    crate::metanode::fetch_blocks(core, h, b, b + 1, true)?;
     // The handle stays open until the data write is done: a commit that logs the new
     // pointer waits for it, so the log never names a block whose data is not written.
     let _tx = core.begin();

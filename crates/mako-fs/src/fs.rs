@@ -1350,9 +1350,8 @@ impl FileSystem {
                             || t.sec.saturating_sub(i.atime.sec) >= 24 * 3600
                     }
                 };
-                let f = f.take().expect("the read's reply is made once");
                 (
-                    file_io::read_with(&self.core, &st, offset, size as usize, sequential, f)?,
+                    file_io::read_with(&self.core, &st, offset, size as usize, sequential, &mut f)?,
                     due,
                 )
             };
@@ -1477,6 +1476,17 @@ impl FileSystem {
                 // takes the inode exclusively (it leaves the inode once it grows).
                 drop(st);
                 self.need(ino, Need::Exclusive)?;
+            }
+        }
+        if !append {
+            // A write that grows the file past its old last block changes that block
+            // too (`file_io::grow_prepare`: a fragment becomes a full block, the tail
+            // past the old end is zeroed; inline data moves to block 0), so its data
+            // token must cover it as well as the written range.
+            let size = h.state.read().inode.size;
+            let end = offset.saturating_add(data.len() as u64);
+            if size > 0 && end > size && (size - 1) / bb < offset / bb {
+                self.need_data(ino, TokenMode::Xw, block_range(size - 1, 1, bb))?;
             }
         }
         crate::metanode::defer_report(&self.core, &h)?;

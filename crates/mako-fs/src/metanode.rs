@@ -18,7 +18,7 @@ use mako_format::error::Location;
 use mako_format::inode::{Inode, Timestamp};
 use mako_format::DiskAddress;
 use mako_rt::{CallOptions, NodeId, Service, ServiceId};
-use mako_token::TokenMode;
+use mako_token::{ByteRange, TokenMode};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -501,7 +501,16 @@ pub fn refresh_attr(core: &Core, h: &InodeHandle) -> FsResult<()> {
 }
 
 /// Make sure a shared writer knows the addresses of `first..last` (no lock held).
-pub fn fetch_blocks(core: &Core, h: &InodeHandle, first: u64, last: u64) -> FsResult<()> {
+/// `covered`: the caller holds the data token over `first..last` in a way no revoke can
+/// finish under it (a hold, or it is the revoke handler flushing that range), so those
+/// addresses stay valid; any other unit is kept only if `holds_steadily` says so.
+pub fn fetch_blocks(
+    core: &Core,
+    h: &InodeHandle,
+    first: u64,
+    last: u64,
+    covered: bool,
+) -> FsResult<()> {
     let missing = {
         let st = h.state.read();
         let Some(s) = &st.shared else {
@@ -519,9 +528,23 @@ pub fn fetch_blocks(core: &Core, h: &InodeHandle, first: u64, last: u64) -> FsRe
         count,
     };
     if let Some(FsReply::Blocks(list)) = to_metanode(core, h, &req)? {
+        let bb = core.block_bytes();
+        let data = core.tokens.data(h.ino);
         let mut st = h.state.write();
         if let Some(s) = st.shared.as_mut() {
             for (unit, da, sb) in list {
+                // An address is this node's to keep only while no other node can move
+                // it: under a data token over the unit that no revoke is taking away
+                // (the revoke drops it under this same lock, `cache_flush::revoke_data`).
+                // The units read ahead past the caller's are often not.
+                let range = ByteRange {
+                    start: unit.saturating_mul(bb),
+                    end: unit.saturating_add(1).saturating_mul(bb),
+                };
+                let mine = covered && unit >= first && unit < last.max(first + 1);
+                if !mine && !core.tokens.client().holds_steadily(data, range) {
+                    continue;
+                }
                 // What this node set itself is newer than the metanode's answer.
                 s.blocks
                     .entry(unit)

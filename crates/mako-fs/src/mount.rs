@@ -313,7 +313,9 @@ impl Mounted {
                 if let Err(e) = crate::ownership::deliver_frees(&core) {
                     tracing::warn!("unmount: frees in other nodes' space not delivered ({e}); fsck reclaims them");
                 }
-                core.journal.checkpoint(&core)?;
+                // Delivering frees may have taken regions nobody owned and freed there:
+                // those changes are in the running transaction, not yet in the log.
+                core.journal.quiesce(&core)?;
                 crate::ownership::release_all(&core)?;
             }
             let head = core.journal.head_lsn();

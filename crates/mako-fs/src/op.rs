@@ -98,7 +98,8 @@ pub fn run<T>(core: &Core, mut f: impl FnMut() -> FsResult<T>) -> FsResult<T> {
                     .op_restarts
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if let Some(h) = core.cached_handle(ino) {
-                    crate::metanode::fetch_blocks(core, &h, unit, unit + 1)?;
+                    // The holds are gone: what is kept is what a steady token covers.
+                    crate::metanode::fetch_blocks(core, &h, unit, unit + 1, false)?;
                 }
             }
             other => {

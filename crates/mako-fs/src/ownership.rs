@@ -283,6 +283,10 @@ fn deliver(
 /// At unmount, after the last checkpoint (every map is in place): give back every
 /// region and segment token, so other nodes can take the space.
 pub fn release_all(core: &Core) -> FsResult<()> {
+    // A region leaves this node with its changes committed: `disown` forgets what the
+    // running transaction changed there, and the revoke writes in place only what the
+    // log holds.
+    core.journal.quiesce(core)?;
     for r in 0..core.alloc.region_count() {
         if core.alloc.is_owned(r) {
             core.alloc.disown(r);

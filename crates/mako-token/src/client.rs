@@ -932,6 +932,19 @@ impl TokenClient {
             .is_some_and(|st| any_mode_covers(&st.held, range))
     }
 
+    /// Does this node hold a token over all of `range` that no revoke is taking away?
+    /// A cache filled under this answer, while the caller holds the lock the revoke
+    /// handler takes to drop that cache, is dropped by the revoke (if one starts after)
+    /// or never filled (if one started before).
+    pub fn holds_steadily(&self, resource: ResourceId, range: ByteRange) -> bool {
+        let (lock, _) = self.inner.shard(&resource);
+        let shard = lock.lock();
+        shard
+            .res
+            .get(&resource)
+            .is_some_and(|st| any_mode_covers(&st.held, range) && !st.revoking_overlaps(&range))
+    }
+
     /// Give up this node's tokens over `range` (cache eviction): flush first, then tell
     /// the manager. Blocks; the same rule as `acquire` applies.
     pub fn release(&self, resource: ResourceId, range: ByteRange) -> Result<(), TokenError> {
