@@ -17,6 +17,7 @@ use mako_disk::BufferType;
 use mako_disk::{AlignedBuf, IO_ALIGN};
 use mako_format::inode::{payload_bytes, pointers_in_inode, xattrs_encoded_len, InodeContent};
 use mako_format::DiskAddress;
+use mako_token::TokenMode;
 use std::sync::atomic::Ordering;
 
 /// Largest file size (bytes): far beyond any disk, bounded so offsets never overflow. The
@@ -707,8 +708,12 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
     let spb = core.geo.subblocks_per_block;
     let valid = valid_len(core, size, b);
     let is_last = block_map::last_unit(core, &st.inode) == Some(b);
-    // Shared writers allocate whole blocks only: the metanode owns fragments.
-    let desired = if is_last && (valid as u64) < bb && !shared {
+    // Shared writers allocate whole blocks only: the metanode owns fragments. So does
+    // the metanode while others write (its `rw` token): a writer that grows the file
+    // past a block the metanode made a fragment would leave a fragment that is not
+    // the last block (`metanode::apply_update`).
+    let whole_only = shared || core.tokens.inode_mode(h.ino) == Some(TokenMode::Rw);
+    let desired = if is_last && (valid as u64) < bb && !whole_only {
         valid.div_ceil(sb) as u32
     } else {
         spb

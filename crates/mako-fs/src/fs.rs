@@ -575,6 +575,10 @@ impl FileSystem {
     pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
         crate::op::run(&self.core, || {
             let h = self.handle(ino)?;
+            if !matches!(h.state.read().inode.content, InodeContent::InlineData(_)) {
+                // A long target is file data in a block: cached under the data token.
+                self.need_data(ino, TokenMode::Ro, ByteRange::WHOLE)?;
+            }
             let st = h.state.read();
             if st.inode.mode & S_IFMT != S_IFLNK {
                 return Err(FsError::Invalid(format!("inode {ino} is not a symlink")));
@@ -1304,6 +1308,17 @@ impl FileSystem {
             let bb = self.core.block_bytes();
             self.need_data(ino, TokenMode::Ro, block_range(offset, size as u64, bb))?;
             crate::metanode::prepare(&self.core, &h)?;
+            {
+                // A shared writer's size is its own view: a read past it asks the
+                // metanode, which has every writer's (a read started after a write
+                // completed anywhere sees it).
+                let st = h.state.read();
+                let past_end = offset.saturating_add(size as u64) > st.inode.size;
+                if st.shared.is_some() && past_end {
+                    drop(st);
+                    crate::metanode::refresh_attr(&self.core, &h)?;
+                }
+            }
             let sequential = {
                 let mut p = h.pattern.lock();
                 // The kernel's readahead sends several requests of a window at once and our

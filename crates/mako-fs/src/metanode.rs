@@ -101,6 +101,11 @@ pub struct Shared {
     /// Directory entries and links this node added (or removed) and has not reported.
     pub entries_delta: i64,
     pub nlink_delta: i64,
+    /// Size, mtime and ctime as the metanode last had them from this node (or as this
+    /// view began): a report with nothing new is not sent. A shared writer that only
+    /// read must not need the metanode when its tokens go (the metanode may be going
+    /// at the same moment).
+    pub reported: Option<(u64, Timestamp, Timestamp)>,
 }
 
 /// Units fetched per `GetBlocks` beyond what an operation needs (read-ahead of the
@@ -261,10 +266,28 @@ pub fn apply_update(core: &Core, st: &mut InodeState, u: &Update) -> FsResult<()
     }
     if u.size_at_least > st.inode.size {
         let before = crate::block_map::last_unit(core, &st.inode);
+        if let Some(b) = before.filter(|_| st.inode.last_block_subblocks != 0) {
+            if u.size_at_least.div_ceil(core.block_bytes()) > b + 1
+                && !crate::block_map::lookup(core, st, b)?.is_null()
+            {
+                // A writer that grows the file past a fragment moves that unit to a
+                // whole block first (`file_io::grow_prepare`, reported in `sets`), and
+                // nobody makes a fragment while others write: one left here would stop
+                // being the last block and be read as a whole one.
+                return Err(FsError::integrity(
+                    crate::error::IntegrityError::new(
+                        "shared write",
+                        format!(
+                            "a shared writer grows inode {} to {} bytes past unit {b}, \
+                             still a fragment of {} subblocks",
+                            u.ino, u.size_at_least, st.inode.last_block_subblocks
+                        ),
+                    )
+                    .ino(u.ino),
+                ));
+            }
+        }
         st.inode.size = u.size_at_least;
-        // A fragment that stops being the last unit is a full block's worth of data
-        // now only if it was allocated whole; shared writers always allocate whole
-        // blocks, and a fragment of the metanode's own is promoted by whoever writes it.
         if before != crate::block_map::last_unit(core, &st.inode) {
             st.inode.last_block_subblocks = 0;
         }
@@ -305,7 +328,12 @@ pub fn settle(core: &Core, h: &InodeHandle) -> FsResult<()> {
         Some(TokenMode::Rw) if metanode || shared => Ok(()),
         Some(TokenMode::Ro) | None if !metanode && !shared => Ok(()),
         Some(TokenMode::Rw) => {
-            h.state.write().shared = Some(Box::default());
+            let mut st = h.state.write();
+            let now = (st.inode.size, st.inode.mtime, st.inode.ctime);
+            st.shared = Some(Box::new(Shared {
+                reported: Some(now),
+                ..Default::default()
+            }));
             Ok(())
         }
         _ => prepare(core, h),
@@ -409,7 +437,15 @@ fn locate(core: &Core, h: &InodeHandle) -> FsResult<()> {
         }
         Some(n) => {
             st.metanode = false;
-            st.shared.get_or_insert_with(Default::default).metanode = Some(n);
+            let now = (st.inode.size, st.inode.mtime, st.inode.ctime);
+            st.shared
+                .get_or_insert_with(|| {
+                    Box::new(Shared {
+                        reported: Some(now),
+                        ..Default::default()
+                    })
+                })
+                .metanode = Some(n);
             Ok(())
         }
         None => Err(FsError::Token(format!(
@@ -565,6 +601,13 @@ pub fn report(core: &Core, h: &InodeHandle) -> FsResult<()> {
         let Some(s) = &st.shared else {
             return Ok(());
         };
+        if s.pending.is_empty()
+            && s.entries_delta == 0
+            && s.nlink_delta == 0
+            && s.reported == Some((st.inode.size, st.inode.mtime, st.inode.ctime))
+        {
+            return Ok(());
+        }
         Update {
             ino: h.ino,
             size_at_least: st.inode.size,
@@ -596,6 +639,11 @@ pub fn report(core: &Core, h: &InodeHandle) -> FsResult<()> {
         s.pending.retain(|p| !update.sets.contains(p));
         s.entries_delta -= update.entries_delta;
         s.nlink_delta -= update.nlink_delta;
+        s.reported = Some((
+            update.size_at_least,
+            from_ts(update.mtime),
+            from_ts(update.ctime),
+        ));
     }
     Ok(())
 }

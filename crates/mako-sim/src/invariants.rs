@@ -177,7 +177,9 @@ fn cached_inodes(node: u32, core: &Core, out: &mut Vec<String>) {
         .iter()
         .filter(|h| {
             let st = h.state.read();
-            st.inode.flags & FLAG_SYSTEM == 0 && !st.deleted
+            // A stale handle holds nothing to trust: its inode is read again (under a
+            // token) at its next use. A revoke keeps one while a thread still has it.
+            st.inode.flags & FLAG_SYSTEM == 0 && !st.deleted && !st.stale
         })
         .map(|h| h.ino)
         .collect();

@@ -75,6 +75,9 @@ struct Task {
     name: String,
     state: TaskState,
     baton: Arc<Baton>,
+    /// Where the task last blocked, with `MAKO_SIM_BLOCK_TRACE` set (a deadlock
+    /// report then shows every blocked task's stack).
+    blocked_at: Option<String>,
 }
 
 /// A timer: wake `task` at `at` (ties broken by `seq`, the order timers were set).
@@ -232,6 +235,7 @@ impl Sim {
                 name: name.clone(),
                 state: TaskState::Runnable,
                 baton: baton.clone(),
+                blocked_at: None,
             });
             st.progress += 1;
             id
@@ -395,7 +399,10 @@ impl Inner {
                 .tasks
                 .iter()
                 .filter_map(|t| match t.state {
-                    TaskState::Blocked { on, .. } => Some(format!("'{}' on {on}", t.name)),
+                    TaskState::Blocked { on, .. } => Some(match &t.blocked_at {
+                        Some(trace) => format!("'{}' on {on} at\n{trace}", t.name),
+                        None => format!("'{}' on {on}", t.name),
+                    }),
                     _ => None,
                 })
                 .collect();
@@ -482,9 +489,12 @@ impl TaskScheduler for TaskHandle {
     }
 
     fn block(&self, on: &'static str) {
+        let trace = std::env::var_os("MAKO_SIM_BLOCK_TRACE")
+            .map(|_| std::backtrace::Backtrace::force_capture().to_string());
         let mut st = self.inner.lock();
         let since = st.progress;
         st.tasks[self.id.0].state = TaskState::Blocked { since, on };
+        st.tasks[self.id.0].blocked_at = trace;
         self.inner.dispatch(st, self.id);
         let mut st = self.inner.lock();
         if let TaskState::Blocked { .. } = st.tasks[self.id.0].state {

@@ -289,9 +289,9 @@ impl Drop for Hold {
                 st.holds[i].count -= 1;
                 if st.holds[i].count == 0 {
                     st.holds.swap_remove(i);
-                    if st.revoking_overlaps(&self.range) {
-                        cv.notify_all();
-                    }
+                    // Waiting for holds to end: a revoke over the range, and a
+                    // replacing acquire that must not take a promise from a hold.
+                    cv.notify_all();
                 }
             }
             if st.is_idle() {
@@ -702,7 +702,7 @@ impl TokenClient {
             let st = shard.res.entry(resource).or_default();
             st.busy = false;
             cv.notify_all();
-            let (copyset, wanted, effective_required) = match reply {
+            let (copyset, wanted, effective_required, metanode) = match reply {
                 Ok(ManagerReply::Granted(g)) => {
                     if replace {
                         st.held.remove(g.range);
@@ -717,8 +717,9 @@ impl TokenClient {
                     copyset,
                     mode,
                     required,
+                    metanode,
                     ..
-                })) => (copyset, mode, required),
+                })) => (copyset, mode, required, metanode),
                 Ok(ManagerReply::Failed(e)) => {
                     if st.is_idle() {
                         shard.res.remove(&resource);
@@ -742,31 +743,47 @@ impl TokenClient {
                     mode: wanted,
                     required: effective_required,
                     copyset,
+                    metanode,
                 });
             }
             drop(shard);
             // 3. Ask every conflicting holder to give up what overlaps `required`, all
-            //    at once, holding nothing ourselves (a holder may be revoking from us).
-            let calls: Vec<_> = copyset
+            //    at once, holding nothing ourselves (a holder may be revoking from us) —
+            //    except the metanode, asked once the others answered: their revokes
+            //    report sizes and block addresses to it, which it can no longer take
+            //    once its own revoke began.
+            let mut copyset = copyset;
+            copyset.sort_by_key(|h| Some(h.node) == metanode);
+            let first_wave = copyset
                 .iter()
-                .map(|h| {
-                    let range = h.range.intersect(&effective_required).unwrap_or(h.range);
-                    let body = mako_rt::encode(
-                        "revoke",
-                        &ClientRequest::Revoke {
-                            resource,
-                            range,
-                            wanted,
-                        },
-                    )
-                    .unwrap_or_default();
-                    (h.node, ServiceId::TokenClient, body)
-                })
-                .collect();
+                .position(|h| Some(h.node) == metanode)
+                .unwrap_or(copyset.len());
+            let make_call = |h: &Holder| {
+                let range = h.range.intersect(&effective_required).unwrap_or(h.range);
+                let body = mako_rt::encode(
+                    "revoke",
+                    &ClientRequest::Revoke {
+                        resource,
+                        range,
+                        wanted,
+                    },
+                )
+                .unwrap_or_default();
+                (h.node, ServiceId::TokenClient, body)
+            };
             inner
                 .revokes_sent
-                .fetch_add(calls.len() as u64, Ordering::Relaxed);
-            let answers = inner.transport.call_many(calls, inner.options());
+                .fetch_add(copyset.len() as u64, Ordering::Relaxed);
+            let mut answers = inner.transport.call_many(
+                copyset[..first_wave].iter().map(make_call).collect(),
+                inner.options(),
+            );
+            if first_wave < copyset.len() {
+                answers.extend(inner.transport.call_many(
+                    copyset[first_wave..].iter().map(make_call).collect(),
+                    inner.options(),
+                ));
+            }
             for (h, answer) in copyset.iter().zip(answers) {
                 let answer = answer
                     .map_err(|e| TokenError::Transport(e.to_string()))

@@ -59,6 +59,9 @@ pub enum TokenError {
         /// The range the manager needed free (the request's, or its fallback's).
         required: ByteRange,
         copyset: Vec<Holder>,
+        /// The resource's metanode when it is in the copyset: revoked after the others,
+        /// since their revokes report to it (docs/coherence.md section 4).
+        metanode: Option<NodeId>,
     },
 
     /// Granting would take the table past `TokenManagerLimits::tokens_max`.

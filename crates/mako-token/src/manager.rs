@@ -365,11 +365,15 @@ impl TokenManager {
             .unwrap_or_default();
         if !copyset.is_empty() {
             self.conflicts.fetch_add(1, Ordering::Relaxed);
+            let metanode = tokens
+                .and_then(|t| t.metanode)
+                .filter(|m| copyset.iter().any(|h| h.node == *m));
             return Err(TokenError::Conflict {
                 resource,
                 mode,
                 required,
                 copyset,
+                metanode,
             });
         }
 
