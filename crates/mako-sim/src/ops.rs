@@ -578,10 +578,16 @@ pub fn exec(fs: &FileSystem, op: &Op) -> Outcome {
             out.sort();
             Ok(Value::Entries(out))
         }
-        Op::Stat { path } => {
-            let ino = resolve(fs, path)?;
-            fs.getattr(ino).map(attr).map_err(err)
-        }
+        Op::Stat { path } => match path.split_last() {
+            // As the kernel's stat(2) of a path: the attributes come with the lookup
+            // of its last name (FUSE's LOOKUP reply), one operation, not a lookup and
+            // then a separate getattr that a rename can fall between.
+            Some((last, parent)) => {
+                let p = resolve(fs, parent)?;
+                fs.lookup(p, last).map(attr).map_err(err)
+            }
+            None => fs.getattr(ROOT_INO).map(attr).map_err(err),
+        },
         Op::Lseek {
             path,
             offset,
