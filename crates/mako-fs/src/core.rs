@@ -1087,8 +1087,36 @@ impl Core {
         self.inodes.lock().get(&ino).cloned()
     }
 
-    pub fn next_generation(&self) -> u32 {
-        self.generation.fetch_add(1, Ordering::Relaxed)
+    /// The generation of a new file at inode number `ino` (its token held exclusively,
+    /// its slot in the inode file). A file handle is (number, generation), so a number
+    /// used again must never come back with a generation it had before, or a handle of
+    /// the deleted file (NFS, `open_by_handle_at`) would reach the new one. A freed
+    /// inode is written back with its generation and no links, so the slot's committed
+    /// state tells the last generation any node gave that number: the new one is past
+    /// it. Lives of the number since that commit were this node's (it holds the token),
+    /// and every generation this node hands out is past all it handed out before (the
+    /// counter only grows, and at least past what it returns): so the generations of one
+    /// number only grow, across nodes and mounts, until they wrap after 2^32 lives. A slot
+    /// never used, cleared by fsck or unreadable as an inode starts from the counter.
+    pub fn generation_for(&self, ino: u64) -> FsResult<u32> {
+        let last = match self.read_inode(ino) {
+            Ok(old) => Some(old.generation),
+            // Blank (never used, or cleared), or damage that fsck reports as a damaged
+            // free slot: nothing is known of earlier lives.
+            Err(FsError::Stale(_) | FsError::Corrupt(_)) => None,
+            Err(e) => return Err(e),
+        };
+        let mut generation = 0;
+        let _ = self
+            .generation
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
+                generation = match last {
+                    Some(g) => next.max(g.wrapping_add(1)),
+                    None => next,
+                };
+                Some(generation.wrapping_add(1))
+            });
+        Ok(generation)
     }
 
     pub fn invalidate_kernel_inode(&self, ino: u64) {

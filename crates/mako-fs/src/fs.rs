@@ -291,6 +291,10 @@ impl FileSystem {
     }
 
     pub fn lookup(&self, parent: u64, name: &[u8]) -> FsResult<Attr> {
+        if name == b"." {
+            // The kernel's path walk never asks for "."; an export does (see below).
+            return self.lookup_self(parent);
+        }
         crate::op::run(&self.core, || {
             self.core.stats.lookups.fetch_add(1, Ordering::Relaxed);
             let p = self.handle(parent)?;
@@ -304,7 +308,6 @@ impl FileSystem {
                 let st = p.state.read();
                 let dir = self.live_dir(&st)?;
                 match name {
-                    b"." => dir.ino,
                     b".." => dir.parent,
                     _ => {
                         directory::lookup(&self.core, &st, name)?
@@ -315,6 +318,33 @@ impl FileSystem {
                     }
                 }
             };
+            self.getattr(ino)
+        })
+    }
+
+    /// Inode `ino` itself, found by its number instead of a name: how a file handle
+    /// (NFS, `open_by_handle_at`) becomes a file again once the kernel has dropped the
+    /// inode from its caches (it asks for "." in the handle's inode, of any type). Only a
+    /// file that exists and has a name is found; a free or never used number, a deleted
+    /// file, an open file whose last name is gone and Mako's own metadata files are
+    /// `Stale`, so a handle, which an NFS client can forge, never reaches the file
+    /// system's internals. The caller compares the generation: a number used again by
+    /// another file has a new one (`generation_for`).
+    pub fn lookup_self(&self, ino: u64) -> FsResult<Attr> {
+        let m = self.core.metadata_inodes();
+        if ino != m.root_dir && ino < m.first_user_inode {
+            return Err(FsError::Stale(ino));
+        }
+        crate::op::run(&self.core, || {
+            self.core.stats.lookups.fetch_add(1, Ordering::Relaxed);
+            let h = self.handle(ino)?;
+            {
+                let st = h.state.read();
+                let system = st.inode.flags & mako_format::inode::FLAG_SYSTEM != 0;
+                if st.deleted || st.inode.nlink == 0 || system {
+                    return Err(FsError::Stale(ino));
+                }
+            }
             self.getattr(ino)
         })
     }
@@ -362,7 +392,7 @@ impl FileSystem {
         inode.ctime = t;
         inode.crtime = t;
         inode.rdev = rdev;
-        inode.generation = self.core.next_generation();
+        inode.generation = self.core.generation_for(ino)?;
         inode.nlink = if is_dir_mode(mode) { 2 } else { 1 };
         if is_dir_mode(mode) {
             inode.content = InodeContent::InlineDir(Vec::new());

@@ -538,7 +538,12 @@ impl Filesystem for MakoFuse {
             // Setting an access ACL says whether setgid must go (FUSE_SETXATTR_ACL_KILL_SGID).
             | InitFlags::FUSE_SETXATTR_EXT
             // chattr/lsattr on directories reach the file system too.
-            | InitFlags::FUSE_HAS_IOCTL_DIR;
+            | InitFlags::FUSE_HAS_IOCTL_DIR
+            // File handles (NFS export, open_by_handle_at) outlive the kernel's inode
+            // cache and remounts: the kernel finds an inode it dropped by asking for "."
+            // in its number (and a directory's parent by ".."), and compares the
+            // generation, which changes when a number is used again.
+            | InitFlags::FUSE_EXPORT_SUPPORT;
         let want = if self.writeback_cache {
             want | InitFlags::FUSE_WRITEBACK_CACHE
         } else {
