@@ -78,7 +78,7 @@ struct Session {
 /// Reads one handshake frame (bounded to a control body).
 pub(crate) async fn read_control<R: AsyncRead + Unpin>(
     r: &mut R,
-) -> Result<(Header, Vec<u8>), HandshakeFail> {
+) -> Result<(Header, Bytes), HandshakeFail> {
     match read_frame(r, CONTROL_BODY_MAX).await? {
         Some(frame) => Ok(frame),
         None => Err(HandshakeFail::Closed),
@@ -316,7 +316,7 @@ fn dispatch(
     inner: &Arc<Inner>,
     session: &Session,
     h: Header,
-    body: Vec<u8>,
+    body: Bytes,
     received: Instant,
     permit: OwnedSemaphorePermit,
     tx: UnboundedSender<OutFrame>,

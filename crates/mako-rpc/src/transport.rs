@@ -276,10 +276,10 @@ impl Inner {
         request: Bytes,
         options: CallOptions,
     ) -> Result<Bytes, TransportError> {
-        if to == self.me {
-            return self.call_local(service, &request).map(Bytes::from);
-        }
         blocking(|| {
+            if to == self.me {
+                return self.call_local(service, &request).map(Bytes::from);
+            }
             let call = self.start(to, service, request, options)?;
             self.finish(call)
         })
@@ -362,6 +362,9 @@ impl Lane {
                 }
                 st.conn = None;
             }
+            if Instant::now() >= deadline {
+                return Err(None);
+            }
             if !st.connecting {
                 let Some(addr) = inner.address(self.node) else {
                     return Err(Some(format!(
@@ -377,16 +380,20 @@ impl Lane {
                     return Err(None);
                 }
             }
-            if st.conn.as_ref().is_some_and(|c| c.is_open()) {
-                continue;
-            }
-            if let Some((failed, reason)) = &st.failed {
-                if *failed == attempt {
-                    return Err(Some(reason.clone()));
+            match (&st.conn, &st.failed) {
+                (Some(conn), _) if conn.is_open() => return Ok(conn.clone()),
+                // Never reconnect in a tight loop to a peer that drops us at once.
+                (Some(conn), _) => {
+                    return Err(Some(format!(
+                        "the connection to {} closed as soon as it was made",
+                        conn.peer
+                    )))
                 }
-            }
-            if Instant::now() >= deadline {
-                return Err(None);
+                (None, Some((failed, reason))) if *failed == attempt => {
+                    return Err(Some(reason.clone()))
+                }
+                // Another caller's newer attempt superseded ours: look again.
+                _ => {}
             }
         }
     }
@@ -477,10 +484,16 @@ impl Conn {
 
     /// Closes the connection: every waiting call fails at once (not at its deadline).
     fn close(&self, why: &str) {
+        self.close_if(|_| true, why);
+    }
+
+    /// Closes the connection if `condition` holds for its calls, decided under the
+    /// same lock that registers calls, so no call can slip in between.
+    fn close_if(&self, condition: impl FnOnce(&Pending) -> bool, why: &str) -> bool {
         let waiters = {
             let mut pending = self.pending.lock();
-            if !pending.open {
-                return;
+            if !pending.open || !condition(&pending) {
+                return false;
             }
             pending.open = false;
             std::mem::take(&mut pending.calls)
@@ -494,20 +507,15 @@ impl Conn {
         for task in self.tasks.lock().drain(..) {
             task.abort();
         }
+        true
     }
 
     fn close_if_idle(&self, now_ms: u64, idle_ms: u64) -> bool {
-        {
-            let pending = self.pending.lock();
-            let idle = now_ms.saturating_sub(self.last_used_ms.load(Relaxed)) >= idle_ms;
-            if !pending.open || !pending.calls.is_empty() || !idle {
-                return false;
-            }
-        }
-        // A call may slip in between: it fails with a closed connection and takes
-        // another one (`Inner::start` retries), so nothing is lost.
-        self.close("idle (idleSocketTimeout)");
-        true
+        let last_used = self.last_used_ms.load(Relaxed);
+        self.close_if(
+            |pending| pending.calls.is_empty() && now_ms.saturating_sub(last_used) >= idle_ms,
+            "idle (idleSocketTimeout)",
+        )
     }
 }
 
@@ -721,7 +729,7 @@ async fn read_replies(inner: Arc<Inner>, conn: Arc<Conn>, mut r: BufReader<Owned
             continue;
         };
         let result = if h.kind == Kind::Reply {
-            Ok(Bytes::from(body))
+            Ok(body)
         } else {
             Err(remote_error(conn.node, &waiter, &body))
         };

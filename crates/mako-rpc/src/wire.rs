@@ -21,6 +21,7 @@
 //! | 24 | 4 | body length | bytes after the header |
 //! | 28 | 4 | header crc32c | over bytes 0..28 |
 
+use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -231,11 +232,12 @@ pub enum FrameError {
 
 /// Reads one frame. `Ok(None)` is a clean end of stream at a frame boundary; an end
 /// inside a frame is [`FrameError::Truncated`]. The body is read straight into its
-/// own buffer, so a bulk payload costs one copy out of the kernel and no more.
+/// own buffer, never zero-filled first and never copied again: a bulk payload costs
+/// one copy out of the kernel, and turns into a `Vec<u8>` without a copy.
 pub async fn read_frame<R: AsyncRead + Unpin>(
     reader: &mut R,
     max_body: usize,
-) -> Result<Option<(Header, Vec<u8>)>, FrameError> {
+) -> Result<Option<(Header, Bytes)>, FrameError> {
     let mut bytes = [0u8; HEADER_BYTES];
     let mut got = 0;
     while got < HEADER_BYTES {
@@ -254,20 +256,19 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
     }
     let header = Header::decode(&bytes, max_body)?;
     let len = header.body_len as usize;
-    let mut body = vec![0u8; len];
-    let mut got = 0;
-    while got < len {
-        let n = reader.read(&mut body[got..]).await?;
+    let mut body = BytesMut::with_capacity(len);
+    while body.len() < len {
+        let want = (len - body.len()) as u64;
+        let n = (&mut *reader).take(want).read_buf(&mut body).await?;
         if n == 0 {
             return Err(FrameError::Truncated {
                 what: "body",
-                got,
+                got: body.len(),
                 expected: len,
             });
         }
-        got += n;
     }
-    Ok(Some((header, body)))
+    Ok(Some((header, body.freeze())))
 }
 
 /// Which lanes a connection serves, said in the hello so the server can give small
@@ -437,7 +438,7 @@ mod tests {
             let mut whole: &[u8] = &frame;
             let (h, body) = read_frame(&mut whole, 100).await.unwrap().unwrap();
             assert_eq!(h, header());
-            assert_eq!(body, vec![7u8; 77]);
+            assert_eq!(&body[..], &[7u8; 77][..]);
             for cut in [1, HEADER_BYTES - 1, HEADER_BYTES + 1, frame.len() - 1] {
                 let mut part: &[u8] = &frame[..cut];
                 let e = read_frame(&mut part, 100).await.unwrap_err();

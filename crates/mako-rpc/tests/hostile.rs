@@ -66,6 +66,9 @@ fn a_node_without_the_cluster_key_cannot_join() {
     assert_eq!(echo1.calls(), 1);
 }
 
+/// Turns a good request frame into a bad one.
+type Spoil = Box<dyn Fn(&[u8]) -> Vec<u8>>;
+
 /// A member connection that must survive every bad peer's fate.
 fn member_call(nodes: &[Node]) {
     let reply = nodes[0]
@@ -134,7 +137,7 @@ fn bad_frames_close_only_their_own_connection() {
 
     // After authentication, as a member: one request is answered, then a bad frame
     // closes that connection only.
-    let post_auth: Vec<(&str, Box<dyn Fn(&[u8]) -> Vec<u8>>)> = vec![
+    let post_auth: Vec<(&str, Spoil)> = vec![
         (
             "bad checksum after authentication",
             Box::new(|frame: &[u8]| {
@@ -236,7 +239,7 @@ fn a_silent_connection_is_closed_after_the_handshake_time() {
     });
     nodes[1].register(ServiceId::FileSystem, Echo::new("2"));
     let mut s = raw_connect(nodes[1].addr());
-    s.write_all(&[b'M']).unwrap();
+    s.write_all(b"M").unwrap();
     expect_closed(&mut s);
     member_call(&nodes);
 }

@@ -112,10 +112,14 @@ fn concurrent_calls_from_many_threads() {
         }
     });
     assert_eq!(echo2.calls() + echo3.calls(), THREADS * CALLS);
+    // The reader counts a reply just after handing it over: poll for the count.
+    wait_for("every reply to be counted", || {
+        nodes[0].transport.stats().replies_received == THREADS * CALLS
+    });
     let stats = nodes[0].transport.stats();
     assert_eq!(stats.requests_sent, THREADS * CALLS);
-    assert_eq!(stats.replies_received, THREADS * CALLS);
     assert_eq!(stats.timeouts, 0);
+    assert_eq!(stats.late_replies, 0);
     // Both lanes to each node were used and stayed up.
     assert_eq!(nodes[0].transport.open_connections(NodeId(2)), 2);
     assert_eq!(nodes[0].transport.open_connections(NodeId(3)), 2);
@@ -357,7 +361,9 @@ fn idle_connections_close_and_calls_reconnect() {
             nodes[1].transport.inbound_connections() == 0
         });
     }
-    assert_eq!(t1.stats().connects, 2);
+    // At least one connection per round (a call may also find its connection
+    // closing under it and take a new one).
+    assert!(t1.stats().connects >= 2);
     assert!(t1.stats().idle_closed >= 2);
 }
 
