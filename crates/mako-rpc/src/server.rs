@@ -194,6 +194,25 @@ where
     })
 }
 
+/// How long a connection may be silent before TCP probes the peer, the probes' interval
+/// and count: a peer that vanished without closing (power loss, a cut link) is noticed
+/// in about 45 s and its connection closed, instead of being kept forever.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_PROBES: u32 = 3;
+
+/// Socket options of every connection, either way: no Nagle delay for small messages,
+/// and keepalive probes.
+pub(crate) fn tune_socket(stream: &TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    // Best effort: a socket without keepalive still works, its calls have deadlines.
+    let _ = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive);
+}
+
 /// Accepts connections until the transport shuts down (the runtime drops this task).
 pub(crate) async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
     loop {
@@ -213,7 +232,7 @@ pub(crate) async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
 
 /// One incoming connection: handshake, then requests until it ends.
 async fn serve(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
-    let _ = stream.set_nodelay(true);
+    tune_socket(&stream);
     let (r, mut w) = stream.into_split();
     let mut r = BufReader::with_capacity(READ_BUFFER_BYTES, r);
     let limit = inner.config.handshake_timeout;
@@ -342,6 +361,16 @@ fn dispatch(
         }
         Counters::add(&inner.stats.requests_dispatched);
         match catch_unwind(AssertUnwindSafe(|| handler.handle(session.node, &body))) {
+            Ok(reply) if reply.len() > inner.config.max_frame_bytes => {
+                // Sending it would make the caller close the connection, failing every
+                // other call on it: refuse this one reply instead.
+                tracing::error!(node = %inner.me, from = %session.node, ?service, len = reply.len(), max = inner.config.max_frame_bytes, "a reply exceeds the frame limit");
+                let e = WireError::ReplyTooLarge {
+                    len: reply.len() as u64,
+                    max: inner.config.max_frame_bytes as u64,
+                };
+                send_error(&session, &h, &tx, e);
+            }
             Ok(reply) => {
                 let mut rh = reply_header(&session, &h, Kind::Reply, &reply);
                 if reply.len() > inner.config.small_msg_size_threshold {

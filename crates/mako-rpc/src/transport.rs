@@ -201,6 +201,18 @@ impl Inner {
         let deadline = Instant::now()
             .checked_add(options.deadline)
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
+        if request.len() > self.config.max_frame_bytes {
+            // Sent, it would make the peer close the connection and fail every other
+            // call on it.
+            return Err(TransportError::Encode {
+                what: "request",
+                reason: format!(
+                    "{} bytes exceed the frame limit of {} bytes",
+                    request.len(),
+                    self.config.max_frame_bytes
+                ),
+            });
+        }
         let lanes = self.lanes_of(to);
         let timeout = TransportError::Timeout {
             node: to,
@@ -538,7 +550,7 @@ async fn connect(
             Ok(Err(e)) => return Err(format!("cannot connect to {addr}: {e}")),
             Ok(Ok(stream)) => stream,
         };
-    let _ = stream.set_nodelay(true);
+    server::tune_socket(&stream);
     let (r, mut w) = stream.into_split();
     let mut r = BufReader::with_capacity(READ_BUFFER_BYTES, r);
     let handshake = tokio::time::timeout(
@@ -751,6 +763,13 @@ fn remote_error(node: NodeId, waiter: &Waiter, body: &[u8]) -> TransportError {
             node,
             service,
             deadline: waiter.deadline,
+        },
+        Ok(WireError::ReplyTooLarge { len, max }) => TransportError::Encode {
+            what: "reply",
+            reason: format!(
+                "its {len} bytes exceed the frame limit of {node} ({max} bytes); \
+                 the request was served but its reply not sent"
+            ),
         },
         Ok(WireError::HandlerPanicked(what)) => unreachable(
             node,

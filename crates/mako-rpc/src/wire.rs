@@ -335,6 +335,8 @@ pub enum WireError {
     Expired,
     /// The handler panicked (a bug; the server logged it).
     HandlerPanicked(String),
+    /// The handler's reply is larger than the server's frame limit, so it was not sent.
+    ReplyTooLarge { len: u64, max: u64 },
 }
 
 /// Encodes a control body.

@@ -532,3 +532,53 @@ fn bulk_payloads_travel_as_bytes() {
         .unwrap();
     assert_eq!(&reply[..], &echo_reply("2", NodeId(1), &block)[..]);
 }
+
+/// Replies with this many bytes.
+struct Big(usize);
+impl Service for Big {
+    fn handle(&self, _from: NodeId, _request: &[u8]) -> Vec<u8> {
+        vec![0xb1; self.0]
+    }
+}
+
+#[test]
+fn a_message_over_the_frame_limit_fails_alone() {
+    let (_key, nodes) = cluster(2, |c| c.max_frame_bytes = 1 << 20);
+    nodes[1].register(ServiceId::FileSystem, Echo::new("2"));
+    nodes[1].register(ServiceId::FsManager, Arc::new(Big(2 << 20)));
+    let t = &nodes[0].transport;
+    t.call(NodeId(2), ServiceId::FileSystem, vec![1], options())
+        .unwrap();
+    t.call(NodeId(2), ServiceId::FileSystem, vec![2; 512 << 10], bulk())
+        .unwrap();
+    let connects = t.stats().connects;
+    match t.call(NodeId(2), ServiceId::FileSystem, vec![3; 2 << 20], bulk()) {
+        Err(TransportError::Encode {
+            what: "request",
+            reason,
+        }) => {
+            assert!(reason.contains("frame limit"), "{reason}")
+        }
+        other => panic!("an oversized request got {other:?}"),
+    }
+    match t.call(NodeId(2), ServiceId::FsManager, vec![], options()) {
+        Err(TransportError::Encode {
+            what: "reply",
+            reason,
+        }) => {
+            assert!(reason.contains("frame limit"), "{reason}")
+        }
+        other => panic!("an oversized reply got {other:?}"),
+    }
+    // Neither closed a connection: the others' calls go on where they were.
+    for priority in [bulk(), options()] {
+        t.call(NodeId(2), ServiceId::FileSystem, vec![4; 1000], priority)
+            .unwrap();
+    }
+    assert_eq!(t.stats().connects, connects);
+    assert_eq!(t.open_connections(NodeId(2)), 2);
+    assert_eq!(
+        t.stats().bad_frames + nodes[1].transport.stats().bad_frames,
+        0
+    );
+}
