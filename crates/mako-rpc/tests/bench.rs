@@ -155,40 +155,90 @@ fn raw_tcp_copy() -> f64 {
     })
 }
 
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Rounds of every measurement (`MAKO_RPC_BENCH_ROUNDS`, default 3): each figure is
+/// the median of its rounds, each ratio the median of the per-round ratios, so one
+/// round disturbed by a neighbour on a shared machine does not make the figure.
+fn rounds() -> usize {
+    std::env::var("MAKO_RPC_BENCH_ROUNDS")
+        .ok()
+        .map(|v| v.trim().parse().expect("MAKO_RPC_BENCH_ROUNDS is a number"))
+        .unwrap_or(3)
+        .max(1)
+}
+
 #[test]
 #[ignore = "a benchmark: run with --ignored --nocapture"]
 fn rpc_figures() {
-    println!("small-message round trip, 64 B, {SMALL_CALLS} calls (p50 / p99, microseconds):");
-    let (p50, p99, _) = small_round_trips(50, 0);
-    println!(
-        "  alone:                                  {:8.1} / {:8.1}",
-        micros(p50),
-        micros(p99)
-    );
-    let alone50 = p50;
-    for (pct, what) in [
-        (50, "lanes on  (tscSmallMsgTcpConnPct=50)"),
-        (0, "lanes off (tscSmallMsgTcpConnPct=0) "),
-    ] {
-        let (p50, p99, streamed) = small_round_trips(pct, 1);
+    let rounds = rounds();
+    // [alone, lanes on, lanes off] x [p50, p99], per round, in microseconds.
+    let mut small: [[Vec<f64>; 2]; 3] = Default::default();
+    let mut off_over_on = Vec::new();
+    let mut streamed = [0u64; 2];
+    let (mut raw, mut rpc1, mut rpc4, mut ratio1, mut ratio4) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let runs = [
+            small_round_trips(50, 0),
+            small_round_trips(50, 1),
+            small_round_trips(0, 1),
+        ];
+        for (i, (p50, p99, n)) in runs.iter().enumerate() {
+            small[i][0].push(micros(*p50));
+            small[i][1].push(micros(*p99));
+            if i > 0 {
+                streamed[i - 1] += n;
+            }
+        }
+        off_over_on.push(runs[2].0.as_secs_f64() / runs[1].0.as_secs_f64());
+        let reference = raw_tcp_copy();
+        let one = rpc_bulk(1);
+        let four = rpc_bulk(4);
+        raw.push(reference);
+        rpc1.push(one);
+        rpc4.push(four);
+        ratio1.push(one / reference);
+        ratio4.push(four / reference);
+    }
+    println!("small-message round trip, 64 B, {SMALL_CALLS} calls, median of {rounds} rounds (p50 / p99, us):");
+    let names = [
+        "alone                                        ",
+        "beside a 4 MiB stream, lanes on  (pct=50)    ",
+        "beside a 4 MiB stream, lanes off (pct=0)     ",
+    ];
+    for (i, name) in names.iter().enumerate() {
         println!(
-            "  with a 4 MiB stream, {what}: {:8.1} / {:8.1}  (p50 {:.1}x alone; {streamed} blocks streamed meanwhile)",
-            micros(p50),
-            micros(p99),
-            p50.as_secs_f64() / alone50.as_secs_f64()
+            "  {name}{:8.1} / {:8.1}",
+            median(small[i][0].clone()),
+            median(small[i][1].clone())
         );
     }
-    let raw = raw_tcp_copy();
     println!(
-        "bulk, 4 MiB requests, {} GiB over loopback:",
+        "  p50 lanes off / lanes on: {:.1}x (blocks streamed meanwhile: {} on, {} off)",
+        median(off_over_on),
+        streamed[0],
+        streamed[1]
+    );
+    println!(
+        "bulk, 4 MiB requests, {} GiB over loopback, median of {rounds} rounds:",
         BULK_TOTAL >> 30
     );
-    println!("  plain tokio TCP copy (reference):  {raw:6.2} GiB/s");
-    for threads in [1, 4] {
-        let rpc = rpc_bulk(threads);
-        println!(
-            "  mako-rpc, {threads} caller thread(s):         {rpc:6.2} GiB/s  ({:.2}x the reference)",
-            rpc / raw
-        );
-    }
+    println!(
+        "  plain tokio TCP copy (reference):  {:6.2} GiB/s",
+        median(raw)
+    );
+    println!(
+        "  mako-rpc, 1 caller thread:         {:6.2} GiB/s  ({:.2}x the reference)",
+        median(rpc1),
+        median(ratio1)
+    );
+    println!(
+        "  mako-rpc, 4 caller threads:        {:6.2} GiB/s  ({:.2}x the reference)",
+        median(rpc4),
+        median(ratio4)
+    );
 }

@@ -388,7 +388,7 @@ fn all_to_all_connects_at_start() {
 
 #[test]
 fn calls_from_async_code_do_not_panic() {
-    let (_key, nodes) = cluster(2, |_| {});
+    let (key, nodes) = cluster(2, |_| {});
     nodes[1].register(ServiceId::FileSystem, Echo::new("2"));
     let t = nodes[0].transport.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -413,6 +413,17 @@ fn calls_from_async_code_do_not_panic() {
         .block_on(async { t.call(NodeId(2), ServiceId::FileSystem, vec![2], options()) })
         .unwrap();
     assert_eq!(reply, echo_reply("2", NodeId(1), &[2]));
+    // A transport may also be started, used and dropped from async code.
+    rt.block_on(async {
+        let n3 = Node::start(3, &key, |_| {});
+        n3.transport.set_peer(NodeId(2), nodes[1].addr());
+        let reply = n3
+            .transport
+            .call(NodeId(2), ServiceId::FileSystem, vec![3], options())
+            .unwrap();
+        assert_eq!(reply, echo_reply("2", NodeId(3), &[3]));
+        drop(n3);
+    });
 }
 
 struct Panics;
