@@ -350,3 +350,34 @@ fn a_member_refuses_a_server_without_the_key() {
     assert_eq!(impostor.join().unwrap(), Kind::Refuse);
     assert_eq!(nodes[0].transport.stats().requests_sent, 0);
 }
+
+/// A member naming a service this node does not know (a newer release) gets an error
+/// answer, and its connection stays usable.
+#[test]
+fn an_unknown_service_number_is_answered_not_fatal() {
+    let (key, nodes) = cluster(2, |_| {});
+    nodes[1].register(ServiceId::FileSystem, Echo::new("2"));
+    let mut s = raw_authenticate(nodes[1].addr(), &key, 5);
+    let mut h = Header::new(wire::VERSION_MIN, Kind::Request, 3);
+    h.service = 999;
+    h.request_id = 41;
+    h.deadline_ms = 30_000;
+    s.write_all(&wire::frame_bytes(&h, b"new")).unwrap();
+    let (answer, body) = raw_read_frame(&mut s);
+    assert_eq!((answer.kind, answer.request_id), (Kind::Error, 41));
+    let e: wire::WireError = wire::decode_body("error", &body).unwrap();
+    assert_eq!(e, wire::WireError::UnknownService(999));
+    // A known service that is not registered here: NoService.
+    s.write_all(&request_frame(ServiceId::TokenManager, 42, b""))
+        .unwrap();
+    let (answer, body) = raw_read_frame(&mut s);
+    assert_eq!((answer.kind, answer.request_id), (Kind::Error, 42));
+    let e: wire::WireError = wire::decode_body("error", &body).unwrap();
+    assert_eq!(e, wire::WireError::NoService);
+    s.write_all(&request_frame(ServiceId::FileSystem, 43, b"ok"))
+        .unwrap();
+    let (answer, body) = raw_read_frame(&mut s);
+    assert_eq!((answer.kind, answer.request_id), (Kind::Reply, 43));
+    assert_eq!(body, echo_reply("2", NodeId(5), b"ok"));
+    assert_eq!(nodes[1].transport.stats().bad_frames, 0);
+}
