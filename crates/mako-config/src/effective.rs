@@ -405,6 +405,12 @@ impl EffectiveConfig {
         Some(self.duration(ParamId::IdleSocketTimeout)).filter(|d| !d.is_zero())
     }
 
+    /// `tscTcpPort`: port the daemon listens on for other nodes.
+    pub fn tsc_tcp_port(&self) -> u16 {
+        u16::try_from(self.int(ParamId::TscTcpPort))
+            .unwrap_or_else(|_| unreachable!("tscTcpPort is range-checked to 1..=65535"))
+    }
+
     /// `prometheusPort`: `None` = endpoint off.
     pub fn prometheus_port(&self) -> Option<u16> {
         u16::try_from(self.int(ParamId::PrometheusPort))
@@ -487,6 +493,7 @@ mod tests {
         assert_eq!(config.small_msg_tcp_conns(), 1);
         assert_eq!(config.all_to_all_connection(), AllToAllConnection::No);
         assert_eq!(config.idle_socket_timeout(), None);
+        assert_eq!(config.tsc_tcp_port(), 1191);
         assert_eq!(config.prometheus_port(), Some(9370));
         assert_eq!(
             config.prometheus_socket_addr(),

@@ -92,6 +92,8 @@ pub const MIN_MISSED_PING_TIMEOUT_MS_MAX: u64 = 300 * SEC_MS;
 pub const MAX_TCP_CONNS_PER_NODE_CONN_DEFAULT: i64 = 2;
 /// Default `tscSmallMsgTcpConnPct`.
 pub const TSC_SMALL_MSG_TCP_CONN_PCT_DEFAULT: i64 = 50;
+/// Default `tscTcpPort`: GPFS's registered daemon port.
+pub const TSC_TCP_PORT_DEFAULT: i64 = 1191;
 
 // A pagepool of the minimum size must still hold several full blocks and several
 // maximum-size FUSE requests in flight, or write-behind and prefetch cannot overlap.
@@ -302,6 +304,7 @@ pub enum ParamId {
     TscSmallMsgTcpConnPct,
     AllToAllConnection,
     IdleSocketTimeout,
+    TscTcpPort,
     PrometheusPort,
     PrometheusAddress,
     IohistSize,
@@ -740,6 +743,22 @@ const PARAM_TABLE: &[ParamSpec] = &[
         doc: "Close a connection to another node after it has been idle this long. 0 \
               (the default) keeps idle connections open: the seeds set 0 with -i to \
               avoid reconnects, a common source of expels when ARP or TCP setup is slow.",
+    },
+    ParamSpec {
+        id: ParamId::TscTcpPort,
+        name: "tscTcpPort",
+        kind: ParamKind::Int {
+            min: 1,
+            max: 65_535,
+        },
+        default: DefaultValue::Int(TSC_TCP_PORT_DEFAULT),
+        scope: Scope::Node,
+        apply: Apply::Restart,
+        unit: "TCP port",
+        doc: "Port on which the daemon accepts connections from the other nodes of the \
+              cluster (the RPC layer). GPFS uses 1191 (tscTcpPort), and so does Mako by \
+              default; open it between all nodes in the firewall. Give each daemon its \
+              own port when several run on one host. Read when the daemon starts.",
     },
     ParamSpec {
         id: ParamId::PrometheusPort,
