@@ -877,6 +877,11 @@ impl Filesystem for MakoFuse {
                 flags.bits(),
             );
             if r.is_ok() {
+                // The kernel moves its dentry to the new name with the timeout it had
+                // (and, for an exchange or a whiteout, keeps one at the old name): both
+                // names are this session's to invalidate from now on.
+                self.names.record(parent.0, name.as_bytes());
+                self.names.record(newparent.0, newname.as_bytes());
                 self.peers_entry(parent.0, name.as_bytes());
                 self.peers_entry(newparent.0, newname.as_bytes());
             }

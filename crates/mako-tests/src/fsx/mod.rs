@@ -1255,11 +1255,7 @@ impl Runner<'_> {
         };
         match kind {
             OpKind::Create => {
-                let r = sys::open(
-                    &pa,
-                    libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
-                    0o644,
-                );
+                let r = sys::open(&pa, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o644);
                 match (r, sa) {
                     (Ok(fd), Slot::Empty) => {
                         let st = self.sysfail("fstat of a new file", sys::fstat(&fd))?;
@@ -1353,7 +1349,7 @@ impl Runner<'_> {
                 (Ok(st), Slot::File(f))
                     if st.st_mode & libc::S_IFMT == libc::S_IFREG
                         && st.st_ino == self.names.files[f].ino
-                        && st.st_nlink as u64 == self.names.files[f].nlink => {}
+                        && st.st_nlink == self.names.files[f].nlink => {}
                 (Ok(st), Slot::Dir)
                     if st.st_mode & libc::S_IFMT == libc::S_IFDIR && st.st_nlink == 2 => {}
                 (got, want) => {
@@ -1372,15 +1368,24 @@ impl Runner<'_> {
                             self.names.files[f].ino, self.names.files[f].nlink
                         ),
                     };
-                    return Err(self.fail(format!("lstat: got {got}, the model expects {want}"), None));
+                    return Err(
+                        self.fail(format!("lstat: got {got}, the model expects {want}"), None)
+                    );
                 }
             },
             OpKind::List => {
-                let rd = std::fs::read_dir(&dir)
-                    .and_then(|it| it.map(|e| e.map(|e| e.file_name())).collect::<Result<Vec<_>, _>>());
+                let rd = std::fs::read_dir(&dir).and_then(|it| {
+                    it.map(|e| e.map(|e| e.file_name()))
+                        .collect::<Result<Vec<_>, _>>()
+                });
                 let mut got: Vec<String> = match rd {
-                    Ok(v) => v.into_iter().map(|n| n.to_string_lossy().into_owned()).collect(),
-                    Err(e) => return Err(self.fail(format!("readdir {}: {e}", dir.display()), None)),
+                    Ok(v) => v
+                        .into_iter()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .collect(),
+                    Err(e) => {
+                        return Err(self.fail(format!("readdir {}: {e}", dir.display()), None))
+                    }
                 };
                 got.sort();
                 let want: Vec<String> = (0..NAME_SLOTS)
