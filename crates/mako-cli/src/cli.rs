@@ -190,6 +190,9 @@ pub struct FsCreateArgs {
     /// Recovery log size per node
     #[arg(long = "log-size", value_name = "SIZE", default_value = "32M")]
     pub log_size: String,
+    /// Nodes that may mount the file system: one recovery log each (like mmcrfs -n)
+    #[arg(short = 'n', long = "nodes", value_name = "N", default_value_t = 1)]
+    pub nodes: u32,
     /// Give directories a full block when they leave the inode
     #[arg(long)]
     pub avoid_dir_fragments: bool,

@@ -281,6 +281,13 @@ pub fn plan_create(
             short_bytes(LOG_BYTES_MAX)
         );
     }
+    if !(1..=mako_fs::mkfs::LOGS_MAX).contains(&args.nodes) {
+        bail!(
+            "-n {}: a file system is created for 1 to {} nodes (one recovery log each)",
+            args.nodes,
+            mako_fs::mkfs::LOGS_MAX
+        );
+    }
     if args.pre_split_levels > PRE_SPLIT_LEVELS_MAX {
         bail!(
             "--pre-split-levels {}: must be from 0 to {PRE_SPLIT_LEVELS_MAX}",
@@ -382,7 +389,7 @@ pub fn plan_create(
         avoid_dir_fragments: args.avoid_dir_fragments,
         dir_pre_split_levels: args.pre_split_levels,
         regions: None,
-        log_count: 1,
+        log_count: args.nodes,
         reproducible: None,
     };
     Ok((params, chosen, mountpoint))

@@ -48,6 +48,33 @@ impl NodeEnv {
         }
     }
 
+    /// Nodes `0..n` of one cluster in this process (the two-mount test, `makod
+    /// --local-nodes`): one registry, the token manager and the file-system manager on
+    /// node 0, each node reaching them and the others through the in-process transport.
+    /// The network transport of the next issue replaces exactly this.
+    pub fn in_process_cluster(n: u32) -> Vec<NodeEnv> {
+        let registry = Registry::new();
+        let manager = Arc::new(TokenManager::new(TokenManagerLimits {
+            tokens_max: 10_000_000,
+        }));
+        registry.register(
+            NodeId(0),
+            ServiceId::TokenManager,
+            Arc::new(ManagerService { manager }),
+        );
+        (0..n)
+            .map(|node| NodeEnv {
+                node,
+                fs_index: 0,
+                clock: Arc::new(SystemClock::new()),
+                transport: Arc::new(InProcessTransport::new(NodeId(node), registry.clone())),
+                managers: ManagerMap::single(NodeId(0)),
+                fs_manager: NodeId(0),
+                registry: Some(registry.clone()),
+            })
+            .collect()
+    }
+
     pub fn node_id(&self) -> NodeId {
         NodeId(self.node)
     }

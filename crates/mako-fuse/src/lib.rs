@@ -32,7 +32,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// How long the kernel may trust attributes and entries without asking again.
 const TTL: Duration = Duration::from_secs(2);
@@ -117,8 +117,55 @@ impl MountFlags {
 /// The FUSE sessions of one file system (one per mount point), for cache invalidation.
 /// The list is replaced, never changed in place, so a notification (which may wait
 /// for kernel locks) is sent without holding any lock of Mako's.
-/// Each session's id and notifier.
-type SessionList = Arc<Vec<(u64, Arc<Notifier>)>>;
+/// Each session's id, notifier and the names it handed to its kernel.
+type SessionList = Arc<Vec<(u64, Arc<Notifier>, Arc<NameLog>)>>;
+
+/// The names one session handed to its kernel with a timeout (lookup, create, mkdir,
+/// readdirplus, …), by directory, with when: the kernel trusts such a dentry until its
+/// TTL ends without asking, and FUSE has no notification for "every name of this
+/// directory", so when the token covering a directory's names leaves the node
+/// (`invalidate_names`), each name handed out within the TTL is invalidated by name.
+/// Older ones have expired in the kernel already and are forgotten.
+#[derive(Default)]
+pub struct NameLog {
+    dirs: Mutex<HashMap<u64, HashMap<Vec<u8>, Instant>>>,
+    /// Names recorded since the last sweep of expired ones.
+    recorded: AtomicU64,
+}
+
+/// Names recorded between two sweeps of the expired ones.
+const NAME_LOG_SWEEP: u64 = 4096;
+
+impl NameLog {
+    fn record(&self, dir: u64, name: &[u8]) {
+        let now = Instant::now();
+        let mut d = self.dirs.lock().unwrap_or_else(|e| e.into_inner());
+        d.entry(dir).or_default().insert(name.to_vec(), now);
+        if self.recorded.fetch_add(1, Ordering::Relaxed) >= NAME_LOG_SWEEP {
+            self.recorded.store(0, Ordering::Relaxed);
+            d.retain(|_, names| {
+                names.retain(|_, t| now.duration_since(*t) < TTL);
+                !names.is_empty()
+            });
+        }
+    }
+
+    /// The names of `dir` the kernel may still trust, forgotten here.
+    fn take(&self, dir: u64) -> Vec<Vec<u8>> {
+        let now = Instant::now();
+        let names = self
+            .dirs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&dir)
+            .unwrap_or_default();
+        names
+            .into_iter()
+            .filter(|(_, t)| now.duration_since(*t) < TTL)
+            .map(|(n, _)| n)
+            .collect()
+    }
+}
 
 #[derive(Default)]
 pub struct Sessions {
@@ -141,16 +188,16 @@ impl Sessions {
         self.list.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn add(&self, id: u64, n: Notifier) {
+    fn add(&self, id: u64, n: Notifier, names: Arc<NameLog>) {
         let mut l = self.list.lock().unwrap_or_else(|e| e.into_inner());
         let mut v = (**l).clone();
-        v.push((id, Arc::new(n)));
+        v.push((id, Arc::new(n), names));
         *l = Arc::new(v);
     }
 
     fn remove(&self, id: u64) {
         let mut l = self.list.lock().unwrap_or_else(|e| e.into_inner());
-        let v: Vec<_> = l.iter().filter(|(i, _)| *i != id).cloned().collect();
+        let v: Vec<_> = l.iter().filter(|(i, _, _)| *i != id).cloned().collect();
         *l = Arc::new(v);
     }
 
@@ -166,7 +213,7 @@ impl Sessions {
     /// Every session but `except` drops its attributes of `ino` and, if `offset` is not
     /// negative, its cached pages from `offset` (`len` 0: to the end).
     fn inval_inode(&self, except: Option<u64>, ino: u64, offset: i64, len: i64) {
-        for (id, n) in self.snapshot().iter() {
+        for (id, n, _) in self.snapshot().iter() {
             if Some(*id) == except {
                 continue;
             }
@@ -179,7 +226,7 @@ impl Sessions {
     /// Every session but `except` forgets the name `name` in `parent` (an entry or a
     /// negative entry) and the directory's attributes.
     fn inval_entry(&self, except: Option<u64>, parent: u64, name: &[u8]) {
-        for (id, n) in self.snapshot().iter() {
+        for (id, n, _) in self.snapshot().iter() {
             if Some(*id) == except {
                 continue;
             }
@@ -194,13 +241,20 @@ impl KernelInvalidator for Sessions {
         self.inval_inode(None, ino, offset, len);
     }
     fn invalidate_entry(&self, parent: u64, name: &[u8]) {
-        for (_, n) in self.snapshot().iter() {
+        for (_, n, _) in self.snapshot().iter() {
             let _ = n.inval_entry(INodeNo(parent), OsStr::from_bytes(name));
         }
     }
     fn invalidate_names(&self, dir: u64) {
-        // Entries the kernel cached under `dir` expire with the entry TTL; the
-        // directory's own attributes and listing are dropped now.
+        // Every name of `dir` the kernel may still trust (handed out within the TTL),
+        // then the directory's own attributes and listing.
+        for (id, n, names) in self.snapshot().iter() {
+            for name in names.take(dir) {
+                if let Err(e) = n.inval_entry(INodeNo(dir), OsStr::from_bytes(&name)) {
+                    tracing::debug!("inval_entry {dir} in session {id}: {e}");
+                }
+            }
+        }
         self.inval_inode(None, dir, 0, 0);
     }
 }
@@ -220,6 +274,8 @@ pub struct MakoFuse {
     /// This session's id in `sessions`.
     id: u64,
     lookups: Lookups,
+    /// The names this session handed to its kernel.
+    names: Arc<NameLog>,
 }
 
 /// An inode time as a `SystemTime`. Every `Timestamp` (any i64 seconds) is representable
@@ -401,7 +457,13 @@ impl MakoFuse {
         }
     }
 
-    fn new(fs: FileSystem, opts: &FuseOptions, id: u64, lookups: Lookups) -> MakoFuse {
+    fn new(
+        fs: FileSystem,
+        opts: &FuseOptions,
+        id: u64,
+        lookups: Lookups,
+        names: Arc<NameLog>,
+    ) -> MakoFuse {
         MakoFuse {
             fs,
             max_write: opts.max_write,
@@ -411,6 +473,7 @@ impl MakoFuse {
             sessions: opts.sessions.clone(),
             id,
             lookups,
+            names,
         }
     }
 
@@ -447,10 +510,12 @@ impl MakoFuse {
         self.sessions.inval_entry(Some(self.id), parent, name);
     }
 
-    fn entry(&self, r: Result<Attr, FsError>, reply: ReplyEntry) {
+    /// Replies to a request that handed `name` in `parent` to the kernel.
+    fn entry(&self, parent: INodeNo, name: &[u8], r: Result<Attr, FsError>, reply: ReplyEntry) {
         match r {
             Ok(a) => {
                 self.add_lookup(a.ino);
+                self.names.record(parent.0, name);
                 reply.entry(&TTL, &file_attr(&a), Generation(a.generation as u64));
             }
             Err(e) => reply.error(errno(&e)),
@@ -582,7 +647,12 @@ impl Filesystem for MakoFuse {
                     mako_diag::test_hooks::PANIC_ON_LOOKUP_ENV
                 );
             }
-            self.entry(self.fs.lookup(parent.0, name.as_bytes()), reply);
+            self.entry(
+                parent,
+                name.as_bytes(),
+                self.fs.lookup(parent.0, name.as_bytes()),
+                reply,
+            );
         })
     }
 
@@ -711,7 +781,7 @@ impl Filesystem for MakoFuse {
             if r.is_ok() {
                 self.peers_entry(parent.0, name.as_bytes());
             }
-            self.entry(r, reply);
+            self.entry(parent, name.as_bytes(), r, reply);
         })
     }
 
@@ -734,7 +804,7 @@ impl Filesystem for MakoFuse {
             if r.is_ok() {
                 self.peers_entry(parent.0, name.as_bytes());
             }
-            self.entry(r, reply);
+            self.entry(parent, name.as_bytes(), r, reply);
         })
     }
 
@@ -785,7 +855,7 @@ impl Filesystem for MakoFuse {
             if r.is_ok() {
                 self.peers_entry(parent.0, link_name.as_bytes());
             }
-            self.entry(r, reply);
+            self.entry(parent, link_name.as_bytes(), r, reply);
         })
     }
 
@@ -812,6 +882,11 @@ impl Filesystem for MakoFuse {
                 flags.bits(),
             );
             if r.is_ok() {
+                // The kernel moves its dentry to the new name with the timeout it had
+                // (and, for an exchange or a whiteout, keeps one at the old name): both
+                // names are this session's to invalidate from now on.
+                self.names.record(parent.0, name.as_bytes());
+                self.names.record(newparent.0, newname.as_bytes());
                 self.peers_entry(parent.0, name.as_bytes());
                 self.peers_entry(newparent.0, newname.as_bytes());
             }
@@ -836,7 +911,7 @@ impl Filesystem for MakoFuse {
                 self.peers_entry(newparent.0, newname.as_bytes());
                 self.peers_inode(ino.0, -1, 0);
             }
-            self.entry(r, reply);
+            self.entry(newparent, newname.as_bytes(), r, reply);
         })
     }
 
@@ -1075,6 +1150,7 @@ impl Filesystem for MakoFuse {
                 );
                 // Entries handed to the kernel (all but . and ..) count as lookups.
                 if !full && e.name != b"." && e.name != b".." {
+                    self.names.record(ino.0, &e.name);
                     self.add_lookup(e.ino);
                 }
                 full
@@ -1222,6 +1298,7 @@ impl Filesystem for MakoFuse {
                         a
                     };
                     self.add_lookup(a.ino);
+                    self.names.record(parent.0, name.as_bytes());
                     self.peers_entry(parent.0, name.as_bytes());
                     if flags & libc::O_TRUNC != 0 {
                         self.peers_inode(a.ino, 0, 0);
@@ -1605,12 +1682,13 @@ pub fn mount(fs: FileSystem, mountpoint: &Path, opts: &FuseOptions) -> std::io::
         .replace(opts.sessions.clone() as Arc<dyn KernelInvalidator>);
     let id = opts.sessions.next_id.fetch_add(1, Ordering::Relaxed);
     let lookups: Lookups = Arc::default();
+    let names: Arc<NameLog> = Arc::default();
     let session = fuser::spawn_mount(
-        MakoFuse::new(fs.clone(), opts, id, lookups.clone()),
+        MakoFuse::new(fs.clone(), opts, id, lookups.clone(), names.clone()),
         mountpoint,
         &config,
     )?;
-    opts.sessions.add(id, session.notifier());
+    opts.sessions.add(id, session.notifier(), names);
     let mut mount = FuseMount {
         session: Some(session),
         mountpoint: mountpoint.to_path_buf(),

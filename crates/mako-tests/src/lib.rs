@@ -2,12 +2,14 @@
 //! fsx-style randomized model-based exerciser ([`fsx`]) and a crash workload with its checker
 //! ([`crashload`]). They work on any directory (a Mako mount point, ext4, tmpfs, ...) and are
 //! also available as the `mako-posix`, `mako-fsx` and `mako-crashload` binaries. The
-//! real-process harness is [`cluster`]; [`skip`] makes a test that cannot run fail
+//! real-process harness is [`cluster`] (one node) and [`multinode`] (several nodes of one
+//! file system, each with its own FUSE mount); [`skip`] makes a test that cannot run fail
 //! unless the run opts out (`MAKO_ALLOW_SKIP=1`).
 
 pub mod cluster;
 pub mod crashload;
 pub mod fsx;
+pub mod multinode;
 pub mod posix;
 pub mod skip;
 pub mod sys;

@@ -35,7 +35,7 @@ pub struct Daemon {
     stop: Arc<AtomicBool>,
 }
 
-fn fs_config(c: &EffectiveConfig) -> FsConfig {
+pub(crate) fn fs_config(c: &EffectiveConfig) -> FsConfig {
     FsConfig {
         pagepool_bytes: c.pagepool_bytes(),
         max_files_to_cache: c.max_files_to_cache(),
@@ -56,7 +56,7 @@ fn fs_config(c: &EffectiveConfig) -> FsConfig {
 
 /// Let one FUSE request carry a whole block: raise the kernel's max_pages limit
 /// (Linux 6.13+, root only). Returns the limit in force.
-fn raise_fuse_max_pages(want_bytes: u32) -> Option<u32> {
+pub(crate) fn raise_fuse_max_pages(want_bytes: u32) -> Option<u32> {
     let path = "/proc/sys/fs/fuse/max_pages_limit";
     let cur: u32 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
     let want = want_bytes.div_ceil(4096);
@@ -70,7 +70,7 @@ fn raise_fuse_max_pages(want_bytes: u32) -> Option<u32> {
 /// The kernel reads ahead only 128 KiB on a FUSE mount by default, so a sequential
 /// reader reaches Mako in 128 KiB requests. Raise the mount's readahead to a block
 /// (root only), so reads arrive as large requests and prefetch sees whole blocks.
-fn raise_readahead(mountpoint: &Path, block_bytes: u32) -> Option<u32> {
+pub(crate) fn raise_readahead(mountpoint: &Path, block_bytes: u32) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
     let dev = std::fs::metadata(mountpoint).ok()?.dev();
     let (major, minor) = (libc::major(dev), libc::minor(dev));
@@ -83,7 +83,7 @@ fn raise_readahead(mountpoint: &Path, block_bytes: u32) -> Option<u32> {
 /// With the writeback cache, the kernel limits a FUSE device to 1% of dirty memory
 /// (strict_limit), and writes back a page or two at a time under that pressure. Lift
 /// the strict limit and allow a fair share of dirty memory (root only).
-fn relax_dirty_limit(mountpoint: &Path) {
+pub(crate) fn relax_dirty_limit(mountpoint: &Path) {
     use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::metadata(mountpoint) else {
         return;
@@ -100,7 +100,7 @@ fn relax_dirty_limit(mountpoint: &Path) {
 }
 
 impl Daemon {
-    fn load_config(dir: &DataDir) -> Result<EffectiveConfig> {
+    pub(crate) fn load_config(dir: &DataDir) -> Result<EffectiveConfig> {
         let store = ConfigStore::load_or_default(dir.config_file())
             .with_context(|| format!("reading {}", dir.config_file().display()))?;
         Ok(EffectiveConfig::resolve(Some(&store), &[])?)
@@ -972,7 +972,7 @@ impl ControlHandler for Daemon {
 /// SIGTERM, SIGINT and SIGHUP become a stop request: makod writes everything back and
 /// unmounts, as for `mako down`. The handlers (signal-hook's, with SA_RESTART) only
 /// wake the "signals" thread, which sets the flag the main loop watches.
-fn watch_signals(stop: Arc<AtomicBool>) -> Result<()> {
+pub(crate) fn watch_signals(stop: Arc<AtomicBool>) -> Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
         .context("installing the handlers of SIGTERM, SIGINT and SIGHUP")?;

@@ -4,6 +4,7 @@
 //! SIGINT), when it writes everything back and unmounts cleanly.
 
 mod daemon;
+mod local_nodes;
 mod metrics;
 mod mount_state;
 
@@ -20,6 +21,14 @@ struct Args {
     /// Data directory holding cluster.toml, config.toml and the control socket.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// Test cluster: run nodes 0..N of one file system in this process, node i mounted
+    /// at `<mount point>.node<i>` (no control socket; stops at SIGTERM). The file system
+    /// needs N logs (`mako fs create -n N`).
+    #[arg(long, value_name = "N")]
+    local_nodes: Option<u32>,
+    /// The file system of --local-nodes [default: the only one in cluster.toml]
+    #[arg(long, value_name = "NAME", requires = "local_nodes")]
+    fs: Option<String>,
 }
 
 fn main() {
@@ -41,7 +50,11 @@ fn main() {
         .with_ansi(false)
         .init();
     let dir = args.data_dir.unwrap_or_else(mako_control::default_data_dir);
-    match daemon::run(&dir) {
+    let result = match args.local_nodes {
+        Some(n) => local_nodes::run(&dir, n, args.fs.as_deref()),
+        None => daemon::run(&dir),
+    };
+    match result {
         Ok(()) => {
             tracing::info!("makod stopped cleanly");
         }

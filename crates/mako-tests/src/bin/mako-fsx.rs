@@ -12,6 +12,13 @@ use std::path::PathBuf;
 struct Args {
     /// Directory to create the test file(s) in.
     dir: PathBuf,
+    /// The same directory through another mount point (another node of a cluster file
+    /// system); repeat for more. Each operation goes to a random mount.
+    #[arg(long = "other-mount", value_name = "DIR")]
+    other_mounts: Vec<PathBuf>,
+    /// Start from the cluster weights: records, stat and namespace operations too.
+    #[arg(long)]
+    cluster_ops: bool,
     /// RNG seed (default: derived from the clock; always printed).
     #[arg(long)]
     seed: Option<u64>,
@@ -45,7 +52,7 @@ struct Args {
     /// Verify the whole file every N operations (0 = only at the end).
     #[arg(long, default_value_t = 1_000)]
     verify_every: u64,
-    /// Operation weights, e.g. `write=20,read=20,truncate=5,punch_hole=4,zero_range=4,fallocate=4,mmap_read=8,mmap_write=8,fsync=1,fdatasync=1,close_reopen=2,verify=0`.
+    /// Operation weights, e.g. `write=20,read=20,truncate=5,punch_hole=4,zero_range=4,fallocate=4,mmap_read=8,mmap_write=8,fsync=1,fdatasync=1,close_reopen=2,verify=0`; also `record_write`, `stat`, `create`, `unlink`, `rename`, `link`, `mkdir`, `rmdir`, `lookup`, `list` (0 by default).
     #[arg(long)]
     weights: Option<String>,
     /// Delete the test files even on failure.
@@ -65,6 +72,10 @@ fn main() {
         (t.as_nanos() as u64 ^ (std::process::id() as u64) << 32) % 1_000_000_007
     });
     let mut o = FsxOptions::new(&a.dir, seed, a.ops);
+    o.mounts = a.other_mounts.clone();
+    if a.cluster_ops {
+        o.weights = OpWeights::cluster();
+    }
     o.max_size = a.max_size.max(1);
     o.max_op_len = a.max_op_len.max(1);
     o.files = a.files.max(1);
@@ -77,7 +88,7 @@ fn main() {
     o.verbose = true;
     o.inject_bug = a.inject_bug;
     if let Some(w) = &a.weights {
-        o.weights = match OpWeights::parse(w) {
+        o.weights = match OpWeights::parse_on(o.weights.clone(), w) {
             Ok(w) => w,
             Err(e) => {
                 eprintln!("mako-fsx: --weights: {e}");

@@ -3,6 +3,14 @@
 //! (optionally) remounts to test files, mirroring every change in an in-memory model and
 //! checking every read, the file size after every operation, and the whole file periodically.
 //!
+//! With [`FsxOptions::mounts`] the same directory is reached through several mount points
+//! (several nodes of one cluster file system): every operation goes to a random one, and
+//! the size is checked through every mount after each operation, so a read or `stat` on
+//! one mount after a change completed on another must see that change. The namespace
+//! operations (create, unlink, rename, link, mkdir, rmdir, lookup, list: weight 0 unless
+//! asked for, see [`OpWeights::cluster`]) work on a few names in `fsx.<seed>.ns/` against a
+//! model of the names, their inode numbers and link counts.
+//!
 //! Entry point: [`run_fsx`]. A failure ([`FsxFailure`]) names the seed, the operation number, the
 //! first differing offset with expected vs. actual bytes, the last operations, and the command
 //! line that reproduces it.
@@ -46,11 +54,31 @@ pub enum OpKind {
     Verify,
     /// Close everything, run the remount hook, reopen, verify.
     Remount,
+    /// `pwrite` of one 47,008-byte record at a record boundary (ior-hard's record).
+    RecordWrite,
+    /// `fstat` through every mount: sizes as the model says, the same mtime everywhere.
+    Stat,
+    /// `open(O_CREAT | O_EXCL)` of a name in the namespace directory.
+    Create,
+    /// `unlink` of a name.
+    Unlink,
+    /// `rename` of a name over another (or itself).
+    Rename,
+    /// `link` of a name to another.
+    Link,
+    /// `mkdir` of a name.
+    Mkdir,
+    /// `rmdir` of a name.
+    Rmdir,
+    /// `lstat` of a name: kind, inode number and link count as the model says.
+    Lookup,
+    /// `readdir` of the namespace directory: exactly the model's names.
+    List,
 }
 
 impl OpKind {
     /// All kinds, in a fixed order.
-    pub const ALL: [OpKind; 13] = [
+    pub const ALL: [OpKind; OpKind::COUNT] = [
         OpKind::Write,
         OpKind::Read,
         OpKind::Truncate,
@@ -64,7 +92,19 @@ impl OpKind {
         OpKind::CloseReopen,
         OpKind::Verify,
         OpKind::Remount,
+        OpKind::RecordWrite,
+        OpKind::Stat,
+        OpKind::Create,
+        OpKind::Unlink,
+        OpKind::Rename,
+        OpKind::Link,
+        OpKind::Mkdir,
+        OpKind::Rmdir,
+        OpKind::Lookup,
+        OpKind::List,
     ];
+    /// How many kinds there are.
+    pub const COUNT: usize = 23;
 
     /// Lower-case name (`punch_hole`), as used by `--weights`.
     pub fn name(self) -> &'static str {
@@ -82,6 +122,16 @@ impl OpKind {
             OpKind::CloseReopen => "close_reopen",
             OpKind::Verify => "verify",
             OpKind::Remount => "remount",
+            OpKind::RecordWrite => "record_write",
+            OpKind::Stat => "stat",
+            OpKind::Create => "create",
+            OpKind::Unlink => "unlink",
+            OpKind::Rename => "rename",
+            OpKind::Link => "link",
+            OpKind::Mkdir => "mkdir",
+            OpKind::Rmdir => "rmdir",
+            OpKind::Lookup => "lookup",
+            OpKind::List => "list",
         }
     }
 
@@ -95,12 +145,12 @@ impl OpKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OpWeights {
     /// Weight per [`OpKind`] (indexed like [`OpKind::ALL`]).
-    pub w: [u32; 13],
+    pub w: [u32; OpKind::COUNT],
 }
 
 impl Default for OpWeights {
     fn default() -> Self {
-        let mut w = [0u32; 13];
+        let mut w = [0u32; OpKind::COUNT];
         for (k, v) in [
             (OpKind::Write, 20),
             (OpKind::Read, 20),
@@ -130,9 +180,35 @@ impl OpWeights {
     pub fn set(&mut self, k: OpKind, v: u32) {
         self.w[k.idx()] = v;
     }
+    /// The defaults plus records, `stat` and the namespace operations: for several mounts
+    /// of one cluster file system.
+    pub fn cluster() -> OpWeights {
+        let mut w = OpWeights::default();
+        for (k, v) in [
+            (OpKind::RecordWrite, 6),
+            (OpKind::Stat, 4),
+            (OpKind::Create, 4),
+            (OpKind::Unlink, 3),
+            (OpKind::Rename, 4),
+            (OpKind::Link, 2),
+            (OpKind::Mkdir, 2),
+            (OpKind::Rmdir, 2),
+            (OpKind::Lookup, 6),
+            (OpKind::List, 3),
+        ] {
+            w.set(k, v);
+        }
+        w
+    }
+
     /// Parses `write=20,read=10,...` on top of the defaults.
     pub fn parse(spec: &str) -> Result<OpWeights, String> {
-        let mut w = OpWeights::default();
+        OpWeights::parse_on(OpWeights::default(), spec)
+    }
+
+    /// Parses `write=20,read=10,...` on top of `base`.
+    pub fn parse_on(base: OpWeights, spec: &str) -> Result<OpWeights, String> {
+        let mut w = base;
         for part in spec.split(',').filter(|s| !s.is_empty()) {
             let (k, v) = part
                 .split_once('=')
@@ -160,6 +236,9 @@ pub type RemountFn = Box<dyn FnMut() -> anyhow::Result<()>>;
 pub struct FsxOptions {
     /// Directory the test files are created in.
     pub dir: PathBuf,
+    /// The same directory as `dir` reached through other mount points (other nodes of a
+    /// cluster file system); every operation goes to a random one of `dir` and these.
+    pub mounts: Vec<PathBuf>,
     /// RNG seed; the same seed on the same file system replays the same operations.
     pub seed: u64,
     /// Number of operations.
@@ -200,6 +279,7 @@ impl fmt::Debug for FsxOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FsxOptions")
             .field("dir", &self.dir)
+            .field("mounts", &self.mounts)
             .field("seed", &self.seed)
             .field("ops", &self.ops)
             .field("max_size", &self.max_size)
@@ -219,6 +299,7 @@ impl FsxOptions {
     pub fn new(dir: impl Into<PathBuf>, seed: u64, ops: u64) -> FsxOptions {
         FsxOptions {
             dir: dir.into(),
+            mounts: Vec::new(),
             seed,
             ops,
             max_size: 16 << 20,
@@ -247,6 +328,9 @@ impl FsxOptions {
             self.seed,
             self.ops
         );
+        for m in &self.mounts {
+            s += &format!(" --other-mount {}", shell_quote(&m.to_string_lossy()));
+        }
         if self.max_size != d.max_size {
             s += &format!(" --max-size {}", self.max_size);
         }
@@ -310,7 +394,7 @@ pub struct FsxStats {
     pub elapsed: Duration,
     /// Count per operation kind (indexed like [`OpKind::ALL`]); no-ops (e.g. mmap of an empty
     /// file) are counted too.
-    pub op_counts: [u64; 13],
+    pub op_counts: [u64; OpKind::COUNT],
     /// Operation kinds disabled because the file system does not support them, with the reason.
     pub disabled: Vec<(OpKind, String)>,
     /// How many times an unsupported error (EOPNOTSUPP/ENOSYS/ENODEV) was returned.
@@ -421,6 +505,10 @@ struct LogEntry {
     n: u64,
     kind: OpKind,
     file: usize,
+    /// The mount the operation went to (0: `dir`).
+    mount: usize,
+    /// The names a namespace operation used (from, to).
+    names: Option<(u8, u8)>,
     off: u64,
     len: u64,
     size_before: u64,
@@ -440,7 +528,14 @@ impl LogEntry {
         } else {
             String::new()
         };
-        let file = format!("[f{}] ", self.file);
+        let file = format!("[f{} @m{}] ", self.file, self.mount);
+        let range = match self.names {
+            Some((a, b)) if a != b || matches!(self.kind, OpKind::Rename | OpKind::Link) => {
+                format!(" n{a} -> n{b}")
+            }
+            Some((a, _)) => format!(" n{a}"),
+            None => range,
+        };
         format!(
             "#{} {file}{}{range} size {:#x} -> {:#x}{}{}",
             self.n,
@@ -457,22 +552,57 @@ impl LogEntry {
 }
 
 struct TestFile {
-    path: PathBuf,
-    fd: Option<Fd>,
+    /// The file's path through each mount.
+    paths: Vec<PathBuf>,
+    /// An open descriptor through each mount.
+    fds: Vec<Option<Fd>>,
     model: Vec<u8>,
+    /// The newest mtime seen (ns): mtimes never go back.
+    mtime: i128,
 }
+
+/// What a name in the namespace directory is, in the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    Empty,
+    /// A file: index into `Names::files`.
+    File(usize),
+    /// An (always empty) directory.
+    Dir,
+}
+
+/// A file of the namespace model: its inode number (from `fstat` at create) and links.
+#[derive(Clone, Copy, Debug)]
+struct NameFile {
+    ino: u64,
+    nlink: u64,
+}
+
+/// The namespace model: a few names in one directory.
+struct Names {
+    /// The directory through each mount.
+    dirs: Vec<PathBuf>,
+    slots: Vec<Slot>,
+    files: Vec<NameFile>,
+}
+
+/// How many names the namespace operations use: few, so they collide often.
+const NAME_SLOTS: usize = 6;
+/// ior-hard's record size.
+const RECORD_BYTES: u64 = 47_008;
 
 struct Runner<'a> {
     o: &'a mut FsxOptions,
     rng: Rng,
     files: Vec<TestFile>,
     log: VecDeque<LogEntry>,
-    enabled: [bool; 13],
+    enabled: [bool; OpKind::COUNT],
     stats: FsxStats,
     buf: Vec<u8>,
     page: u64,
     injected: Option<u64>,
     cur: LogEntry,
+    names: Names,
 }
 
 type R<T> = Result<T, Box<FsxFailure>>;
@@ -483,7 +613,7 @@ type R<T> = Result<T, Box<FsxFailure>>;
 #[allow(clippy::result_large_err)] // the error is the cold path; keep it a plain struct for callers
 pub fn run_fsx(opts: &mut FsxOptions) -> Result<FsxStats, FsxFailure> {
     let start = Instant::now();
-    let mut enabled = [false; 13];
+    let mut enabled = [false; OpKind::COUNT];
     for k in OpKind::ALL {
         enabled[k.idx()] = opts.weights.get(k) > 0;
     }
@@ -496,13 +626,28 @@ pub fn run_fsx(opts: &mut FsxOptions) -> Result<FsxStats, FsxFailure> {
             enabled[k.idx()] = false;
         }
     }
+    let views: Vec<PathBuf> = std::iter::once(opts.dir.clone())
+        .chain(opts.mounts.iter().cloned())
+        .collect();
     let files = (0..opts.files.max(1))
         .map(|i| TestFile {
-            path: opts.dir.join(format!("fsx.{}.{i}", opts.seed)),
-            fd: None,
+            paths: views
+                .iter()
+                .map(|d| d.join(format!("fsx.{}.{i}", opts.seed)))
+                .collect(),
+            fds: views.iter().map(|_| None).collect(),
             model: Vec::new(),
+            mtime: i128::MIN,
         })
         .collect();
+    let names = Names {
+        dirs: views
+            .iter()
+            .map(|d| d.join(format!("fsx.{}.ns", opts.seed)))
+            .collect(),
+        slots: vec![Slot::Empty; NAME_SLOTS],
+        files: Vec::new(),
+    };
     let max_op_len = opts.max_op_len.clamp(1, opts.max_size.max(1)) as usize;
     let mut r = Runner {
         rng: Rng::new(opts.seed),
@@ -513,7 +658,7 @@ pub fn run_fsx(opts: &mut FsxOptions) -> Result<FsxStats, FsxFailure> {
             seed: opts.seed,
             ops: 0,
             elapsed: Duration::ZERO,
-            op_counts: [0; 13],
+            op_counts: [0; OpKind::COUNT],
             disabled: Vec::new(),
             unsupported_errors: 0,
             verifies: 0,
@@ -523,10 +668,13 @@ pub fn run_fsx(opts: &mut FsxOptions) -> Result<FsxStats, FsxFailure> {
         buf: vec![0u8; max_op_len.max(1 << 20)],
         page: sys::page_size() as u64,
         injected: None,
+        names,
         cur: LogEntry {
             n: 0,
             kind: OpKind::Verify,
             file: 0,
+            mount: 0,
+            names: None,
             off: 0,
             len: 0,
             size_before: 0,
@@ -549,24 +697,18 @@ pub fn run_fsx(opts: &mut FsxOptions) -> Result<FsxStats, FsxFailure> {
         Ok(()) => {
             r.stats.elapsed = start.elapsed();
             r.stats.final_sizes = r.files.iter().map(|f| f.model.len() as u64).collect();
-            for f in &mut r.files {
-                f.fd = None;
-                let _ = sys::unlink(&f.path);
-            }
+            r.remove_all();
             Ok(r.stats)
         }
         Err(fail) => {
             if r.o.keep_on_failure {
                 for f in &r.files {
-                    let mut good = f.path.clone().into_os_string();
+                    let mut good = f.paths[0].clone().into_os_string();
                     good.push(".fsxgood");
                     let _ = std::fs::write(good, &f.model);
                 }
             } else {
-                for f in &mut r.files {
-                    f.fd = None;
-                    let _ = sys::unlink(&f.path);
-                }
+                r.remove_all();
             }
             Err(*fail)
         }
@@ -602,7 +744,7 @@ impl Runner<'_> {
             file: self
                 .files
                 .get(self.cur.file)
-                .map(|f| f.path.clone())
+                .map(|f| f.paths[self.cur.mount.min(f.paths.len() - 1)].clone())
                 .unwrap_or_default(),
             offset,
             message: msg.into(),
@@ -616,32 +758,71 @@ impl Runner<'_> {
         r.map_err(|e| self.fail(format!("{what} failed: {e}"), None))
     }
 
+    /// File `i`'s descriptor through the current operation's mount.
     fn fd(&self, i: usize) -> &Fd {
-        self.files[i].fd.as_ref().expect("file open")
+        self.files[i].fds[self.cur.mount]
+            .as_ref()
+            .expect("file open")
     }
 
+    /// Opens every file through every mount (creating it through the first).
     fn open_all(&mut self, create: bool) -> R<()> {
         for i in 0..self.files.len() {
-            let flags = libc::O_RDWR
-                | if create {
-                    libc::O_CREAT | libc::O_TRUNC
-                } else {
-                    0
-                };
-            let fd = sys::open(&self.files[i].path, flags, 0o644);
-            let fd = fd.map_err(|e| {
-                self.fail(
-                    format!("open {} failed: {e}", self.files[i].path.display()),
-                    None,
-                )
-            })?;
-            self.files[i].fd = Some(fd);
+            for m in 0..self.files[i].paths.len() {
+                let flags = libc::O_RDWR
+                    | if create && m == 0 {
+                        libc::O_CREAT | libc::O_TRUNC
+                    } else {
+                        0
+                    };
+                let fd = sys::open(&self.files[i].paths[m], flags, 0o644);
+                let fd = fd.map_err(|e| {
+                    self.fail(
+                        format!("open {} failed: {e}", self.files[i].paths[m].display()),
+                        None,
+                    )
+                })?;
+                self.files[i].fds[m] = Some(fd);
+            }
         }
         Ok(())
     }
 
+    /// Closes and removes the test files and the namespace directory's names.
+    fn remove_all(&mut self) {
+        for f in &mut self.files {
+            for fd in &mut f.fds {
+                *fd = None;
+            }
+            let _ = sys::unlink(&f.paths[0]);
+        }
+        let dir = &self.names.dirs[0];
+        for k in 0..NAME_SLOTS {
+            let p = dir.join(format!("n{k}"));
+            let _ = sys::unlink(&p);
+            let _ = sys::rmdir(&p);
+        }
+        let _ = sys::rmdir(dir);
+    }
+
     fn run(&mut self) -> R<()> {
         self.open_all(true)?;
+        let names_used = [
+            OpKind::Create,
+            OpKind::Unlink,
+            OpKind::Rename,
+            OpKind::Link,
+            OpKind::Mkdir,
+            OpKind::Rmdir,
+            OpKind::Lookup,
+            OpKind::List,
+        ]
+        .iter()
+        .any(|k| self.enabled[k.idx()]);
+        if names_used {
+            let r = sys::mkdir(&self.names.dirs[0], 0o755);
+            self.sysfail("mkdir of the namespace directory", r)?;
+        }
         for n in 1..=self.o.ops {
             let remount_now = self.o.remount.is_some()
                 && self.o.remount_every > 0
@@ -656,11 +837,20 @@ impl Runner<'_> {
             } else {
                 0
             };
+            // Drawn only with several mounts, so one mount's seeds replay as before.
+            let views = self.names.dirs.len();
+            let mount = if views > 1 {
+                self.rng.below(views as u64) as usize
+            } else {
+                0
+            };
             let size = self.files[file].model.len() as u64;
             self.cur = LogEntry {
                 n,
                 kind,
                 file,
+                mount,
+                names: None,
                 off: 0,
                 len: 0,
                 size_before: size,
@@ -684,6 +874,8 @@ impl Runner<'_> {
             n: self.o.ops,
             kind: OpKind::Verify,
             file: 0,
+            mount: 0,
+            names: None,
             off: 0,
             len: 0,
             size_before: 0,
@@ -937,17 +1129,20 @@ impl Runner<'_> {
                 self.sysfail("fdatasync", r)?;
             }
             OpKind::CloseReopen => {
-                let fd = self.files[i].fd.take().expect("open");
+                let m = self.cur.mount;
+                let fd = self.files[i].fds[m].take().expect("open");
                 let r = fd.close();
                 self.sysfail("close", r)?;
-                let r = sys::open(&self.files[i].path, libc::O_RDWR, 0);
-                self.files[i].fd = Some(self.sysfail("reopen", r)?);
+                let r = sys::open(&self.files[i].paths[m], libc::O_RDWR, 0);
+                self.files[i].fds[m] = Some(self.sysfail("reopen", r)?);
             }
             OpKind::Verify => self.verify(i)?,
             OpKind::Remount => {
                 for f in &mut self.files {
-                    if let Some(fd) = f.fd.take() {
-                        let _ = fd.close();
+                    for fd in &mut f.fds {
+                        if let Some(fd) = fd.take() {
+                            let _ = fd.close();
+                        }
                     }
                 }
                 let hook = self.o.remount.as_mut().expect("remount hook");
@@ -958,6 +1153,253 @@ impl Runner<'_> {
                 self.open_all(false)?;
                 self.verify_all()?;
             }
+            OpKind::RecordWrite => {
+                let records = (self.o.max_size / RECORD_BYTES).max(1);
+                let off = self.rng.below(records) * RECORD_BYTES;
+                let len = RECORD_BYTES.min(self.o.max_size - off);
+                self.cur.off = off;
+                self.cur.len = len;
+                let mut data = std::mem::take(&mut self.buf);
+                if data.len() < len as usize {
+                    data.resize(len as usize, 0);
+                }
+                self.rng.fill(&mut data[..len as usize]);
+                let r = sys::pwrite_all(self.fd(i), &data[..len as usize], off);
+                let m = &mut self.files[i].model;
+                if off + len > m.len() as u64 {
+                    m.resize((off + len) as usize, 0);
+                }
+                m[off as usize..(off + len) as usize].copy_from_slice(&data[..len as usize]);
+                self.buf = data;
+                self.sysfail("pwrite (record)", r)?;
+            }
+            OpKind::Stat => self.stat_everywhere(i)?,
+            OpKind::Create
+            | OpKind::Unlink
+            | OpKind::Rename
+            | OpKind::Link
+            | OpKind::Mkdir
+            | OpKind::Rmdir
+            | OpKind::Lookup
+            | OpKind::List => self.name_op(kind)?,
+        }
+        Ok(())
+    }
+
+    /// `fstat` of file `i` through every mount: one mtime everywhere, never going back.
+    fn stat_everywhere(&mut self, i: usize) -> R<()> {
+        let mut seen: Option<(usize, i128)> = None;
+        for m in 0..self.files[i].fds.len() {
+            let Some(fd) = self.files[i].fds[m].as_ref() else {
+                continue;
+            };
+            let st = self.sysfail("fstat", sys::fstat(fd))?;
+            let mtime = sys::ts_ns(st.st_mtime, st.st_mtime_nsec);
+            match seen {
+                Some((m0, t0)) if t0 != mtime => {
+                    return Err(self.fail(
+                        format!("mtime through mount m{m0} is {t0} ns, through m{m} {mtime} ns"),
+                        None,
+                    ))
+                }
+                _ => seen = Some((m, mtime)),
+            }
+        }
+        if let Some((m, t)) = seen {
+            if t < self.files[i].mtime {
+                return Err(self.fail(
+                    format!(
+                        "mtime went back: {t} ns through m{m}, {} ns seen before",
+                        self.files[i].mtime
+                    ),
+                    None,
+                ));
+            }
+            self.files[i].mtime = t;
+        }
+        Ok(())
+    }
+
+    /// A namespace operation on random names, through the current mount, checked
+    /// against the model of the names.
+    fn name_op(&mut self, kind: OpKind) -> R<()> {
+        let a = self.rng.below(NAME_SLOTS as u64) as usize;
+        let b = self.rng.below(NAME_SLOTS as u64) as usize;
+        let dir = self.names.dirs[self.cur.mount].clone();
+        let (pa, pb) = (dir.join(format!("n{a}")), dir.join(format!("n{b}")));
+        let (sa, sb) = (self.names.slots[a], self.names.slots[b]);
+        self.cur.names = Some(match kind {
+            OpKind::Rename | OpKind::Link => (a as u8, b as u8),
+            _ => (a as u8, a as u8),
+        });
+        // The outcome the model expects: Ok, or the errno.
+        let expect = |got: sys::SysResult<()>, want: Result<(), i32>, what: &str| -> R<()> {
+            match (got, want) {
+                (Ok(()), Ok(())) => Ok(()),
+                (Err(e), Err(w)) if e.0 == w => Ok(()),
+                (got, want) => Err(self.fail(
+                    format!(
+                        "{what}: got {}, the model expects {}",
+                        match got {
+                            Ok(()) => "success".to_string(),
+                            Err(e) => e.to_string(),
+                        },
+                        match want {
+                            Ok(()) => "success".to_string(),
+                            Err(w) => sys::Errno(w).to_string(),
+                        }
+                    ),
+                    None,
+                )),
+            }
+        };
+        match kind {
+            OpKind::Create => {
+                let r = sys::open(&pa, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o644);
+                match (r, sa) {
+                    (Ok(fd), Slot::Empty) => {
+                        let st = self.sysfail("fstat of a new file", sys::fstat(&fd))?;
+                        drop(fd);
+                        self.names.files.push(NameFile {
+                            ino: st.st_ino,
+                            nlink: 1,
+                        });
+                        self.names.slots[a] = Slot::File(self.names.files.len() - 1);
+                    }
+                    (r, _) => {
+                        let want = if sa == Slot::Empty {
+                            Ok(())
+                        } else {
+                            Err(libc::EEXIST)
+                        };
+                        expect(r.map(drop), want, "create")?;
+                    }
+                }
+            }
+            OpKind::Unlink => {
+                let want = match sa {
+                    Slot::Empty => Err(libc::ENOENT),
+                    Slot::Dir => Err(libc::EISDIR),
+                    Slot::File(_) => Ok(()),
+                };
+                expect(sys::unlink(&pa), want, "unlink")?;
+                if let Slot::File(f) = sa {
+                    self.names.files[f].nlink -= 1;
+                    self.names.slots[a] = Slot::Empty;
+                }
+            }
+            OpKind::Rename => {
+                let want = match (sa, sb) {
+                    (Slot::Empty, _) => Err(libc::ENOENT),
+                    _ if a == b => Ok(()),
+                    (Slot::File(_), Slot::Dir) => Err(libc::EISDIR),
+                    (Slot::Dir, Slot::File(_)) => Err(libc::ENOTDIR),
+                    _ => Ok(()),
+                };
+                expect(sys::rename(&pa, &pb), want, "rename")?;
+                match (sa, sb) {
+                    _ if want.is_err() || a == b => {}
+                    // Two links of one file: rename does nothing (POSIX).
+                    (Slot::File(x), Slot::File(y)) if x == y => {}
+                    (_, old) => {
+                        if let Slot::File(y) = old {
+                            self.names.files[y].nlink -= 1;
+                        }
+                        self.names.slots[b] = sa;
+                        self.names.slots[a] = Slot::Empty;
+                    }
+                }
+            }
+            OpKind::Link => {
+                let want = match (sa, sb) {
+                    (Slot::Empty, _) => Err(libc::ENOENT),
+                    (_, Slot::File(_) | Slot::Dir) => Err(libc::EEXIST),
+                    (Slot::Dir, _) => Err(libc::EPERM),
+                    (Slot::File(_), Slot::Empty) => Ok(()),
+                };
+                expect(sys::link(&pa, &pb), want, "link")?;
+                if let (Ok(()), Slot::File(x)) = (want, sa) {
+                    self.names.files[x].nlink += 1;
+                    self.names.slots[b] = sa;
+                }
+            }
+            OpKind::Mkdir => {
+                let want = match sa {
+                    Slot::Empty => Ok(()),
+                    _ => Err(libc::EEXIST),
+                };
+                expect(sys::mkdir(&pa, 0o755), want, "mkdir")?;
+                if want.is_ok() {
+                    self.names.slots[a] = Slot::Dir;
+                }
+            }
+            OpKind::Rmdir => {
+                let want = match sa {
+                    Slot::Empty => Err(libc::ENOENT),
+                    Slot::File(_) => Err(libc::ENOTDIR),
+                    Slot::Dir => Ok(()),
+                };
+                expect(sys::rmdir(&pa), want, "rmdir")?;
+                if want.is_ok() {
+                    self.names.slots[a] = Slot::Empty;
+                }
+            }
+            OpKind::Lookup => match (sys::lstat(&pa), sa) {
+                (Err(e), Slot::Empty) if e.0 == libc::ENOENT => {}
+                (Ok(st), Slot::File(f))
+                    if st.st_mode & libc::S_IFMT == libc::S_IFREG
+                        && st.st_ino == self.names.files[f].ino
+                        && st.st_nlink == self.names.files[f].nlink => {}
+                (Ok(st), Slot::Dir)
+                    if st.st_mode & libc::S_IFMT == libc::S_IFDIR && st.st_nlink == 2 => {}
+                (got, want) => {
+                    let got = match got {
+                        Ok(st) => format!(
+                            "mode {:o} ino {} nlink {}",
+                            st.st_mode, st.st_ino, st.st_nlink
+                        ),
+                        Err(e) => e.to_string(),
+                    };
+                    let want = match want {
+                        Slot::Empty => "ENOENT".to_string(),
+                        Slot::Dir => "a directory with 2 links".to_string(),
+                        Slot::File(f) => format!(
+                            "a file, ino {} nlink {}",
+                            self.names.files[f].ino, self.names.files[f].nlink
+                        ),
+                    };
+                    return Err(
+                        self.fail(format!("lstat: got {got}, the model expects {want}"), None)
+                    );
+                }
+            },
+            OpKind::List => {
+                let rd = std::fs::read_dir(&dir).and_then(|it| {
+                    it.map(|e| e.map(|e| e.file_name()))
+                        .collect::<Result<Vec<_>, _>>()
+                });
+                let mut got: Vec<String> = match rd {
+                    Ok(v) => v
+                        .into_iter()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .collect(),
+                    Err(e) => {
+                        return Err(self.fail(format!("readdir {}: {e}", dir.display()), None))
+                    }
+                };
+                got.sort();
+                let want: Vec<String> = (0..NAME_SLOTS)
+                    .filter(|k| self.names.slots[*k] != Slot::Empty)
+                    .map(|k| format!("n{k}"))
+                    .collect();
+                if got != want {
+                    return Err(self.fail(
+                        format!("readdir: got {got:?}, the model expects {want:?}"),
+                        None,
+                    ));
+                }
+            }
+            _ => unreachable!("not a namespace operation"),
         }
         Ok(())
     }
@@ -1030,20 +1472,23 @@ impl Runner<'_> {
         ))
     }
 
+    /// The size through every mount is the model's.
     fn check_size(&self, i: usize) -> R<()> {
-        let Some(fd) = self.files[i].fd.as_ref() else {
-            return Ok(());
-        };
-        let st = self.sysfail("fstat", sys::fstat(fd))?;
         let model = self.files[i].model.len() as u64;
-        if st.st_size as u64 != model {
-            return Err(self.fail(
-                format!(
-                    "fstat size {} ({:#x}) != model size {model} ({model:#x})",
-                    st.st_size, st.st_size
-                ),
-                None,
-            ));
+        for (m, fd) in self.files[i].fds.iter().enumerate() {
+            let Some(fd) = fd.as_ref() else {
+                continue;
+            };
+            let st = self.sysfail("fstat", sys::fstat(fd))?;
+            if st.st_size as u64 != model {
+                return Err(self.fail(
+                    format!(
+                        "fstat size through mount m{m} {} ({:#x}) != model size {model} ({model:#x})",
+                        st.st_size, st.st_size
+                    ),
+                    None,
+                ));
+            }
         }
         Ok(())
     }
@@ -1094,13 +1539,21 @@ impl Runner<'_> {
         res
     }
 
+    /// Every file read whole through every mount.
     fn verify_all(&mut self) -> R<()> {
+        let (file, mount) = (self.cur.file, self.cur.mount);
         for i in 0..self.files.len() {
-            let saved = self.cur.file;
-            self.cur.file = i;
-            self.verify(i)?;
-            self.cur.file = saved;
+            for m in 0..self.files[i].fds.len() {
+                if self.files[i].fds[m].is_none() {
+                    continue;
+                }
+                self.cur.file = i;
+                self.cur.mount = m;
+                self.verify(i)?;
+            }
         }
+        self.cur.file = file;
+        self.cur.mount = mount;
         Ok(())
     }
 }
