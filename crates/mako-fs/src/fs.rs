@@ -124,6 +124,21 @@ pub struct StatFs {
     pub name_max: u32,
 }
 
+/// Is an atime update due for a read now? relatime: when atime is older than mtime or
+/// ctime, or a day old; strictatime: always; noatime: never.
+fn atime_due(policy: AtimePolicy, i: &Inode, now: Timestamp) -> bool {
+    match policy {
+        AtimePolicy::Never => false,
+        AtimePolicy::Strict => true,
+        AtimePolicy::Relatime => {
+            i.atime.sec < i.mtime.sec
+                || (i.atime.sec == i.mtime.sec && i.atime.nsec <= i.mtime.nsec)
+                || i.atime.sec < i.ctime.sec
+                || now.sec.saturating_sub(i.atime.sec) >= 24 * 3600
+        }
+    }
+}
+
 /// The byte range a data token must cover for `len` bytes at `offset`: rounded out to
 /// whole blocks (only one node ever allocates a block), never empty.
 fn block_range(offset: u64, len: u64, block: u64) -> ByteRange {
@@ -1383,36 +1398,55 @@ impl FileSystem {
                 }
                 // relatime: update atime when it is older than mtime/ctime or a day old;
                 // strictatime: at every read that reaches Mako; noatime: never.
-                let i = &st.inode;
-                let t = self.core.now();
-                let due = match atime {
-                    AtimePolicy::Never => false,
-                    AtimePolicy::Strict => true,
-                    AtimePolicy::Relatime => {
-                        i.atime.sec < i.mtime.sec
-                            || (i.atime.sec == i.mtime.sec && i.atime.nsec <= i.mtime.nsec)
-                            || i.atime.sec < i.ctime.sec
-                            || t.sec.saturating_sub(i.atime.sec) >= 24 * 3600
-                    }
-                };
+                let due = atime_due(atime, &st.inode, self.core.now());
                 (
                     file_io::read_with(&self.core, &st, offset, size as usize, sequential, &mut f)?,
                     due,
                 )
             };
-            // atime is updated by a node that may write the inode anyway; a reader that
-            // shares the file with writers on other nodes leaves it to them (taking a
-            // write token for every read would bounce the inode between nodes).
-            if atime_due
-                && !self.core.read_only.load(Ordering::Relaxed)
-                && self.need(ino, Need::Write).is_ok()
-            {
-                let _tx = self.core.begin();
-                let mut st = h.state.write();
-                st.inode.atime = self.core.now();
-                st.mark_dirty();
+            // atime is updated here when this node may write the inode anyway; otherwise
+            // by an operation of its own once the read is answered (relatime: once per
+            // change of the file, so the write token moves at most once per change).
+            let mut later = false;
+            if atime_due && !self.core.read_only.load(Ordering::Relaxed) {
+                if self.need(ino, Need::Write).is_ok() {
+                    let _tx = self.core.begin();
+                    let mut st = h.state.write();
+                    st.inode.atime = self.core.now();
+                    st.mark_dirty();
+                } else {
+                    later = true;
+                }
             }
-            Ok(out)
+            Ok((out, later))
+        })
+        .map(|(out, later)| {
+            if later {
+                if let Err(e) = self.touch_atime(ino, atime) {
+                    // The read succeeded; a lost atime update is not the reader's error.
+                    tracing::debug!("atime of inode {ino} not updated: {e}");
+                }
+            }
+            out
+        })
+    }
+
+    /// Update atime after a read, under the inode's write token (taken for it).
+    fn touch_atime(&self, ino: u64, atime: AtimePolicy) -> FsResult<()> {
+        crate::op::run(&self.core, || {
+            self.core.check_writable()?;
+            let h = self.handle(ino)?;
+            self.need(ino, Need::Write)?;
+            crate::metanode::prepare(&self.core, &h)?;
+            let _tx = self.core.begin();
+            let mut st = h.state.write();
+            let now = self.core.now();
+            if st.deleted || !atime_due(atime, &st.inode, now) {
+                return Ok(());
+            }
+            st.inode.atime = now;
+            st.mark_dirty();
+            Ok(())
         })
     }
 

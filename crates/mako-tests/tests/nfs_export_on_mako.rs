@@ -402,7 +402,12 @@ impl Drop for KernelNfs {
     }
 }
 
+/// Blocked on this machine: its kernel has no NFS server or client (CONFIG_NFSD,
+/// CONFIG_NFS_FS) and cannot load modules (no CONFIG_MODULES), so the export cannot be
+/// tried here at all; run it with `-- --ignored` on a kernel that has them. The file
+/// handle side that NFS relies on is checked by `handles_outlive_kernel_caches_and_remounts`.
 #[test]
+#[ignore = "blocked: this machine's kernel has no nfsd or NFS client and cannot load modules"]
 fn kernel_nfs_server_exports_a_mako_mount() {
     const T: &str = "kernel_nfs_server_exports_a_mako_mount";
     if !require_fuse(T) {
