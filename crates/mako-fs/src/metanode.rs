@@ -381,6 +381,10 @@ pub fn prepare(core: &Core, h: &InodeHandle) -> FsResult<()> {
 }
 
 fn reload(core: &Core, st: &mut InodeState) -> FsResult<()> {
+    // From the disk, not from a cached inode-file chunk: under `rw` the chunk may have
+    // been read while the last metanode still had the inode (it wrote it in place
+    // before it gave its token up, which is what this node reads now).
+    crate::cache_flush::drop_inode_chunk(core, st.inode.ino);
     st.inode = core.read_inode(st.inode.ino)?;
     st.indirect.lock().clear();
     st.dir_blocks.lock().clear();
