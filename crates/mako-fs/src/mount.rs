@@ -313,9 +313,8 @@ impl Mounted {
                 if let Err(e) = crate::ownership::deliver_frees(&core) {
                     tracing::warn!("unmount: frees in other nodes' space not delivered ({e}); fsck reclaims them");
                 }
-                // Delivering frees may have taken regions nobody owned and freed there:
-                // those changes are in the running transaction, not yet in the log.
-                core.journal.quiesce(&core)?;
+                // Delivering frees may have taken regions nobody owned and freed there;
+                // `release_all` commits and checkpoints that before the regions go.
                 crate::ownership::release_all(&core)?;
             }
             let head = core.journal.head_lsn();

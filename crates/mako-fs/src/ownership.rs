@@ -280,8 +280,9 @@ fn deliver(
     )))
 }
 
-/// At unmount, after the last checkpoint (every map is in place): give back every
-/// region and segment token, so other nodes can take the space.
+/// At unmount: commit and checkpoint what is still running (frees just delivered
+/// included), then give back every region and segment token, so other nodes can take
+/// the space.
 pub fn release_all(core: &Core) -> FsResult<()> {
     // A region leaves this node with its changes committed: `disown` forgets what the
     // running transaction changed there, and the revoke writes in place only what the

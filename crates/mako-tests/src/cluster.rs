@@ -180,6 +180,28 @@ pub fn run_cmd(program: &Path, args: &[&str], limit: Duration) -> Result<CmdOutp
     })
 }
 
+/// Everything mounted at or below `root`, deepest first.
+pub fn mounts_below(root: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = kernel_mounts()
+        .into_iter()
+        .filter(|m| m.starts_with(root))
+        .collect();
+    v.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    v.dedup();
+    v
+}
+
+/// Detach (`umount -l`) everything still mounted at or below `root`, saying so for
+/// `who`'s cleanup.
+pub fn detach_mounts_below(root: &Path, who: &str) {
+    for m in mounts_below(root) {
+        eprintln!("{who} cleanup: {} still mounted; umount -l", m.display());
+        if let Ok(c) = std::ffi::CString::new(m.as_os_str().to_string_lossy().as_bytes()) {
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
 /// Mount points in `/proc/self/mounts` (octal escapes decoded).
 pub fn kernel_mounts() -> Vec<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
@@ -398,17 +420,6 @@ impl TestCluster {
         wait_mounted(&self.mnt)
     }
 
-    /// Everything mounted at or below the temp dir, deepest first.
-    fn mounts_below_root(&self) -> Vec<PathBuf> {
-        let mut v: Vec<PathBuf> = kernel_mounts()
-            .into_iter()
-            .filter(|m| m.starts_with(&self.root_path))
-            .collect();
-        v.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-        v.dedup();
-        v
-    }
-
     /// The cleanup of `Drop`, callable early; idempotent.
     fn cleanup(&mut self) {
         let Some(root) = self.root.take() else { return };
@@ -423,15 +434,7 @@ impl TestCluster {
         }
         // Anything still mounted below the temp dir (the FUSE mount, a read-only bind mount
         // made by a test): detach it lazily.
-        for m in self.mounts_below_root() {
-            eprintln!(
-                "TestCluster cleanup: {} still mounted; umount -l",
-                m.display()
-            );
-            if let Ok(c) = std::ffi::CString::new(m.as_os_str().to_string_lossy().as_bytes()) {
-                unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-            }
-        }
+        detach_mounts_below(&self.root_path, "TestCluster");
         if let Some(pid) = pid.filter(|&p| process_alive(p)) {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
             if comm.trim() == "makod" {
@@ -443,7 +446,7 @@ impl TestCluster {
                 }
             }
         }
-        if !self.mounts_below_root().is_empty() {
+        if !mounts_below(&self.root_path).is_empty() {
             eprintln!(
                 "TestCluster cleanup: mounts remain below {}; NOT removing it",
                 self.root_path.display()

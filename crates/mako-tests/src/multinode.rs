@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 
-use crate::cluster::{binaries, is_mounted, kernel_mounts, run_cmd, CmdOutput};
+use crate::cluster::{binaries, detach_mounts_below, is_mounted, mounts_below, run_cmd, CmdOutput};
 
 /// How long one `mako` command may take.
 const CMD_LIMIT: Duration = Duration::from_secs(150);
@@ -261,17 +261,6 @@ impl MultiNode {
         Ok(())
     }
 
-    /// Everything mounted at or below the temp dir, deepest first.
-    fn mounts_below_root(&self) -> Vec<PathBuf> {
-        let mut v: Vec<PathBuf> = kernel_mounts()
-            .into_iter()
-            .filter(|m| m.starts_with(&self.root_path))
-            .collect();
-        v.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-        v.dedup();
-        v
-    }
-
     fn cleanup(&mut self) {
         let Some(root) = self.root.take() else { return };
         if let Some(mut child) = self.child.take() {
@@ -280,13 +269,7 @@ impl MultiNode {
             while child.try_wait().ok().flatten().is_none() && t.elapsed() < STOP_LIMIT / 2 {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            for m in self.mounts_below_root() {
-                eprintln!(
-                    "MultiNode cleanup: {} still mounted; umount -l",
-                    m.display()
-                );
-                lazy_unmount(&m);
-            }
+            detach_mounts_below(&self.root_path, "MultiNode");
             if child.try_wait().ok().flatten().is_none() {
                 eprintln!(
                     "MultiNode cleanup: makod (pid {}) still runs; kill -9",
@@ -296,14 +279,8 @@ impl MultiNode {
             }
             let _ = child.wait();
         }
-        for m in self.mounts_below_root() {
-            eprintln!(
-                "MultiNode cleanup: {} still mounted; umount -l",
-                m.display()
-            );
-            lazy_unmount(&m);
-        }
-        if !self.mounts_below_root().is_empty() {
+        detach_mounts_below(&self.root_path, "MultiNode");
+        if !mounts_below(&self.root_path).is_empty() {
             eprintln!(
                 "MultiNode cleanup: mounts remain below {}; NOT removing it",
                 self.root_path.display()
@@ -321,12 +298,6 @@ impl MultiNode {
 impl Drop for MultiNode {
     fn drop(&mut self) {
         self.cleanup();
-    }
-}
-
-fn lazy_unmount(m: &Path) {
-    if let Ok(c) = std::ffi::CString::new(m.as_os_str().to_string_lossy().as_bytes()) {
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
     }
 }
 
