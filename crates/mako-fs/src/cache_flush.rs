@@ -89,7 +89,13 @@ fn revoke_inode(core: &Arc<Core>, ino: u64, keep: Option<TokenMode>) -> FsResult
     core.journal.write_in_place(core, ino)?;
     match keep {
         // Shared write kept: the metanode stays metanode, a shared writer stays one.
-        Some(TokenMode::Rw) => return Ok(()),
+        // Others may now change size and times without revoking anything here, so the
+        // kernel must stop trusting what it was told under the stronger token (from
+        // now on it is answered with a zero timeout: `FileSystem::attributes_shared`).
+        Some(TokenMode::Rw) => {
+            core.invalidate_kernel_attrs(ino);
+            return Ok(());
+        }
         // Read-only from now on: the disk holds the merged inode; a shared writer's
         // view is replaced by it at the next use.
         Some(_) => {

@@ -289,6 +289,13 @@ impl FileSystem {
         Ok(&st.inode)
     }
 
+    /// Does this node share `ino` with writers on other nodes (an `rw` inode token)?
+    /// Its attributes may then change without a revoke reaching this node, so no cache
+    /// outside makod (the kernel's) may keep them.
+    pub fn attributes_shared(&self, ino: u64) -> bool {
+        self.core.tokens.inode_mode(ino) == Some(TokenMode::Rw)
+    }
+
     pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
         crate::op::run(&self.core, || {
             let h = self.handle(ino)?;

@@ -402,6 +402,18 @@ fn ctx(req: &Request) -> Ctx {
 }
 
 impl MakoFuse {
+    /// How long the kernel may keep `ino`'s attributes and the entry naming it: `TTL`,
+    /// unless this node shares the inode with writers on other nodes (`rw`): their
+    /// sizes and times reach the metanode without revoking anything here, so the kernel
+    /// must ask every time (docs/coherence.md section 8).
+    fn ttl(&self, ino: u64) -> Duration {
+        if self.fs.attributes_shared(ino) {
+            Duration::ZERO
+        } else {
+            TTL
+        }
+    }
+
     /// Run one request handler. A panic is a Mako bug: the request gets EIO (fuser
     /// replies EIO for a reply that was never sent), the handler thread survives (an
     /// unwinding event-loop thread would end the whole session), and the mount turns
@@ -516,7 +528,11 @@ impl MakoFuse {
             Ok(a) => {
                 self.add_lookup(a.ino);
                 self.names.record(parent.0, name);
-                reply.entry(&TTL, &file_attr(&a), Generation(a.generation as u64));
+                reply.entry(
+                    &self.ttl(a.ino),
+                    &file_attr(&a),
+                    Generation(a.generation as u64),
+                );
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -673,7 +689,7 @@ impl Filesystem for MakoFuse {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         self.guard("getattr", move || match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Ok(a) => reply.attr(&self.ttl(a.ino), &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         })
     }
@@ -747,7 +763,7 @@ impl Filesystem for MakoFuse {
                         // attributes are stale (this session's kernel knows already).
                         self.peers_inode(ino.0, if size.is_some() { 0 } else { -1 }, 0);
                     }
-                    reply.attr(&TTL, &file_attr(&a));
+                    reply.attr(&self.ttl(a.ino), &file_attr(&a));
                 }
                 Err(e) => reply.error(errno(&e)),
             }
@@ -1144,7 +1160,7 @@ impl Filesystem for MakoFuse {
                     INodeNo(e.ino),
                     e.cookie,
                     OsStr::from_bytes(&e.name),
-                    &TTL,
+                    &self.ttl(attr.ino),
                     &file_attr(&attr),
                     Generation(attr.generation as u64),
                 );
@@ -1305,7 +1321,7 @@ impl Filesystem for MakoFuse {
                     }
                     let (fh, out) = self.open_flags(flags, a.size);
                     reply.created(
-                        &TTL,
+                        &self.ttl(a.ino),
                         &file_attr(&a),
                         Generation(a.generation as u64),
                         FileHandle(fh),
@@ -1342,7 +1358,7 @@ impl Filesystem for MakoFuse {
             self.add_lookup(a.ino);
             let (fh, out) = self.open_flags(flags, 0);
             reply.created(
-                &TTL,
+                &self.ttl(a.ino),
                 &file_attr(&a),
                 Generation(a.generation as u64),
                 FileHandle(fh),
@@ -1448,7 +1464,7 @@ impl Filesystem for MakoFuse {
                 }
                 // `file_attr` carries the birth time (the inode's crtime) as crtime.
                 reply.statx(
-                    &TTL,
+                    &self.ttl(a.ino),
                     &file_attr(&a),
                     attributes,
                     STATX_ATTR_IMMUTABLE | STATX_ATTR_APPEND,
