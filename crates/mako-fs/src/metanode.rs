@@ -82,7 +82,13 @@ pub enum FsRequest {
 pub enum FsReply {
     /// An encoded inode.
     Inode(Vec<u8>),
-    Blocks(Vec<(u64, u64, u32)>),
+    /// The addresses asked for (unit, address, subblocks), and the file's size as the
+    /// metanode has it: every writer that gave up a data token reported first, so it
+    /// covers whatever they wrote into the units the asker now holds.
+    Blocks {
+        size: u64,
+        list: Vec<(u64, u64, u32)>,
+    },
     Done,
     /// This node is not (or no longer) the file's metanode: locate it again.
     NotMetanode,
@@ -209,7 +215,10 @@ fn serve(core: &Arc<Core>, req: FsRequest) -> FsResult<FsReply> {
                 };
                 out.push((unit, da.raw(), sb));
             }
-            Ok(FsReply::Blocks(out))
+            Ok(FsReply::Blocks {
+                size: st.inode.size,
+                list: out,
+            })
         }
         FsRequest::Update(u) => {
             let _tx = core.begin();
@@ -348,12 +357,15 @@ pub fn prepare(core: &Core, h: &InodeHandle) -> FsResult<()> {
     let mode = core.tokens.inode_mode(h.ino);
     match mode {
         Some(TokenMode::Xw) => {
-            let mut st = h.state.write();
+            let st = h.state.write();
             if st.shared.is_some() {
-                // Everyone else gave up: the disk holds the merged inode.
-                reload(core, &mut st)?;
+                // Everyone else gave up: the disk holds the merged inode, except what
+                // this node changed as a shared writer and had not reported yet (an
+                // upgrade from `rw` revokes only the others).
+                return take_over(core, h, st);
             }
-            st.metanode = true;
+            drop(st);
+            h.state.write().metanode = true;
             Ok(())
         }
         Some(TokenMode::Rw) => {
@@ -380,6 +392,52 @@ pub fn prepare(core: &Core, h: &InodeHandle) -> FsResult<()> {
     }
 }
 
+/// Become the metanode: start from what the last one wrote in place, then apply what
+/// this node changed while it was a shared writer and had not reported (its pending
+/// block pointers, a larger size, later times, entry and link counts). Dropping those
+/// would lose the data this node wrote into blocks it allocated (three-node seed 19: a
+/// truncate upgrading `rw` to `xw` discarded two pending pointers and a record).
+fn take_over(
+    core: &Core,
+    h: &InodeHandle,
+    mut st: parking_lot::RwLockWriteGuard<'_, InodeState>,
+) -> FsResult<()> {
+    let pending = st.shared.take();
+    let (size, mtime, ctime) = (st.inode.size, st.inode.mtime, st.inode.ctime);
+    // Directory pages this node logged as a shared writer stay in its log; the inode
+    // the last metanode wrote is the base.
+    reload(core, &mut st)?;
+    st.metanode = true;
+    let Some(p) = pending else {
+        return Ok(());
+    };
+    if p.pending.is_empty()
+        && size <= st.inode.size
+        && p.entries_delta == 0
+        && p.nlink_delta == 0
+        && later(st.inode.mtime, mtime) == st.inode.mtime
+        && later(st.inode.ctime, ctime) == st.inode.ctime
+    {
+        return Ok(());
+    }
+    drop(st);
+    let _tx = core.begin();
+    let mut st = h.state.write();
+    apply_update(
+        core,
+        &mut st,
+        &Update {
+            ino: h.ino,
+            size_at_least: size,
+            mtime: ts(mtime),
+            ctime: ts(ctime),
+            sets: p.pending,
+            entries_delta: p.entries_delta,
+            nlink_delta: p.nlink_delta,
+        },
+    )
+}
+
 fn reload(core: &Core, st: &mut InodeState) -> FsResult<()> {
     // From the disk, not from a cached inode-file chunk: under `rw` the chunk may have
     // been read while the last metanode still had the inode (it wrote it in place
@@ -404,38 +462,7 @@ fn locate(core: &Core, h: &InodeHandle) -> FsResult<()> {
     match m {
         Some(n) if n == core.tokens.node() => {
             if !st.metanode {
-                // Become the metanode: start from what the last one wrote in place, then
-                // apply what this node changed while it was a shared writer.
-                let pending = st.shared.take();
-                let (size, mtime, ctime) = (st.inode.size, st.inode.mtime, st.inode.ctime);
-                // Directory pages this node logged as a shared writer stay in its log;
-                // the inode the last metanode wrote is the base.
-                reload(core, &mut st)?;
-                st.metanode = true;
-                if let Some(p) = pending {
-                    if !p.pending.is_empty()
-                        || size > st.inode.size
-                        || p.entries_delta != 0
-                        || p.nlink_delta != 0
-                    {
-                        drop(st);
-                        let _tx = core.begin();
-                        let mut st = h.state.write();
-                        apply_update(
-                            core,
-                            &mut st,
-                            &Update {
-                                ino: h.ino,
-                                size_at_least: size,
-                                mtime: ts(mtime),
-                                ctime: ts(ctime),
-                                sets: p.pending,
-                                entries_delta: p.entries_delta,
-                                nlink_delta: p.nlink_delta,
-                            },
-                        )?;
-                    }
-                }
+                return take_over(core, h, st);
             }
             Ok(())
         }
@@ -452,9 +479,13 @@ fn locate(core: &Core, h: &InodeHandle) -> FsResult<()> {
                 .metanode = Some(n);
             Ok(())
         }
-        None => Err(FsError::Token(format!(
-            "inode {}: no metanode and this node holds no write token on it",
-            h.ino
+        // The manager no longer counts this node as a writer: its token was revoked
+        // after this node looked at its own (a caller with no hold, such as the block
+        // fetch between an operation's attempts). The operation must acquire it again.
+        None => Err(FsError::need_token(crate::op::missing_inode(
+            core,
+            h.ino,
+            crate::coherence::Need::Write,
         ))),
     }
 }
@@ -567,10 +598,23 @@ pub fn fetch_blocks(
         first: from,
         count,
     };
-    if let Some(FsReply::Blocks(list)) = to_metanode(core, h, &req)? {
+    if let Some(FsReply::Blocks { size, list }) = to_metanode(core, h, &req)? {
         let bb = core.block_bytes();
         let data = core.tokens.data(h.ino);
         let mut st = h.state.write();
+        if st.shared.is_some() && size > st.inode.size {
+            // Another writer grew the file, perhaps with data in a unit this node now
+            // holds: what is on disk there counts (`file_io` reads up to the size), and
+            // must not be taken for a hole past the end and overwritten with zeros
+            // (three-node seed 22: a record's tail in a block two nodes shared was lost).
+            let view = (st.inode.size, st.inode.mtime, st.inode.ctime);
+            st.inode.size = size;
+            let s = st.shared.as_mut().expect("checked above");
+            if s.reported == Some(view) {
+                // Nothing of this node's own is unreported: the metanode's size is not news.
+                s.reported = Some((size, view.1, view.2));
+            }
+        }
         if let Some(s) = st.shared.as_mut() {
             for (unit, da, sb) in list {
                 // An address is this node's to keep only while no other node can move

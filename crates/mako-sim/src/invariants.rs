@@ -261,9 +261,6 @@ fn blocks(cores: &[(u32, std::sync::Arc<Core>)], out: &mut Vec<String>) {
             {
                 continue;
             }
-            let InodeContent::Pointers(ptrs) = &st.inode.content else {
-                continue;
-            };
             let file = Owner {
                 ino: h.ino,
                 generation: st.inode.generation,
@@ -285,6 +282,26 @@ fn blocks(cores: &[(u32, std::sync::Arc<Core>)], out: &mut Vec<String>) {
                         node: *node,
                     });
                 }
+            };
+            if let Some(shared) = &st.shared {
+                // A shared writer's copy of the inode is the metanode's as it was when
+                // this node joined: its pointers go stale as others move blocks. What it
+                // uses are the addresses it keeps under its data tokens.
+                let bb = core.block_bytes();
+                let data = core.tokens.data(h.ino);
+                for (&unit, &(da, sb)) in &shared.blocks {
+                    let range = ByteRange {
+                        start: unit.saturating_mul(bb),
+                        end: unit.saturating_add(1).saturating_mul(bb),
+                    };
+                    if core.tokens.client().holds_any(data, range) {
+                        add(da, sb as u64, 0, unit);
+                    }
+                }
+                continue;
+            }
+            let InodeContent::Pointers(ptrs) = &st.inode.content else {
+                continue;
             };
             let depth = st.inode.depth;
             for (i, da) in ptrs.iter().enumerate() {
