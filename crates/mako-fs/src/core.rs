@@ -931,6 +931,17 @@ impl Core {
             self.check_inode(&inode, da)?;
             Ok(inode)
         };
+        // A cached chunk read before this node was granted `ino` may hold an old copy
+        // of it (another node changed it and wrote it in place before the grant): it
+        // is dropped, and this read counts as a miss (three-node seed 211: a name added
+        // by another node was missing from an inline directory so).
+        let granted = self.tokens.client().granted_at(self.tokens.inode(ino));
+        if let Some(slot) = self.pool.get((INODE_CACHE_KEY, index)) {
+            let stale = slot.buf.lock().stamp < granted;
+            if stale {
+                crate::cache_flush::drop_inode_chunk(self, ino);
+            }
+        }
         if self.pool.get((INODE_CACHE_KEY, index)).is_none() && !self.chunk_missed_recently(index) {
             // The first miss in a chunk reads just the inode: a random lookup costs one
             // small read. A second miss in the same chunk soon after (a scan: ls -l,
@@ -942,11 +953,14 @@ impl Core {
         let slot = self.pool.get_or_create((INODE_CACHE_KEY, index));
         let mut buf = slot.buf.lock();
         if !buf.loaded {
+            let stamp = self.tokens.client().grant_clock();
             let mut bytes = mako_disk::AlignedBuf::zeroed(chunk as usize);
             self.metafile_read(inode_file, index * chunk, &mut bytes, BufferType::Inode)?;
+            let was = buf.is_dirty();
             buf.bytes = bytes;
             buf.loaded = true;
-            self.pool.account(&mut buf, false);
+            buf.stamp = stamp;
+            self.pool.account(&mut buf, was);
         }
         decode(&buf.bytes[within..within + isz as usize])
     }

@@ -69,11 +69,8 @@ pub fn run<T>(core: &Core, mut f: impl FnMut() -> FsResult<T>) -> FsResult<T> {
                 let calls = core.tokens.client().stats().manager_calls;
                 core.tokens.acquire(missing)?;
                 let granted_anew = core.tokens.client().stats().manager_calls != calls;
-                if granted_anew && missing.resource.kind == mako_token::ResourceKind::Inode {
-                    // A cached inode-file chunk read before this node held the inode
-                    // may hold an old copy of it.
-                    crate::cache_flush::drop_inode_chunk(core, missing.resource.id);
-                }
+                // (An inode-file chunk read before an inode was granted is dropped when
+                // that inode is read from it: `Core::read_inode`, by the grant clock.)
                 if missing.resource.kind == mako_token::ResourceKind::DirBucket && granted_anew {
                     // Names newly granted: pages cached before, outside any token this
                     // node held, may be stale. Read the directory's blocks again.

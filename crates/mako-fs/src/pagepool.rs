@@ -43,6 +43,9 @@ pub struct DataBuffer {
     /// Subblocks reserved in the allocation map for this block's dirty data, until
     /// write-behind allocates it (or truncate/delete gives them back).
     pub reserved: u32,
+    /// For a chunk of the inode file: the token client's `grant_clock` when it was
+    /// read. An inode granted to this node later may be newer on disk than here.
+    pub stamp: u64,
     /// Bytes charged to the pool for this buffer.
     charged: u64,
 }

@@ -139,10 +139,20 @@ pub fn evict_inodes(core: &Core) -> FsResult<()> {
             continue;
         }
         flush_inode(core, &h)?;
+        // The attributes may go to the stat cache only while a token covers them, and
+        // no revoke may slip between the look and the insert (it would find neither
+        // the handle nor the stat-cache entry to drop, and a stale inode would stay
+        // cached with no token: three-node seed 211 lost a name in an inline
+        // directory so). A hold keeps the token here until the insert is done.
+        let hold = core
+            .tokens
+            .client()
+            .try_hold_any(core.tokens.inode(h.ino), mako_token::ByteRange::WHOLE);
         let st = h.state.read();
         if st.dirty || !core.pool.keys_of(h.ino, true).is_empty() {
             continue;
         }
+        let keep_attrs = hold.is_some() && !st.stale;
         let inode = st.inode.clone();
         drop(st);
         {
@@ -154,9 +164,16 @@ pub fn evict_inodes(core: &Core) -> FsResult<()> {
             map.remove(&h.ino);
         }
         core.alloc.unreserve(core.pool.remove_from(h.ino, 0));
+        if !keep_attrs {
+            // Stale (the token left): nothing to keep; whatever token part remains
+            // goes back with the others.
+            core.token_release.lock().push(h.ino);
+            continue;
+        }
         // The attributes stay (under the token this node keeps); what the stat cache
         // pushes out gives its token back.
         let pushed = core.stat_cache.lock().insert(inode);
+        drop(hold);
         core.token_release.lock().extend(pushed);
     }
     let _ = max_stat;

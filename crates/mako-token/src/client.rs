@@ -146,6 +146,9 @@ struct HoldEntry {
 struct ResState {
     /// The structure version the manager reported with the last grant.
     version: u64,
+    /// `ClientInner::grant_clock` when the manager last granted this node something
+    /// of the resource (`TokenClient::granted_at`).
+    granted_at: u64,
     held: HeldRanges,
     holds: Vec<HoldEntry>,
     revoking: Vec<ByteRange>,
@@ -209,6 +212,8 @@ struct ClientInner {
     revokes_sent: AtomicU64,
     revokes_answered: AtomicU64,
     hold_misses: AtomicU64,
+    /// Ticks at every grant from the manager (`TokenClient::grant_clock`).
+    grant_clock: AtomicU64,
 }
 
 static CLIENT_IDS: AtomicUsize = AtomicUsize::new(1);
@@ -510,6 +515,7 @@ impl TokenClient {
                 revokes_sent: AtomicU64::new(0),
                 revokes_answered: AtomicU64::new(0),
                 hold_misses: AtomicU64::new(0),
+                grant_clock: AtomicU64::new(0),
             }),
         }
     }
@@ -709,6 +715,7 @@ impl TokenClient {
                     }
                     st.held.grant(g.range, g.mode);
                     st.version = st.version.max(g.version);
+                    st.granted_at = inner.grant_clock.fetch_add(1, Ordering::SeqCst) + 1;
                     return Ok(());
                 }
                 // The manager answers for the request it considered (a conditional
@@ -979,6 +986,23 @@ impl TokenClient {
             .res
             .get(&resource)
             .is_some_and(|st| st.held.pieces().iter().any(|(p, _)| p.overlaps(&range)))
+    }
+
+    /// A clock that ticks at every grant this node receives from the manager. A cache
+    /// filled from disk at clock `t` may hold an old copy of a resource granted after
+    /// `t` (`granted_at(r) > t`): another node may have changed it on disk before the
+    /// grant. Caches that span several resources (a chunk of the inode file) stamp
+    /// themselves with it.
+    pub fn grant_clock(&self) -> u64 {
+        self.inner.grant_clock.load(Ordering::SeqCst)
+    }
+
+    /// `grant_clock` when the manager last granted this node something of `resource`
+    /// (0 if this node holds nothing of it).
+    pub fn granted_at(&self, resource: ResourceId) -> u64 {
+        let (lock, _) = self.inner.shard(&resource);
+        let shard = lock.lock();
+        shard.res.get(&resource).map_or(0, |st| st.granted_at)
     }
 
     /// Give up every token (unmount), flushing each resource first.
