@@ -217,6 +217,47 @@ fn grow_prepare(core: &Core, st: &mut InodeState, new_size: u64) -> FsResult<()>
     Ok(())
 }
 
+/// A shared writer learns block addresses from the metanode between attempts
+/// (`FsError::NeedBlocks`), and a missing one must be found before the write changes
+/// anything (an operation that changed memory and then restarts turns the mount
+/// read-only): every unit the write looks up — those it writes, and the old last
+/// block that growing the file changes (`grow_prepare`) — must be known here, and the
+/// old last block held (this node's view of the size may have grown since the
+/// caller took its holds: three-node seed 227).
+fn shared_write_ready(core: &Core, st: &InodeState, offset: u64, end: u64) -> FsResult<()> {
+    let Some(s) = &st.shared else {
+        return Ok(());
+    };
+    if !matches!(st.inode.content, InodeContent::Pointers(_)) || end <= offset {
+        return Ok(());
+    }
+    let bb = core.block_bytes();
+    let ino = st.inode.ino;
+    let size = st.inode.size;
+    if end > size && size > 0 && (size - 1) / bb < offset / bb {
+        let b0 = (size - 1) / bb;
+        if crate::op::in_op(core) {
+            crate::op::hold_range(
+                core,
+                core.tokens.data(ino),
+                TokenMode::Xw,
+                mako_token::ByteRange {
+                    start: b0 * bb,
+                    end: (b0 + 1).saturating_mul(bb),
+                },
+                mako_token::ByteRange::WHOLE,
+            )?;
+        }
+        if !s.blocks.contains_key(&b0) {
+            return Err(FsError::need_blocks(ino, b0));
+        }
+    }
+    match (offset / bb..end.div_ceil(bb)).find(|u| !s.blocks.contains_key(u)) {
+        Some(u) => Err(FsError::need_blocks(ino, u)),
+        None => Ok(()),
+    }
+}
+
 pub fn write(core: &Core, h: &InodeHandle, offset: u64, data: &[u8]) -> FsResult<usize> {
     core.check_writable()?;
     let st = h.state.write();
@@ -279,6 +320,7 @@ fn write_locked(
         }
         convert_inline(core, &mut st)?;
     }
+    shared_write_ready(core, &st, offset, end)?;
     let size_before = st.inode.size;
     if end > size_before {
         grow_prepare(core, &mut st, end)?;
