@@ -120,9 +120,38 @@ pub fn note_change() {
     OP.with(|o| o.set((true, o.get().1)));
 }
 
+/// Run `f`, a change that is whole and consistent on its own (a node taking over as
+/// metanode merges what it had not reported), inside whatever operation runs on this
+/// thread: if it succeeds, it does not count as that operation's change, so the
+/// operation may still restart for a token it finds missing afterwards. If it fails,
+/// what it left counts like any other change.
+pub fn complete_change<T, E>(f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+    let before = OP.with(|o| o.get().0);
+    let r = f();
+    if r.is_ok() {
+        OP.with(|o| o.set((before, o.get().1)));
+    }
+    r
+}
+
 /// The current operation met damage (called where damage errors are made).
 pub fn note_damage() {
+    if damage_trace() && OP.with(|o| o.get().0) {
+        // Debugging aid (the simulation's EROFS failures): where an operation that had
+        // changed memory met the error that turns the mount read-only.
+        eprintln!(
+            "damage after a change (the mount will turn read-only):\n{}",
+            std::backtrace::Backtrace::force_capture()
+        );
+    }
     OP.with(|o| o.set((o.get().0, true)));
+}
+
+/// `MAKO_DAMAGE_TRACE=1`: print a backtrace where an operation that changed memory
+/// meets damage, a missing token or a missing block address.
+fn damage_trace() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MAKO_DAMAGE_TRACE").is_ok_and(|v| v == "1"))
 }
 
 fn holds_handle(id: usize) -> bool {

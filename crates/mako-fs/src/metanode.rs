@@ -421,21 +421,26 @@ fn take_over(
         return Ok(());
     }
     drop(st);
-    let _tx = core.begin();
-    let mut st = h.state.write();
-    apply_update(
-        core,
-        &mut st,
-        &Update {
-            ino: h.ino,
-            size_at_least: size,
-            mtime: ts(mtime),
-            ctime: ts(ctime),
-            sets: p.pending,
-            entries_delta: p.entries_delta,
-            nlink_delta: p.nlink_delta,
-        },
-    )
+    // A whole change of its own: an operation that called this (`Core::get` settles
+    // the handle) may still restart for a token it finds missing next (three-node
+    // seed 266: an unlink turned the mount read-only so).
+    crate::journal::complete_change(|| {
+        let _tx = core.begin();
+        let mut st = h.state.write();
+        apply_update(
+            core,
+            &mut st,
+            &Update {
+                ino: h.ino,
+                size_at_least: size,
+                mtime: ts(mtime),
+                ctime: ts(ctime),
+                sets: p.pending,
+                entries_delta: p.entries_delta,
+                nlink_delta: p.nlink_delta,
+            },
+        )
+    })
 }
 
 fn reload(core: &Core, st: &mut InodeState) -> FsResult<()> {
