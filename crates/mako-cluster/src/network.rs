@@ -4,8 +4,10 @@
 //! The transport is synchronous (a call blocks its thread until the reply or the
 //! deadline), openraft is async: every call runs on tokio's blocking pool, so a slow
 //! or dead peer never holds one of raft's tasks. Each call carries openraft's own
-//! deadline for it (`RPCOption::hard_ttl`). Heartbeats, votes and log entries go on
-//! small-message lanes, snapshots on bulk lanes.
+//! deadline for it (`RPCOption::hard_ttl`). Heartbeats, votes, log entries and probes
+//! go on small-message lanes (their handlers answer at once); snapshots, and changes
+//! and reads forwarded to the cluster manager (which may wait for the quorum), on
+//! bulk lanes.
 
 use crate::model::ClusterConfig;
 use crate::quorum::{NodeStatus, QuorumError};

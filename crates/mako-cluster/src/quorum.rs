@@ -27,6 +27,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The lane of a forwarded change or read: it may wait on the manager for its whole
+/// deadline (a quorum to answer, an election), so it must not hold one of the few
+/// handler threads that small messages — token revokes, raft heartbeats — rely on.
+const FORWARD_PRIORITY: Priority = Priority::Bulk;
+
 /// How a node's quorum member runs.
 #[derive(Clone, Debug)]
 pub struct QuorumOptions {
@@ -833,7 +838,7 @@ impl Inner {
                 &self.transport,
                 leader,
                 &request,
-                Priority::Small,
+                FORWARD_PRIORITY,
                 remaining(end),
             )
             .await
@@ -936,7 +941,7 @@ impl Inner {
                     &self.transport,
                     leader,
                     &request,
-                    Priority::Small,
+                    FORWARD_PRIORITY,
                     remaining(end),
                 )
                 .await

@@ -154,7 +154,10 @@ fn quorum_lost_and_regained(stop_leader: bool) {
             assert!(answering[0].contains(&name(survivor)), "{text}");
             assert_eq!(silent.len(), 2, "{text}");
             for n in &stopped {
-                assert!(text.contains(&format!("node {n} (n{n})")), "{text}");
+                assert!(
+                    text.contains(&format!("node {n} (n{n}) (not running)")),
+                    "{text}"
+                );
             }
         }
         other => panic!("expected QuorumLost, got {other:?}: {text}"),

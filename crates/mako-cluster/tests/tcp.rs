@@ -119,6 +119,14 @@ fn three_quorum_nodes_over_tcp() {
         )
         .unwrap_err();
     assert!(matches!(e, QuorumError::QuorumLost { .. }), "{e}");
+    // Each silent node comes with why: its connection is refused.
+    for n in [leader, new] {
+        assert!(
+            e.to_string()
+                .contains(&format!("node {n} (n{n}) (unreachable: cannot connect")),
+            "{e}"
+        );
+    }
     assert!(
         e.to_string()
             .starts_with("quorum lost: 1 of 3 quorum nodes answer"),
