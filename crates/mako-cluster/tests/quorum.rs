@@ -390,3 +390,39 @@ fn the_quorum_grows_from_one_node_to_three() {
         ))
     );
 }
+
+#[test]
+fn a_node_whose_log_was_purged_restarts_from_its_applied_state() {
+    // The log behind a snapshot is purged at once: after a restart the configuration
+    // can come only from what the store kept, not from replaying the log.
+    let mut options = fast_options();
+    options.snapshot_every = 3;
+    options.keep_after_snapshot = 0;
+    let mut c = Cluster::start(&[1], options);
+    c.bootstrap(&[1]);
+    c.create(&[1]);
+    for i in 0..6 {
+        c.node(1)
+            .propose(Command::AddDisk(disk(&format!("d{i}"), &[1])))
+            .unwrap();
+    }
+    c.node(1).trigger_snapshot().unwrap();
+    let end = std::time::Instant::now() + PATIENCE;
+    while c.node(1).status().snapshot.is_none() {
+        assert!(std::time::Instant::now() < end, "no snapshot built");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let epoch = c.node(1).propose(fs("fs1", &["d0"])).unwrap();
+    let before = c.node(1).read_config().unwrap();
+    assert_eq!(before.epoch, epoch);
+    c.stop_node(1);
+    c.start_node(1);
+    assert_eq!(c.node(1).read_local(), before);
+    assert_eq!(c.leader(), 1);
+    assert_eq!(c.node(1).read_config().unwrap(), before);
+    let epoch = c
+        .node(1)
+        .propose(Command::DeleteFs { name: "fs1".into() })
+        .unwrap();
+    assert_eq!(epoch, before.epoch + 1);
+}
