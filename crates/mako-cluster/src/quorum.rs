@@ -480,7 +480,11 @@ impl Quorum {
             Some(Err(_)) => Err(QuorumError::Timeout {
                 what: what.to_string(),
                 deadline,
-                outcome_unknown: what == "the change",
+                // Changes and quorum changes may have reached the log.
+                outcome_unknown: matches!(
+                    what,
+                    "the change" | "the quorum change" | "adding the learner"
+                ),
             }),
         }
     }
@@ -670,8 +674,9 @@ impl Inner {
         }
     }
 
-    /// Asks every quorum node whether it answers: Ok with the answering ones if they
-    /// hold a majority, else the answering and the silent ones with why.
+    /// Asks every quorum node whether it answers (this node answers for itself).
+    /// Returns the ones that answer, the silent ones with why, and the voter
+    /// configurations a majority is needed in.
     async fn probe(
         &self,
         end: Instant,
@@ -767,15 +772,17 @@ impl Inner {
             }
             Ok(Err(RaftError::Fatal(e))) => Err(self.fatal(e)),
             Err(_) => {
-                // The entry is in the log and may still commit.
-                match self.lost(end + self.options.probe_deadline).await {
-                    Some(lost) => Err(lost),
-                    None => Err(QuorumError::Timeout {
-                        what: "the change".into(),
-                        deadline,
-                        outcome_unknown: true,
-                    }),
-                }
+                // The entry is in the log and may still commit, whenever a majority
+                // answers again: say so, with why it did not commit in time.
+                let why = match self.lost(end + self.options.probe_deadline).await {
+                    Some(lost) => format!("the change ({lost})"),
+                    None => "the change".to_string(),
+                };
+                Err(QuorumError::Timeout {
+                    what: why,
+                    deadline,
+                    outcome_unknown: true,
+                })
             }
         }
     }
@@ -799,6 +806,7 @@ impl Inner {
 
     /// Commits `proposal` through whichever node is the cluster manager.
     async fn propose_anywhere(&self, proposal: Proposal, end: Instant) -> Result<u64, QuorumError> {
+        let began = Instant::now();
         let mut last_error = None;
         while Instant::now() < end {
             if self
@@ -869,11 +877,20 @@ impl Inner {
                 }
             }
         }
-        Err(last_error.unwrap_or(QuorumError::Timeout {
-            what: "the change".into(),
-            deadline: Duration::ZERO,
-            outcome_unknown: true,
-        }))
+        // The deadline passed. A forward whose reply was lost may still commit.
+        Err(match last_error {
+            Some(e @ QuorumError::Unreachable { .. }) => QuorumError::Timeout {
+                what: format!("the change ({e})"),
+                deadline: end.saturating_duration_since(began),
+                outcome_unknown: true,
+            },
+            Some(e) => e,
+            None => QuorumError::Timeout {
+                what: "the change".into(),
+                deadline: Duration::ZERO,
+                outcome_unknown: false,
+            },
+        })
     }
 
     /// A linearizable read with this node as the leader.
