@@ -340,6 +340,19 @@ impl Quorum {
         self.inner.status()
     }
 
+    /// Every node's own account of itself (`mako node show`): the nodes of the
+    /// configuration and of raft's membership, each asked directly with the probe
+    /// deadline; a node that does not answer comes with why (not running,
+    /// unreachable, no answer in time).
+    pub fn node_states(&self) -> Vec<(NodeId, Result<NodeStatus, String>)> {
+        let inner = self.inner.clone();
+        let deadline = self.inner.options.probe_deadline;
+        self.block(deadline, "asking the nodes", async move {
+            inner.node_states(deadline).await
+        })
+        .unwrap_or_default()
+    }
+
     /// Waits until some node is the cluster manager and this node knows it.
     pub fn wait_leader(&self, deadline: Duration) -> Result<NodeId, QuorumError> {
         let inner = self.inner.clone();
@@ -728,6 +741,63 @@ impl Inner {
             }
         }
         (answering, silent, joint)
+    }
+
+    async fn node_states(&self, deadline: Duration) -> Vec<(NodeId, Result<NodeStatus, String>)> {
+        let mut nodes: BTreeSet<NodeId> = self
+            .applied
+            .read()
+            .state
+            .config
+            .nodes
+            .keys()
+            .copied()
+            .collect();
+        {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            nodes.extend(
+                m.membership_config
+                    .membership()
+                    .nodes()
+                    .filter_map(|(id, _)| mako_id(*id)),
+            );
+        }
+        let mut calls = Vec::new();
+        for node in nodes {
+            if node == self.me {
+                calls.push((node, None));
+                continue;
+            }
+            let transport = self.transport.clone();
+            calls.push((
+                node,
+                Some(tokio::spawn(async move {
+                    send(
+                        &transport,
+                        raft_id(node),
+                        &ClusterRequest::Ping,
+                        Priority::Small,
+                        deadline,
+                    )
+                    .await
+                })),
+            ));
+        }
+        let mut out = Vec::new();
+        for (node, call) in calls {
+            let state = match call {
+                None => Ok(self.status()),
+                Some(call) => match call.await {
+                    Ok(Ok(ClusterReply::Pong(status))) => Ok(status),
+                    Ok(Ok(other)) => Err(format!("answered {other:?}")),
+                    Ok(Err(e)) => Err(short_reason(&e)),
+                    Err(e) => Err(format!("probe failed: {e}")),
+                },
+            };
+            out.push((node, state));
+        }
+        out
     }
 
     /// `QuorumLost` if the quorum nodes that answer now hold no majority.

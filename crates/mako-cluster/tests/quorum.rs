@@ -171,6 +171,16 @@ fn quorum_lost_and_regained(stop_leader: bool) {
     assert!(matches!(e, QuorumError::QuorumLost { .. }), "{e}");
     // The local view still works, and nothing was applied.
     assert_eq!(c.node(survivor).read_local().epoch, epoch);
+    // `mako node show`: every node's own state, the stopped ones with why.
+    let states = c.node(survivor).node_states();
+    assert_eq!(states.len(), 3, "{states:?}");
+    for (node, state) in states {
+        if node.0 == survivor {
+            assert_eq!(state.unwrap().epoch, epoch);
+        } else {
+            assert_eq!(state, Err("not running".to_string()));
+        }
+    }
 
     c.start_node(stopped[0]);
     let epoch2 = c

@@ -99,6 +99,14 @@ fn three_quorum_nodes_over_tcp() {
     for n in nodes.values() {
         n.quorum.wait_epoch(epoch, PATIENCE).unwrap();
     }
+    // Every node answers for itself over TCP and names the same cluster manager.
+    let states = nodes[&follower].quorum.node_states();
+    assert_eq!(states.len(), 3, "{states:?}");
+    for (node, state) in &states {
+        let state = state.as_ref().unwrap_or_else(|e| panic!("{node}: {e}"));
+        assert_eq!(state.leader, Some(NodeId(leader)), "{states:?}");
+        assert_eq!(state.voters.len(), 3, "{states:?}");
+    }
 
     // The leader stops: a new one is elected and the configuration is intact.
     nodes.remove(&leader).unwrap().stop();
