@@ -33,11 +33,12 @@ pub(crate) const READ_BUFFER_BYTES: usize = 64 << 10;
 
 /// The service a wire number names, if this build knows it.
 pub fn service_from_wire(n: u16) -> Option<ServiceId> {
-    const ALL: [ServiceId; 4] = [
+    const ALL: [ServiceId; 5] = [
         ServiceId::TokenManager,
         ServiceId::TokenClient,
         ServiceId::FileSystem,
         ServiceId::FsManager,
+        ServiceId::Cluster,
     ];
     // A new ServiceId variant makes this match fail to compile: add it to ALL too.
     const fn _every_service_is_listed(s: ServiceId) {
@@ -45,7 +46,8 @@ pub fn service_from_wire(n: u16) -> Option<ServiceId> {
             ServiceId::TokenManager
             | ServiceId::TokenClient
             | ServiceId::FileSystem
-            | ServiceId::FsManager => {}
+            | ServiceId::FsManager
+            | ServiceId::Cluster => {}
         }
     }
     ALL.into_iter().find(|s| *s as u16 == n)

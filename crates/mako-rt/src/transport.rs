@@ -36,6 +36,9 @@ pub enum ServiceId {
     FileSystem = 3,
     /// The file-system manager: allocation regions and inode-map segments.
     FsManager = 4,
+    /// The replicated cluster configuration (mako-cluster): raft messages between
+    /// quorum nodes and learners, and changes forwarded to the cluster manager.
+    Cluster = 5,
 }
 
 /// Priority class of a request: small metadata messages must never queue behind bulk
