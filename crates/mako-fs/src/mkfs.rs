@@ -130,9 +130,11 @@ pub const FIRST_USER_INO: u64 = 16;
 /// Inodes per inode-map segment.
 pub const INODES_PER_SEGMENT: u32 = 32768;
 /// Inodes per segment of a file system several nodes mount: each node hands out numbers
-/// from segments of its own, and the inode file grows (densely) up to the highest
-/// number in use, so smaller segments keep every node's first numbers low.
-pub const INODES_PER_SEGMENT_SHARED: u32 = 1024;
+/// from segments of its own (node k starts with segment k), and the inode file grows
+/// (densely) up to the highest number in use, so small segments keep every node's
+/// first numbers low: with 4,096 nodes and 4 KiB inodes the inode file reaches 1 GiB
+/// when the last node creates its first file (4 MiB per node with 1,024).
+pub const INODES_PER_SEGMENT_SHARED: u32 = 64;
 /// Default number of allocation regions.
 pub const REGIONS_DEFAULT: u32 = 32;
 /// Most recovery logs (nodes): their inodes lie between the log's first inode and
@@ -294,10 +296,31 @@ pub fn format_disks(
         .map(|e| e.size_bytes / bb - first)
         .min()
         .unwrap_or(1);
+    // Every node allocates only in regions it owns (docs/coherence.md section 6), so a
+    // file system needs at least one region per node that may mount it: a node left
+    // without one could not allocate a single block (the inode file's block of its
+    // first inode numbers, a directory block), whatever the free space elsewhere.
+    let blocks_cap = min_blocks.min(u32::MAX as u64) as u32;
     let regions = params
         .regions
-        .unwrap_or(REGIONS_DEFAULT)
-        .clamp(1, min_blocks.min(u32::MAX as u64) as u32);
+        .unwrap_or(REGIONS_DEFAULT.max(params.log_count))
+        .clamp(1, blocks_cap);
+    if regions < params.log_count {
+        return Err(FsError::Invalid(format!(
+            "{regions} allocation regions for {} nodes: every node needs a region of its own; {}",
+            params.log_count,
+            if params.regions.is_some_and(|r| r < params.log_count)
+                && blocks_cap >= params.log_count
+            {
+                format!("ask for at least {} regions", params.log_count)
+            } else {
+                format!(
+                    "the smallest disk has {min_blocks} blocks (a region is at least one block of every disk): use disks of at least {} blocks or fewer nodes",
+                    params.log_count
+                )
+            }
+        )));
+    }
     let total: u64 = entries.iter().map(|e| e.size_bytes).sum();
     let inodes_max = params
         .inodes_max
