@@ -1,6 +1,6 @@
 //! The scale harness (`mako_sim::scale`): M simulated nodes create one file each in
 //! one new directory, and M nodes write their own 47,008-byte record of one file.
-//! `MAKO_SIM_SCALE_NODES` sets M, or a comma-separated list of them (default 8; the
+//! `MAKO_SIM_SCALE_NODES` sets M, or a comma-separated list of them (default 12; the
 //! issue's figures are 4,096 creates and 1,024 writers). Prints the simulated
 //! completion time, messages per operation by service and the busiest node; fails if
 //! any operation fails, if a file is missing or listed twice, if a record does not
@@ -18,7 +18,7 @@ fn node_counts() -> Vec<u32> {
                     .expect("MAKO_SIM_SCALE_NODES is a number or a list like 1,2,4,8")
             })
             .collect(),
-        Err(_) => vec![8],
+        Err(_) => vec![12],
     }
 }
 
