@@ -273,7 +273,9 @@ fn load_block(core: &Core, st: &InodeState, idx: u64) -> FsResult<bool> {
 /// are read again (another node may have changed them meanwhile); blocks it did not
 /// change at all are dropped and read when next needed.
 pub fn refresh_cached(core: &Core, h: &crate::core::InodeHandle) -> FsResult<()> {
-    let st = h.state.read();
+    // In write: another operation of this node may be reading the cached blocks (it
+    // found a block where it located it and must keep finding it there).
+    let st = h.state.write();
     let dirty: Vec<(u64, DiskAddress)> = {
         let mut cache = st.dir_blocks.lock();
         cache.retain(|_, n| n.dirty_pages != 0);

@@ -452,6 +452,13 @@ fn locate(core: &Core, h: &InodeHandle) -> FsResult<()> {
                 .metanode = Some(n);
             Ok(())
         }
+        // No metanode, and the manager no longer counts this node as a writer: its
+        // write token was revoked while it asked (phase A holds nothing). The operation
+        // starts again and asks for what it needs.
+        None if crate::op::in_op(core) => Err(FsError::need_token(
+            core.tokens
+                .inode_missing(h.ino, crate::coherence::Need::Cache),
+        )),
         None => Err(FsError::Token(format!(
             "inode {}: no metanode and this node holds no write token on it",
             h.ino
@@ -571,6 +578,10 @@ pub fn fetch_blocks(
         let bb = core.block_bytes();
         let data = core.tokens.data(h.ino);
         let mut st = h.state.write();
+        // A directory's blocks move only with a change of its shape, under its inode in
+        // `xw`, which takes this node's `rw` (and this shared view) away first: its
+        // `rw` token keeps every address steady (it has no data tokens).
+        let directory = st.inode.mode & crate::fs::S_IFMT == crate::fs::S_IFDIR;
         if let Some(s) = st.shared.as_mut() {
             for (unit, da, sb) in list {
                 // An address is this node's to keep only while no other node can move
@@ -582,7 +593,7 @@ pub fn fetch_blocks(
                     end: unit.saturating_add(1).saturating_mul(bb),
                 };
                 let mine = covered && unit >= first && unit < last.max(first + 1);
-                if !mine && !core.tokens.client().holds_steadily(data, range) {
+                if !mine && !directory && !core.tokens.client().holds_steadily(data, range) {
                     continue;
                 }
                 // What this node set itself is newer than the metanode's answer.

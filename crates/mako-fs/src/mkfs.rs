@@ -406,8 +406,19 @@ pub fn format_disks(
     let slot_alloc = core.alloc_slot_bytes as u64;
     let slot_imap = core.imap.slot_bytes() as u64;
     let nseg = InodeMap::segment_count(inodes_max, per_segment) as u64;
+    // The inode file grows densely up to the highest number in use, under its token
+    // in `xw`, which every node that reads inodes holds in `ro`: a growth revokes them
+    // all. So a file system several nodes mount starts with room for every node's first
+    // segment (node k starts with segment k): a node's first creates grow nothing.
+    let inode_file_bytes = if params.log_count > 1 {
+        (params.log_count as u64 * per_segment as u64 * geo.inode_bytes as u64)
+            .next_multiple_of(bb)
+            .max(bb)
+    } else {
+        bb
+    };
     let mut metafiles = vec![
-        (INODE_FILE_INO, bb),
+        (INODE_FILE_INO, inode_file_bytes),
         (BLOCK_ALLOC_MAP_INO, regions as u64 * slot_alloc),
         (INODE_ALLOC_MAP_INO, nseg * slot_imap),
     ];
@@ -444,17 +455,20 @@ pub fn format_disks(
     }
     let inode_file_start = core.metafile_blocks.read()[&INODE_FILE_INO][0];
     core.desc.lock().inode_file_start = inode_file_start;
-    // The inode file's first block starts blank; the log starts empty and clean (both
-    // header copies; the start of the circular area zeroed, so that nothing left on a
-    // reused disk looks like a transaction).
-    core.nsd.write(
-        inode_file_start,
-        &vec![0u8; bb as usize],
-        IoTag {
-            buffer_type: BufferType::Inode,
-            ino: 0,
-        },
-    )?;
+    // The inode file starts blank; the log starts empty and clean (both header copies;
+    // the start of the circular area zeroed, so that nothing left on a reused disk
+    // looks like a transaction).
+    let inode_file_blocks = core.metafile_blocks.read()[&INODE_FILE_INO].clone();
+    for da in inode_file_blocks {
+        core.nsd.write(
+            da,
+            &vec![0u8; bb as usize],
+            IoTag {
+                buffer_type: BufferType::Inode,
+                ino: 0,
+            },
+        )?;
+    }
     for (node, log_ino) in logs.enumerate() {
         let log = LogHeader {
             node: node as u32,

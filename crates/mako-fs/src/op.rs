@@ -99,7 +99,17 @@ pub fn run<T>(core: &Core, mut f: impl FnMut() -> FsResult<T>) -> FsResult<T> {
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if let Some(h) = core.cached_handle(ino) {
                     // The holds are gone: what is kept is what a steady token covers.
-                    crate::metanode::fetch_blocks(core, &h, unit, unit + 1, false)?;
+                    let fetched = crate::metanode::fetch_blocks(core, &h, unit, unit + 1, false);
+                    // With no hold, this node's write token may have been revoked
+                    // meanwhile (then there is nobody to ask, or this node is no longer
+                    // a writer): the next attempt asks for the token again.
+                    let writer = matches!(
+                        core.tokens.inode_mode(ino),
+                        Some(TokenMode::Rw) | Some(TokenMode::Xw)
+                    );
+                    if fetched.is_err() && writer {
+                        fetched?;
+                    }
                 }
             }
             other => {
