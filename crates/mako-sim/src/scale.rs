@@ -23,8 +23,26 @@ use std::time::Duration;
 pub enum ScaleWorkload {
     /// Every node creates `f<node>` in the new directory `/storm`.
     CreateStorm,
+    /// The same in a directory that node 0 filled with `PREFILLED` names first, so
+    /// that it lives in directory blocks: the nodes create under the directory in `rw`
+    /// and their names' pages in `xw`.
+    CreateStormInBlocks,
     /// Every node writes record `node` of `/records`.
     SharedFileRecords,
+}
+
+/// Names node 0 puts in `/storm` before `CreateStormInBlocks` (more than an inode
+/// holds).
+pub const PREFILLED: u32 = 256;
+
+impl ScaleWorkload {
+    fn prefilled(self) -> u32 {
+        if self == ScaleWorkload::CreateStormInBlocks {
+            PREFILLED
+        } else {
+            0
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -113,7 +131,7 @@ fn check_result(
     let Ok(target) = fs0.lookup(
         ROOT_INO,
         match workload {
-            ScaleWorkload::CreateStorm => b"storm",
+            ScaleWorkload::CreateStorm | ScaleWorkload::CreateStormInBlocks => b"storm",
             ScaleWorkload::SharedFileRecords => b"records",
         },
     ) else {
@@ -121,7 +139,7 @@ fn check_result(
     };
     let failed = |n: u32| errors.iter().any(|e| e.starts_with(&format!("node {n}:")));
     match workload {
-        ScaleWorkload::CreateStorm => {
+        ScaleWorkload::CreateStorm | ScaleWorkload::CreateStormInBlocks => {
             // The whole listing, from the last node (not the directory's first user).
             let lister = cluster.fs(nodes - 1).expect("mounted");
             let mut names: Vec<Vec<u8>> = Vec::new();
@@ -171,10 +189,12 @@ fn check_result(
                     )),
                 }
             }
-            if names.len() > nodes as usize {
+            let made = (0..nodes).filter(|n| !failed(*n)).count() + workload.prefilled() as usize;
+            if names.len() != made {
                 bad.push(format!(
-                    "{} names in /storm for {nodes} creates",
-                    names.len()
+                    "{} names in /storm, {made} made ({} by node 0 first)",
+                    names.len(),
+                    workload.prefilled()
                 ));
             }
         }
@@ -281,7 +301,14 @@ pub fn run_scale(workload: ScaleWorkload, nodes: u32, seed: u64) -> Result<Scale
             let fs0 = cluster.fs(0).expect("node 0");
             let ctx = Ctx::default();
             let target = match workload {
-                ScaleWorkload::CreateStorm => fs0.mkdir(ctx, ROOT_INO, b"storm", 0o755, 0),
+                ScaleWorkload::CreateStorm | ScaleWorkload::CreateStormInBlocks => {
+                    fs0.mkdir(ctx, ROOT_INO, b"storm", 0o755, 0).and_then(|d| {
+                        for i in 0..workload.prefilled() {
+                            fs0.create(ctx, d.ino, format!("p{i}").as_bytes(), 0o644, 0, true)?;
+                        }
+                        Ok(d)
+                    })
+                }
                 ScaleWorkload::SharedFileRecords => {
                     fs0.create(ctx, ROOT_INO, b"records", 0o644, 0, true)
                 }
@@ -292,7 +319,7 @@ pub fn run_scale(workload: ScaleWorkload, nodes: u32, seed: u64) -> Result<Scale
             cluster.net.reset_stats();
             let pending = Arc::new(AtomicU64::new(nodes as u64));
             let name = match workload {
-                ScaleWorkload::CreateStorm => &b"storm"[..],
+                ScaleWorkload::CreateStorm | ScaleWorkload::CreateStormInBlocks => &b"storm"[..],
                 ScaleWorkload::SharedFileRecords => &b"records"[..],
             };
             for n in 0..nodes {
@@ -304,7 +331,7 @@ pub fn run_scale(workload: ScaleWorkload, nodes: u32, seed: u64) -> Result<Scale
                     let start = now();
                     let fs = cluster.fs(n).expect("mounted");
                     let r = fs.lookup(ROOT_INO, name).and_then(|a| match workload {
-                        ScaleWorkload::CreateStorm => fs
+                        ScaleWorkload::CreateStorm | ScaleWorkload::CreateStormInBlocks => fs
                             .create(ctx, a.ino, format!("f{n}").as_bytes(), 0o644, 0, true)
                             .map(|_| ()),
                         ScaleWorkload::SharedFileRecords => {

@@ -1,5 +1,5 @@
 //! The scale harness (`mako_sim::scale`): M simulated nodes create one file each in
-//! one new directory, and M nodes write their own 47,008-byte record of one file.
+//! one new directory (and in one that already lives in directory blocks), and M nodes write their own 47,008-byte record of one file.
 //! `MAKO_SIM_SCALE_NODES` sets M, or a comma-separated list of them (default 12; the
 //! issue's figures are 4,096 creates and 1,024 writers). Prints the simulated
 //! completion time, messages per operation by service and the busiest node; fails if
@@ -43,6 +43,13 @@ fn run(workload: ScaleWorkload) {
 #[test]
 fn create_storm_in_one_directory() {
     run(ScaleWorkload::CreateStorm);
+}
+
+/// Creates in a directory already in blocks (node 0 filled it first): under the
+/// directory in `rw`, names in `xw` per page.
+#[test]
+fn create_storm_in_a_directory_in_blocks() {
+    run(ScaleWorkload::CreateStormInBlocks);
 }
 
 /// Fails today, on main too: with 4 or more writers some records read back as zeros
