@@ -203,7 +203,10 @@ fn revoke_names(core: &Arc<Core>, dir: u64, keep: Option<TokenMode>) -> FsResult
         return Ok(());
     }
     if let Some(h) = core.cached_handle(dir) {
-        h.state.read().dir_blocks.lock().clear();
+        // Under the inode's lock in write: an operation on the directory (reading the
+        // cached blocks under other names, or under the inode in `xw` with no name
+        // token) finds its blocks where it located them.
+        h.state.write().dir_blocks.lock().clear();
     }
     core.invalidate_kernel_names(dir);
     Ok(())

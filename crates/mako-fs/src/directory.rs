@@ -28,19 +28,34 @@ const DIR_DEPTH_MAX: u8 = 62;
 
 // ---- name tokens (docs/coherence.md section 4) ---------------------------------------
 //
-// Every entry an operation reads or changes must lie under a name token it holds
-// (`DirBucket`, over cookie ranges): `ro` to read, `xw` to change. A directory in its
-// inode has one range, all of it; a directory in blocks has one per 4 KiB page, so
-// nodes creating different names in one directory work in parallel. Changing the
-// directory's structure (leaving the inode, growing, splitting) takes the directory
-// inode exclusively and the whole range of the block. A missing token is
-// `FsError::NeedToken`, always found before the operation changes anything.
+// Name tokens (`DirBucket`, over cookie ranges) keep every node's view of the entries
+// (cached pages, lookups, kernel dentries) right; the directory inode token keeps its
+// shape right (block map, size, which blocks and pages exist) and its cached blocks.
+//
+// - Under the directory inode in `rw` (creates and unlinks of distinct names from many
+//   nodes), every entry an operation reads or changes lies under a name token over its
+//   whole page: `ro` to read, `xw` to change. A page is written back by the one node
+//   that holds it in `xw`, so nodes changing different pages of one block work in
+//   parallel.
+// - Under the directory inode in `xw` (a directory in its inode, or a change of shape),
+//   no other node can change an entry or cache a block: an operation reads entries
+//   without name tokens and changes an entry under `xw` on that one cookie only (other
+//   nodes' cached lookups of the name must go). Distinct names never conflict.
+// - Changing the shape (leaving the inode, growing a fragment, splitting a block) moves
+//   entries without changing any (cookies are for life), so it needs the inode in `xw`
+//   and no name token: one token, so many nodes meeting one full block cannot take
+//   turns revoking each other's halves of what the split needs. The request is
+//   conditional on the shape version: if somebody changed the shape meanwhile, the
+//   manager grants `rw` instead and the operation looks again (the seeds' pitfall of
+//   many nodes asking at once to move a directory out of its inode).
+// A missing token is `FsError::NeedToken`, always found before the operation changes
+// anything.
 
-/// The cookie range of the page that holds `cookie` (all cookies while the directory
-/// lives in its inode).
+/// The cookie range of the page that holds `cookie`; while the directory lives in its
+/// inode (always changed under the inode in `xw`), just the cookie.
 pub fn page_range(core: &Core, st: &InodeState, cookie: u64) -> FsResult<ByteRange> {
     if is_inline(st) {
-        return Ok(ByteRange::WHOLE);
+        return Ok(ByteRange::new(cookie, cookie.saturating_add(1)));
     }
     let idx = locate(core, st, cookie)?;
     let cache = st.dir_blocks.lock();
@@ -62,10 +77,20 @@ fn block_cookies(st: &InodeState, idx: u64) -> ByteRange {
     ByteRange::new(lo, hi.saturating_add(1))
 }
 
+/// Does the current operation hold the directory inode exclusively (its entries and
+/// shape are this node's alone)?
+fn holds_exclusive(core: &Core, st: &InodeState) -> bool {
+    crate::op::holds_inode(core, st.inode.ino, crate::coherence::Need::Exclusive)
+}
+
 /// The operation must hold the directory's names over `range` (`xw` if `write`).
+/// Under the directory inode in `xw` reading needs no name token.
 fn cover(core: &Core, st: &InodeState, range: ByteRange, write: bool) -> FsResult<()> {
     if !crate::op::in_op(core) {
         // Creation and tools: nothing else shares the directory.
+        return Ok(());
+    }
+    if !write && holds_exclusive(core, st) {
         return Ok(());
     }
     let resource = core.tokens.dir(st.inode.ino);
@@ -95,17 +120,30 @@ fn cover_cookie(core: &Core, st: &InodeState, cookie: u64, write: bool) -> FsRes
     if !crate::op::in_op(core) {
         return Ok(());
     }
+    if holds_exclusive(core, st) {
+        if !write {
+            return Ok(());
+        }
+        // The page is this node's to write anyway: only the name's cached lookups
+        // elsewhere must go.
+        return cover(
+            core,
+            st,
+            ByteRange::new(cookie, cookie.saturating_add(1)),
+            true,
+        );
+    }
     let range = page_range(core, st, cookie)?;
     cover(core, st, range, write)
 }
 
 /// Changing the directory's shape needs the directory inode exclusively (its block
-/// map and size change) and the names of `range` exclusively. The inode is asked for
-/// on the condition that nobody changed the shape since this node last heard (the
-/// seeds' pitfall: many nodes asking at once to move one directory out of its inode);
-/// if somebody did, the manager grants the shared write mode instead and the operation
-/// looks again.
-fn cover_structure(core: &Core, st: &InodeState, range: ByteRange) -> FsResult<()> {
+/// map and size change; every other node's cached blocks and dirty pages went with
+/// its inode token). It is asked for on the condition that nobody changed the shape
+/// since this node last heard (the seeds' pitfall: many nodes asking at once to move
+/// one directory out of its inode); if somebody did, the manager grants the shared
+/// write mode instead and the operation looks again.
+pub(crate) fn cover_structure(core: &Core, st: &InodeState) -> FsResult<()> {
     if !crate::op::in_op(core) {
         return Ok(());
     }
@@ -137,7 +175,7 @@ fn cover_structure(core: &Core, st: &InodeState, range: ByteRange) -> FsResult<(
         });
         return Err(FsError::need_token(missing));
     }
-    cover(core, st, range, true)
+    Ok(())
 }
 
 /// After a change of shape: tell the manager (phase C), so that requests made for the
@@ -235,7 +273,9 @@ fn load_block(core: &Core, st: &InodeState, idx: u64) -> FsResult<bool> {
 /// are read again (another node may have changed them meanwhile); blocks it did not
 /// change at all are dropped and read when next needed.
 pub fn refresh_cached(core: &Core, h: &crate::core::InodeHandle) -> FsResult<()> {
-    let st = h.state.read();
+    // In write: another operation of this node may be reading the cached blocks (it
+    // found a block where it located it and must keep finding it there).
+    let st = h.state.write();
     let dirty: Vec<(u64, DiskAddress)> = {
         let mut cache = st.dir_blocks.lock();
         cache.retain(|_, n| n.dirty_pages != 0);
@@ -398,7 +438,8 @@ fn place(core: &Core, st: &mut InodeState, entry: DirEntry) -> FsResult<()> {
     let len = entry.encoded_len();
     if is_inline(st) {
         // The entries are inode content.
-        cover_structure(core, st, ByteRange::WHOLE)?;
+        cover_structure(core, st)?;
+        cover_cookie(core, st, cookie, true)?;
         let used = match &st.inode.content {
             InodeContent::InlineDir(e) => entries_encoded_len(e),
             _ => 0,
@@ -424,7 +465,7 @@ fn place(core: &Core, st: &mut InodeState, entry: DirEntry) -> FsResult<()> {
             st.add_entries(1);
             return Ok(());
         }
-        cover_structure(core, st, block_cookies(st, idx))?;
+        cover_structure(core, st)?;
         split_or_grow(core, st, idx)?;
         shape_changed(core, st.inode.ino)?;
     }
@@ -433,10 +474,9 @@ fn place(core: &Core, st: &mut InodeState, entry: DirEntry) -> FsResult<()> {
 /// Take the entry at `cookie` out (inode or block).
 fn take(core: &Core, st: &mut InodeState, cookie: u64) -> FsResult<()> {
     if is_inline(st) {
-        cover_structure(core, st, ByteRange::WHOLE)?;
-    } else {
-        cover_cookie(core, st, cookie, true)?;
+        cover_structure(core, st)?;
     }
+    cover_cookie(core, st, cookie, true)?;
     if let InodeContent::InlineDir(e) = &mut st.inode.content {
         e.retain(|x| x.cookie != cookie);
     } else {
@@ -517,7 +557,7 @@ pub fn force_out_of_inode(core: &Core, st: &mut InodeState) -> FsResult<()> {
         InodeContent::InlineDir(e) => entries_encoded_len(e),
         _ => return Ok(()),
     };
-    cover_structure(core, st, ByteRange::WHOLE)?;
+    cover_structure(core, st)?;
     leave_inode(core, st, used.max(64))?;
     shape_changed(core, st.inode.ino)
 }
@@ -674,8 +714,15 @@ fn close_gap(core: &Core, st: &mut InodeState, freed: u64) -> FsResult<()> {
 /// that stays within its page needs only the page; one that crosses into another page
 /// may move entries between pages, which can overfill one: that takes the block.
 fn cover_removal(core: &Core, st: &InodeState, freed: u64) -> FsResult<()> {
-    if !crate::op::in_op(core) || is_inline(st) {
+    if !crate::op::in_op(core) {
         return Ok(());
+    }
+    if is_inline(st) || holds_exclusive(core, st) {
+        // Under the inode in `xw`: every cookie of the run may change hands.
+        if is_inline(st) {
+            cover_structure(core, st)?;
+        }
+        return cover_run(core, st, freed);
     }
     let page = page_range(core, st, freed)?;
     let mut end = freed;
@@ -688,9 +735,20 @@ fn cover_removal(core: &Core, st: &InodeState, freed: u64) -> FsResult<()> {
     if end + 1 < page.end {
         return cover(core, st, page, true);
     }
-    // The run reaches the page's end: it may go on in the next page.
-    let idx = locate(core, st, freed)?;
-    cover_structure(core, st, block_cookies(st, idx))
+    // The run reaches the page's end: it may go on in the next page, and moving
+    // entries between pages may overfill one. That takes the directory inode.
+    cover_structure(core, st)?;
+    cover_run(core, st, freed)
+}
+
+/// Under the directory inode in `xw`: the names from `freed` to the end of the run of
+/// occupied cookies after it (the entries `close_gap` may move, and their new places).
+fn cover_run(core: &Core, st: &InodeState, freed: u64) -> FsResult<()> {
+    let mut end = freed;
+    while end < COOKIE_MAX && entry_at(core, st, end + 1)?.is_some() {
+        end += 1;
+    }
+    cover(core, st, ByteRange::new(freed, end.saturating_add(1)), true)
 }
 
 /// Point an existing entry at another inode (rename over an existing name).
@@ -710,10 +768,9 @@ pub fn replace(
         }
     };
     if is_inline(st) {
-        cover_structure(core, st, ByteRange::WHOLE)?;
-    } else {
-        cover_cookie(core, st, entry.cookie, true)?;
+        cover_structure(core, st)?;
     }
+    cover_cookie(core, st, entry.cookie, true)?;
     let upd = |e: &mut DirEntry| {
         if e.cookie == entry.cookie {
             e.ino = ino;

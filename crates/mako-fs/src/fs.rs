@@ -250,7 +250,13 @@ impl FileSystem {
         // Not a directory (any more): said before its "names" are looked for.
         self.live_dir(&p.state.read())?;
         let inline = matches!(p.state.read().inode.content, InodeContent::InlineDir(_));
-        self.need(p.ino, if inline { Need::Exclusive } else { Need::Write })?;
+        if inline {
+            // Asked for on the condition that the directory is still in its inode as
+            // this node last saw it; once it has left, `rw` is granted instead.
+            directory::cover_structure(&self.core, &p.state.read())?;
+        } else {
+            self.need(p.ino, Need::Write)?;
+        }
         crate::metanode::prepare(&self.core, p)?;
         self.need_name(p, name, TokenMode::Xw)?;
         crate::metanode::defer_report(&self.core, p)

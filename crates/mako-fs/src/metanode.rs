@@ -484,14 +484,14 @@ fn locate(core: &Core, h: &InodeHandle) -> FsResult<()> {
                 .metanode = Some(n);
             Ok(())
         }
-        // The manager no longer counts this node as a writer: its token was revoked
-        // after this node looked at its own (a caller with no hold, such as the block
-        // fetch between an operation's attempts). The operation must acquire it again.
-        None => Err(FsError::need_token(crate::op::missing_inode(
-            core,
-            h.ino,
-            crate::coherence::Need::Write,
-        ))),
+        // No metanode, and the manager no longer counts this node as a writer: its
+        // write token was revoked after this node looked at its own (phase A holds
+        // nothing, nor does the block fetch between an operation's attempts). The
+        // operation starts again and asks for what it needs.
+        None => Err(FsError::need_token(
+            core.tokens
+                .inode_missing(h.ino, crate::coherence::Need::Cache),
+        )),
     }
 }
 
@@ -620,6 +620,10 @@ pub fn fetch_blocks(
                 s.reported = Some((size, view.1, view.2));
             }
         }
+        // A directory's blocks move only with a change of its shape, under its inode in
+        // `xw`, which takes this node's `rw` (and this shared view) away first: its
+        // `rw` token keeps every address steady (it has no data tokens).
+        let directory = st.inode.mode & crate::fs::S_IFMT == crate::fs::S_IFDIR;
         if let Some(s) = st.shared.as_mut() {
             for (unit, da, sb) in list {
                 // An address is this node's to keep only while no other node can move
@@ -631,7 +635,7 @@ pub fn fetch_blocks(
                     end: unit.saturating_add(1).saturating_mul(bb),
                 };
                 let mine = covered && unit >= first && unit < last.max(first + 1);
-                if !mine && !core.tokens.client().holds_steadily(data, range) {
+                if !mine && !directory && !core.tokens.client().holds_steadily(data, range) {
                     continue;
                 }
                 // What this node set itself is newer than the metanode's answer.

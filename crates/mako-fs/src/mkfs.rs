@@ -130,9 +130,11 @@ pub const FIRST_USER_INO: u64 = 16;
 /// Inodes per inode-map segment.
 pub const INODES_PER_SEGMENT: u32 = 32768;
 /// Inodes per segment of a file system several nodes mount: each node hands out numbers
-/// from segments of its own, and the inode file grows (densely) up to the highest
-/// number in use, so smaller segments keep every node's first numbers low.
-pub const INODES_PER_SEGMENT_SHARED: u32 = 1024;
+/// from segments of its own (node k starts with segment k), and the inode file grows
+/// (densely) up to the highest number in use, so small segments keep every node's
+/// first numbers low: with 4,096 nodes and 4 KiB inodes the inode file reaches 1 GiB
+/// when the last node creates its first file (4 MiB per node with 1,024).
+pub const INODES_PER_SEGMENT_SHARED: u32 = 64;
 /// Default number of allocation regions.
 pub const REGIONS_DEFAULT: u32 = 32;
 /// Most recovery logs (nodes): their inodes lie between the log's first inode and
@@ -294,10 +296,31 @@ pub fn format_disks(
         .map(|e| e.size_bytes / bb - first)
         .min()
         .unwrap_or(1);
+    // Every node allocates only in regions it owns (docs/coherence.md section 6), so a
+    // file system needs at least one region per node that may mount it: a node left
+    // without one could not allocate a single block (the inode file's block of its
+    // first inode numbers, a directory block), whatever the free space elsewhere.
+    let blocks_cap = min_blocks.min(u32::MAX as u64) as u32;
     let regions = params
         .regions
-        .unwrap_or(REGIONS_DEFAULT)
-        .clamp(1, min_blocks.min(u32::MAX as u64) as u32);
+        .unwrap_or(REGIONS_DEFAULT.max(params.log_count))
+        .clamp(1, blocks_cap);
+    if regions < params.log_count {
+        return Err(FsError::Invalid(format!(
+            "{regions} allocation regions for {} nodes: every node needs a region of its own; {}",
+            params.log_count,
+            if params.regions.is_some_and(|r| r < params.log_count)
+                && blocks_cap >= params.log_count
+            {
+                format!("ask for at least {} regions", params.log_count)
+            } else {
+                format!(
+                    "the smallest disk has {min_blocks} blocks (a region is at least one block of every disk): use disks of at least {} blocks or fewer nodes",
+                    params.log_count
+                )
+            }
+        )));
+    }
     let total: u64 = entries.iter().map(|e| e.size_bytes).sum();
     let inodes_max = params
         .inodes_max
@@ -383,8 +406,19 @@ pub fn format_disks(
     let slot_alloc = core.alloc_slot_bytes as u64;
     let slot_imap = core.imap.slot_bytes() as u64;
     let nseg = InodeMap::segment_count(inodes_max, per_segment) as u64;
+    // The inode file grows densely up to the highest number in use, under its token
+    // in `xw`, which every node that reads inodes holds in `ro`: a growth revokes them
+    // all. So a file system several nodes mount starts with room for every node's first
+    // segment (node k starts with segment k): a node's first creates grow nothing.
+    let inode_file_bytes = if params.log_count > 1 {
+        (params.log_count as u64 * per_segment as u64 * geo.inode_bytes as u64)
+            .next_multiple_of(bb)
+            .max(bb)
+    } else {
+        bb
+    };
     let mut metafiles = vec![
-        (INODE_FILE_INO, bb),
+        (INODE_FILE_INO, inode_file_bytes),
         (BLOCK_ALLOC_MAP_INO, regions as u64 * slot_alloc),
         (INODE_ALLOC_MAP_INO, nseg * slot_imap),
     ];
@@ -421,17 +455,20 @@ pub fn format_disks(
     }
     let inode_file_start = core.metafile_blocks.read()[&INODE_FILE_INO][0];
     core.desc.lock().inode_file_start = inode_file_start;
-    // The inode file's first block starts blank; the log starts empty and clean (both
-    // header copies; the start of the circular area zeroed, so that nothing left on a
-    // reused disk looks like a transaction).
-    core.nsd.write(
-        inode_file_start,
-        &vec![0u8; bb as usize],
-        IoTag {
-            buffer_type: BufferType::Inode,
-            ino: 0,
-        },
-    )?;
+    // The inode file starts blank; the log starts empty and clean (both header copies;
+    // the start of the circular area zeroed, so that nothing left on a reused disk
+    // looks like a transaction).
+    let inode_file_blocks = core.metafile_blocks.read()[&INODE_FILE_INO].clone();
+    for da in inode_file_blocks {
+        core.nsd.write(
+            da,
+            &vec![0u8; bb as usize],
+            IoTag {
+                buffer_type: BufferType::Inode,
+                ino: 0,
+            },
+        )?;
+    }
     for (node, log_ino) in logs.enumerate() {
         let log = LogHeader {
             node: node as u32,

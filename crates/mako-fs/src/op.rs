@@ -96,11 +96,19 @@ pub fn run<T>(core: &Core, mut f: impl FnMut() -> FsResult<T>) -> FsResult<T> {
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if let Some(h) = core.cached_handle(ino) {
                     // The holds are gone: what is kept is what a steady token covers.
-                    match crate::metanode::fetch_blocks(core, &h, unit, unit + 1, false) {
-                        // The inode token went meanwhile: the next attempt finds it
-                        // missing and acquires it (three-node seed 88).
+                    let fetched = crate::metanode::fetch_blocks(core, &h, unit, unit + 1, false);
+                    // With no hold, this node's write token may have been revoked
+                    // meanwhile (then there is nobody to ask, or this node is no longer
+                    // a writer): the next attempt asks for the token again (three-node
+                    // seed 88).
+                    let writer = matches!(
+                        core.tokens.inode_mode(ino),
+                        Some(TokenMode::Rw) | Some(TokenMode::Xw)
+                    );
+                    match fetched {
                         Err(FsError::NeedToken(_)) => {}
-                        r => r?,
+                        Err(e) if writer => return Err(e),
+                        _ => {}
                     }
                 }
             }

@@ -5,8 +5,9 @@
 //!
 //! - **Taking.** Tokens of regions and segments are taken with `no_revoke`: a node gets
 //!   one nobody holds, never another node's. At mount a node of a cluster takes its
-//!   share (`r % nodes == node`, the file system's `log_count` being the most nodes it
-//!   was made for) and gives up the in-memory claim on the rest; when its space or its
+//!   share of regions (`r % nodes == node`, the file system's `log_count` being the most
+//!   nodes it was made for; mkfs makes at least one region per node) and inode-map
+//!   segment `node`, and gives up the in-memory claim on the rest; when its space or its
 //!   inode numbers run out it takes one more, reading its map from disk (the last owner
 //!   wrote it in place when its token left). A file system with one log is mounted by
 //!   one node: it owns everything and takes no token at all.
@@ -106,8 +107,12 @@ pub fn claim_at_mount(core: &Core) -> FsResult<()> {
             core.alloc.disown(r);
         }
     }
+    // One inode-map segment each, numbered like the nodes: the inode file grows densely
+    // up to the highest number in use, so the nodes' first numbers must be the lowest
+    // ones (spread over the whole map, node k of n would make the inode file k/n of its
+    // largest size with its first create). More are taken when these run out.
     for s in 0..core.imap.segments() {
-        let mine = s as u32 % n == me && take(core, core.tokens.segment(s as u32))?;
+        let mine = s as u32 == me && take(core, core.tokens.segment(s as u32))?;
         if !mine {
             core.imap.disown(s);
         }
@@ -139,13 +144,13 @@ fn take_and_own(core: &Core, resource: ResourceId) -> FsResult<bool> {
 fn acquire_one(
     core: &Core,
     count: usize,
+    start: usize,
     owned: impl Fn(usize) -> bool,
     resource: impl Fn(u32) -> ResourceId,
 ) -> FsResult<bool> {
-    if !shared(core) {
+    if !shared(core) || count == 0 {
         return Ok(false);
     }
-    let start = core.node as usize * count / nodes(core) as usize;
     for k in 0..count {
         let i = (start + k) % count;
         if !owned(i) && take_and_own(core, resource(i as u32))? {
@@ -157,9 +162,12 @@ fn acquire_one(
 
 /// Take one more allocation region nobody owns (this node's space ran out).
 pub fn acquire_region(core: &Core) -> FsResult<bool> {
+    let count = core.alloc.region_count();
     acquire_one(
         core,
-        core.alloc.region_count(),
+        count,
+        // Regions are spread: this node's share lies around its own number.
+        core.node as usize * count / nodes(core) as usize,
         |r| core.alloc.is_owned(r),
         |r| core.tokens.region(r),
     )
@@ -170,6 +178,9 @@ pub fn acquire_segment(core: &Core) -> FsResult<bool> {
     acquire_one(
         core,
         core.imap.segments(),
+        // Past every node's first segment (taken at mount), lowest first: the inode
+        // file stays as small as the numbers in use allow.
+        nodes(core) as usize,
         |s| core.imap.is_owned(s),
         |s| core.tokens.segment(s),
     )

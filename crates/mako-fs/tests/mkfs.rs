@@ -95,3 +95,39 @@ fn every_node_has_its_own_log() {
         assert!(e.to_string().contains("recovery logs"), "{e}");
     }
 }
+
+/// Every node allocates only in regions of its own: mkfs refuses fewer regions than
+/// nodes (a node without one could not allocate a block), and says what to change.
+#[test]
+fn a_region_for_every_node() {
+    let d = MemDisks::new(1, 16 << 20);
+    let meta = vec![mako_fs::mkfs::DiskMeta {
+        name: "d0".into(),
+        pool: "system".into(),
+        failure_group: 1,
+        usage: mako_format::disk_header::DiskUsage::DataAndMetadata,
+    }];
+    let e = mako_fs::mkfs::format_disks(
+        d.as_dyn(),
+        &meta,
+        &MkfsParams {
+            log_count: 3,
+            regions: Some(2),
+            ..small_params()
+        },
+    )
+    .expect_err("2 regions for 3 nodes");
+    assert!(e.to_string().contains("region of its own"), "{e}");
+    assert!(e.to_string().contains("at least 3 regions"), "{e}");
+    // With as many regions as nodes it formats.
+    mako_fs::mkfs::format_disks(
+        d.as_dyn(),
+        &meta,
+        &MkfsParams {
+            log_count: 3,
+            regions: Some(3),
+            ..small_params()
+        },
+    )
+    .expect("3 regions for 3 nodes");
+}

@@ -99,9 +99,11 @@ impl ClusterConfig {
             block_bytes: self.block_bytes,
             indirect_bytes: 4096,
             inode_bytes: 4096,
-            inodes_max: Some(100_000),
+            // Room for every node's first inode-map segments (64 numbers each).
+            inodes_max: Some(100_000u64.max(self.nodes as u64 * 64 * 4)),
             log_bytes: self.log_bytes,
-            regions: Some(8),
+            // A region of its own for every node (mkfs refuses fewer).
+            regions: Some(8u32.max(self.nodes)),
             log_count: self.nodes,
             reproducible: Some(Reproducible {
                 uuid_seed: seed,

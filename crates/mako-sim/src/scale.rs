@@ -3,7 +3,9 @@
 //! create one file in a new shared directory (4,096 in the issue), and M nodes each
 //! write their own 47,008-byte record of one shared file (1,024). What comes out: the
 //! simulated time from the first operation's start to the last one's end, the network
-//! messages per operation (by service), and the busiest node's message count.
+//! messages per operation (by service), and the busiest node's message count. After
+//! the run every file must be there exactly once and every record read back exact
+//! from another node than its writer, and fsck must find the file system clean.
 
 use crate::cluster::{ClusterConfig, SimCluster, Thief};
 use crate::net::NetStats;
@@ -21,8 +23,26 @@ use std::time::Duration;
 pub enum ScaleWorkload {
     /// Every node creates `f<node>` in the new directory `/storm`.
     CreateStorm,
+    /// The same in a directory that node 0 filled with `PREFILLED` names first, so
+    /// that it lives in directory blocks: the nodes create under the directory in `rw`
+    /// and their names' pages in `xw`.
+    CreateStormInBlocks,
     /// Every node writes record `node` of `/records`.
     SharedFileRecords,
+}
+
+/// Names node 0 puts in `/storm` before `CreateStormInBlocks` (more than an inode
+/// holds).
+pub const PREFILLED: u32 = 256;
+
+impl ScaleWorkload {
+    fn prefilled(self) -> u32 {
+        if self == ScaleWorkload::CreateStormInBlocks {
+            PREFILLED
+        } else {
+            0
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -33,6 +53,9 @@ pub struct ScaleReport {
     pub simulated: Duration,
     /// Operations that returned an error (they all returned).
     pub errors: Vec<String>,
+    /// What the check after the run found wrong: a file missing or listed twice, a
+    /// record that does not read back exactly, fsck's findings.
+    pub check_failures: Vec<String>,
     /// Network traffic of the measured phase only.
     pub net: NetStats,
     /// Real time the whole run took (mounts included).
@@ -70,9 +93,165 @@ impl fmt::Display for ScaleReport {
     }
 }
 
-/// Run `workload` on `nodes` nodes (seeded like the simulation). Fails only if the
-/// run cannot complete: the cluster cannot be built or mounted, or the simulation
-/// deadlocks, hangs or panics.
+impl ScaleReport {
+    /// Everything went right: every operation succeeded and the check after the run
+    /// (every file present exactly once, every record exact, fsck clean) found nothing.
+    pub fn ok(&self) -> Result<(), String> {
+        if self.errors.is_empty() && self.check_failures.is_empty() {
+            return Ok(());
+        }
+        let mut m = format!(
+            "{:?} on {} nodes: {} of {} operations failed, {} check failures",
+            self.workload,
+            self.nodes,
+            self.errors.len(),
+            self.nodes,
+            self.check_failures.len()
+        );
+        for e in self.errors.iter().chain(&self.check_failures).take(10) {
+            m.push_str("\n  ");
+            m.push_str(e);
+        }
+        Err(m)
+    }
+}
+
+/// Check what the phase made, from other nodes than the ones that made it: every
+/// `f<n>` in `/storm` exactly once (and nothing else), or every record of `/records`
+/// exactly as its node wrote it (records of different nodes share blocks: each must
+/// survive the others' writes).
+fn check_result(
+    cluster: &SimCluster,
+    workload: ScaleWorkload,
+    nodes: u32,
+    errors: &[String],
+) -> Vec<String> {
+    let mut bad = Vec::new();
+    let fs0 = cluster.fs(0).expect("node 0");
+    let Ok(target) = fs0.lookup(
+        ROOT_INO,
+        match workload {
+            ScaleWorkload::CreateStorm | ScaleWorkload::CreateStormInBlocks => b"storm",
+            ScaleWorkload::SharedFileRecords => b"records",
+        },
+    ) else {
+        return vec!["the shared directory or file is gone".into()];
+    };
+    let failed = |n: u32| errors.iter().any(|e| e.starts_with(&format!("node {n}:")));
+    match workload {
+        ScaleWorkload::CreateStorm | ScaleWorkload::CreateStormInBlocks => {
+            // The whole listing, from the last node (not the directory's first user).
+            let lister = cluster.fs(nodes - 1).expect("mounted");
+            let mut names: Vec<Vec<u8>> = Vec::new();
+            let mut after = 0;
+            loop {
+                match lister.readdir(target.ino, after, 256) {
+                    Ok(page) if page.is_empty() => break,
+                    Ok(page) => {
+                        after = page.last().expect("not empty").cookie;
+                        names.extend(
+                            page.into_iter()
+                                .map(|e| e.name)
+                                .filter(|n| n != b"." && n != b".."),
+                        );
+                    }
+                    Err(e) => {
+                        bad.push(format!("readdir of /storm on node {}: {e}", nodes - 1));
+                        break;
+                    }
+                }
+            }
+            let mut sorted = names.clone();
+            sorted.sort();
+            sorted.dedup();
+            if sorted.len() != names.len() {
+                bad.push(format!(
+                    "readdir lists {} names, {} distinct",
+                    names.len(),
+                    sorted.len()
+                ));
+            }
+            for n in 0..nodes {
+                let name = format!("f{n}");
+                let listed = names.iter().filter(|x| x == &name.as_bytes()).count();
+                let want = usize::from(!failed(n));
+                if listed != want {
+                    bad.push(format!("{name} listed {listed} times, expected {want}"));
+                }
+                // Looked up by another node than its creator.
+                let other = cluster.fs((n + 1) % nodes).expect("mounted");
+                match (other.lookup(target.ino, name.as_bytes()), want) {
+                    (Ok(_), 1) | (Err(mako_fs::error::FsError::NotFound(_)), 0) => {}
+                    (r, _) => bad.push(format!(
+                        "lookup of {name} on node {}: {:?}",
+                        (n + 1) % nodes,
+                        r.map(|a| a.ino)
+                    )),
+                }
+            }
+            let made = (0..nodes).filter(|n| !failed(*n)).count() + workload.prefilled() as usize;
+            if names.len() != made {
+                bad.push(format!(
+                    "{} names in /storm, {made} made ({} by node 0 first)",
+                    names.len(),
+                    workload.prefilled()
+                ));
+            }
+        }
+        ScaleWorkload::SharedFileRecords => {
+            for n in 0..nodes {
+                if failed(n) {
+                    continue;
+                }
+                let reader = (n + 1) % nodes;
+                let fs = cluster.fs(reader).expect("mounted");
+                let want = crate::ops::pattern(n as u64 + 1, RECORD_BYTES as usize);
+                match fs.read(target.ino, n as u64 * RECORD_BYTES, RECORD_BYTES as u32) {
+                    Ok(got) if got == want => {}
+                    Ok(got) => {
+                        let first = got
+                            .iter()
+                            .zip(&want)
+                            .position(|(a, b)| a != b)
+                            .unwrap_or(got.len().min(want.len()));
+                        let zeros = got[first..].iter().take(64).all(|b| *b == 0);
+                        let own = fs
+                            .read(target.ino, n as u64 * RECORD_BYTES, RECORD_BYTES as u32)
+                            .map(|again| again == want);
+                        let writer = cluster
+                            .fs(n)
+                            .expect("mounted")
+                            .read(target.ino, n as u64 * RECORD_BYTES, RECORD_BYTES as u32)
+                            .map(|again| again == want);
+                        bad.push(format!(
+                            "record {n} read on node {reader}: {} bytes, first difference at byte {first}{} (read again there: {own:?}, on its writer: {writer:?})",
+                            got.len(),
+                            if zeros { ", zeros from there" } else { "" }
+                        ))
+                    }
+                    Err(e) => bad.push(format!("record {n} read on node {reader}: {e}")),
+                }
+            }
+            match fs0.getattr(target.ino) {
+                Ok(a) if errors.is_empty() && a.size != nodes as u64 * RECORD_BYTES => {
+                    bad.push(format!(
+                        "/records is {} bytes, {} expected",
+                        a.size,
+                        nodes as u64 * RECORD_BYTES
+                    ))
+                }
+                Ok(_) => {}
+                Err(e) => bad.push(format!("stat of /records: {e}")),
+            }
+        }
+    }
+    bad
+}
+
+/// Run `workload` on `nodes` nodes (seeded like the simulation), check the result and
+/// fsck the file system after unmounting. Fails (Err) only if the run cannot complete:
+/// the cluster cannot be built or mounted, or the simulation deadlocks, hangs or
+/// panics; failed operations and checks are in the report (`ScaleReport::ok`).
 pub fn run_scale(workload: ScaleWorkload, nodes: u32, seed: u64) -> Result<ScaleReport, String> {
     let started = std::time::Instant::now();
     let sim = Sim::new(
@@ -86,6 +265,10 @@ pub fn run_scale(workload: ScaleWorkload, nodes: u32, seed: u64) -> Result<Scale
     );
     let mut config = ClusterConfig::small(nodes);
     config.thief = Thief::Off;
+    // Disks sized for the node count: a region of every disk per node and each node's
+    // share of the inode file (64 inodes of 4 KiB), with room to spare. Only what is
+    // written takes memory.
+    config.disk_bytes = config.disk_bytes.max(nodes as u64 * (1 << 20));
     // A node's pagepool need not be big for one small operation.
     config.pagepool_bytes = 1 << 20;
     let cluster = SimCluster::new(&sim, config)?;
@@ -94,6 +277,7 @@ pub fn run_scale(workload: ScaleWorkload, nodes: u32, seed: u64) -> Result<Scale
         phase_end: Duration,
         net: Option<NetStats>,
         errors: Vec<String>,
+        check_failures: Vec<String>,
         failure: Option<String>,
     }
     let shared = Arc::new(Mutex::new(Shared {
@@ -101,6 +285,7 @@ pub fn run_scale(workload: ScaleWorkload, nodes: u32, seed: u64) -> Result<Scale
         phase_end: Duration::ZERO,
         net: None,
         errors: Vec::new(),
+        check_failures: Vec::new(),
         failure: None,
     }));
     {
@@ -116,7 +301,14 @@ pub fn run_scale(workload: ScaleWorkload, nodes: u32, seed: u64) -> Result<Scale
             let fs0 = cluster.fs(0).expect("node 0");
             let ctx = Ctx::default();
             let target = match workload {
-                ScaleWorkload::CreateStorm => fs0.mkdir(ctx, ROOT_INO, b"storm", 0o755, 0),
+                ScaleWorkload::CreateStorm | ScaleWorkload::CreateStormInBlocks => {
+                    fs0.mkdir(ctx, ROOT_INO, b"storm", 0o755, 0).and_then(|d| {
+                        for i in 0..workload.prefilled() {
+                            fs0.create(ctx, d.ino, format!("p{i}").as_bytes(), 0o644, 0, true)?;
+                        }
+                        Ok(d)
+                    })
+                }
                 ScaleWorkload::SharedFileRecords => {
                     fs0.create(ctx, ROOT_INO, b"records", 0o644, 0, true)
                 }
@@ -127,7 +319,7 @@ pub fn run_scale(workload: ScaleWorkload, nodes: u32, seed: u64) -> Result<Scale
             cluster.net.reset_stats();
             let pending = Arc::new(AtomicU64::new(nodes as u64));
             let name = match workload {
-                ScaleWorkload::CreateStorm => &b"storm"[..],
+                ScaleWorkload::CreateStorm | ScaleWorkload::CreateStormInBlocks => &b"storm"[..],
                 ScaleWorkload::SharedFileRecords => &b"records"[..],
             };
             for n in 0..nodes {
@@ -139,7 +331,7 @@ pub fn run_scale(workload: ScaleWorkload, nodes: u32, seed: u64) -> Result<Scale
                     let start = now();
                     let fs = cluster.fs(n).expect("mounted");
                     let r = fs.lookup(ROOT_INO, name).and_then(|a| match workload {
-                        ScaleWorkload::CreateStorm => fs
+                        ScaleWorkload::CreateStorm | ScaleWorkload::CreateStormInBlocks => fs
                             .create(ctx, a.ino, format!("f{n}").as_bytes(), 0o644, 0, true)
                             .map(|_| ()),
                         ScaleWorkload::SharedFileRecords => {
@@ -161,6 +353,9 @@ pub fn run_scale(workload: ScaleWorkload, nodes: u32, seed: u64) -> Result<Scale
             }
             mako_diag::sched::block_until("scale phase", || pending.load(Ordering::SeqCst) == 0);
             shared.lock().net = Some(cluster.net.stats());
+            let errors = shared.lock().errors.clone();
+            let bad = check_result(&cluster, workload, nodes, &errors);
+            shared.lock().check_failures = bad;
             for n in 0..nodes {
                 if let Err(e) = cluster.unmount(n) {
                     return fail(format!("unmount of node {n}: {e}"));
@@ -178,11 +373,16 @@ pub fn run_scale(workload: ScaleWorkload, nodes: u32, seed: u64) -> Result<Scale
         cluster.abandon();
         return Err(f.clone());
     }
+    let mut check_failures = s.check_failures.clone();
+    if let Err(e) = cluster.fsck() {
+        check_failures.push(e);
+    }
     Ok(ScaleReport {
         workload,
         nodes,
         simulated: s.phase_end - s.phase_start.unwrap_or_default(),
         errors: s.errors.clone(),
+        check_failures,
         net: s.net.clone().unwrap_or_default(),
         wall: started.elapsed(),
     })
