@@ -1,0 +1,277 @@
+//! Replay on shared disks (docs/coherence.md section 7): a node's log must never lay an
+//! old image over a structure another node changed after the token covering it left.
+//!
+//! Two nodes of one file system run in one process on in-memory disks (as in
+//! `two_nodes.rs`). Node A changes an inode and a directory page and commits them to
+//! its log; node B takes the tokens (A writes both in place and revokes its images in
+//! its log), changes both again and commits to its own log. The disks are then copied
+//! as a crash would leave them, and the logs are replayed: A's alone after B's changes
+//! reached their place, and both logs in either order while B's changes were only in
+//! B's log. The result must be B's inode and page every time, and fsck clean.
+//!
+//! `Journal::set_revoke_fault` makes A write no revoke records; the last test shows
+//! that the checks above then catch A's replay undoing B's changes.
+
+use mako_disk::{Disk, MemDisk};
+use mako_fs::env::NodeEnv;
+use mako_fs::fs::{Ctx, FileSystem, SetAttr, ROOT_INO};
+use mako_fs::mount::{mount_node, Mounted};
+use mako_fs::test_util::{small_config, small_params, MemDisks};
+use mako_fs::{FsConfig, MkfsParams};
+use mako_rt::{InProcessTransport, NodeId, Registry, ServiceId, SystemClock};
+use mako_token::{ManagerMap, ManagerService, TokenManager};
+use std::sync::Arc;
+
+const CTX: Ctx = Ctx {
+    uid: 0,
+    gid: 0,
+    pid: 1,
+};
+
+/// Names node A creates in the directory: enough to move it out of the inode into a
+/// directory block, so that its entries live in logged directory pages.
+const NAMES: usize = 150;
+const MODE_A: u32 = 0o600;
+const MODE_B: u32 = 0o640;
+
+fn config() -> FsConfig {
+    FsConfig {
+        background_workers: false,
+        ..small_config()
+    }
+}
+
+/// Mount nodes `nodes` of the file system on `disks`, meeting through one in-process
+/// registry with the token manager on node 0 (mounted or not).
+fn mount_nodes(disks: &MemDisks, nodes: &[u32]) -> Vec<Mounted> {
+    let registry = Registry::new();
+    registry.register(
+        NodeId(0),
+        ServiceId::TokenManager,
+        Arc::new(ManagerService {
+            manager: Arc::new(TokenManager::default()),
+        }),
+    );
+    nodes
+        .iter()
+        .map(|&i| {
+            let env = NodeEnv {
+                node: i,
+                fs_index: 0,
+                clock: Arc::new(SystemClock::new()),
+                transport: Arc::new(InProcessTransport::new(NodeId(i), registry.clone())),
+                managers: ManagerMap::single(NodeId(0)),
+                fs_manager: NodeId(0),
+                registry: Some(registry.clone()),
+            };
+            mount_node(disks.as_dyn(), config(), env).expect("mount")
+        })
+        .collect()
+}
+
+/// The disks as a crash leaves them: every completed write, nothing more.
+fn crash_copy(disks: &MemDisks) -> MemDisks {
+    MemDisks {
+        disks: disks
+            .disks
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let img = d.snapshot();
+                let m = MemDisk::new(&format!("d{i}"), img.len() as u64);
+                m.write_at(&img, 0).unwrap();
+                Arc::new(m)
+            })
+            .collect(),
+    }
+}
+
+fn chmod(fs: &FileSystem, ino: u64, mode: u32) {
+    fs.setattr(
+        ino,
+        SetAttr {
+            mode: Some(mode),
+            ..SetAttr::default()
+        },
+    )
+    .expect("chmod");
+}
+
+/// What the scenario built: the live cluster, the directory and the file.
+struct Scenario {
+    disks: MemDisks,
+    nodes: Vec<Mounted>,
+    dir: u64,
+    file: u64,
+}
+
+/// A changes the file's inode and the directory's pages and commits them to its log;
+/// B takes the tokens, changes both again (a chmod, a new name) and commits to its log.
+/// With `b_in_place`, B also checkpoints, so its changes are in place and its log empty.
+fn scenario(revoke_fault: bool, b_in_place: bool) -> Scenario {
+    let disks = MemDisks::new(4, 64 << 20);
+    disks.format(&MkfsParams {
+        log_count: 2,
+        ..small_params()
+    });
+    let nodes = mount_nodes(&disks, &[0, 1]);
+    nodes[0].core().journal.set_revoke_fault(revoke_fault);
+    let (a, b) = (&nodes[0].fs, &nodes[1].fs);
+    let dir = a.mkdir(CTX, ROOT_INO, b"d", 0o755, 0).unwrap().ino;
+    for i in 0..NAMES {
+        a.create(CTX, dir, format!("a{i}").as_bytes(), 0o644, 0, true)
+            .unwrap();
+    }
+    let file = a.create(CTX, dir, b"f", 0o644, 0, true).unwrap().ino;
+    chmod(a, file, MODE_A);
+    nodes[0].core().journal.commit(nodes[0].core()).unwrap();
+    // B's lookups and changes revoke A's tokens: A writes the directory and the inode in
+    // place (and, unless the fault is on, revokes their images in its log).
+    assert_eq!(b.lookup(dir, b"f").unwrap().ino, file);
+    chmod(b, file, MODE_B);
+    b.create(CTX, dir, b"b", 0o644, 0, true).unwrap();
+    let core_b = nodes[1].core();
+    if b_in_place {
+        core_b.journal.quiesce(core_b).unwrap();
+    } else {
+        core_b.journal.commit(core_b).unwrap();
+    }
+    Scenario {
+        disks,
+        nodes,
+        dir,
+        file,
+    }
+}
+
+impl Scenario {
+    /// Unmount the live cluster and check its disks (the crash copies are separate).
+    fn finish(self) {
+        for m in self.nodes.into_iter().rev() {
+            m.unmount().expect("unmount");
+        }
+        fsck_clean(&self.disks, "the live cluster");
+    }
+}
+
+/// After a crash copy was replayed: mount every node and unmount it again, as the
+/// cluster coming back up would, so that each log is replayed and marked clean.
+fn restart(disks: &MemDisks) {
+    for m in mount_nodes(disks, &[0, 1]).into_iter().rev() {
+        m.unmount().expect("unmount");
+    }
+}
+
+fn fsck_clean(disks: &MemDisks, what: &str) {
+    let r = mako_fsck::check_offline(
+        disks.as_dyn(),
+        &mako_fsck::Options::check(),
+        &mako_fsck::NoProgress,
+    )
+    .expect("fsck runs");
+    assert!(r.is_clean(), "{what}: {}", r.render());
+}
+
+/// What a mount of node 0 alone sees on `disks`: the file's mode and whether B's name
+/// and every one of A's names are there.
+fn seen(disks: &MemDisks, s: &Scenario) -> (u32, bool, usize) {
+    let m = mount_nodes(disks, &[0]).remove(0);
+    let mode = m.fs.getattr(s.file).expect("stat").mode & 0o7777;
+    let b_name = m.fs.lookup(s.dir, b"b").is_ok();
+    let a_names = (0..NAMES)
+        .filter(|i| m.fs.lookup(s.dir, format!("a{i}").as_bytes()).is_ok())
+        .count();
+    m.unmount().expect("unmount");
+    (mode, b_name, a_names)
+}
+
+/// Replay the logs of `order` in place, as mounts (or fsck -y) would.
+fn replay(disks: &MemDisks, order: &[u32]) -> Vec<mako_fs::recovery::ReplayReport> {
+    let (desc, dyn_disks) = mako_fs::mount::find_descriptor(disks.as_dyn()).unwrap();
+    let nsd = mako_disk::LocalNsd::new(dyn_disks, 16);
+    order
+        .iter()
+        .map(|&n| mako_fs::recovery::replay(&nsd, &desc, n).expect("replay"))
+        .collect()
+}
+
+/// (a) B's changes are in place; A's log, replayed as A remounts after a crash, still
+/// holds its images of the inode and the pages, revoked: B's changes stay.
+#[test]
+fn replaying_a_log_keeps_what_another_node_wrote_since() {
+    let s = scenario(false, true);
+    let crashed = crash_copy(&s.disks);
+    let r = replay(&crash_copy(&s.disks), &[0]).remove(0);
+    // The real path: node 0 mounts alone and replays its own log.
+    assert_eq!(seen(&crashed, &s), (MODE_B, true, NAMES));
+    assert!(
+        r.transactions > 0 && r.revoked > 0,
+        "A's log held revoked images: {r:?}"
+    );
+    assert!(r.summary().contains("not replayed"), "{}", r.summary());
+    restart(&crashed);
+    fsck_clean(&crashed, "after A's replay");
+    s.finish();
+}
+
+/// (b) B's changes are only in B's log: both logs replayed, in either order, give the
+/// same disks, with B's inode and pages.
+#[test]
+fn two_logs_replayed_in_either_order_give_the_same_result() {
+    let s = scenario(false, false);
+    let ab = crash_copy(&s.disks);
+    let ba = crash_copy(&s.disks);
+    let r = replay(&ab, &[0, 1]);
+    replay(&ba, &[1, 0]);
+    for (x, y) in ab.disks.iter().zip(&ba.disks) {
+        assert!(
+            x.snapshot() == y.snapshot(),
+            "the order of replay changed what is on disk"
+        );
+    }
+    assert_eq!(seen(&ab, &s), (MODE_B, true, NAMES));
+    assert!(r[0].revoked > 0 && r[1].transactions > 0, "{r:?}");
+    restart(&ab);
+    fsck_clean(&ab, "after both replays");
+    s.finish();
+}
+
+/// The checks above catch a log without revoke records: A's replay then undoes B's
+/// chmod and drops B's name (leaving B's file without a name, which fsck reports), and
+/// the order of replay matters.
+#[test]
+fn without_revokes_a_replay_undoes_the_other_nodes_changes() {
+    let s = scenario(true, true);
+    let crashed = crash_copy(&s.disks);
+    let (mode, b_name, _) = seen(&crashed, &s);
+    assert_eq!(
+        (mode, b_name),
+        (MODE_A, false),
+        "A's old images were replayed"
+    );
+    restart(&crashed);
+    let r = mako_fsck::check_offline(
+        crashed.as_dyn(),
+        &mako_fsck::Options::check(),
+        &mako_fsck::NoProgress,
+    )
+    .expect("fsck runs");
+    assert!(!r.is_clean(), "fsck finds B's file without its name");
+    assert!(
+        r.of_kind(mako_fsck::ProblemKind::LogReplay)
+            .next()
+            .is_none(),
+        "what fsck finds is the damage, not the crash: {}",
+        r.render()
+    );
+    s.finish();
+
+    let s = scenario(true, false);
+    let ab = crash_copy(&s.disks);
+    let ba = crash_copy(&s.disks);
+    replay(&ab, &[0, 1]);
+    replay(&ba, &[1, 0]);
+    assert_eq!(seen(&ab, &s).0, MODE_B);
+    assert_eq!(seen(&ba, &s).0, MODE_A, "the last log replayed wins");
+    s.finish();
+}
