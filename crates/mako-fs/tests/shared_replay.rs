@@ -2,9 +2,10 @@
 //! old image over a structure another node changed after the token covering it left.
 //!
 //! Two nodes of one file system run in one process on in-memory disks (as in
-//! `two_nodes.rs`). Node A changes an inode and a directory page and commits them to
-//! its log; node B takes the tokens (A writes both in place and revokes its images in
-//! its log), changes both again and commits to its own log. The disks are then copied
+//! `two_nodes.rs`). Node A changes an inode, directory pages and a file's indirect
+//! block and commits them to its log; node B takes the tokens (A writes them in place
+//! and revokes its images in its log), changes all three again and commits to its own
+//! log. The disks are then copied
 //! as a crash would leave them, and the logs are replayed: A's alone after B's changes
 //! reached their place, and both logs in either order while B's changes were only in
 //! B's log. The result must be B's inode and page every time, and fsck clean.
@@ -33,6 +34,10 @@ const CTX: Ctx = Ctx {
 const NAMES: usize = 150;
 const MODE_A: u32 = 0o600;
 const MODE_B: u32 = 0o640;
+/// A's file with an indirect block (past the inode's 64 direct pointers of 64 KiB),
+/// and what B appends to it: a new pointer in that indirect block.
+const BIG_A: usize = 5 << 20;
+const TAIL_B: usize = 64 << 10;
 
 fn config() -> FsConfig {
     FsConfig {
@@ -103,6 +108,7 @@ struct Scenario {
     nodes: Vec<Mounted>,
     dir: u64,
     file: u64,
+    big: u64,
 }
 
 /// A changes the file's inode and the directory's pages and commits them to its log;
@@ -124,12 +130,21 @@ fn scenario(revoke_fault: bool, b_in_place: bool) -> Scenario {
     }
     let file = a.create(CTX, dir, b"f", 0o644, 0, true).unwrap().ino;
     chmod(a, file, MODE_A);
+    let big = a.create(CTX, ROOT_INO, b"big", 0o644, 0, true).unwrap().ino;
+    a.write(big, 0, &pattern(1, BIG_A), false).unwrap();
+    a.fsync(big, false).unwrap();
     nodes[0].core().journal.commit(nodes[0].core()).unwrap();
     // B's lookups and changes revoke A's tokens: A writes the directory and the inode in
     // place (and, unless the fault is on, revokes their images in its log).
     assert_eq!(b.lookup(dir, b"f").unwrap().ino, file);
     chmod(b, file, MODE_B);
     b.create(CTX, dir, b"b", 0o644, 0, true).unwrap();
+    // B takes the big file's inode exclusively (it becomes its metanode) and appends a
+    // block: a new pointer in the indirect block A wrote in place.
+    chmod(b, big, MODE_B);
+    b.write(big, BIG_A as u64, &pattern(2, TAIL_B), false)
+        .unwrap();
+    b.fsync(big, false).unwrap();
     let core_b = nodes[1].core();
     if b_in_place {
         core_b.journal.quiesce(core_b).unwrap();
@@ -141,6 +156,7 @@ fn scenario(revoke_fault: bool, b_in_place: bool) -> Scenario {
         nodes,
         dir,
         file,
+        big,
     }
 }
 
@@ -172,17 +188,44 @@ fn fsck_clean(disks: &MemDisks, what: &str) {
     assert!(r.is_clean(), "{what}: {}", r.render());
 }
 
-/// What a mount of node 0 alone sees on `disks`: the file's mode and whether B's name
-/// and every one of A's names are there.
-fn seen(disks: &MemDisks, s: &Scenario) -> (u32, bool, usize) {
+/// What a mount of node 0 alone sees on `disks`.
+#[derive(Debug, PartialEq, Eq)]
+struct Seen {
+    /// The file's mode (A's or B's chmod).
+    mode: u32,
+    /// B's name in the directory, and how many of A's.
+    b_name: bool,
+    a_names: usize,
+    /// The big file: its size, and whether its last block holds what B appended.
+    big_size: u64,
+    b_tail: bool,
+}
+
+/// What B's changes leave, every one of them there.
+fn b_wins() -> Seen {
+    Seen {
+        mode: MODE_B,
+        b_name: true,
+        a_names: NAMES,
+        big_size: (BIG_A + TAIL_B) as u64,
+        b_tail: true,
+    }
+}
+
+fn seen(disks: &MemDisks, s: &Scenario) -> Seen {
     let m = mount_nodes(disks, &[0]).remove(0);
-    let mode = m.fs.getattr(s.file).expect("stat").mode & 0o7777;
-    let b_name = m.fs.lookup(s.dir, b"b").is_ok();
-    let a_names = (0..NAMES)
-        .filter(|i| m.fs.lookup(s.dir, format!("a{i}").as_bytes()).is_ok())
-        .count();
+    let fs = &m.fs;
+    let seen = Seen {
+        mode: fs.getattr(s.file).expect("stat").mode & 0o7777,
+        b_name: fs.lookup(s.dir, b"b").is_ok(),
+        a_names: (0..NAMES)
+            .filter(|i| fs.lookup(s.dir, format!("a{i}").as_bytes()).is_ok())
+            .count(),
+        big_size: fs.getattr(s.big).expect("stat").size,
+        b_tail: fs.read(s.big, BIG_A as u64, TAIL_B as u32).ok() == Some(pattern(2, TAIL_B)),
+    };
     m.unmount().expect("unmount");
-    (mode, b_name, a_names)
+    seen
 }
 
 /// Replay the logs of `order` in place, as mounts (or fsck -y) would.
@@ -203,7 +246,7 @@ fn replaying_a_log_keeps_what_another_node_wrote_since() {
     let crashed = crash_copy(&s.disks);
     let r = replay(&crash_copy(&s.disks), &[0]).remove(0);
     // The real path: node 0 mounts alone and replays its own log.
-    assert_eq!(seen(&crashed, &s), (MODE_B, true, NAMES));
+    assert_eq!(seen(&crashed, &s), b_wins());
     assert!(
         r.transactions > 0 && r.revoked > 0,
         "A's log held revoked images: {r:?}"
@@ -229,7 +272,7 @@ fn two_logs_replayed_in_either_order_give_the_same_result() {
             "the order of replay changed what is on disk"
         );
     }
-    assert_eq!(seen(&ab, &s), (MODE_B, true, NAMES));
+    assert_eq!(seen(&ab, &s), b_wins());
     assert!(r[0].revoked > 0 && r[1].transactions > 0, "{r:?}");
     restart(&ab);
     fsck_clean(&ab, "after both replays");
@@ -237,17 +280,17 @@ fn two_logs_replayed_in_either_order_give_the_same_result() {
 }
 
 /// The checks above catch a log without revoke records: A's replay then undoes B's
-/// chmod and drops B's name (leaving B's file without a name, which fsck reports), and
-/// the order of replay matters.
+/// chmod, drops B's name (leaving B's file without a name, which fsck reports) and
+/// B's pointer to the block it appended, and the order of replay matters.
 #[test]
 fn without_revokes_a_replay_undoes_the_other_nodes_changes() {
     let s = scenario(true, true);
     let crashed = crash_copy(&s.disks);
-    let (mode, b_name, _) = seen(&crashed, &s);
+    let got = seen(&crashed, &s);
     assert_eq!(
-        (mode, b_name),
-        (MODE_A, false),
-        "A's old images were replayed"
+        (got.mode, got.b_name, got.b_tail),
+        (MODE_A, false, false),
+        "A's old images were replayed: {got:?}"
     );
     restart(&crashed);
     let r = mako_fsck::check_offline(
@@ -271,8 +314,8 @@ fn without_revokes_a_replay_undoes_the_other_nodes_changes() {
     let ba = crash_copy(&s.disks);
     replay(&ab, &[0, 1]);
     replay(&ba, &[1, 0]);
-    assert_eq!(seen(&ab, &s).0, MODE_B);
-    assert_eq!(seen(&ba, &s).0, MODE_A, "the last log replayed wins");
+    assert_eq!(seen(&ab, &s).mode, MODE_B);
+    assert_eq!(seen(&ba, &s).mode, MODE_A, "the last log replayed wins");
     s.finish();
 }
 
