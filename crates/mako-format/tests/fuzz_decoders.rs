@@ -641,9 +641,15 @@ fn fuzz_log_transaction() {
         LogImage::trimmed(DiskAddress::new(2, 4096), &[9u8; 512]),
     ];
     let uuid = [4u8; 16];
-    let txn = encode_txn(0, uuid, 8192, 3, images.iter());
+    // A revoke record too, so mutations reach both record kinds (version 2).
+    let revokes = [LogRevoke {
+        da: DiskAddress::new(3, 128),
+        length: 4096,
+        upto_seq: 2,
+    }];
+    let txn = encode_txn_with(0, uuid, 8192, 3, &revokes, images.iter());
     // Header and payload are checked together: what replay does with the bytes it reads.
-    let decode = |b: &[u8]| -> Result<Vec<LogImage>, mako_format::FormatError> {
+    let decode = |b: &[u8]| -> Result<Vec<LogRecord>, mako_format::FormatError> {
         let h = TxnHeader::decode(b, 0, uuid, 8192, Location::Memory)?;
         let payload = b.get(TXN_HEADER_BYTES..).unwrap_or(&[]);
         h.decode_payload(payload, Location::Memory)
@@ -666,11 +672,22 @@ fn fuzz_log_transaction() {
         covered: usize::MAX,
         decode: &decode,
         reseal: &reseal,
-        encode: &|images: &Vec<LogImage>| {
-            encode_txn(0, uuid, 8192, 3, images.iter());
-            for i in images {
+        encode: &|records: &Vec<LogRecord>| {
+            let mut images = Vec::new();
+            let mut revokes = Vec::new();
+            for r in records {
+                match r {
+                    LogRecord::Image(i) => images.push(i.clone()),
+                    LogRecord::Revoke(r) => revokes.push(*r),
+                }
+            }
+            encode_txn_with(0, uuid, 8192, 3, &revokes, images.iter());
+            for i in &images {
                 let mut buf = vec![0u8; 4096];
                 i.apply(DiskAddress::new(i.da.disk(), i.da.sector()), &mut buf);
+                for r in &revokes {
+                    r.overlaps(i);
+                }
             }
         },
     });

@@ -27,7 +27,9 @@
 //! data → sync → log transaction → sync → (checkpoint) metadata in place → sync →
 //! log header (tail) → sync. Replay after a crash writes every image from the tail to
 //! the last valid transaction; images are physical, so replay is idempotent and
-//! rewrites any metadata block torn by a crash during write-back.
+//! rewrites any metadata block torn by a crash during write-back. A token leaving the
+//! node (`write_in_place`): commit → images in place → sync → revoke records in the log
+//! → sync, so that no replay of this log undoes what the next holder writes.
 //!
 //! ## Freed space
 //! Space freed by a transaction is quarantined (`AllocMap::free`) until that
@@ -45,7 +47,7 @@ use mako_disk::BufferType;
 use mako_format::log_header::{
     LogHeader, LOG_HEADER_BYTES, LOG_HEADER_OFFSETS, LOG_RECORDS_OFFSET,
 };
-use mako_format::log_record::{encode_txn, LogImage};
+use mako_format::log_record::{encode_txn_with, LogImage, LogRevoke};
 use mako_format::DiskAddress;
 use parking_lot::Mutex;
 use std::cell::RefCell;
@@ -63,6 +65,8 @@ pub static JOURNAL_PENDING_LOCK: LockClass = LockClass::new("log.overlay");
 
 /// A log image with the kind of buffer it describes.
 type TypedImage = (BufferType, Arc<LogImage>);
+/// A snapshot of the running transaction: its sequence number, images and revokes.
+type Snapshot = (u64, Vec<TypedImage>, Vec<LogRevoke>);
 
 /// Where the log stands when a file system is mounted (after any replay).
 #[derive(Debug, Clone, Copy)]
@@ -253,6 +257,8 @@ pub struct LogStats {
     pub commits: AtomicU64,
     pub commit_bytes: AtomicU64,
     pub commit_images: AtomicU64,
+    /// Revoke records committed (one per image `write_in_place` wrote).
+    pub commit_revokes: AtomicU64,
     pub gate_waits: AtomicU64,
     pub checkpoints: AtomicU64,
     pub checkpoint_bytes: AtomicU64,
@@ -273,6 +279,11 @@ pub struct Journal {
     /// Images for the running transaction made outside any inode (freed inodes), with
     /// their owner.
     extra: Mutex<Vec<(BufferType, u64, LogImage)>>,
+    /// Revoke records for the running transaction: structures written in place by
+    /// `write_in_place` whose earlier images in this log must never be replayed.
+    revokes: Mutex<Vec<LogRevoke>>,
+    /// TEST ONLY (`set_revoke_fault`): `write_in_place` logs no revokes.
+    revoke_fault: AtomicBool,
     /// Data reached a disk since the last barrier: the next commit syncs first.
     ordered_writes: AtomicBool,
     /// Sequence number the running transaction will get.
@@ -370,6 +381,8 @@ impl Journal {
             ),
             gate_cv: Condvar::new(),
             extra: Mutex::new(Vec::new()),
+            revokes: Mutex::new(Vec::new()),
+            revoke_fault: AtomicBool::new(false),
             ordered_writes: AtomicBool::new(false),
             running_seq: AtomicU64::new(start.next_seq),
             durable_seq: AtomicU64::new(start.next_seq - 1),
@@ -570,14 +583,14 @@ impl Journal {
         // 2. The running transaction is now the one being committed; new operations
         //    go to the next one as soon as the gate opens.
         self.open_gate();
-        let (seq, images) = match snapshot {
+        let (seq, images, revokes) = match snapshot {
             Ok(s) => s,
             Err(e) => {
                 core.go_read_only(&format!("recovery log snapshot failed: {e}"));
                 return Err(e);
             }
         };
-        let r = self.write_txn(core, seq, &images);
+        let r = self.write_txn(core, seq, &images, &revokes);
         if let Err(e) = &r {
             core.go_read_only(&format!("recovery log commit failed: {e}"));
         }
@@ -586,7 +599,7 @@ impl Journal {
 
     /// Encode the running transaction (gate closed). Returns its sequence number and
     /// images; registers the images in the overlay.
-    fn snapshot(&self, core: &Core) -> FsResult<(u64, Vec<TypedImage>)> {
+    fn snapshot(&self, core: &Core) -> FsResult<Snapshot> {
         let seq = self.running_seq.fetch_add(1, Ordering::AcqRel);
         let inos: Vec<u64> = {
             let mut set = self.inbox.inodes.lock();
@@ -599,6 +612,7 @@ impl Journal {
             eprintln!("snapshot seq {seq}: inodes {inos:?}");
         }
         let mut images: Vec<(BufferType, u64, LogImage)> = std::mem::take(&mut *self.extra.lock());
+        let revokes = std::mem::take(&mut *self.revokes.lock());
         for ino in inos {
             let Some(h) = core.cached_handle(ino) else {
                 continue;
@@ -717,7 +731,7 @@ impl Journal {
             });
         }
         let images = owned.into_iter().map(|(k, _, i)| (k, i)).collect();
-        Ok((seq, images))
+        Ok((seq, images, revokes))
     }
 
     /// Write a snapshot to the log and make it durable (steps 4 of the module doc).
@@ -726,9 +740,10 @@ impl Journal {
         core: &Core,
         seq: u64,
         images: &[(BufferType, Arc<LogImage>)],
+        revokes: &[LogRevoke],
     ) -> FsResult<()> {
         let ordered = self.ordered_writes.swap(false, Ordering::AcqRel);
-        if images.is_empty() {
+        if images.is_empty() && revokes.is_empty() {
             if ordered {
                 self.barrier(core)?;
             }
@@ -738,6 +753,9 @@ impl Journal {
         let lsn = self.state.lock().head_lsn;
         if trace_enabled() {
             eprintln!("commit seq {seq} at lsn {lsn} ordered {ordered}:");
+            for r in revokes {
+                eprintln!("  revoke {} len {}", r.da, r.length);
+            }
             for (k, i) in images {
                 eprintln!(
                     "  {:?} {} len {} stored {}",
@@ -748,11 +766,12 @@ impl Journal {
                 );
             }
         }
-        let bytes = encode_txn(
+        let bytes = encode_txn_with(
             self.node,
             self.fs_uuid,
             lsn,
             seq,
+            revokes,
             images.iter().map(|(_, i)| &**i),
         );
         let len = bytes.len() as u64;
@@ -794,6 +813,9 @@ impl Journal {
         self.stats
             .commit_images
             .fetch_add(images.len() as u64, Ordering::Relaxed);
+        self.stats
+            .commit_revokes
+            .fetch_add(revokes.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -921,11 +943,14 @@ impl Journal {
     /// Make `owner`'s metadata durable where the next holder of its token reads it: commit
     /// the running transaction, write `owner`'s committed images in place, sync, and
     /// drop them from the overlay so that no later checkpoint writes them again (another
-    /// node may change them once the token has gone). Called by a revoke, with no
-    /// handle open on this thread (docs/coherence.md section 5).
+    /// node may change them once the token has gone). Then revoke those images in the
+    /// log, durably, before returning: they stay in the log until its tail passes them,
+    /// and a replay of this log (after a crash of this node or of the whole cluster)
+    /// must never lay them over what the next holder wrote since (docs/coherence.md
+    /// section 7). Called by a revoke, with no handle open on this thread (section 5).
     pub fn write_in_place(&self, core: &Core, owner: u64) -> FsResult<()> {
         self.commit(core)?;
-        let _k = self.checkpoint_lock.lock();
+        let k = self.checkpoint_lock.lock();
         let upto = self.durable_seq();
         let addresses: Vec<DiskAddress> = self
             .by_owner
@@ -970,24 +995,48 @@ impl Journal {
             }
         }
         run.flush(core)?;
+        // In place and durable before the log revokes the images: a revoke that reached
+        // the log without them would leave only an older (or torn) copy to recover.
         self.barrier(core)?;
-        let mut pending = self.pending.write();
-        let mut by_owner = self.by_owner.lock();
-        for p in &work {
-            if let Some(v) = pending.get_mut(&p.image.da) {
-                v.retain(|q| !(q.owner == owner && q.seq <= upto));
-                if !v.iter().any(|q| q.owner == owner) {
-                    forget_owner(&mut by_owner, owner, p.image.da);
-                }
-                if v.is_empty() {
-                    pending.remove(&p.image.da);
+        {
+            let mut pending = self.pending.write();
+            let mut by_owner = self.by_owner.lock();
+            for p in &work {
+                if let Some(v) = pending.get_mut(&p.image.da) {
+                    v.retain(|q| !(q.owner == owner && q.seq <= upto));
+                    if !v.iter().any(|q| q.owner == owner) {
+                        forget_owner(&mut by_owner, owner, p.image.da);
+                    }
+                    if v.is_empty() {
+                        pending.remove(&p.image.da);
+                    }
                 }
             }
         }
         self.stats
             .revoke_writes
             .fetch_add(work.len() as u64, Ordering::Relaxed);
-        Ok(())
+        if self.revoke_fault.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        // The revokes cover transactions up to `upto` only: an image of the same address
+        // committed meanwhile (numbered higher) is not in place and stays replayable.
+        // Committed outside the checkpoint lock, which a commit into a full log takes.
+        drop(k);
+        self.revokes.lock().extend(work.iter().map(|p| LogRevoke {
+            da: p.image.da,
+            length: p.image.length,
+            upto_seq: upto,
+        }));
+        // Any commit that takes them makes them durable before it releases the commit
+        // lock, so when this one returns they are in the log.
+        self.commit(core)
+    }
+
+    /// TEST ONLY: write no revoke records (`write_in_place` still writes in place), to
+    /// show that the tests of shared-disk replay catch a log that lacks them.
+    pub fn set_revoke_fault(&self, on: bool) {
+        self.revoke_fault.store(on, Ordering::Relaxed);
     }
 
     pub fn since_checkpoint(&self) -> std::time::Duration {

@@ -8,7 +8,10 @@
 //!    oldest transaction still needed starts.
 //! 3. From the tail, read transaction after transaction; each must have a valid header
 //!    of this node and file system at exactly the expected LSN and a valid payload
-//!    checksum. The first that does not ends the chain.
+//!    checksum. The first that does not ends the chain. The last image of every
+//!    address is kept; a revoke record drops the images it covers from transactions
+//!    up to its `upto_seq` (the node wrote them in place before their token left it,
+//!    and another node may have changed them since: docs/coherence.md section 7).
 //! 4. Is that the end of the log, or damage? Each commit is synced before the next one
 //!    is written, so only the last transaction can be torn: a transaction header of
 //!    this node and file system further on, at the LSN its position has in this lap
@@ -41,7 +44,7 @@ use mako_format::inode::Inode;
 use mako_format::log_header::{
     best_copy, LogHeader, LOG_HEADER_BYTES, LOG_HEADER_OFFSETS, LOG_RECORDS_OFFSET,
 };
-use mako_format::log_record::{TxnHeader, TXN_HEADER_BYTES};
+use mako_format::log_record::{LogRecord, LogRevoke, TxnHeader, IMAGE_BYTES_MAX, TXN_HEADER_BYTES};
 use mako_format::DiskAddress;
 use std::time::{Duration, Instant};
 
@@ -53,6 +56,11 @@ pub struct ReplayReport {
     pub was_clean: bool,
     pub transactions: u64,
     pub images: u64,
+    /// Revoke records read, and images they kept from being replayed: structures this
+    /// node wrote in place before their token left it, which another node may have
+    /// changed since (docs/coherence.md section 7).
+    pub revokes: u64,
+    pub revoked: u64,
     /// Bytes of log read and of metadata written in place.
     pub log_bytes: u64,
     pub image_bytes: u64,
@@ -124,6 +132,12 @@ impl ReplayReport {
                 self.duration.as_millis()
             )
         };
+        if self.revoked > 0 {
+            s.push_str(&format!(
+                "; {} older images not replayed: revoked by {} records (written in place before their token left this node)",
+                self.revoked, self.revokes
+            ));
+        }
         if let Some(t) = &self.torn_tail {
             s.push_str(&format!(
                 "; the last commit was incomplete and is discarded ({t})"
@@ -376,7 +390,7 @@ fn replay_with(
         }
         Ok(())
     };
-    for img in latest.values() {
+    for (_, img) in latest.values() {
         report.image_bytes += img.length as u64;
         let contiguous = run.as_ref().is_some_and(|(da, bytes)| {
             da.disk() == img.da.disk()
@@ -446,12 +460,38 @@ pub fn pending(
         log_ino,
     };
     let (mut report, _, latest) = scan_with(&r, desc, node)?;
-    report.image_bytes = latest.values().map(|i| i.length as u64).sum();
+    report.image_bytes = latest.values().map(|(_, i)| i.length as u64).sum();
     report.duration = started.elapsed();
-    Ok((report, latest.into_values().collect()))
+    Ok((report, latest.into_values().map(|(_, i)| i).collect()))
 }
 
-type Latest = std::collections::BTreeMap<DiskAddress, mako_format::log_record::LogImage>;
+/// The last image of every address, with the sequence number of its transaction.
+type Latest = std::collections::BTreeMap<DiskAddress, (u64, mako_format::log_record::LogImage)>;
+
+/// Drop from `latest` every image the revoke covers: of these sectors, from a
+/// transaction up to the revoke's `upto_seq`. Returns how many were dropped.
+fn revoke(latest: &mut Latest, rv: &LogRevoke) -> u64 {
+    // Images start at most `IMAGE_BYTES_MAX` before the revoked range and still reach it.
+    let from = DiskAddress::new(
+        rv.da.disk(),
+        rv.da
+            .sector()
+            .saturating_sub(IMAGE_BYTES_MAX as u64 / mako_format::SECTOR_BYTES),
+    );
+    let to = DiskAddress::new(
+        rv.da.disk(),
+        rv.da.sector() + rv.length as u64 / mako_format::SECTOR_BYTES,
+    );
+    let gone: Vec<DiskAddress> = latest
+        .range(from..to)
+        .filter(|(_, (seq, img))| *seq <= rv.upto_seq && rv.overlaps(img))
+        .map(|(da, _)| *da)
+        .collect();
+    for da in &gone {
+        latest.remove(da);
+    }
+    gone.len() as u64
+}
 
 /// Where and why a chain of transactions stopped.
 struct ChainStop {
@@ -555,9 +595,17 @@ fn scan_chain(
         if crate::journal::trace_enabled() {
             eprintln!("replay seq {} at lsn {at}: {} images", th.seq, images.len());
         }
-        report.images += images.len() as u64;
-        for img in images {
-            latest.insert(img.da, img);
+        for rec in images {
+            match rec {
+                LogRecord::Image(img) => {
+                    report.images += 1;
+                    latest.insert(img.da, (th.seq, img));
+                }
+                LogRecord::Revoke(rv) => {
+                    report.revokes += 1;
+                    report.revoked += revoke(latest, &rv);
+                }
+            }
         }
         report.transactions += 1;
         report.log_bytes += total;
@@ -622,8 +670,7 @@ fn scan_with(
         ..ReplayReport::default()
     };
     // 3. Scan, transaction by transaction; keep the last image of every address.
-    let mut latest: std::collections::BTreeMap<DiskAddress, mako_format::log_record::LogImage> =
-        std::collections::BTreeMap::new();
+    let mut latest = Latest::new();
     // Every transaction of this lap lies in the window of `capacity` bytes from the
     // tail the header names: the header is written before space is reused.
     let window_end = header.tail_lsn + capacity;
@@ -669,7 +716,7 @@ fn scan_with(
     // Images of one log window never overlap at different addresses (freed space is
     // not reused before a checkpoint), which is checked: if they did, order would matter.
     let mut prev_end: Option<(u32, u64)> = None;
-    for (da, img) in &latest {
+    for (da, (_, img)) in &latest {
         if let Some((disk, end)) = prev_end {
             if disk == da.disk() && da.sector() < end {
                 return Err(FsError::integrity(

@@ -48,13 +48,26 @@ pub struct FlushHolds {
 /// Write an inode's dirty data back (write-behind's work, done now). Metadata is not
 /// written here: it reaches disk through the recovery log (`journal`).
 pub fn flush_inode(core: &Core, h: &InodeHandle) -> FsResult<()> {
-    if core.pool.keys_of(h.ino, true).is_empty() {
+    let dirty = core.pool.keys_of(h.ino, true);
+    if dirty.is_empty() {
         return Ok(());
     }
-    let Some(_holds) = flush_holds(core, h.ino, 0..u64::MAX / core.block_bytes()) else {
+    let Ok(_inode) = core
+        .tokens
+        .try_hold_inode(h.ino, crate::coherence::Need::Write)
+    else {
         return Ok(());
     };
-    file_io::flush_data(core, h)?;
+    // Each dirty block under a hold of its own block's data token: this node may hold
+    // the file's data token over part of the file only (another node holds the rest),
+    // and one hold over the whole file then failed and wrote nothing back — an fsync
+    // on such a node returned without its data. A block whose hold fails is being
+    // revoked, and the revoke writes it back.
+    for (_, b) in dirty {
+        if let Some(_holds) = flush_holds(core, h.ino, b..b + 1) {
+            file_io::flush_block(core, h, b)?;
+        }
+    }
     crate::metanode::report(core, h)
 }
 

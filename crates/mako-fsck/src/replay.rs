@@ -112,6 +112,13 @@ fn problem(r: &ReplayReport, ino: u64, replayed: bool) -> Option<Problem> {
             r.tail_lsn,
             r.head_lsn
         );
+        if r.revoked > 0 {
+            what += &format!(
+                "; {} older images in it are revoked ({} revoke records: written in place before their token left the node, \
+                 perhaps changed by another node since) and are not replayed",
+                r.revoked, r.revokes
+            );
+        }
     } else {
         what += "no committed transaction";
     }

@@ -80,6 +80,12 @@ impl SimDisk {
         }
     }
 
+    /// The disk's bytes now: what a crash of every node at this moment leaves (the
+    /// simulation has no volatile write cache).
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.data.lock().clone()
+    }
+
     pub fn stats(&self) -> SimDiskStats {
         SimDiskStats {
             reads: self.reads.load(Ordering::Relaxed),

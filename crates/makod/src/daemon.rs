@@ -728,6 +728,7 @@ impl Daemon {
                 ("log_commits", &j.commits),
                 ("log_bytes", &j.commit_bytes),
                 ("log_images", &j.commit_images),
+                ("log_revokes", &j.commit_revokes),
                 ("log_barriers", &j.barriers),
                 ("log_gate_waits", &j.gate_waits),
                 ("log_checkpoints", &j.checkpoints),
@@ -738,6 +739,7 @@ impl Daemon {
             let r = &m.recovery;
             c.push(("log_replayed_transactions".to_string(), r.transactions));
             c.push(("log_replayed_images".to_string(), r.images));
+            c.push(("log_replay_revoked_images".to_string(), r.revoked));
             c.push((
                 "log_replay_millis".to_string(),
                 r.duration.as_millis() as u64,

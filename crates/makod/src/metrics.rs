@@ -352,6 +352,9 @@ fn counter_help(name: &str) -> String {
         "log_commits" => "Recovery log transactions committed (made durable).",
         "log_bytes" => "Bytes written to the recovery log.",
         "log_images" => "Metadata images (inodes, pages, blocks) logged.",
+        "log_revokes" => {
+            "Revoke records logged: images written in place before their token left this node."
+        }
         "log_barriers" => "Disk syncs done by log commits and checkpoints.",
         "log_gate_waits" => "Operations that waited for a log commit to take its snapshot.",
         "log_checkpoints" => {
@@ -361,7 +364,10 @@ fn counter_help(name: &str) -> String {
         "log_replayed_transactions" => {
             "Log transactions replayed when this file system was mounted."
         }
-        "log_replayed_images" => "Metadata images written by that replay.",
+        "log_replayed_images" => "Metadata images read by that replay.",
+        "log_replay_revoked_images" => {
+            "Images that replay skipped: revoked, as another node may have changed them since."
+        }
         "log_replay_millis" => "Milliseconds the replay at mount took.",
         _ => "",
     };
