@@ -72,13 +72,15 @@ impl Thief {
 }
 
 impl ClusterConfig {
-    /// The simulation's usual cluster: three 32 MiB disks (memory is only used where
-    /// written), 64 KiB blocks, a 2 MiB pagepool.
+    /// The simulation's usual cluster: three 32 MiB disks (more for more than 48
+    /// nodes; memory is only used where written), 64 KiB blocks, a 2 MiB pagepool.
     pub fn small(nodes: u32) -> ClusterConfig {
         ClusterConfig {
             nodes,
             disks: 3,
-            disk_bytes: 32 << 20,
+            // Each node's recovery log (1 MiB) is made in a region of its own at its
+            // first mount, with room left for its work: about 2 MiB a node.
+            disk_bytes: (32u64 << 20).max((nodes as u64 * (2 << 20) / 3).next_multiple_of(1 << 20)),
             block_bytes: 64 << 10,
             log_bytes: 1 << 20,
             pagepool_bytes: 2 << 20,
@@ -101,7 +103,8 @@ impl ClusterConfig {
             inode_bytes: 4096,
             inodes_max: Some(100_000),
             log_bytes: self.log_bytes,
-            regions: Some(8),
+            // A region per node at least: a node makes its log in its own space.
+            regions: Some(self.nodes.max(8)),
             log_count: self.nodes,
             reproducible: Some(Reproducible {
                 uuid_seed: seed,
