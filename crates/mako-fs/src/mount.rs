@@ -413,7 +413,14 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
         ino,
     };
     // 0. Replay the recovery log before anything reads metadata in place.
-    let recovery = crate::recovery::replay(nsd.as_ref(), &desc, node)?;
+    let mut recovery = crate::recovery::replay(nsd.as_ref(), &desc, node)?;
+    if recovery.absent {
+        // A log made now starts at an LSN no earlier log of this node can have reached
+        // (its blocks may be those of a log fsck removed, transactions and all).
+        let lsn = fresh_log_lsn(env.clock.wall());
+        recovery.tail_lsn = lsn;
+        recovery.head_lsn = lsn;
+    }
     if recovery.transactions > 0 || !recovery.was_clean || desc.mounted {
         tracing::warn!(
             "file system {} was not unmounted cleanly: {}",
@@ -639,7 +646,8 @@ fn create_log(core: &Arc<Core>) -> FsResult<()> {
     core.metafile_blocks.write().insert(ino, leaves);
     // An empty log: both header copies (in use, not clean) and the start of the records
     // zeroed, so that nothing left on reused blocks looks like a transaction.
-    core.journal.write_header(core, 0, 0, false)?;
+    let lsn = core.journal.head_lsn();
+    core.journal.write_header(core, lsn, lsn, false)?;
     core.metafile_write(
         ino,
         mako_format::log_header::LOG_RECORDS_OFFSET,
@@ -685,6 +693,15 @@ fn create_log(core: &Arc<Core>) -> FsResult<()> {
         desc.log_bytes
     );
     Ok(())
+}
+
+/// The first LSN of a log made at wall-clock time `now`: 2^31 per second since the
+/// epoch. LSNs only grow, so a transaction of an earlier log of the node left on blocks
+/// this log reuses could only be taken for one of this log's (same node, same file
+/// system, the LSN its position expects) if that log had written 2 GiB of log per
+/// second of its life; and LSNs stay below 2^63 until the year 2106.
+fn fresh_log_lsn(now: std::time::Duration) -> u64 {
+    now.as_secs().min(u32::MAX as u64) << 31
 }
 
 /// A metadata file built in memory: its inode, its indirect blocks (address, encoded
