@@ -281,11 +281,11 @@ pub fn plan_create(
             short_bytes(LOG_BYTES_MAX)
         );
     }
-    if !(1..=mako_fs::mkfs::LOGS_MAX).contains(&args.nodes) {
+    if !(1..=mako_fs::mkfs::NODES_MAX).contains(&args.nodes) {
         bail!(
-            "-n {}: a file system is created for 1 to {} nodes (one recovery log each)",
+            "-n {}: a file system is created for 1 to {} nodes (each node's recovery log is made at its first mount)",
             args.nodes,
-            mako_fs::mkfs::LOGS_MAX
+            mako_fs::mkfs::NODES_MAX
         );
     }
     if args.pre_split_levels > PRE_SPLIT_LEVELS_MAX {

@@ -18,6 +18,9 @@ pub const RESERVED_BYTES: u64 = 64 * 1024;
 /// Smallest and largest recovery log a descriptor may name (`mako fs create -L`).
 pub const LOG_BYTES_MIN: u64 = 1 << 20;
 pub const LOG_BYTES_MAX: u64 = 1 << 30;
+/// The oldest format version this Mako mounts: version 1 kept at most 12 recovery logs
+/// at fixed inode numbers, version 2 finds them through the log table.
+pub const DESCRIPTOR_VERSION_MIN: u16 = 2;
 const CRC_OFFSET: usize = 10;
 
 /// State of a disk in the file system (`mako disk show`).
@@ -82,8 +85,11 @@ pub struct MetadataInodes {
     pub root_dir: u64,
     pub block_alloc_map: u64,
     pub inode_alloc_map: u64,
-    /// First per-node recovery log; node `n` uses `log_first + n`.
-    pub log_first: u64,
+    /// The log table (`log_table`): where each node's recovery log is. Its inode lies
+    /// in the first block of the inode file and its blocks never change.
+    pub log_table: u64,
+    /// Most nodes that may mount the file system (`mako fs create -n`): the log table
+    /// has a place for each, and regions and inode-map segments are shared among them.
     pub log_count: u32,
     /// First inode number handed to user files.
     pub first_user_inode: u64,
@@ -120,7 +126,27 @@ pub struct Descriptor {
     pub disks: Vec<DiskEntry>,
 }
 
+/// The largest inode limit with this geometry: the inode file, `inode limit × inode
+/// size` bytes, stays within 2^62 bytes (the largest file), below the log inodes'
+/// numbers (`log_table::LOG_INO_BASE`).
+pub fn inodes_max_for(geometry: &Geometry) -> u64 {
+    crate::inode::FILE_BYTES_MAX / geometry.inode_bytes.max(1) as u64
+}
+
 impl Descriptor {
+    /// Refuse a file system of an older format, saying what to do.
+    pub fn check_supported(&self) -> Result<(), String> {
+        if self.version < DESCRIPTOR_VERSION_MIN {
+            return Err(format!(
+                "file system {} has format version {}, made by an older Mako whose recovery logs \
+                 this Mako cannot find (version {} keeps them in a log table); mount it with the \
+                 Mako that made it, copy the files off, and create it again with `mako fs create`",
+                self.fs_name, self.version, DESCRIPTOR_VERSION_MIN
+            ));
+        }
+        Ok(())
+    }
+
     pub fn encode(&self) -> Result<Vec<u8>, FormatError> {
         let mut w = Writer::with_capacity(4096);
         w.u64(DESCRIPTOR_MAGIC);
@@ -152,7 +178,7 @@ impl Descriptor {
         w.u64(m.root_dir);
         w.u64(m.block_alloc_map);
         w.u64(m.inode_alloc_map);
-        w.u64(m.log_first);
+        w.u64(m.log_table);
         w.u32(m.log_count);
         w.u64(m.first_user_inode);
         w.u64(self.inode_file_start.raw());
@@ -263,7 +289,7 @@ impl Descriptor {
             root_dir: r.u64()?,
             block_alloc_map: r.u64()?,
             inode_alloc_map: r.u64()?,
-            log_first: r.u64()?,
+            log_table: r.u64()?,
             log_count: r.u32()?,
             first_user_inode: r.u64()?,
         };
@@ -355,6 +381,32 @@ impl Descriptor {
                 S,
                 location,
                 format!("recovery log of {log_bytes} bytes (a log has {LOG_BYTES_MIN}..{LOG_BYTES_MAX})"),
+            ));
+        }
+        // The node count sizes the log table and loops over nodes; the inode limit
+        // bounds offsets in the inode file (`ino × inode size`), which must stay below
+        // the log inodes' numbers and never overflow.
+        if metadata_inodes.log_count == 0 || metadata_inodes.log_count > crate::log_table::NODES_MAX
+        {
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!(
+                    "{} nodes (a file system has 1..{})",
+                    metadata_inodes.log_count,
+                    crate::log_table::NODES_MAX
+                ),
+            ));
+        }
+        if inodes_max > inodes_max_for(&geometry) {
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!(
+                    "inode limit {inodes_max} (at most {} with {}-byte inodes)",
+                    inodes_max_for(&geometry),
+                    geometry.inode_bytes
+                ),
             ));
         }
         if inode_file_start.is_null()

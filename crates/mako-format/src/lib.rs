@@ -23,6 +23,7 @@ pub mod inode;
 pub mod inode_map_segment;
 pub mod log_header;
 pub mod log_record;
+pub mod log_table;
 pub mod name_hash;
 pub mod xattr;
 
@@ -33,7 +34,10 @@ pub use error::{FormatError, FormatErrorKind};
 pub const SECTOR_BYTES: u64 = 512;
 
 /// Format version written by this build. Decoders accept versions up to this one.
-pub const FORMAT_VERSION: u16 = 1;
+/// Version 2: recovery logs found through the log table (`log_table`), created as
+/// nodes first mount; a version-1 file system (logs at fixed inode numbers) is
+/// refused by its descriptor (`descriptor::DESCRIPTOR_VERSION_MIN`).
+pub const FORMAT_VERSION: u16 = 2;
 
 /// crc32c of `bytes` with the 4 bytes at `crc_offset` treated as zero.
 pub fn checksum_with_hole(bytes: &[u8], crc_offset: usize) -> u32 {

@@ -146,7 +146,7 @@ pub fn sample_descriptor() -> Descriptor {
             root_dir: 1,
             block_alloc_map: 2,
             inode_alloc_map: 3,
-            log_first: 4,
+            log_table: 4,
             log_count: 1,
             first_user_inode: 16,
         },

@@ -515,7 +515,7 @@ impl Core {
         let node = env.node;
         let max_stat_cache = cfg.max_stat_cache;
         let geo = desc.geometry;
-        let log_ino = desc.metadata_inodes.log_first + node as u64;
+        let log_ino = mako_format::log_table::log_ino(node);
         // Integrity failures found by the maps and the token seam are reported here.
         let damage = DamageSink::default();
         alloc.attach_damage(damage.clone());
@@ -627,14 +627,16 @@ impl Core {
         })
     }
 
-    /// True if the inode file already has a slot for `ino` (no growth needed).
+    /// True if the inode file already has a slot for `ino` (no growth needed): the
+    /// block that holds it is allocated (the inode file is sparse).
     pub fn inode_slot_exists(&self, ino: u64) -> bool {
         let inode_file = self.metadata_inodes().inode_file;
         let block = ino * self.inode_bytes() as u64 / self.block_bytes();
         self.metafile_blocks
             .read()
             .get(&inode_file)
-            .is_some_and(|v| (v.len() as u64) > block)
+            .and_then(|v| v.get(block as usize))
+            .is_some_and(|d| !d.is_null())
     }
 
     /// Take a reserved inode number into use, growing the inode file when the number
@@ -656,25 +658,21 @@ impl Core {
         Ok(())
     }
 
+    /// Allocate the inode-file block that holds `ino` if it is a hole. Only that block:
+    /// the inode file is sparse, so a node whose inode-map segments lie far out (each
+    /// node has its own) costs one block, not every block before it.
     fn ensure_inode_slot(&self, ino: u64) -> FsResult<()> {
         let inode_file = self.metadata_inodes().inode_file;
         let block = ino * self.inode_bytes() as u64 / self.block_bytes();
-        let have = |s: &Self| {
-            s.metafile_blocks
-                .read()
-                .get(&inode_file)
-                .map(|v| v.len() as u64)
-                .unwrap_or(0)
-        };
-        if block < have(self) {
+        if self.inode_slot_exists(ino) {
             return Ok(());
         }
         // Under the inode file's exclusive token (the caller holds it): reloaded first if
         // another node grew it since this node last did.
         let h = self.get(inode_file)?;
         let _g = self.inode_file_grow.lock();
-        while have(self) <= block {
-            let b = have(self);
+        if !self.inode_slot_exists(ino) {
+            let b = block;
             let spb = self.geo.subblocks_per_block;
             let da =
                 self.alloc
@@ -692,15 +690,24 @@ impl Core {
             // Written like data: on disk before the log names the block.
             self.journal.note_ordered_write();
             let mut st = h.state.write();
-            crate::block_map::set(self, &mut st, b, da)?;
-            st.inode.size = (b + 1) * self.block_bytes();
+            if let Err(e) = crate::block_map::set(self, &mut st, b, da) {
+                // Mapping the block can need an indirect block this node has no room
+                // for (its regions are full: the operation takes another region and
+                // runs again). The block is the running transaction's own allocation,
+                // so freeing it undoes it exactly; kept, it would leak.
+                drop(st);
+                self.alloc.free(da, spb, inode_file)?;
+                return Err(e);
+            }
+            st.inode.size = st.inode.size.max((b + 1) * self.block_bytes());
             st.inode.subblocks += spb as u64;
             st.mark_dirty();
-            self.metafile_blocks
-                .write()
-                .entry(inode_file)
-                .or_default()
-                .push(da);
+            let mut map = self.metafile_blocks.write();
+            let v = map.entry(inode_file).or_default();
+            if v.len() <= b as usize {
+                v.resize(b as usize + 1, DiskAddress::NULL);
+            }
+            v[b as usize] = da;
         }
         Ok(())
     }
@@ -989,10 +996,17 @@ impl Core {
         )?;
         self.journal.overlay(da, &mut buf);
         let inode = Inode::decode(&buf, self.inode_bytes(), ino, Location::Disk(da))?;
-        let blocks = crate::mount::collect_blocks(self.nsd.as_ref(), &self.geo, &inode)?;
+        let blocks = if ino == desc.metadata_inodes.inode_file {
+            crate::mount::collect_blocks_sparse(self.nsd.as_ref(), &self.geo, &inode)?
+        } else {
+            crate::mount::collect_blocks(self.nsd.as_ref(), &self.geo, &inode)?
+        };
         let mut map = self.metafile_blocks.write();
         let known = map.entry(ino).or_default();
-        if blocks.len() > known.len() {
+        // A metadata file only gains blocks (the inode file fills holes, too): take the
+        // newer list when it knows more blocks.
+        let count = |v: &[DiskAddress]| v.iter().filter(|d| !d.is_null()).count();
+        if count(&blocks) > count(known) {
             *known = blocks;
         }
         drop(map);

@@ -1,6 +1,8 @@
 //! File system creation (`mako fs create`, like mmcrfs): disk headers, the descriptor
 //! on up to three (five) disks, the metadata files (inode file, block allocation map,
-//! inode allocation map, recovery log) and the root directory.
+//! inode allocation map, the log table) and the root directory. No recovery log is
+//! made here: each node's is created the first time it mounts (`mount::create_log`),
+//! so a file system made for many nodes costs a sector and an inode per node, not a log.
 
 use crate::alloc_map::{AllocKind, AllocMap};
 use crate::block_map;
@@ -14,7 +16,6 @@ use mako_format::descriptor::*;
 use mako_format::disk_header::{DiskHeader, DiskUsage};
 use mako_format::geometry::{default_subblocks, Geometry};
 use mako_format::inode::{pointers_in_inode, Inode, InodeContent, FLAG_SYSTEM};
-use mako_format::log_header::LogHeader;
 use mako_format::DiskAddress;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,8 +37,9 @@ pub struct MkfsParams {
     pub avoid_dir_fragments: bool,
     pub dir_pre_split_levels: u8,
     pub regions: Option<u32>,
-    /// Recovery logs to create: one per node that may mount the file system (node `n`
-    /// uses log `n`; like mmcrfs -n it bounds the cluster). 1 to `LOGS_MAX`.
+    /// The most nodes that may mount the file system (like mmcrfs -n): the log table
+    /// has a place for each node's recovery log (created at its first mount), and
+    /// regions and inode-map segments are shared among them. 1 to `NODES_MAX`.
     pub log_count: u32,
     /// Reproducible formatting for simulations and tests that must replay bit-for-bit:
     /// UUIDs derived from a seed and one fixed time for every timestamp mkfs writes.
@@ -125,21 +127,27 @@ pub const INODE_FILE_INO: u64 = 0;
 pub const ROOT_INO: u64 = 1;
 pub const BLOCK_ALLOC_MAP_INO: u64 = 2;
 pub const INODE_ALLOC_MAP_INO: u64 = 3;
-pub const LOG_FIRST_INO: u64 = 4;
+/// The log table (`mako_format::log_table`): where each node's recovery log is.
+pub const LOG_TABLE_INO: u64 = 4;
 pub const FIRST_USER_INO: u64 = 16;
+pub use mako_format::log_table::NODES_MAX;
 /// Inodes per inode-map segment.
 pub const INODES_PER_SEGMENT: u32 = 32768;
 /// Inodes per segment of a file system several nodes mount: each node hands out numbers
-/// from segments of its own (node k starts with segment k), and the inode file grows
-/// (densely) up to the highest number in use, so small segments keep every node's
-/// first numbers low: with 4,096 nodes and 4 KiB inodes the inode file reaches 1 GiB
-/// when the last node creates its first file (4 MiB per node with 1,024).
+/// from segments of its own (node k starts with segment k), and the inode file is
+/// sparse past what mkfs pre-sized (`ensure_inode_slot`), so small segments keep every
+/// node's first numbers in few inode-file blocks.
 pub const INODES_PER_SEGMENT_SHARED: u32 = 64;
-/// Default number of allocation regions.
+/// The largest inode limit mkfs accepts today: the inode allocation map is still read
+/// whole at mount and kept in memory (the inode file itself grows sparsely).
+pub const INODES_MAX_SUPPORTED: u64 = 1 << 32;
+/// At most this many bytes of inode file are allocated and written at mkfs for the
+/// first segments of the nodes the file system is made for (see `format_disks`).
+pub const INODE_FILE_PRESIZE_MAX: u64 = 64 << 20;
+/// Default number of allocation regions (more for a file system made for more nodes).
 pub const REGIONS_DEFAULT: u32 = 32;
-/// Most recovery logs (nodes): their inodes lie between the log's first inode and
-/// the first user inode.
-pub const LOGS_MAX: u32 = (FIRST_USER_INO - LOG_FIRST_INO) as u32;
+/// Blocks of each disk a default region gets at least.
+pub const REGION_BLOCKS_MIN: u64 = 16;
 
 fn range_err(what: &str, v: impl std::fmt::Display, range: &str) -> FsError {
     FsError::Invalid(format!("{what} {v} is out of range ({range})"))
@@ -204,20 +212,36 @@ pub fn validate(params: &MkfsParams) -> FsResult<Geometry> {
             ),
         ));
     }
-    if !(1..=LOGS_MAX).contains(&params.log_count) {
+    if !(1..=NODES_MAX).contains(&params.log_count) {
         return Err(range_err(
-            "number of recovery logs (nodes)",
+            "number of nodes (-n)",
             params.log_count,
-            &format!("1..{LOGS_MAX}"),
+            &format!("1..{NODES_MAX}"),
         ));
     }
-    // Recovery finds the logs' inodes in the first block of the inode file.
-    let logs_end = LOG_FIRST_INO + params.log_count as u64;
-    if logs_end * params.inode_bytes as u64 > params.block_bytes as u64 {
+    // Recovery finds the log table's inode in the first block of the inode file.
+    if (LOG_TABLE_INO + 1) * params.inode_bytes as u64 > params.block_bytes as u64 {
         return Err(FsError::Invalid(format!(
-            "inode size {} with block size {}: the recovery logs' inodes must lie in the first block",
+            "inode size {} with block size {}: the log table's inode must lie in the first block",
             params.inode_bytes, params.block_bytes
         )));
+    }
+    if let Some(n) = params.inodes_max {
+        let most = mako_format::descriptor::inodes_max_for(&geo);
+        if n > most {
+            return Err(range_err(
+                "inode limit (--inodes)",
+                n,
+                &format!("up to {most} with {}-byte inodes", geo.inode_bytes),
+            ));
+        }
+        if n > INODES_MAX_SUPPORTED {
+            return Err(FsError::NotSupported(format!(
+                "inode limit (--inodes) {n}: more than {INODES_MAX_SUPPORTED} inodes is not supported yet \
+                 (every node keeps the whole inode allocation map in memory, and mkfs writes all of it); \
+                 choose at most {INODES_MAX_SUPPORTED}"
+            )));
+        }
     }
     if params.dir_pre_split_levels > 10 {
         return Err(range_err(
@@ -298,12 +322,21 @@ pub fn format_disks(
         .unwrap_or(1);
     // Every node allocates only in regions it owns (docs/coherence.md section 6), so a
     // file system needs at least one region per node that may mount it: a node left
-    // without one could not allocate a single block (the inode file's block of its
-    // first inode numbers, a directory block), whatever the free space elsewhere.
+    // without one could not allocate a single block (its recovery log at its first
+    // mount, the inode file's block of its first inode numbers, a directory block),
+    // whatever the free space elsewhere. By default regions get at least
+    // `REGION_BLOCKS_MIN` blocks per disk (smaller ones leave a node too little space
+    // past the metadata reserve), but never fewer regions than nodes while the disks
+    // have a block per node.
     let blocks_cap = min_blocks.min(u32::MAX as u64) as u32;
+    let by_size = (min_blocks / REGION_BLOCKS_MIN).clamp(1, u32::MAX as u64) as u32;
     let regions = params
         .regions
-        .unwrap_or(REGIONS_DEFAULT.max(params.log_count))
+        .unwrap_or_else(|| {
+            REGIONS_DEFAULT
+                .max(params.log_count)
+                .min(by_size.max(params.log_count))
+        })
         .clamp(1, blocks_cap);
     if regions < params.log_count {
         return Err(FsError::Invalid(format!(
@@ -362,7 +395,7 @@ pub fn format_disks(
             root_dir: ROOT_INO,
             block_alloc_map: BLOCK_ALLOC_MAP_INO,
             inode_alloc_map: INODE_ALLOC_MAP_INO,
-            log_first: LOG_FIRST_INO,
+            log_table: LOG_TABLE_INO,
             log_count: params.log_count,
             first_user_inode: FIRST_USER_INO,
         },
@@ -406,12 +439,16 @@ pub fn format_disks(
     let slot_alloc = core.alloc_slot_bytes as u64;
     let slot_imap = core.imap.slot_bytes() as u64;
     let nseg = InodeMap::segment_count(inodes_max, per_segment) as u64;
-    // The inode file grows densely up to the highest number in use, under its token
-    // in `xw`, which every node that reads inodes holds in `ro`: a growth revokes them
-    // all. So a file system several nodes mount starts with room for every node's first
-    // segment (node k starts with segment k): a node's first creates grow nothing.
+    // The inode file grows (sparsely) under its token in `xw`, which every node that
+    // reads inodes holds in `ro`: a growth revokes them all. So a file system several
+    // nodes mount starts with room for every node's first segment (node k starts with
+    // segment k), so that a node's first creates grow nothing, as far as
+    // `INODE_FILE_PRESIZE_MAX` (every pre-sized byte is written at mkfs) and a 32nd of
+    // the space allow; nodes past that grow the file by one block at their first create.
     let inode_file_bytes = if params.log_count > 1 {
         (params.log_count as u64 * per_segment as u64 * geo.inode_bytes as u64)
+            .min(INODE_FILE_PRESIZE_MAX)
+            .min(total / 32)
             .next_multiple_of(bb)
             .max(bb)
     } else {
@@ -422,8 +459,8 @@ pub fn format_disks(
         (BLOCK_ALLOC_MAP_INO, regions as u64 * slot_alloc),
         (INODE_ALLOC_MAP_INO, nseg * slot_imap),
     ];
-    let logs = LOG_FIRST_INO..LOG_FIRST_INO + params.log_count as u64;
-    metafiles.extend(logs.clone().map(|ino| (ino, params.log_bytes)));
+    let table_bytes = mako_format::log_table::table_bytes(params.log_count, geo.inode_bytes);
+    metafiles.push((LOG_TABLE_INO, table_bytes));
     let mut handles = Vec::new();
     for (ino, bytes) in metafiles {
         let mut inode = Inode::new(ino, 0o100000);
@@ -455,9 +492,8 @@ pub fn format_disks(
     }
     let inode_file_start = core.metafile_blocks.read()[&INODE_FILE_INO][0];
     core.desc.lock().inode_file_start = inode_file_start;
-    // The inode file starts blank; the log starts empty and clean (both header copies;
-    // the start of the circular area zeroed, so that nothing left on a reused disk
-    // looks like a transaction).
+    // The inode file starts blank (every pre-sized block); so do the log table's
+    // entries (no node has a log yet: nothing left on a reused disk may look like one).
     let inode_file_blocks = core.metafile_blocks.read()[&INODE_FILE_INO].clone();
     for da in inode_file_blocks {
         core.nsd.write(
@@ -469,23 +505,13 @@ pub fn format_disks(
             },
         )?;
     }
-    for (node, log_ino) in logs.enumerate() {
-        let log = LogHeader {
-            node: node as u32,
-            log_bytes: params.log_bytes,
-            tail_lsn: 0,
-            head_lsn: 0,
-            clean: true,
-        };
-        for off in mako_format::log_header::LOG_HEADER_OFFSETS {
-            core.metafile_write(log_ino, off, &log.encode(), BufferType::Log)?;
-        }
-        core.metafile_write(
-            log_ino,
-            mako_format::log_header::LOG_RECORDS_OFFSET,
-            &[0u8; 4096],
-            BufferType::Log,
-        )?;
+    let entries = mako_format::log_table::inode_offset(params.log_count, geo.inode_bytes, 0);
+    let zeros = vec![0u8; bb as usize];
+    let mut off = 0;
+    while off < entries {
+        let n = (entries - off).min(bb) as usize;
+        core.metafile_write(LOG_TABLE_INO, off, &zeros[..n], BufferType::Log)?;
+        off += n as u64;
     }
     // The root directory.
     let mut root = Inode::new(ROOT_INO, 0o040755);

@@ -104,6 +104,7 @@ pub fn find_descriptor(disks: Vec<Arc<dyn Disk>>) -> FsResult<(Descriptor, Vec<A
         .max_by_key(|(_, c)| c.generation)
         .map(|(_, c)| c.clone())
         .ok_or_else(|| FsError::Invalid("no valid file system descriptor on any disk".into()))?;
+    best.check_supported().map_err(FsError::Invalid)?;
     let expected = best.descriptor_disks.len();
     let readable = copies
         .iter()
@@ -158,7 +159,28 @@ pub fn read_descriptor(specs: &[DiskSpec]) -> FsResult<Descriptor> {
 }
 
 /// Every block address of a metadata file, by walking its inode's block map directly.
+/// Holes are refused except in the inode file (`collect_blocks_sparse`).
 pub fn collect_blocks(nsd: &dyn Nsd, geo: &Geometry, inode: &Inode) -> FsResult<Vec<DiskAddress>> {
+    collect_blocks_with(nsd, geo, inode, false)
+}
+
+/// `collect_blocks` of the inode file, which grows sparsely: each node hands out
+/// numbers from inode-map segments of its own, and only the blocks that hold inodes in
+/// use are allocated. A hole is `DiskAddress::NULL`.
+pub fn collect_blocks_sparse(
+    nsd: &dyn Nsd,
+    geo: &Geometry,
+    inode: &Inode,
+) -> FsResult<Vec<DiskAddress>> {
+    collect_blocks_with(nsd, geo, inode, true)
+}
+
+fn collect_blocks_with(
+    nsd: &dyn Nsd,
+    geo: &Geometry,
+    inode: &Inode,
+    holes: bool,
+) -> FsResult<Vec<DiskAddress>> {
     let nblocks = inode.size.div_ceil(geo.block_bytes as u64) as usize;
     let bad = |what: String| {
         FsError::integrity(
@@ -204,7 +226,14 @@ pub fn collect_blocks(nsd: &dyn Nsd, geo: &Geometry, inode: &Inode) -> FsResult<
         if out.len() >= want {
             return Ok(());
         }
-        if level == 0 {
+        if level == 0 || ptr.is_null() {
+            if level > 0 {
+                // A hole over a whole subtree.
+                let span = ppi.saturating_pow(level as u32);
+                let n = span.min((want - out.len()) as u64) as usize;
+                out.resize(out.len() + n, DiskAddress::NULL);
+                return Ok(());
+            }
             check(ptr, geo.block_bytes as u64)?;
             out.push(ptr);
             return Ok(());
@@ -259,7 +288,7 @@ pub fn collect_blocks(nsd: &dyn Nsd, geo: &Geometry, inode: &Inode) -> FsResult<
         )?;
     }
     out.truncate(nblocks);
-    if out.len() < nblocks || out.iter().any(|d| d.is_null()) {
+    if out.len() < nblocks || (!holes && out.iter().any(|d| d.is_null())) {
         return Err(bad("it has holes in its block map".into()));
     }
     Ok(out)
@@ -375,11 +404,7 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
     let node = env.node;
     let (mut desc, disks) = find_descriptor(disks)?;
     if node >= desc.metadata_inodes.log_count {
-        return Err(FsError::Invalid(format!(
-            "node {node} has no recovery log in file system {}: it was created for {} node(s) \
-             (`mako fs create -n`)",
-            desc.fs_name, desc.metadata_inodes.log_count
-        )));
+        return Err(crate::recovery::node_out_of_range(&desc, node));
     }
     let geo = desc.geometry;
     let nsd: Arc<dyn Nsd> = Arc::new(LocalNsd::new(disks, cfg.iohist_size));
@@ -388,7 +413,14 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
         ino,
     };
     // 0. Replay the recovery log before anything reads metadata in place.
-    let recovery = crate::recovery::replay(nsd.as_ref(), &desc, node)?;
+    let mut recovery = crate::recovery::replay(nsd.as_ref(), &desc, node)?;
+    if recovery.absent {
+        // A log made now starts at an LSN no earlier log of this node can have reached
+        // (its blocks may be those of a log fsck removed, transactions and all).
+        let lsn = fresh_log_lsn(env.clock.wall());
+        recovery.tail_lsn = lsn;
+        recovery.head_lsn = lsn;
+    }
     if recovery.transactions > 0 || !recovery.was_clean || desc.mounted {
         tracing::warn!(
             "file system {} was not unmounted cleanly: {}",
@@ -408,7 +440,7 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
         m.inode_file,
         Location::Disk(desc.inode_file_start),
     )?;
-    let inode_file_blocks = collect_blocks(nsd.as_ref(), &geo, &inode0)?;
+    let inode_file_blocks = collect_blocks_sparse(nsd.as_ref(), &geo, &inode0)?;
     // 2. The other metadata files' inodes, through the inode file.
     let read_meta_inode = |ino: u64| -> FsResult<Inode> {
         let off = ino * geo.inode_bytes as u64;
@@ -424,12 +456,15 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
         nsd.read(da, &mut b, tag(BufferType::Inode, ino))?;
         Ok(Inode::decode(&b, geo.inode_bytes, ino, Location::Disk(da))?)
     };
-    let log_ino = m.log_first + node as u64;
     let mut others = Vec::new();
-    for ino in [m.block_alloc_map, m.inode_alloc_map, log_ino] {
+    for ino in [m.block_alloc_map, m.inode_alloc_map, m.log_table] {
         let inode = read_meta_inode(ino)?;
         let blocks = collect_blocks(nsd.as_ref(), &geo, &inode)?;
         others.push((ino, inode, blocks));
+    }
+    // This node's log, through the log table (absent at its first mount).
+    if let Some(log) = crate::recovery::find_log(nsd.as_ref(), &desc, node)? {
+        others.push((log.ino, log.inode, log.blocks));
     }
     let mut metafiles = vec![(m.inode_file, inode0.clone(), inode_file_blocks.clone())];
     metafiles.extend(others);
@@ -540,11 +575,18 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
         debug_assert!(h.state.read().inode.flags & FLAG_SYSTEM != 0);
         core.inodes.lock().insert(ino, h);
     }
-    // The log is in use until a clean unmount says otherwise.
-    let head = recovery.head_lsn;
-    core.journal.write_header(&core, head, head, false)?;
-    // A node of a cluster takes its share of the space before anything is allocated.
-    crate::ownership::claim_at_mount(&core)?;
+    if recovery.absent {
+        // The node's first mount: it takes its share of the space, then makes its log
+        // there (which leaves the log in use).
+        crate::ownership::claim_at_mount(&core)?;
+        create_log(&core)?;
+    } else {
+        // The log is in use until a clean unmount says otherwise.
+        let head = recovery.head_lsn;
+        core.journal.write_header(&core, head, head, false)?;
+        // A node of a cluster takes its share of the space before anything is allocated.
+        crate::ownership::claim_at_mount(&core)?;
+    }
     if crate::ownership::shared(&core) {
         // The inode file's inode was read without its token: another node may grow the
         // file at any time, so the first use under the token reads it again.
@@ -562,4 +604,197 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
         workers,
         unmounted: false,
     })
+}
+
+/// Create this node's recovery log at its first mount (`mako_format::log_table`).
+///
+/// Its blocks come from this node's own space (a node of a cluster that owns no region
+/// takes one), allocated in a transaction of the new log itself: the log's header and
+/// the start of its records are written, the transaction that marks its blocks used
+/// is committed into it, and only then are its indirect blocks and inode written in
+/// the node's slot of the log table, and last the node's entry. A crash before the
+/// entry leaves the allocation map on disk unchanged (the transaction lives only in a
+/// log nobody finds), so nothing leaks and nothing is referenced twice; after it, the
+/// log is found and replayed like any other.
+fn create_log(core: &Arc<Core>) -> FsResult<()> {
+    use mako_format::log_table::{log_ino, LogEntry};
+    let desc = core.desc.lock().clone();
+    let geo = desc.geometry;
+    let bb = geo.block_bytes as u64;
+    let ino = log_ino(core.node);
+    let nblocks = desc.log_bytes.div_ceil(bb);
+    // A node past the regions it was given at mount (more nodes than regions, or its
+    // share taken) takes free regions until its log fits.
+    while core.alloc.ready_blocks() < nblocks + 1 {
+        if !crate::ownership::acquire_region(core)? {
+            break;
+        }
+    }
+    let t = core.now();
+    let built = {
+        let _tx = core.begin();
+        build_system_file(core, ino, nblocks, t)
+    };
+    let (inode, indirect, leaves) = built.map_err(|e| match e {
+        FsError::NoSpace(why) => FsError::NoSpace(format!(
+            "no room for node {}'s recovery log of {} bytes in the space this node can take ({why}); \
+             free space or add a disk, or create the file system with a smaller log (-L)",
+            core.node, desc.log_bytes
+        )),
+        e => e,
+    })?;
+    core.metafile_blocks.write().insert(ino, leaves);
+    // An empty log: both header copies (in use, not clean) and the start of the records
+    // zeroed, so that nothing left on reused blocks looks like a transaction.
+    let lsn = core.journal.head_lsn();
+    core.journal.write_header(core, lsn, lsn, false)?;
+    core.metafile_write(
+        ino,
+        mako_format::log_header::LOG_RECORDS_OFFSET,
+        &[0u8; 4096],
+        BufferType::Log,
+    )?;
+    // The allocation of the log's blocks, committed into the log itself.
+    core.journal.commit(core)?;
+    let tag = |bt, ino| IoTag {
+        buffer_type: bt,
+        ino,
+    };
+    for (da, bytes) in &indirect {
+        core.nsd.write(*da, bytes, tag(BufferType::Indirect, ino))?;
+    }
+    let table = core
+        .metafile_blocks
+        .read()
+        .get(&desc.metadata_inodes.log_table)
+        .cloned()
+        .unwrap_or_default();
+    let (entry_da, inode_da) = crate::recovery::table_slots(&desc, &table, core.node)?;
+    core.nsd.write(
+        inode_da,
+        &inode.encode(geo.inode_bytes)?,
+        tag(BufferType::Inode, ino),
+    )?;
+    core.nsd.sync_all()?;
+    let entry = LogEntry {
+        node: core.node,
+        fs_uuid: desc.fs_uuid,
+        log_bytes: desc.log_bytes,
+    };
+    core.nsd
+        .write(entry_da, &entry.encode(), tag(BufferType::Log, ino))?;
+    core.nsd.sync_all()?;
+    let h = core.new_handle(inode);
+    core.inodes.lock().insert(ino, h);
+    tracing::info!(
+        "file system {}: created the recovery log of node {} ({} bytes in {nblocks} blocks)",
+        desc.fs_name,
+        core.node,
+        desc.log_bytes
+    );
+    Ok(())
+}
+
+/// The first LSN of a log made at wall-clock time `now`: 2^31 per second since the
+/// epoch. LSNs only grow, so a transaction of an earlier log of the node left on blocks
+/// this log reuses could only be taken for one of this log's (same node, same file
+/// system, the LSN its position expects) if that log had written 2 GiB of log per
+/// second of its life; and LSNs stay below 2^63 until the year 2106.
+fn fresh_log_lsn(now: std::time::Duration) -> u64 {
+    now.as_secs().min(u32::MAX as u64) << 31
+}
+
+/// A metadata file built in memory: its inode, its indirect blocks (address, encoded
+/// bytes) and its blocks by index.
+pub type SystemFile = (Inode, Vec<(DiskAddress, Vec<u8>)>, Vec<DiskAddress>);
+
+/// A metadata file of `nblocks` whole blocks allocated now (call with a transaction
+/// open): its inode, its indirect blocks (address, encoded bytes) and its blocks by
+/// index. Nothing is written and no handle made: the caller writes it where it lives.
+pub fn build_system_file(
+    core: &Core,
+    ino: u64,
+    nblocks: u64,
+    t: mako_format::inode::Timestamp,
+) -> FsResult<SystemFile> {
+    use crate::alloc_map::AllocKind;
+    let geo = core.geo;
+    let spb = geo.subblocks_per_block;
+    let top = pointers_in_inode(geo.inode_bytes) as u64;
+    let ppi = geo.pointers_per_indirect();
+    let mut depth = 0u8;
+    let mut span = 1u64; // blocks under one pointer of the inode
+    while top.saturating_mul(span) < nblocks {
+        depth += 1;
+        span = span.saturating_mul(ppi);
+    }
+    let mut leaves = Vec::with_capacity(nblocks as usize);
+    for b in 0..nblocks {
+        leaves.push(core.alloc.allocate(AllocKind::Metadata, spb, ino, b)?);
+    }
+    struct Build<'a> {
+        core: &'a Core,
+        ino: u64,
+        ppi: u64,
+        nblocks: u64,
+        leaves: &'a [DiskAddress],
+        writes: Vec<(DiskAddress, Vec<u8>)>,
+    }
+    impl Build<'_> {
+        /// The pointer to the subtree at (`level`, `index`), covering blocks from
+        /// `index × span` where `span` is ppi^level.
+        fn node(&mut self, level: u8, index: u64, span: u64) -> FsResult<DiskAddress> {
+            if level == 0 {
+                return Ok(self
+                    .leaves
+                    .get(index as usize)
+                    .copied()
+                    .unwrap_or(DiskAddress::NULL));
+            }
+            if index.saturating_mul(span) >= self.nblocks {
+                return Ok(DiskAddress::NULL);
+            }
+            let geo = self.core.geo;
+            let da = self.core.alloc.allocate(
+                crate::alloc_map::AllocKind::Metadata,
+                geo.indirect_subblocks(),
+                self.ino,
+                u64::MAX - level as u64,
+            )?;
+            let id = IndirectId {
+                ino: self.ino,
+                level,
+                index,
+            };
+            let mut block = IndirectBlock::new(id, self.ppi as usize);
+            for j in 0..self.ppi {
+                block.pointers[j as usize] =
+                    self.node(level - 1, index * self.ppi + j, span / self.ppi)?;
+            }
+            self.writes.push((da, block.encode(geo.indirect_bytes)));
+            Ok(da)
+        }
+    }
+    let mut b = Build {
+        core,
+        ino,
+        ppi,
+        nblocks,
+        leaves: &leaves,
+        writes: Vec::new(),
+    };
+    let mut ptrs = vec![DiskAddress::NULL; top as usize];
+    for (i, p) in ptrs.iter_mut().enumerate() {
+        *p = b.node(depth, i as u64, span)?;
+    }
+    let writes = b.writes;
+    let mut inode = Inode::new(ino, 0o100000);
+    inode.flags = FLAG_SYSTEM;
+    inode.nlink = 1;
+    (inode.atime, inode.mtime, inode.ctime, inode.crtime) = (t, t, t, t);
+    inode.size = nblocks * geo.block_bytes as u64;
+    inode.subblocks = nblocks * spb as u64 + writes.len() as u64 * geo.indirect_subblocks() as u64;
+    inode.depth = depth;
+    inode.content = InodeContent::Pointers(ptrs);
+    Ok((inode, writes, leaves))
 }

@@ -1,9 +1,13 @@
 //! Replay of a node's recovery log (DESIGN.md 3.6): at mount, and by an offline fsck,
 //! before anything else reads metadata.
 //!
-//! 1. Find the log file without trusting anything a crash may have torn: the log's
-//!    inode lives in the first block of the inode file (`inode_file_start`, fixed at
-//!    creation) and neither it nor the log's block map ever changes after creation.
+//! 1. Find the log file without trusting anything a crash may have torn: the log
+//!    table's inode lives in the first block of the inode file (`inode_file_start`,
+//!    fixed at creation) and its block map never changes; the node's entry in the
+//!    table (one sector, written last when the log is created) says whether the log
+//!    exists, and its inode, in the node's slot of the table, and the log's block map
+//!    never change after creation (`mako_format::log_table`). A node without a log
+//!    (it never mounted) has nothing to replay.
 //! 2. Read both header copies; the valid one with the greater tail LSN says where the
 //!    oldest transaction still needed starts.
 //! 3. From the tail, read transaction after transaction; each must have a valid header
@@ -75,6 +79,8 @@ pub struct ReplayReport {
     pub header_copy: usize,
     pub header_problem: Option<String>,
     pub duration: Duration,
+    /// The node has no log yet (it never mounted): nothing was read.
+    pub absent: bool,
 }
 
 /// Committed transactions that are damaged, with a valid transaction after them: what
@@ -117,7 +123,12 @@ impl ReplayReport {
     }
     /// One line for the daemon log.
     pub fn summary(&self) -> String {
-        let mut s = if self.transactions == 0 {
+        let mut s = if self.absent {
+            format!(
+                "node {} has no recovery log yet: it is created at this first mount",
+                self.node
+            )
+        } else if self.transactions == 0 {
             format!("recovery log of node {}: nothing to replay", self.node)
         } else {
             format!(
@@ -156,25 +167,30 @@ impl ReplayReport {
     }
 }
 
-/// Where the log of `node` is: its block addresses, found from fixed places only.
-pub fn log_blocks(
-    nsd: &dyn Nsd,
-    desc: &Descriptor,
-    node: u32,
-) -> FsResult<(u64, Vec<DiskAddress>)> {
+/// The error for a node past the number the file system was made for.
+pub fn node_out_of_range(desc: &Descriptor, node: u32) -> FsError {
+    FsError::Invalid(format!(
+        "node {node} cannot mount file system {}: it was made for at most {} node(s) \
+         (`mako fs create -n {}`), numbered 0..{}; use a node number below {}, or create \
+         the file system again with a larger -n",
+        desc.fs_name,
+        desc.metadata_inodes.log_count,
+        desc.metadata_inodes.log_count,
+        desc.metadata_inodes.log_count - 1,
+        desc.metadata_inodes.log_count
+    ))
+}
+
+/// The log table's blocks, found from fixed places only: its inode in the first block
+/// of the inode file, and its block map, both never changed after creation.
+pub fn table_blocks(nsd: &dyn Nsd, desc: &Descriptor) -> FsResult<Vec<DiskAddress>> {
     let geo = desc.geometry;
-    let m = desc.metadata_inodes;
-    if node >= m.log_count {
-        return Err(FsError::Invalid(format!(
-            "node {node} has no recovery log: the file system has {} logs",
-            m.log_count
-        )));
-    }
-    let log_ino = m.log_first + node as u64;
-    let off = log_ino * geo.inode_bytes as u64;
+    let ino = desc.metadata_inodes.log_table;
+    let off = ino * geo.inode_bytes as u64;
     if off + geo.inode_bytes as u64 > geo.block_bytes as u64 {
-        return Err(FsError::NotSupported(format!(
-            "recovery log inode {log_ino} lies past the first block of the inode file; this Mako finds logs only there"
+        return Err(FsError::integrity(IntegrityError::new(
+            "descriptor",
+            format!("the log table's inode {ino} lies past the first block of the inode file; run `mako fsck`"),
         )));
     }
     let da = desc.inode_file_start.offset_by(off);
@@ -184,25 +200,165 @@ pub fn log_blocks(
         &mut buf,
         IoTag {
             buffer_type: BufferType::Inode,
-            ino: log_ino,
+            ino,
         },
     )?;
-    let inode = Inode::decode(&buf, geo.inode_bytes, log_ino, Location::Disk(da))?;
+    let inode = Inode::decode(&buf, geo.inode_bytes, ino, Location::Disk(da))?;
     let blocks = crate::mount::collect_blocks(nsd, &geo, &inode)?;
-    if (blocks.len() as u64) * (geo.block_bytes as u64) < desc.log_bytes {
+    let need = mako_format::log_table::table_bytes(desc.metadata_inodes.log_count, geo.inode_bytes);
+    if (blocks.len() as u64) * (geo.block_bytes as u64) < need {
+        return Err(FsError::integrity(
+            IntegrityError::new(
+                "log table",
+                format!(
+                    "{} blocks, too few for the {} bytes of {} nodes; run `mako fsck`",
+                    blocks.len(),
+                    need,
+                    desc.metadata_inodes.log_count
+                ),
+            )
+            .ino(ino),
+        ));
+    }
+    Ok(blocks)
+}
+
+/// Where a node's log is (`find_log`).
+#[derive(Debug, Clone)]
+pub struct LogLocation {
+    pub ino: u64,
+    pub inode: Inode,
+    /// Where its inode lies in the log table.
+    pub inode_da: DiskAddress,
+    /// Where its entry lies in the log table.
+    pub entry_da: DiskAddress,
+    pub blocks: Vec<DiskAddress>,
+}
+
+/// Addresses of node `node`'s entry and inode slot in the log table.
+pub fn table_slots(
+    desc: &Descriptor,
+    table: &[DiskAddress],
+    node: u32,
+) -> FsResult<(DiskAddress, DiskAddress)> {
+    let geo = desc.geometry;
+    let bb = geo.block_bytes as u64;
+    let at = |off: u64| -> FsResult<DiskAddress> {
+        table
+            .get((off / bb) as usize)
+            .map(|d| d.offset_by(off % bb))
+            .ok_or_else(|| {
+                FsError::integrity(
+                    IntegrityError::new(
+                        "log table",
+                        format!("too short for offset {off}; run `mako fsck`"),
+                    )
+                    .ino(desc.metadata_inodes.log_table),
+                )
+            })
+    };
+    let n = desc.metadata_inodes.log_count;
+    Ok((
+        at(mako_format::log_table::entry_offset(node))?,
+        at(mako_format::log_table::inode_offset(
+            n,
+            geo.inode_bytes,
+            node,
+        ))?,
+    ))
+}
+
+/// Where the log of `node` is, found from fixed places only; `None` when the node has
+/// none yet (it never mounted, or its log's creation was interrupted).
+pub fn find_log(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<Option<LogLocation>> {
+    let geo = desc.geometry;
+    if node >= desc.metadata_inodes.log_count {
+        return Err(node_out_of_range(desc, node));
+    }
+    let table = table_blocks(nsd, desc)?;
+    let (entry_da, inode_da) = table_slots(desc, &table, node)?;
+    let ino = mako_format::log_table::log_ino(node);
+    let mut sector = vec![0u8; mako_format::log_table::LOG_ENTRY_BYTES as usize];
+    nsd.read(
+        entry_da,
+        &mut sector,
+        IoTag {
+            buffer_type: BufferType::Log,
+            ino,
+        },
+    )?;
+    let Some(entry) = mako_format::log_table::LogEntry::decode(
+        &sector,
+        node,
+        &desc.fs_uuid,
+        Location::Disk(entry_da),
+    )?
+    else {
+        return Ok(None);
+    };
+    let mut buf = vec![0u8; geo.inode_bytes as usize];
+    nsd.read(
+        inode_da,
+        &mut buf,
+        IoTag {
+            buffer_type: BufferType::Inode,
+            ino,
+        },
+    )?;
+    let inode = Inode::decode(&buf, geo.inode_bytes, ino, Location::Disk(inode_da))?;
+    let blocks = crate::mount::collect_blocks(nsd, &geo, &inode)?;
+    if entry.log_bytes != desc.log_bytes
+        || (blocks.len() as u64) * (geo.block_bytes as u64) < desc.log_bytes
+    {
         return Err(FsError::integrity(
             IntegrityError::new(
                 "recovery log",
                 format!(
-                    "{} blocks, too few for {} bytes; run `mako fsck`",
+                    "node {node}'s log has {} blocks and says it is {} bytes, the file system's logs are {} bytes; run `mako fsck`",
                     blocks.len(),
+                    entry.log_bytes,
                     desc.log_bytes
                 ),
             )
-            .ino(log_ino),
+            .ino(ino)
+            .at(entry_da),
         ));
     }
-    Ok((log_ino, blocks))
+    Ok(Some(LogLocation {
+        ino,
+        inode,
+        inode_da,
+        entry_da,
+        blocks,
+    }))
+}
+
+/// Where the log of `node` is: its inode number and block addresses. An error when
+/// the node has no log.
+pub fn log_blocks(
+    nsd: &dyn Nsd,
+    desc: &Descriptor,
+    node: u32,
+) -> FsResult<(u64, Vec<DiskAddress>)> {
+    match find_log(nsd, desc, node)? {
+        Some(l) => Ok((l.ino, l.blocks)),
+        None => Err(FsError::Invalid(format!(
+            "node {node} has no recovery log in file system {} (it never mounted)",
+            desc.fs_name
+        ))),
+    }
+}
+
+/// The report of a node that has no log: nothing to replay, a fresh log starts at LSN
+/// 0 with transaction 1.
+fn absent(node: u32) -> ReplayReport {
+    ReplayReport {
+        node,
+        was_clean: true,
+        next_seq: 1,
+        absent: true,
+        ..ReplayReport::default()
+    }
 }
 
 struct LogReader<'a> {
@@ -360,11 +516,14 @@ fn replay_with(
     around_damage: bool,
 ) -> FsResult<ReplayReport> {
     let started = Instant::now();
-    let (log_ino, blocks) = log_blocks(nsd, desc, node)?;
+    let Some(log) = find_log(nsd, desc, node)? else {
+        return Ok(absent(node));
+    };
+    let log_ino = log.ino;
     let capacity = log_capacity(desc.log_bytes);
     let r = LogReader {
         nsd,
-        blocks,
+        blocks: log.blocks,
         block_bytes: desc.geometry.block_bytes as u64,
         capacity,
         log_ino,
@@ -450,14 +609,16 @@ pub fn pending(
     node: u32,
 ) -> FsResult<(ReplayReport, Vec<mako_format::log_record::LogImage>)> {
     let started = Instant::now();
-    let (log_ino, blocks) = log_blocks(nsd, desc, node)?;
+    let Some(log) = find_log(nsd, desc, node)? else {
+        return Ok((absent(node), Vec::new()));
+    };
     let capacity = log_capacity(desc.log_bytes);
     let r = LogReader {
         nsd,
-        blocks,
+        blocks: log.blocks,
         block_bytes: desc.geometry.block_bytes as u64,
         capacity,
-        log_ino,
+        log_ino: log.ino,
     };
     let (mut report, _, latest) = scan_with(&r, desc, node)?;
     report.image_bytes = latest.values().map(|(_, i)| i.length as u64).sum();

@@ -52,7 +52,7 @@ pub fn test_descriptor(ndisks: u32, disk_bytes: u64, block_bytes: u32) -> Descri
             root_dir: 1,
             block_alloc_map: 2,
             inode_alloc_map: 3,
-            log_first: 4,
+            log_table: 4,
             log_count: 1,
             first_user_inode: 16,
         },

@@ -69,13 +69,13 @@ fn every_node_has_its_own_log() {
     )
     .unwrap();
     assert!(r.is_clean(), "{}", r.render());
-    // A node past the last log cannot mount; the error says why.
+    // A node past the nodes it was made for cannot mount; the error says what to do.
     let e = mount_node(disks.as_dyn(), small_config(), NodeEnv::single_node(3))
         .err()
-        .expect("node 3 has no log");
-    assert!(e.to_string().contains("log"), "{e}");
-    // mkfs refuses a log count out of range.
-    for bad in [0, 13] {
+        .expect("node 3 is past -n 3");
+    assert!(e.to_string().contains("larger -n"), "{e}");
+    // mkfs refuses a node count out of range.
+    for bad in [0, mako_fs::mkfs::NODES_MAX + 1] {
         let d = MemDisks::new(1, 16 << 20);
         let meta = vec![mako_fs::mkfs::DiskMeta {
             name: "d0".into(),
@@ -92,7 +92,7 @@ fn every_node_has_its_own_log() {
             },
         )
         .expect_err("out of range");
-        assert!(e.to_string().contains("recovery logs"), "{e}");
+        assert!(e.to_string().contains("number of nodes"), "{e}");
     }
 }
 

@@ -174,7 +174,10 @@ impl Layout {
     /// Where inode `ino` lives, given the inode file's blocks.
     pub fn inode_da(&self, inode_file: &[DiskAddress], ino: u64) -> Option<DiskAddress> {
         let off = ino.checked_mul(self.inode_bytes())?;
-        let block = inode_file.get((off / self.block_bytes) as usize)?;
+        // The inode file is sparse: a hole holds no inode.
+        let block = inode_file
+            .get((off / self.block_bytes) as usize)
+            .filter(|d| !d.is_null())?;
         Some(block.offset_by(off % self.block_bytes))
     }
 

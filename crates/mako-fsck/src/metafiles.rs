@@ -1,7 +1,10 @@
 //! The second phase: the files that hold metadata. The inode file (found through its
 //! own inode at the descriptor's `inode_file_start`), the block allocation map, the
-//! inode allocation map and the recovery log of every node, with their contents read
-//! for the later phases (map segments) or checked now (log headers).
+//! inode allocation map, the log table and the recovery log of every node that has one
+//! (`mako_format::log_table`: a node's log exists once its entry is written, at its
+//! first mount), with their contents read for the later phases (map segments, the
+//! logs' inodes, which live in the table and not in the inode file) or checked now
+//! (log headers).
 //!
 //! The log's records were replayed (or laid over the reads) before this phase
 //! (`crate::replay`); here the headers are checked, and an unclean stop reported.
@@ -61,7 +64,14 @@ impl MetaFile {
 #[derive(Debug, Clone)]
 pub struct LogState {
     pub node: u32,
+    /// Blocks `None` when the log's inode or block map is damaged: the repair removes
+    /// its entry (the node makes a new log at its next mount).
     pub file: MetaFile,
+    /// Where its entry and its inode lie in the log table.
+    pub entry_da: DiskAddress,
+    pub inode_da: DiskAddress,
+    /// Its inode, when readable (scanned for the blocks it owns).
+    pub inode: Option<Inode>,
     /// The winning header copy, if any copy is valid.
     pub header: Option<LogHeader>,
     /// The header area must be rewritten (no valid copy, or fields that disagree).
@@ -69,11 +79,14 @@ pub struct LogState {
 }
 
 pub struct Metafiles {
+    /// By block index; `DiskAddress::NULL` for a hole (no inode there).
     pub inode_file: Vec<DiskAddress>,
-    /// Inode slots the inode file holds (capped at the inode limit).
+    /// Inode slots the inode file spans, holes included (capped at the inode limit).
     pub slots: u64,
     pub alloc: MetaFile,
     pub imap: MetaFile,
+    pub table: MetaFile,
+    /// The logs of the nodes that have one.
     pub logs: Vec<LogState>,
     pub alloc_slot_bytes: u64,
     pub imap_slot_bytes: u64,
@@ -100,6 +113,18 @@ fn metafile_blocks(
     r: &dyn MetadataReader,
     inode: &Inode,
     min_bytes: u64,
+) -> Result<Vec<DiskAddress>, String> {
+    metafile_blocks_with(l, r, inode, min_bytes, false)
+}
+
+/// `metafile_blocks`; with `holes` (the inode file, which grows sparsely) a hole is
+/// `DiskAddress::NULL` rather than damage.
+fn metafile_blocks_with(
+    l: &Layout,
+    r: &dyn MetadataReader,
+    inode: &Inode,
+    min_bytes: u64,
+    holes: bool,
 ) -> Result<Vec<DiskAddress>, String> {
     if inode.flags & FLAG_SYSTEM == 0 || inode.mode & S_IFMT != S_IFREG {
         return Err(format!(
@@ -132,7 +157,7 @@ fn metafile_blocks(
     for (u, da, _) in w.units {
         blocks[u as usize] = da;
     }
-    if let Some(hole) = blocks.iter().position(|d| d.is_null()) {
+    if let Some(hole) = blocks.iter().position(|d| d.is_null()).filter(|_| !holes) {
         return Err(format!("block {hole} of inode {} is a hole", inode.ino));
     }
     Ok(blocks)
@@ -156,7 +181,7 @@ pub fn read(
             m.inode_file
         ))
     })?;
-    let inode_file = metafile_blocks(l, r, &inode0, l.block_bytes).map_err(|e| {
+    let inode_file = metafile_blocks_with(l, r, &inode0, l.block_bytes, true).map_err(|e| {
         FsckError::Unusable(format!("the inode file (inode {}) cannot be read whole: {e}; restore the file system from a backup", m.inode_file))
     })?;
     if inode_file[0] != start {
@@ -234,23 +259,27 @@ pub fn read(
     for s in 0..nseg as u32 {
         imap_segments.push(read_imap_segment(l, r, &imap, s, imap_slot_bytes, problems));
     }
-    // 3. The recovery logs.
+    // 3. The log table and the recovery logs it names.
+    let table = open_map(
+        m.log_table,
+        mako_format::log_table::table_bytes(m.log_count, l.geo.inode_bytes),
+        "log table",
+        problems,
+    );
     let mut logs = Vec::new();
-    for node in 0..m.log_count {
-        let ino = m.log_first + node as u64;
-        let file = open_map(
-            ino,
-            desc.log_bytes.max(LOG_RECORDS_OFFSET),
-            "recovery log",
-            problems,
-        );
-        logs.push(read_log(l, r, file, node, problems));
+    if table.blocks.is_some() {
+        for node in 0..m.log_count {
+            if let Some(file) = open_log(l, r, &table, node, problems) {
+                logs.push(read_log(l, r, file, problems));
+            }
+        }
     }
     Ok(Metafiles {
         inode_file,
         slots,
         alloc,
         imap,
+        table,
         logs,
         alloc_slot_bytes,
         imap_slot_bytes,
@@ -396,21 +425,123 @@ fn read_imap_segment(
     }
 }
 
+/// Node `node`'s log as its entry in the table says: `None` when it has none; its
+/// file without blocks (and a problem) when the entry, inode or block map is damaged.
+fn open_log(
+    l: &Layout,
+    r: &dyn MetadataReader,
+    table: &MetaFile,
+    node: u32,
+    problems: &mut Vec<Problem>,
+) -> Option<LogState> {
+    use mako_format::log_table::{entry_offset, inode_offset, log_ino, LogEntry, LOG_ENTRY_BYTES};
+    let ino = log_ino(node);
+    let m = l.desc.metadata_inodes;
+    let isz = l.inode_bytes();
+    let (sector, entry_da) = match read_range(
+        l,
+        r,
+        table,
+        entry_offset(node),
+        LOG_ENTRY_BYTES,
+        BufferType::Log,
+    ) {
+        Ok(x) => x,
+        Err(e) => {
+            problems.push(
+                Problem::new(
+                    ProblemKind::MetadataFile,
+                    format!("the log table entry of node {node} {e}"),
+                    "none: fsck cannot reach it",
+                )
+                .ino(m.log_table)
+                .uncorrectable(),
+            );
+            return None;
+        }
+    };
+    let inode_da = table
+        .da(l, inode_offset(m.log_count, isz as u32, node), isz)
+        .unwrap_or(DiskAddress::NULL);
+    let damaged = |what: String, at: DiskAddress, problems: &mut Vec<Problem>| {
+        problems.push(
+            Problem::new(
+                ProblemKind::MetadataFile,
+                format!("the recovery log of node {node} (inode {ino}) is unusable: {what}"),
+                "remove its entry from the log table (what the log held that was not in place is lost; \
+                 the node makes a new log at its next mount) and reclaim its blocks",
+            )
+            .ino(ino)
+            .at(at),
+        );
+        Some(LogState {
+            node,
+            file: MetaFile {
+                ino,
+                blocks: None,
+                bytes: l.desc.log_bytes,
+            },
+            entry_da,
+            inode_da,
+            inode: None,
+            header: None,
+            rewrite_header: false,
+        })
+    };
+    match LogEntry::decode(&sector, node, &l.desc.fs_uuid, Location::Disk(entry_da)) {
+        Ok(None) => return None,
+        Ok(Some(e)) if e.log_bytes != l.desc.log_bytes => {
+            return damaged(
+                format!(
+                    "its entry says it is {} bytes, the descriptor says {}",
+                    e.log_bytes, l.desc.log_bytes
+                ),
+                entry_da,
+                problems,
+            )
+        }
+        Ok(Some(_)) => {}
+        Err(e) => {
+            return damaged(
+                format!("its entry is damaged: {}", describe(&e)),
+                entry_da,
+                problems,
+            )
+        }
+    }
+    let inode = match read_inode(l, r, inode_da, ino) {
+        Ok(i) => i,
+        Err(e) => return damaged(format!("its inode is damaged: {e}"), inode_da, problems),
+    };
+    match metafile_blocks(l, r, &inode, l.desc.log_bytes.max(LOG_RECORDS_OFFSET)) {
+        Ok(blocks) => Some(LogState {
+            node,
+            file: MetaFile {
+                ino,
+                blocks: Some(blocks),
+                bytes: l.desc.log_bytes,
+            },
+            entry_da,
+            inode_da,
+            inode: Some(inode),
+            header: None,
+            rewrite_header: false,
+        }),
+        Err(e) => damaged(e, inode_da, problems),
+    }
+}
+
 fn read_log(
     l: &Layout,
     r: &dyn MetadataReader,
-    file: MetaFile,
-    node: u32,
+    log: LogState,
     problems: &mut Vec<Problem>,
 ) -> LogState {
-    if file.blocks.is_none() {
-        return LogState {
-            node,
-            file,
-            header: None,
-            rewrite_header: true,
-        };
+    let node = log.node;
+    if log.file.blocks.is_none() {
+        return log;
     }
+    let file = log.file.clone();
     let mut copies = Vec::new();
     let mut damaged = Vec::new();
     let mut first_da = None;
@@ -475,10 +606,9 @@ fn read_log(
         Some(_) => {}
     }
     LogState {
-        node,
-        file,
         header,
         rewrite_header,
+        ..log
     }
 }
 

@@ -231,20 +231,24 @@ pub fn plan(
     }
     by_target.retain(|&i| ents[i].keep);
     // 5. What the root reaches.
-    let top = recs.last().map_or(0, |r| r.ino).max(root) as usize + 1;
-    let mut reached = vec![false; top];
+    // Inode numbers may be sparse up to 2^50 (each node hands out numbers from its own
+    // inode-map segments), so these are sets, not tables indexed by number.
+    let mut reached: std::collections::HashSet<u64> = std::collections::HashSet::new();
     let children = |d: u64| range.get(&d).copied().unwrap_or((0, 0));
-    let walk_from = |start: u64, reached: &mut Vec<bool>, ents: &[Ent], recs: &[InodeRec]| {
-        reached[start as usize] = true;
+    let walk_from = |start: u64,
+                     reached: &mut std::collections::HashSet<u64>,
+                     ents: &[Ent],
+                     recs: &[InodeRec]| {
+        reached.insert(start);
         let mut queue = vec![start];
         while let Some(d) = queue.pop() {
             let (a, b) = children(d);
             for e in &ents[a..b] {
-                if e.keep && !reached[e.ino as usize] {
-                    reached[e.ino as usize] = true;
-                    if rec(recs, e.ino).is_some_and(|i| recs[i].is_dir()) {
-                        queue.push(e.ino);
-                    }
+                if e.keep
+                    && reached.insert(e.ino)
+                    && rec(recs, e.ino).is_some_and(|i| recs[i].is_dir())
+                {
+                    queue.push(e.ino);
                 }
             }
         }
@@ -252,18 +256,18 @@ pub fn plan(
     if root_ok {
         walk_from(root, &mut reached, &ents, recs);
     } else {
-        reached[root as usize] = true;
+        reached.insert(root);
     }
     progress.update(Phase::Namespace, ents.len() as u64 / 2, ents.len() as u64);
     // 6. Names each inode keeps. Unlinked inodes without a name are freed; the
     //    entries of a freed directory go with it (which may free more).
-    let mut names = vec![0u32; top];
+    let mut names: HashMap<u64, u32> = HashMap::new();
     let mut freed: BTreeSet<u64> = BTreeSet::new();
     loop {
-        names.iter_mut().for_each(|n| *n = 0);
+        names.clear();
         for &i in &by_target {
             if ents[i].keep {
-                names[ents[i].ino as usize] += 1;
+                *names.entry(ents[i].ino).or_default() += 1;
             }
         }
         let newly: Vec<u64> = recs
@@ -272,7 +276,7 @@ pub fn plan(
                 r.state == SlotState::Unlinked
                     && !r.system
                     && r.ino != root
-                    && names[r.ino as usize] == 0
+                    && names.get(&r.ino).copied().unwrap_or(0) == 0
                     && !freed.contains(&r.ino)
             })
             .map(|r| r.ino)
@@ -316,7 +320,7 @@ pub fn plan(
                 r.live()
                     && !r.system
                     && r.ino != root
-                    && !reached[r.ino as usize]
+                    && !reached.contains(&r.ino)
                     && !freed.contains(&r.ino)
             })
             .collect();
@@ -326,7 +330,7 @@ pub fn plan(
         let mut tops: Vec<u64> = unreached
             .iter()
             .map(|&i| recs[i].ino)
-            .filter(|&t| names[t as usize] == 0)
+            .filter(|t| names.get(t).copied().unwrap_or(0) == 0)
             .collect();
         if tops.is_empty() {
             // Only directories naming each other in a loop are left: cut the loop at
@@ -342,7 +346,7 @@ pub fn plan(
                     changed.insert(ents[i].dir);
                 }
             }
-            names[t as usize] = 0;
+            names.remove(&t);
             tops.push(t);
         }
         for t in tops {
@@ -472,7 +476,7 @@ pub fn plan(
                 kind: r.dtype(),
             });
             orphan_parent.insert(t, lf);
-            names[t as usize] += 1;
+            *names.entry(t).or_default() += 1;
         }
     } else {
         for &t in &orphans {
@@ -557,9 +561,7 @@ pub fn plan(
     }
     let mut new_names = names.clone();
     if let Some(lf) = plan.create_lost_found {
-        if (lf as usize) < new_names.len() {
-            new_names[lf as usize] = 1;
-        }
+        new_names.insert(lf, 1);
     }
     for r in recs.iter() {
         if !r.live() || r.system || freed.contains(&r.ino) || (r.ino == root && !root_ok) {
@@ -568,7 +570,7 @@ pub fn plan(
         let want = if r.is_dir() {
             2 + subdirs.get(&r.ino).copied().unwrap_or(0)
         } else {
-            new_names[r.ino as usize]
+            new_names.get(&r.ino).copied().unwrap_or(0)
         };
         if want != r.nlink {
             let what = if r.is_dir() {

@@ -99,6 +99,7 @@ struct Plan {
     imap_file: MetaFile,
     /// The inode file's blocks after the repair (it may grow by one).
     inode_file: Vec<DiskAddress>,
+    table_file: MetaFile,
 }
 
 /// Plan and carry out the repair. On success every correctable problem is fixed.
@@ -169,6 +170,7 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
         final_inodes: BTreeSet::new(),
         alloc_file: f.meta.alloc.clone(),
         imap_file: f.meta.imap.clone(),
+        table_file: f.meta.table.clone(),
         inode_file: f.meta.inode_file.clone(),
     };
     // 0. Descriptor copies, disk headers.
@@ -242,14 +244,38 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
         plan.imap_file = file;
         recreated.insert(m.inode_alloc_map);
     }
-    let mut log_inodes = Vec::new();
-    for log in &f.meta.logs {
-        let mut file = log.file.clone();
-        if file.blocks.is_none() {
-            log_inodes.push(new_meta(&mut file, &mut alloc, &mut plan)?);
-            recreated.insert(file.ino);
+    if plan.table_file.blocks.is_none() {
+        // A new, empty log table: every node makes a new log at its next mount (the old
+        // logs, unreachable now, are reclaimed with everything else nothing claims).
+        let mut file = plan.table_file.clone();
+        let inode = new_meta(&mut file, &mut alloc, &mut plan)?;
+        for &da in file.blocks.iter().flatten() {
+            plan.new_blocks
+                .push((da, vec![0u8; l.block_bytes as usize], BufferType::Log));
         }
-        if log.rewrite_header || log.file.blocks.is_none() || f.mark_clean {
+        plan.map_inodes.push(inode);
+        plan.table_file = file;
+        recreated.insert(m.log_table);
+    }
+    for log in &f.meta.logs {
+        let file = log.file.clone();
+        if file.blocks.is_none() {
+            // A log fsck cannot read: its entry goes (first the entry, which is what
+            // makes the log exist, then its inode slot); its blocks, claimed by
+            // nothing, are freed with the rest.
+            if !log.entry_da.is_null()
+                && plan.table_file.blocks.is_some()
+                && !recreated.contains(&m.log_table)
+            {
+                plan.step0.push((
+                    log.entry_da,
+                    vec![0u8; mako_format::log_table::LOG_ENTRY_BYTES as usize],
+                    BufferType::Log,
+                ));
+            }
+            continue;
+        }
+        if log.rewrite_header || f.mark_clean {
             // An empty log (tail = head: clean, or just replayed) keeps its LSN, and
             // nothing in it can match the LSN it expects next. Otherwise (no valid
             // header, a recreated file) the whole log is zeroed: its records are lost
@@ -291,11 +317,7 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
                         area[off as usize..off as usize + hb.len()].copy_from_slice(&hb);
                     }
                 }
-                if log.file.blocks.is_none() {
-                    plan.new_blocks.push((da, area, BufferType::Log));
-                } else {
-                    plan.step0.push((da, area, BufferType::Log));
-                }
+                plan.step0.push((da, area, BufferType::Log));
             }
         }
     }
@@ -548,7 +570,6 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
     if ns.recreate_root {
         plan.final_inodes.insert(m.root_dir);
     }
-    plan.inodes.extend(log_inodes);
     plan.inodes.extend(first_inodes);
     plan.inodes.extend(file_inodes);
     plan.inodes.extend(dir_inodes);

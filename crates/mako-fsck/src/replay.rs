@@ -35,7 +35,7 @@ pub fn logs(
     let mut images = Vec::new();
     let m = desc.metadata_inodes;
     for node in 0..m.log_count {
-        let ino = m.log_first + node as u64;
+        let ino = mako_format::log_table::log_ino(node);
         let result = if repair {
             mako_fs::recovery::replay_around_damage(nsd, desc, node).map(|r| (r, Vec::new()))
         } else {

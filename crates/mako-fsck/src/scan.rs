@@ -272,6 +272,16 @@ pub fn run(
         out.problems.extend(c.problems);
         newer.extend(c.newer);
     }
+    // The logs' inodes live in the log table, not in the inode file; their numbers
+    // follow every inode-file number, so the records stay in order.
+    let mut log_out = ChunkOut::default();
+    for log in &meta.logs {
+        if let Some(inode) = &log.inode {
+            sc.metadata_inode(inode.clone(), log.inode_da, &mut log_out);
+        }
+    }
+    out.recs.extend(log_out.recs);
+    out.conflicts.extend(log_out.conflicts);
     if !newer.is_empty() {
         return Err(FsckError::NewerFormat(format!(
             "{} inode(s) were written by a newer Mako than this fsck ({}{}); upgrade Mako and run its fsck",
@@ -288,8 +298,12 @@ impl Scanner<'_> {
         let l = self.l;
         let mut out = ChunkOut::default();
         let per_block = l.block_bytes / chunk_bytes;
-        let base =
-            self.meta.inode_file[(c / per_block) as usize].offset_by((c % per_block) * chunk_bytes);
+        let block = self.meta.inode_file[(c / per_block) as usize];
+        if block.is_null() {
+            // A hole of the sparse inode file: no inode lives there.
+            return out;
+        }
+        let base = block.offset_by((c % per_block) * chunk_bytes);
         let isz = l.inode_bytes();
         let mut buf = vec![0u8; ((last - first) * isz) as usize];
         if let Err(e) = self.r.read(
@@ -318,7 +332,7 @@ impl Scanner<'_> {
         let metadata = ino == m.inode_file
             || ino == m.block_alloc_map
             || ino == m.inode_alloc_map
-            || (ino >= m.log_first && ino < m.log_first + m.log_count as u64);
+            || ino == m.log_table;
         if ino < m.first_user_inode && ino != m.root_dir && !metadata {
             return; // reserved numbers no file uses
         }

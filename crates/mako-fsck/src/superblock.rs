@@ -293,6 +293,7 @@ pub fn open(
         );
         rewrite_header.push(i as u32);
     }
+    best.check_supported().map_err(FsckError::Unusable)?;
     check_descriptor_fields(&best)?;
     let disks = ordered.iter().map(|&p| given[p].clone()).collect();
     Ok(Superblock {
@@ -316,11 +317,16 @@ fn check_descriptor_fields(d: &Descriptor) -> Result<(), FsckError> {
     {
         bad.push("metadata inode numbers reach into the user range".to_string());
     }
-    if m.log_count == 0 || m.log_first + m.log_count as u64 > m.first_user_inode {
+    if !below_user(m.log_table)
+        || (m.log_table + 1) * d.geometry.inode_bytes as u64 > d.geometry.block_bytes as u64
+    {
         bad.push(format!(
-            "{} log inodes from {} do not fit below {}",
-            m.log_count, m.log_first, m.first_user_inode
+            "the log table's inode {} is not a metadata inode of the inode file's first block",
+            m.log_table
         ));
+    }
+    if m.log_count == 0 || m.log_count > mako_format::log_table::NODES_MAX {
+        bad.push(format!("{} nodes", m.log_count));
     }
     if d.inodes_max <= m.first_user_inode {
         bad.push(format!("inode limit {} leaves no user inode", d.inodes_max));

@@ -233,7 +233,7 @@ fn a_cancelled_run_exits_32_and_writes_nothing() {
 
 /// Write `header` as log header copy `k` (0 or 1) of node 0's log.
 fn put_log_header(ins: &Inspect, k: u64, header: &mako_format::log_header::LogHeader) {
-    let log = ins.desc.metadata_inodes.log_first;
+    let log = mako_format::log_table::log_ino(0);
     ins.write(ins.metafile_da(log, 512 * k), &header.encode());
 }
 
@@ -243,7 +243,7 @@ fn the_valid_log_header_copy_with_the_greater_tail_wins() {
     let fx = fixture();
     let disks = fx.restore();
     let ins = Inspect::open(&disks);
-    let log = ins.desc.metadata_inodes.log_first;
+    let log = mako_format::log_table::log_ino(0);
     let clean = LogHeader {
         node: 0,
         log_bytes: ins.desc.log_bytes,

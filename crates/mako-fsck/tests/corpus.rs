@@ -820,7 +820,7 @@ fn log_header_bit_flip() {
     run(
         "recovery log header bit flip",
         |ins, _| {
-            let log = ins.desc.metadata_inodes.log_first;
+            let log = mako_format::log_table::log_ino(0);
             ins.flip(ins.metafile_da(log, 0), 20, 0x02);
             case(ProblemKind::LogHeader, Some(log), &[])
         },
@@ -846,7 +846,7 @@ fn log_file_inode_bit_flip() {
     run(
         "the recovery log's own inode damaged",
         |ins, _| {
-            let ino = ins.desc.metadata_inodes.log_first;
+            let ino = mako_format::log_table::log_ino(0);
             ins.flip(ins.inode_da(ino), 300, 0x01);
             case(ProblemKind::MetadataFile, Some(ino), &[])
         },
@@ -1006,7 +1006,7 @@ fn torn_log_tail() {
                 "the second transaction is in the log"
             );
             drop(m);
-            let log = ins.desc.metadata_inodes.log_first;
+            let log = mako_format::log_table::log_ino(0);
             let capacity = mako_fs::journal::log_capacity(ins.desc.log_bytes);
             let off = mako_format::log_header::LOG_RECORDS_OFFSET + (lsn + 600) % capacity;
             ins.write(ins.metafile_da(log, off), &[0xa5; 512]);
@@ -1060,7 +1060,7 @@ fn damage_middle_transaction(ins: &Inspect, byte: u64) -> (u64, u64, DiskAddress
         m.fs.fsync(a, false).unwrap();
     }
     drop(m);
-    let log = ins.desc.metadata_inodes.log_first;
+    let log = mako_format::log_table::log_ino(0);
     let capacity = mako_fs::journal::log_capacity(ins.desc.log_bytes);
     let off = mako_format::log_header::LOG_RECORDS_OFFSET + lsns[1] % capacity;
     let da = ins.metafile_da(log, off);

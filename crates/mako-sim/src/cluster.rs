@@ -72,13 +72,15 @@ impl Thief {
 }
 
 impl ClusterConfig {
-    /// The simulation's usual cluster: three 32 MiB disks (memory is only used where
-    /// written), 64 KiB blocks, a 2 MiB pagepool.
+    /// The simulation's usual cluster: three 32 MiB disks (more for more than 48
+    /// nodes; memory is only used where written), 64 KiB blocks, a 2 MiB pagepool.
     pub fn small(nodes: u32) -> ClusterConfig {
         ClusterConfig {
             nodes,
             disks: 3,
-            disk_bytes: 32 << 20,
+            // Each node's recovery log (1 MiB) is made in a region of its own at its
+            // first mount, with room left for its work: about 2 MiB a node.
+            disk_bytes: (32u64 << 20).max((nodes as u64 * (2 << 20) / 3).next_multiple_of(1 << 20)),
             block_bytes: 64 << 10,
             log_bytes: 1 << 20,
             pagepool_bytes: 2 << 20,
@@ -102,7 +104,8 @@ impl ClusterConfig {
             // Room for every node's first inode-map segments (64 numbers each).
             inodes_max: Some(100_000u64.max(self.nodes as u64 * 64 * 4)),
             log_bytes: self.log_bytes,
-            // A region of its own for every node (mkfs refuses fewer).
+            // A region of its own for every node (mkfs refuses fewer): a node makes its
+            // log in its own space at its first mount.
             regions: Some(8u32.max(self.nodes)),
             log_count: self.nodes,
             reproducible: Some(Reproducible {

@@ -576,7 +576,9 @@ fn check_allocation(
     }
     // Subblocks in use beyond what reachable inodes and the system files account for
     // are leaked space; fewer mean a reachable block is free (reported above).
+    // This node's recovery log: its inode lives in the log table, with a number of its own.
     let system: u64 = (0..FIRST_USER_INO)
+        .chain(std::iter::once(mako_format::log_table::log_ino(core.node)))
         .filter_map(|i| core.cached_handle(i))
         .filter(|h| !inodes.contains_key(&h.ino))
         .map(|h| h.state.read().inode.subblocks)

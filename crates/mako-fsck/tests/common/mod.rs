@@ -464,6 +464,12 @@ impl Inspect {
         self.disks[da.disk() as usize].corrupt(da.byte_offset() + offset, xor);
     }
     pub fn inode_da(&self, ino: u64) -> DiskAddress {
+        // A log's inode lies in the log table, not in the inode file.
+        if let Some(node) = mako_format::log_table::log_node(ino) {
+            let m = self.desc.metadata_inodes;
+            let off = mako_format::log_table::inode_offset(m.log_count, 4096, node);
+            return self.metafile_da(m.log_table, off);
+        }
         let off = ino * 4096;
         self.inode_file[(off / self.block_bytes()) as usize].offset_by(off % self.block_bytes())
     }
