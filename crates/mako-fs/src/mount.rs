@@ -417,7 +417,7 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
     if recovery.absent {
         // A log made now starts at an LSN no earlier log of this node can have reached
         // (its blocks may be those of a log fsck removed, transactions and all).
-        let lsn = fresh_log_lsn(env.clock.wall());
+        let lsn = fresh_log_lsn(env.clock.wall(), desc.log_bytes);
         recovery.tail_lsn = lsn;
         recovery.head_lsn = lsn;
     }
@@ -699,9 +699,13 @@ fn create_log(core: &Arc<Core>) -> FsResult<()> {
 /// epoch. LSNs only grow, so a transaction of an earlier log of the node left on blocks
 /// this log reuses could only be taken for one of this log's (same node, same file
 /// system, the LSN its position expects) if that log had written 2 GiB of log per
-/// second of its life; and LSNs stay below 2^63 until the year 2106.
-fn fresh_log_lsn(now: std::time::Duration) -> u64 {
-    now.as_secs().min(u32::MAX as u64) << 31
+/// second of its life; and LSNs stay below 2^63 until the year 2106. It is rounded up
+/// to a whole number of passes over the log's circular area, so a new log starts at
+/// the start of that area (zeroed by `create_log`) whatever the second: a first mount
+/// makes the same writes, and wraps at the same point, in any second.
+fn fresh_log_lsn(now: std::time::Duration, log_bytes: u64) -> u64 {
+    let lsn = now.as_secs().min(u32::MAX as u64) << 31;
+    lsn.next_multiple_of(crate::journal::log_capacity(log_bytes).max(1))
 }
 
 /// A metadata file built in memory: its inode, its indirect blocks (address, encoded
@@ -797,4 +801,29 @@ pub fn build_system_file(
     inode.depth = depth;
     inode.content = InodeContent::Pointers(ptrs);
     Ok((inode, writes, leaves))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fresh_log_lsn;
+    use crate::journal::log_capacity;
+    use std::time::Duration;
+
+    #[test]
+    fn a_new_log_starts_at_the_start_of_its_circular_area_in_any_second() {
+        let log_bytes = 1 << 20;
+        let cap = log_capacity(log_bytes);
+        let mut last = 0;
+        for secs in [
+            1_700_000_000u64,
+            1_700_000_001,
+            1_790_000_007,
+            4_000_000_000,
+        ] {
+            let lsn = fresh_log_lsn(Duration::from_secs(secs), log_bytes);
+            assert_eq!(lsn % cap, 0, "second {secs}: LSN {lsn}");
+            assert!(lsn >= secs << 31 && lsn > last, "second {secs}: LSN {lsn}");
+            last = lsn;
+        }
+    }
 }

@@ -243,31 +243,6 @@ fn a_log_made_at_a_first_mount_is_replayed_after_a_crash() {
 /// with unsynced writes kept, dropped or torn: fsck finds at most the unclean stop,
 /// the node mounts again (making its log if the first one never finished), and fsck
 /// then finds nothing — no leaked block, no block referenced while free.
-/// A wall clock stopped at one instant: a new log's first LSN comes from the wall
-/// clock, and its encoded size from the LSN, so the number of writes of a first mount
-/// depends on the second it runs in. Every run of the crash test below must make the
-/// same writes as the run that counted them.
-struct StoppedWall(SystemClock);
-
-impl Clock for StoppedWall {
-    fn wall(&self) -> Duration {
-        Duration::from_secs(1_790_000_000)
-    }
-    fn monotonic(&self) -> Duration {
-        self.0.monotonic()
-    }
-    fn sleep(&self, d: Duration) {
-        self.0.sleep(d)
-    }
-}
-
-fn node_2_at_a_fixed_time() -> NodeEnv {
-    NodeEnv {
-        clock: Arc::new(StoppedWall(SystemClock::new())),
-        ..NodeEnv::single_node(2)
-    }
-}
-
 #[test]
 fn a_crash_while_a_log_is_made_leaves_nothing_behind() {
     let disks = MemDisks::new(2, 16 << 20);
@@ -284,7 +259,7 @@ fn a_crash_while_a_log_is_made_leaves_nothing_behind() {
     };
     // How many writes and syncs a first mount of node 2 makes, to its end.
     let ctl = CrashController::new();
-    let m = mount_node(on_crash_disks(&ctl), config(), node_2_at_a_fixed_time()).unwrap();
+    let m = mount_node(on_crash_disks(&ctl), config(), NodeEnv::single_node(2)).unwrap();
     let (writes, syncs) = (ctl.writes(), ctl.sync_points());
     drop(m);
     assert!(writes > 4 && syncs > 2, "{writes} writes, {syncs} syncs");
@@ -309,7 +284,7 @@ fn a_crash_while_a_log_is_made_leaves_nothing_behind() {
             let ctl = CrashController::new();
             ctl.arm(at);
             let disks = on_crash_disks(&ctl);
-            if let Ok(m) = mount_node(disks, config(), node_2_at_a_fixed_time()) {
+            if let Ok(m) = mount_node(disks, config(), NodeEnv::single_node(2)) {
                 drop(m);
             }
             assert!(ctl.is_crashed(), "the first mount never reached {at}");
