@@ -308,18 +308,23 @@ impl RemoteDisk {
         let results = self
             .transport
             .call_many(calls, self.options(Priority::Bulk));
+        // Every piece's outcome is taken, even after one failed: a write piece the
+        // server acknowledged must be recorded for the next sync either way.
+        let mut first_error = None;
         for (k, result) in results.into_iter().enumerate() {
-            match self.classify(server, result) {
-                Ok((boot, reply)) => done(k, server, boot, reply)?,
-                Err(Attempt::Final(e)) => return Err(e),
-                Err(Attempt::NextServer(why)) => {
-                    let (s, boot, reply) =
-                        self.call_after(Priority::Bulk, || encode(k), Some((server, why)))?;
-                    done(k, s, boot, reply)?;
-                }
+            let outcome = match self.classify(server, result) {
+                Ok((boot, reply)) => done(k, server, boot, reply),
+                Err(Attempt::Final(e)) => Err(e),
+                Err(Attempt::NextServer(_)) if first_error.is_some() => continue,
+                Err(Attempt::NextServer(why)) => self
+                    .call_after(Priority::Bulk, || encode(k), Some((server, why)))
+                    .and_then(|(s, boot, reply)| done(k, s, boot, reply)),
+            };
+            if let Err(e) = outcome {
+                first_error.get_or_insert(e);
             }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     fn len_u32(len: usize) -> u32 {
@@ -427,7 +432,7 @@ impl Disk for RemoteDisk {
     /// module comment); with none, there is nothing to make durable.
     fn sync(&self) -> Result<(), DiskError> {
         let pending = std::mem::take(&mut *self.unsynced.lock());
-        let mut first_error = None;
+        let mut failed: Vec<(NodeId, String)> = Vec::new();
         for (&server, &boot) in &pending {
             let request =
                 protocol::encode_request(Op::Sync, &self.name, 0, 0, BufferType::Data, 0, &[]);
@@ -456,14 +461,26 @@ impl Disk for RemoteDisk {
             };
             if let Err(reason) = outcome {
                 tracing::error!(disk = %self.name, %server, %reason, "NSD sync failed");
-                first_error.get_or_insert(DiskError::WritesInDoubt {
-                    disk: self.name.clone(),
-                    server: server.to_string(),
-                    reason,
-                });
+                failed.push((server, reason));
             }
         }
-        first_error.map_or(Ok(()), Err)
+        if failed.is_empty() {
+            return Ok(());
+        }
+        // One error naming every server whose writes are in doubt.
+        Err(DiskError::WritesInDoubt {
+            disk: self.name.clone(),
+            server: failed
+                .iter()
+                .map(|(s, _)| s.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            reason: failed
+                .into_iter()
+                .map(|(_, r)| r)
+                .collect::<Vec<_>>()
+                .join("; "),
+        })
     }
 }
 

@@ -238,6 +238,22 @@ fn a_sync_after_the_acknowledging_server_stopped_reports_writes_in_doubt() {
     let msg = e.to_string();
     assert!(msg.contains("d0") && msg.contains("node 1"), "{msg}");
     assert_eq!(e.errno(), libc_eio());
+    // Node 2 restarts (a new server, a new boot id) with a write unsynced: its sync
+    // answers, but what it acknowledged before may be gone.
+    nsd.write(DiskAddress::new(0, 192), &pattern(5, 4096), t)
+        .unwrap();
+    nodes[1].serve(files.local_nsd());
+    let e = nsd.sync_all().unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("node 1, node 2") && msg.contains("node 2 restarted"),
+        "{msg}"
+    );
+    // A restart is reported once (nothing can bring those writes back); node 1's
+    // writes stay in doubt until it answers a sync.
+    let e = nsd.sync_all().unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("node 1") && !msg.contains("node 2"), "{msg}");
 }
 
 fn libc_eio() -> i32 {
