@@ -10,7 +10,7 @@
 
 use crate::protocol::{self, Failure, Op, WireDiskError, SECTOR};
 use mako_disk::nsd::IoTag;
-use mako_disk::Nsd;
+use mako_disk::{AlignedBuf, Nsd};
 use mako_format::da::SECTOR_MAX;
 use mako_format::DiskAddress;
 use mako_rt::{NodeId, Service};
@@ -119,11 +119,18 @@ impl NsdServer {
                 Err(e) => disk_failed(e),
             },
             Op::Read => {
-                // The payload is read straight into the reply body: the reply frame
-                // carries it as it is.
-                let mut out = protocol::ok_reply(self.boot, req.len as usize);
-                match self.nsd.read(da, &mut out[protocol::OK_PREFIX..], tag) {
-                    Ok(()) => out,
+                // Read into an aligned buffer (a direct-I/O disk needs no bounce buffer
+                // then, and `read_append` does not zero it first), then one copy into
+                // the reply body, which the reply frame carries as it is.
+                let len = req.len as usize;
+                let mut block = AlignedBuf::with_capacity(len);
+                match self.nsd.read_append(da, &mut block, len, tag) {
+                    Ok(()) => {
+                        let mut out = protocol::ok_reply(self.boot, 0);
+                        out.reserve_exact(len);
+                        out.extend_from_slice(&block);
+                        out
+                    }
                     Err(e) => disk_failed(e),
                 }
             }

@@ -290,6 +290,9 @@ fn small_round_trips(files: &Files, pct: u8, streamers: usize) -> (f64, f64, u64
 #[test]
 #[ignore = "a benchmark: run with --ignored --nocapture"]
 fn nsd_figures() {
+    // As in makod, whose pagepool sets it: freed aligned buffers are kept for reuse
+    // (the server's read buffers and direct-I/O bounce buffers), not unmapped.
+    AlignedBuf::set_spare_budget(256 << 20);
     let rounds = env_usize("MAKO_NSD_BENCH_ROUNDS", 3);
     let total = env_usize("MAKO_NSD_BENCH_MIB", 1024) << 20;
     let disks = 2;

@@ -519,3 +519,74 @@ fn the_file_system_core_runs_on_served_disks() {
     assert!(m.fs.read(e.ino, 0, data.len() as u32 + 10).unwrap() == data);
     m.unmount().unwrap();
 }
+
+/// The file system core keeps working when the primary server of its disks stops
+/// between two syncs: the disks move to the backup (both servers have the same
+/// shared disks), and what was written before and after reads back, there and
+/// locally on the disks afterwards.
+#[test]
+fn the_file_system_core_survives_a_server_failover() {
+    use mako_fs::fs::{Ctx, ROOT_INO};
+    use mako_fs::mkfs::{format_disks, DiskMeta};
+    use mako_fs::test_util::{small_config, small_params, MemDisks};
+    const C: Ctx = Ctx {
+        uid: 0,
+        gid: 0,
+        pid: 1,
+    };
+    let mem = MemDisks::new(2, 64 * MIB);
+    let nodes = cluster(3);
+    nodes[0].serve(Arc::new(LocalNsd::new(mem.as_dyn(), 64)));
+    nodes[1].serve(Arc::new(LocalNsd::new(mem.as_dyn(), 64)));
+    let remote: Vec<Arc<RemoteDisk>> = (0..2)
+        .map(|i| {
+            Arc::new(
+                RemoteDisk::connect(
+                    &format!("d{i}"),
+                    vec![NodeId(1), NodeId(2)],
+                    nodes[2].dyn_transport(),
+                    options(),
+                )
+                .unwrap(),
+            )
+        })
+        .collect();
+    let disks: Vec<Arc<dyn Disk>> = remote.iter().map(|d| d.clone() as Arc<dyn Disk>).collect();
+    let meta: Vec<DiskMeta> = (0..2)
+        .map(|i| DiskMeta {
+            name: format!("d{i}"),
+            pool: "system".into(),
+            failure_group: i + 1,
+            usage: mako_format::disk_header::DiskUsage::DataAndMetadata,
+        })
+        .collect();
+    format_disks(disks.clone(), &meta, &small_params()).unwrap();
+    let before = pattern(21, (1 << 20) + 777);
+    let after = pattern(22, (2 << 20) + 5);
+    let write = |m: &mako_fs::mount::Mounted, name: &[u8], data: &[u8]| {
+        let a = m.fs.create(C, ROOT_INO, name, 0o644, 0, true).unwrap();
+        m.fs.write(a.ino, 0, data, false).unwrap();
+        a.ino
+    };
+    {
+        let m = mako_fs::mount::mount_disks(disks, small_config(), 0).unwrap();
+        let first = write(&m, b"before", &before);
+        m.fs.sync().unwrap();
+        nodes[0].transport.shutdown();
+        let second = write(&m, b"after", &after);
+        m.fs.sync().expect("a sync through the backup server");
+        assert!(m.fs.read(first, 0, before.len() as u32).unwrap() == before);
+        assert!(m.fs.read(second, 0, after.len() as u32).unwrap() == after);
+        m.unmount().expect("unmount through the backup server");
+    }
+    assert!(
+        remote.iter().all(|d| d.current_server() == NodeId(2)),
+        "every disk moved to the backup: {remote:?}"
+    );
+    let m = mem.mount(small_config());
+    for (name, data) in [(&b"before"[..], &before), (&b"after"[..], &after)] {
+        let e = m.fs.lookup(ROOT_INO, name).unwrap();
+        assert!(m.fs.read(e.ino, 0, data.len() as u32 + 1).unwrap() == *data);
+    }
+    m.unmount().unwrap();
+}
