@@ -484,6 +484,36 @@ impl Disk for RemoteDisk {
     }
 }
 
+/// The disks `server` serves, with their sizes, sorted by name (`mako disk show`, and
+/// a check of the cluster configuration's server lists).
+pub fn served_disks(
+    transport: &dyn Transport,
+    server: NodeId,
+    deadline: Duration,
+) -> Result<Vec<(String, u64)>, DiskError> {
+    let request = protocol::encode_request(Op::List, "", 0, 0, BufferType::DiskHeader, 0, &[]);
+    let options = CallOptions {
+        priority: Priority::Small,
+        deadline,
+    };
+    let refused = |reason: String| DiskError::Refused {
+        disk: "(the list of disks served)".into(),
+        server: server.to_string(),
+        reason,
+    };
+    let reply = transport
+        .call(server, ServiceId::Nsd, request, options)
+        .map_err(|e| DiskError::NoServer {
+            disk: "(the list of disks served)".into(),
+            tried: format!("{server}: {e}"),
+        })?;
+    match protocol::decode_reply(&reply).map_err(refused)? {
+        Ok((_, payload)) => protocol::decode_list(payload).map_err(refused),
+        Err(Failure::Disk(e)) => Err(e.into_error(&server.to_string())),
+        Err(f) => Err(refused(format!("{f:?}"))),
+    }
+}
+
 /// How this node reaches one disk: directly, or through its NSD servers.
 pub enum DiskRoute {
     /// This node has local access (a disk file or a block device it can open).

@@ -16,5 +16,5 @@ pub mod client;
 pub mod protocol;
 pub mod server;
 
-pub use client::{DiskRoute, RemoteDisk, RemoteNsd, RemoteOptions};
+pub use client::{served_disks, DiskRoute, RemoteDisk, RemoteNsd, RemoteOptions};
 pub use server::NsdServer;

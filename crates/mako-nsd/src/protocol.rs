@@ -10,7 +10,7 @@
 //! | 0 | 1 | version | [`VERSION`] |
 //! | 1 | 1 | op | [`Op`] |
 //! | 2 | 1 | buffer type | what the I/O carries (the server's I/O history) |
-//! | 3 | 1 | name length | 1..=255 bytes of UTF-8 after the header |
+//! | 3 | 1 | name length | 1..=255 bytes of UTF-8 after the header (0 for a list) |
 //! | 4 | 8 | inode | the file the I/O is for (I/O history), else 0 |
 //! | 12 | 8 | offset | byte offset on the disk, a multiple of 512 |
 //! | 20 | 4 | length | read: bytes to read; write: payload bytes; else 0 |
@@ -51,6 +51,9 @@ pub enum Op {
     /// Durability barrier: every write the server acknowledged on this disk before
     /// the sync was asked is durable when it succeeds.
     Sync = 4,
+    /// The disks the server serves, with their sizes (postcard `Vec<(String, u64)>`).
+    /// Its disk name is empty.
+    List = 5,
 }
 
 impl Op {
@@ -60,6 +63,7 @@ impl Op {
             2 => Op::Read,
             3 => Op::Write,
             4 => Op::Sync,
+            5 => Op::List,
             _ => return None,
         })
     }
@@ -133,6 +137,19 @@ pub fn encode_request(
     out
 }
 
+/// Encodes the reply of a list request: every served disk with its size.
+pub fn encode_list(boot: u64, disks: &[(String, u64)]) -> Vec<u8> {
+    let mut out = ok_reply(boot, 0);
+    // Strings and integers: postcard cannot fail on them.
+    out.extend(postcard::to_stdvec(disks).unwrap_or_default());
+    out
+}
+
+/// Decodes the payload of a list reply.
+pub fn decode_list(payload: &[u8]) -> Result<Vec<(String, u64)>, String> {
+    postcard::from_bytes(payload).map_err(|e| format!("its disk list could not be decoded: {e}"))
+}
+
 /// A disk name can be sent: 1..=255 bytes.
 pub fn check_name(disk: &str) -> Result<(), String> {
     if disk.is_empty() || disk.len() > 255 {
@@ -181,8 +198,11 @@ pub fn decode_request(body: &[u8], max_io_bytes: usize) -> Result<Request<'_>, S
         ));
     };
     let disk = std::str::from_utf8(name).map_err(|_| "the disk name is not UTF-8".to_string())?;
-    if disk.is_empty() {
-        return Err("the disk name is empty".into());
+    if disk.is_empty() != (op == Op::List) {
+        return Err(format!(
+            "a {op:?} request must {} a disk",
+            if op == Op::List { "not name" } else { "name" }
+        ));
     }
     let payload = &body[HEADER_BYTES + name_len..];
     if offset % SECTOR != 0 {
@@ -202,7 +222,7 @@ pub fn decode_request(body: &[u8], max_io_bytes: usize) -> Result<Request<'_>, S
                 payload.len()
             ))
         }
-        Op::Info | Op::Read | Op::Sync if !payload.is_empty() => {
+        Op::Info | Op::Read | Op::Sync | Op::List if !payload.is_empty() => {
             return Err(format!(
                 "{op:?} request carries {} unexpected payload bytes",
                 payload.len()
@@ -456,6 +476,13 @@ mod tests {
         let odd = encode_request(Op::Read, "d7", 100, 512, BufferType::Data, 0, &[]);
         let e = decode_request(&odd, 1 << 20).unwrap_err();
         assert!(e.contains("not a multiple of 512"), "{e}");
+        let list = encode_request(Op::List, "", 0, 0, BufferType::Data, 0, &[]);
+        assert_eq!(decode_request(&list, 1 << 20).unwrap().op, Op::List);
+        let named = encode_request(Op::List, "d0", 0, 0, BufferType::Data, 0, &[]);
+        assert!(decode_request(&named, 1 << 20).is_err());
+        let unnamed = encode_request(Op::Read, "", 0, 512, BufferType::Data, 0, &[]);
+        let e = decode_request(&unnamed, 1 << 20).unwrap_err();
+        assert!(e.contains("must name a disk"), "{e}");
         let mut short = body.clone();
         short.pop();
         let e = decode_request(&short, 1 << 20).unwrap_err();

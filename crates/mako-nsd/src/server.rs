@@ -84,6 +84,22 @@ impl NsdServer {
             Ok(r) => r,
             Err(why) => return self.refuse(from, Failure::BadRequest(why)),
         };
+        if req.op == Op::List {
+            self.served.fetch_add(1, Relaxed);
+            let mut disks = Vec::with_capacity(self.names.len());
+            for name in self.disks() {
+                let index = self.names[&name];
+                match self.nsd.disk_size(index) {
+                    Ok(size) => disks.push((name, size)),
+                    Err(e) => {
+                        return protocol::failed_reply(&Failure::Disk(WireDiskError::from_error(
+                            &name, &e,
+                        )))
+                    }
+                }
+            }
+            return protocol::encode_list(self.boot, &disks);
+        }
         let Some(&index) = self.names.get(req.disk) else {
             let f = Failure::UnknownDisk {
                 disk: req.disk.to_string(),
@@ -144,6 +160,8 @@ impl NsdServer {
                 Ok(()) => protocol::ok_reply(self.boot, 0),
                 Err(e) => disk_failed(e),
             },
+            // Answered above, before the disk name is looked up.
+            Op::List => protocol::encode_list(self.boot, &[]),
         }
     }
 }

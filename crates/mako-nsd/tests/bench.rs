@@ -212,8 +212,14 @@ fn streaming_round(
     for k in 0..2 {
         if (k == 0) == remote_first {
             out.remote_w = stream(&remote, disks, streams, total, true);
-            out.remote_r = stream(&remote, disks, streams, total, false);
-            out.remote_r_whole = stream(&remote_whole, disks, streams, total, false);
+            // Pieces and whole blocks in turn, so neither always reads second.
+            if remote_first {
+                out.remote_r = stream(&remote, disks, streams, total, false);
+                out.remote_r_whole = stream(&remote_whole, disks, streams, total, false);
+            } else {
+                out.remote_r_whole = stream(&remote_whole, disks, streams, total, false);
+                out.remote_r = stream(&remote, disks, streams, total, false);
+            }
         } else {
             out.local_w = stream(&*local, disks, streams, total, true);
             out.local_r = stream(&*local, disks, streams, total, false);

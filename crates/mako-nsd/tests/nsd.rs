@@ -107,6 +107,14 @@ fn data_through_a_server_reads_back_locally_and_remotely() {
     );
     assert_eq!(server.refused(), 0);
     assert_eq!(client.remote(0).unwrap().failovers(), 0);
+    // Disk names and sizes, as the server has them.
+    let listed = mako_nsd::served_disks(&*nodes[1].dyn_transport(), NodeId(1), PATIENCE).unwrap();
+    assert_eq!(
+        listed,
+        vec![("d0".to_string(), 64 * MIB), ("d1".to_string(), 64 * MIB)]
+    );
+    let e = mako_nsd::served_disks(&*nodes[1].dyn_transport(), NodeId(7), PATIENCE).unwrap_err();
+    assert!(e.to_string().contains("node 7"), "{e}");
 }
 
 /// A service that stops answering while `stalled` (a hung server: the connection
