@@ -598,3 +598,75 @@ fn the_file_system_core_survives_a_server_failover() {
     }
     m.unmount().unwrap();
 }
+
+/// Several threads write and read back their own blocks (in pieces) while the
+/// primary stops: every I/O succeeds, the disk moves to the backup once, every block
+/// is on the disk file afterwards, and the sync reports the primary's acknowledged
+/// writes as in doubt.
+#[test]
+fn concurrent_io_survives_a_failover() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let files = DiskFiles::new(1, 64 * MIB);
+    let nodes = cluster(3);
+    nodes[0].serve(files.local_nsd());
+    nodes[1].serve(files.local_nsd());
+    let disk = RemoteDisk::connect(
+        "d0",
+        vec![NodeId(1), NodeId(2)],
+        nodes[2].dyn_transport(),
+        RemoteOptions {
+            piece_bytes: 32 << 10,
+            ..options()
+        },
+    )
+    .unwrap();
+    const THREADS: u64 = 4;
+    const ROUNDS: u64 = 40;
+    const LEN: usize = 96 << 10;
+    let done = AtomicU64::new(0);
+    let stopped = std::sync::atomic::AtomicBool::new(false);
+    let at = |t: u64, r: u64| (t * ROUNDS + r) * 128 * 1024;
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (disk, done, stopped) = (&disk, &done, &stopped);
+            s.spawn(move || {
+                for r in 0..ROUNDS {
+                    if r == 2 {
+                        // The rest only once the primary is gone.
+                        wait_for("the primary to stop", || stopped.load(Ordering::SeqCst));
+                    }
+                    let data = pattern(t * 1000 + r, LEN);
+                    disk.write_at(&data, at(t, r)).expect("write");
+                    let mut back = vec![0u8; LEN];
+                    disk.read_at(&mut back, at(t, r)).expect("read");
+                    assert!(back == data, "thread {t} round {r}");
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+        wait_for("every thread to write through the primary", || {
+            done.load(Ordering::SeqCst) >= THREADS * 2
+        });
+        nodes[0].transport.shutdown();
+        stopped.store(true, Ordering::SeqCst);
+    });
+    assert_eq!(disk.current_server(), NodeId(2));
+    assert_eq!(
+        disk.failovers(),
+        1,
+        "one move, whichever thread saw it first"
+    );
+    let local = &files.open()[0];
+    for t in 0..THREADS {
+        for r in 0..ROUNDS {
+            let mut back = vec![0u8; LEN];
+            local.read_at(&mut back, at(t, r)).unwrap();
+            assert!(
+                back == pattern(t * 1000 + r, LEN),
+                "thread {t} round {r} on disk"
+            );
+        }
+    }
+    let e = disk.sync().unwrap_err();
+    assert!(e.to_string().contains("node 1"), "{e}");
+}
