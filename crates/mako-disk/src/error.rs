@@ -30,7 +30,7 @@ pub enum DiskError {
     Injected { disk: String, what: String },
     /// An NSD server refused a request for this disk (it does not serve the disk, or
     /// the request was malformed): a configuration mismatch or a bug, never a disk fault.
-    #[error("disk {disk}: NSD server {server} refused the request: {reason}")]
+    #[error("disk {disk}: NSD server {server} refused the request: {reason}; check the disk's NSD server list in the cluster configuration and that every node runs the same Mako release")]
     Refused {
         disk: String,
         server: String,
@@ -42,7 +42,7 @@ pub enum DiskError {
     NoServer { disk: String, tried: String },
     /// Writes a server acknowledged since the disk's last sync cannot be confirmed
     /// durable: that server did not answer the sync, so they may be lost.
-    #[error("disk {disk}: writes acknowledged by NSD server {server} since the last sync may not be durable: {reason}")]
+    #[error("disk {disk}: writes acknowledged by NSD server {server} since the last sync may not be durable: {reason}; bring the server back, or unmount and check the file system (`mako fsck`)")]
     WritesInDoubt {
         disk: String,
         server: String,
