@@ -10,7 +10,7 @@
 
 use crate::protocol::{self, Failure, Op, WireDiskError, SECTOR};
 use mako_disk::nsd::IoTag;
-use mako_disk::{AlignedBuf, Nsd};
+use mako_disk::{AlignedBuf, DiskError, Nsd};
 use mako_format::da::SECTOR_MAX;
 use mako_format::DiskAddress;
 use mako_rt::{NodeId, Service};
@@ -36,19 +36,34 @@ pub struct NsdServer {
 
 impl NsdServer {
     /// Serves every disk of `nsd` under its `disk_name`. `max_io_bytes` bounds one
-    /// request (it must stay under the transport's frame limit).
-    pub fn new(nsd: Arc<dyn Nsd>, max_io_bytes: usize) -> NsdServer {
-        let names = (0..nsd.disk_count() as u32)
-            .map(|i| (nsd.disk_name(i), i))
-            .collect();
-        NsdServer {
+    /// request (it must stay under the transport's frame limit). Refused when two
+    /// disks have one name (requests for it could reach either) or a name cannot be
+    /// sent (empty or over 255 bytes).
+    pub fn new(nsd: Arc<dyn Nsd>, max_io_bytes: usize) -> Result<NsdServer, DiskError> {
+        let mut names = HashMap::new();
+        for i in 0..nsd.disk_count() as u32 {
+            let name = nsd.disk_name(i);
+            let refuse = |reason: String| DiskError::Refused {
+                disk: name.clone(),
+                server: "(this node, starting to serve)".into(),
+                reason,
+            };
+            protocol::check_name(&name).map_err(refuse)?;
+            if let Some(other) = names.insert(name.clone(), i) {
+                return Err(refuse(format!(
+                    "disks {other} and {i} of this node are both named {name:?}; \
+                     NSD names must be unique"
+                )));
+            }
+        }
+        Ok(NsdServer {
             nsd,
             names,
             max_io_bytes,
             boot: boot_id(),
             refused: AtomicU64::new(0),
             served: AtomicU64::new(0),
-        }
+        })
     }
 
     /// This server's boot id.

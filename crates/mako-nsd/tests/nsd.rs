@@ -409,6 +409,15 @@ fn bad_requests_are_refused_and_the_server_keeps_serving() {
         .unwrap();
     assert_eq!(buf, pattern(9, 8192));
     assert!(server.refused() >= 6, "{}", server.refused());
+    // A server with two disks of one name refuses to start serving.
+    let twins: Vec<Arc<dyn Disk>> = vec![
+        Arc::new(MemDisk::new("d0", MIB)),
+        Arc::new(MemDisk::new("d0", MIB)),
+    ];
+    let e = mako_nsd::NsdServer::new(Arc::new(LocalNsd::new(twins, 4)), 1 << 20)
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("both named \"d0\""), "{e}");
 }
 
 /// A failing disk on the server comes back as the same `DiskError` variant, naming

@@ -39,7 +39,8 @@ impl Node {
 
     /// Serves `nsd`'s disks from this node; returns the server (for its counters).
     pub fn serve(&self, nsd: Arc<dyn Nsd>) -> Arc<NsdServer> {
-        let server = Arc::new(NsdServer::new(nsd, mako_nsd::server::MAX_IO_BYTES_DEFAULT));
+        let server =
+            Arc::new(NsdServer::new(nsd, mako_nsd::server::MAX_IO_BYTES_DEFAULT).expect("serve"));
         self.registry
             .register(self.id, ServiceId::Nsd, server.clone());
         server
