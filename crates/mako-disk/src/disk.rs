@@ -1,5 +1,6 @@
 //! The disk trait: positioned reads and writes of whole sectors, and a durability barrier.
 
+use crate::nsd::IoTag;
 use crate::DiskError;
 
 pub trait Disk: Send + Sync {
@@ -10,6 +11,17 @@ pub trait Disk: Send + Sync {
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError>;
     /// Make every completed write durable.
     fn sync(&self) -> Result<(), DiskError>;
+    /// `read_at` with what the I/O carries: a disk behind an NSD server passes the tag
+    /// on, so the server's I/O history says what it read. Others ignore it.
+    fn read_tagged(&self, buf: &mut [u8], offset: u64, tag: IoTag) -> Result<(), DiskError> {
+        let _ = tag;
+        self.read_at(buf, offset)
+    }
+    /// `write_at` with what the I/O carries (see `read_tagged`).
+    fn write_tagged(&self, buf: &[u8], offset: u64, tag: IoTag) -> Result<(), DiskError> {
+        let _ = tag;
+        self.write_at(buf, offset)
+    }
 }
 
 /// Bounds check shared by implementations.

@@ -2,8 +2,8 @@
 //!
 //! Invariants:
 //! - Every block read or write of the file system goes through [`Nsd`]; nothing above
-//!   this crate touches a disk file. Today the NSD is in-process ([`LocalNsd`]); an NSD
-//!   client over the network will implement the same trait.
+//!   this crate touches a disk file. [`LocalNsd`] does the I/O on its [`Disk`]s, local
+//!   ones or disks behind NSD servers (`mako_nsd::RemoteDisk`, a `Disk` too).
 //! - A [`Disk`] is the world boundary: tests swap in [`MemDisk`], which can inject
 //!   faults (failed reads/writes, a read-only disk), and crash tests swap in
 //!   [`CrashDisk`]s, which keep the durable image apart from unsynced writes and can

@@ -1,5 +1,6 @@
-//! The NSD interface: block I/O by disk address. `LocalNsd` serves disks attached to
-//! this node; a network NSD client will implement the same trait.
+//! The NSD interface: block I/O by disk address. `LocalNsd` does the I/O on its
+//! `Disk`s, which are local (a disk file, a block device) or reached through NSD
+//! servers (`mako_nsd::RemoteDisk`).
 
 use crate::iohist::{BufferType, IoHistory, IoRecord};
 use crate::{AlignedBuf, Disk, DiskError};
@@ -186,7 +187,9 @@ impl Nsd for LocalNsd {
         let start = (SystemTime::now(), Instant::now());
         let wait = WaitGuard::new(wait_for_io(da, buf.len(), false, tag));
         test_delay(tag);
-        let r = self.disk(da.disk())?.read_at(buf, da.byte_offset());
+        let r = self
+            .disk(da.disk())?
+            .read_tagged(buf, da.byte_offset(), tag);
         drop(wait);
         self.account(da, buf.len(), false, tag, start, r.is_ok());
         r
@@ -195,7 +198,9 @@ impl Nsd for LocalNsd {
         let start = (SystemTime::now(), Instant::now());
         let wait = WaitGuard::new(wait_for_io(da, buf.len(), true, tag));
         test_delay(tag);
-        let r = self.disk(da.disk())?.write_at(buf, da.byte_offset());
+        let r = self
+            .disk(da.disk())?
+            .write_tagged(buf, da.byte_offset(), tag);
         // After the write: a barrier that clears the flag before this point syncs the
         // disk anyway, one that clears it after sees it set.
         self.unsynced[da.disk() as usize].store(true, Ordering::Release);

@@ -33,12 +33,13 @@ pub(crate) const READ_BUFFER_BYTES: usize = 64 << 10;
 
 /// The service a wire number names, if this build knows it.
 pub fn service_from_wire(n: u16) -> Option<ServiceId> {
-    const ALL: [ServiceId; 5] = [
+    const ALL: [ServiceId; 6] = [
         ServiceId::TokenManager,
         ServiceId::TokenClient,
         ServiceId::FileSystem,
         ServiceId::FsManager,
         ServiceId::Cluster,
+        ServiceId::Nsd,
     ];
     // A new ServiceId variant makes this match fail to compile: add it to ALL too.
     const fn _every_service_is_listed(s: ServiceId) {
@@ -47,7 +48,8 @@ pub fn service_from_wire(n: u16) -> Option<ServiceId> {
             | ServiceId::TokenClient
             | ServiceId::FileSystem
             | ServiceId::FsManager
-            | ServiceId::Cluster => {}
+            | ServiceId::Cluster
+            | ServiceId::Nsd => {}
         }
     }
     ALL.into_iter().find(|s| *s as u16 == n)

@@ -39,6 +39,9 @@ pub enum ServiceId {
     /// The replicated cluster configuration (mako-cluster): raft messages between
     /// quorum nodes and learners, and changes forwarded to the cluster manager.
     Cluster = 5,
+    /// An NSD server: block I/O on the disks this node serves to nodes without local
+    /// access to them (mako-nsd).
+    Nsd = 6,
 }
 
 /// Priority class of a request: small metadata messages must never queue behind bulk
