@@ -62,6 +62,9 @@ pub struct BenchArgs {
     /// one run share the file system from several nodes. Only the target uses them.
     #[arg(long = "also", value_name = "DIR")]
     pub also: Vec<PathBuf>,
+    /// With `--suite meta`: only the private directories (no shared-directory phases).
+    #[arg(long)]
+    pub skip_shared: bool,
     /// ior-easy bytes per process (file per process, 1 MiB transfers).
     #[arg(long, value_parser = size_arg)]
     pub easy_bytes: Option<u64>,
@@ -719,7 +722,7 @@ impl Suite<'_> {
 impl Suite<'_> {
     /// The `meta` suite. `roots[p % roots.len()]` is the scratch directory as process p
     /// sees it (several mounts of one file system: several nodes).
-    fn run_meta(&mut self, roots: &[PathBuf]) -> anyhow::Result<()> {
+    fn run_meta(&mut self, roots: &[PathBuf], skip_shared: bool) -> anyhow::Result<()> {
         let config = self.config;
         let procs = self.procs();
         let root_of = |p: u64| &roots[p as usize % roots.len()];
@@ -750,9 +753,9 @@ impl Suite<'_> {
         type Layout<'a> = &'a dyn Fn(u64) -> (PathBuf, String);
         let private_layout = |p: u64| (private(p), "f.".to_string());
         let shared_layout = |p: u64| (shared(p), prefix(p));
-        let layouts: [(&str, Layout); 2] =
-            [("private", &private_layout), ("shared", &shared_layout)];
-        for (name, layout) in layouts {
+        let all: [(&str, Layout); 2] = [("private", &private_layout), ("shared", &shared_layout)];
+        let layouts = &all[..if skip_shared { 1 } else { 2 }];
+        for &(name, layout) in layouts {
             let tasks = (0..procs)
                 .map(|p| {
                     let (dir, prefix) = layout(p);
@@ -782,15 +785,17 @@ impl Suite<'_> {
             )?;
         }
         // The files another process created (through another node, with --also).
-        let tasks = (0..procs)
-            .map(|p| {
-                let q = (p + 1) % procs;
-                Task::Md(md(shared(p), prefix(q), n, MdOp::Stat))
-            })
-            .collect();
-        self.phase("stat-shared-other", PhaseKind::Metadata, false, None, tasks)?;
+        if !skip_shared {
+            let tasks = (0..procs)
+                .map(|p| {
+                    let q = (p + 1) % procs;
+                    Task::Md(md(shared(p), prefix(q), n, MdOp::Stat))
+                })
+                .collect();
+            self.phase("stat-shared-other", PhaseKind::Metadata, false, None, tasks)?;
+        }
         // Cold walks: the top-level trees dealt round-robin to the processes.
-        let mut trees: Vec<u64> = vec![u64::MAX];
+        let mut trees: Vec<u64> = if skip_shared { vec![] } else { vec![u64::MAX] };
         trees.extend(0..procs);
         for (name, names_only) in [("find-names", true), ("find-stat", false)] {
             let cache = self.drop_caches(root)?;
@@ -812,7 +817,7 @@ impl Suite<'_> {
                 .collect();
             self.phase(name, PhaseKind::Metadata, false, Some(cache), tasks)?;
         }
-        for (name, layout) in layouts {
+        for &(name, layout) in layouts {
             let tasks = (0..procs)
                 .map(|p| {
                     let (dir, prefix) = layout(p);
@@ -941,7 +946,7 @@ fn run_on(
     };
     match args.suite {
         BenchSuite::Io500 => suite.run(&scratch.root)?,
-        BenchSuite::Meta => suite.run_meta(&roots)?,
+        BenchSuite::Meta => suite.run_meta(&roots, args.skip_shared)?,
     }
     let phases = suite.phases;
     let score = score_of(&phases);
