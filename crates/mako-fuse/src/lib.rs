@@ -51,9 +51,9 @@ const NAME_LOG_KEEP: Duration = Duration::from_secs(2 * 3600 + 60);
 const NAME_LOG_MAX: usize = 1 << 20;
 /// Least time between two sweeps of expired names.
 const NAME_LOG_SWEEP: Duration = Duration::from_secs(10);
-/// Longest name a directory holds (the kernel's NAME_MAX): only such names are looked
-/// up under a name token, so only their absence may be cached.
-const NAME_MAX: usize = 255;
+/// Longest name a directory holds: only such names are looked up under a name token
+/// (`FileSystem::lookup`), so only their absence may be cached.
+const NAME_MAX: usize = mako_format::dir_block::NAME_BYTES_MAX;
 /// The ioctls through which the kernel's fileattr interface (chattr, lsattr, xfs_io chattr)
 /// reaches a FUSE file system (linux/fs.h; x86_64 and the other usual 64-bit ABIs).
 const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
