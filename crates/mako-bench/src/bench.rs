@@ -30,6 +30,18 @@ fn size_arg(text: &str) -> Result<u64, String> {
     parse_size(text)
 }
 
+/// Which phases `mako bench` runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+pub enum BenchSuite {
+    /// The io500-style phases (ior-easy/hard, mdtest-easy/hard, find).
+    Io500,
+    /// Metadata only, for the kernel's caches: creates and stats in private directories
+    /// and in one shared directory, `find` by names and types and `find` with a stat of
+    /// every entry after the caches were dropped, deletes. `--md-easy-files` files per
+    /// process in each of the private and the shared directories.
+    Meta,
+}
+
 /// Arguments of `mako bench`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct BenchArgs {
@@ -42,6 +54,17 @@ pub struct BenchArgs {
     /// Preset sizes; the flags below override single values.
     #[arg(long, value_enum, default_value = "default")]
     pub size: BenchSize,
+    /// Which phases: the io500-style ones, or `meta` (creates, stats, finds, deletes).
+    #[arg(long, value_enum, default_value = "io500")]
+    pub suite: BenchSuite,
+    /// Another mount point of the same file system as DIR (another node's mount of it):
+    /// process p works through mount p mod (1 + number of --also), so the processes of
+    /// one run share the file system from several nodes. Only the target uses them.
+    #[arg(long = "also", value_name = "DIR")]
+    pub also: Vec<PathBuf>,
+    /// With `--suite meta`: only the private directories (no shared-directory phases).
+    #[arg(long)]
+    pub skip_shared: bool,
     /// ior-easy bytes per process (file per process, 1 MiB transfers).
     #[arg(long, value_parser = size_arg)]
     pub easy_bytes: Option<u64>,
@@ -549,6 +572,7 @@ impl Suite<'_> {
                         .step_by(procs as usize)
                         .cloned()
                         .collect(),
+                    names_only: false,
                 })
             })
             .collect();
@@ -695,6 +719,123 @@ impl Suite<'_> {
     }
 }
 
+impl Suite<'_> {
+    /// The `meta` suite. `roots[p % roots.len()]` is the scratch directory as process p
+    /// sees it (several mounts of one file system: several nodes).
+    fn run_meta(&mut self, roots: &[PathBuf], skip_shared: bool) -> anyhow::Result<()> {
+        let config = self.config;
+        let procs = self.procs();
+        let root_of = |p: u64| &roots[p as usize % roots.len()];
+        let root = &roots[0];
+        std::fs::create_dir(root.join("private"))
+            .with_context(|| format!("cannot create {}/private", root.display()))?;
+        std::fs::create_dir(root.join("shared"))
+            .with_context(|| format!("cannot create {}/shared", root.display()))?;
+        for p in 0..procs {
+            let dir = root.join("private").join(format!("p{p}"));
+            std::fs::create_dir(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        let private = |p: u64| root_of(p).join("private").join(format!("p{p}"));
+        let shared = |p: u64| root_of(p).join("shared");
+        let prefix = |p: u64| format!("f.p{p}.");
+        let n = config.md_easy_files_per_proc;
+        let md = |dir: PathBuf, prefix: String, count: u64, op: MdOp| MdSpec {
+            dir,
+            prefix,
+            first: 0,
+            count,
+            op,
+            time_limit_ms: None,
+            fsync: false,
+            verify: config.verify,
+        };
+        type Layout<'a> = &'a dyn Fn(u64) -> (PathBuf, String);
+        let private_layout = |p: u64| (private(p), "f.".to_string());
+        let shared_layout = |p: u64| (shared(p), prefix(p));
+        let all: [(&str, Layout); 2] = [("private", &private_layout), ("shared", &shared_layout)];
+        let layouts = &all[..if skip_shared { 1 } else { 2 }];
+        for &(name, layout) in layouts {
+            let tasks = (0..procs)
+                .map(|p| {
+                    let (dir, prefix) = layout(p);
+                    Task::Md(md(dir, prefix, n, MdOp::CreateEmpty))
+                })
+                .collect();
+            self.phase(
+                &format!("create-{name}"),
+                PhaseKind::Metadata,
+                false,
+                None,
+                tasks,
+            )?;
+            // Warm: right after the creates, as `ls -l` after `tar x` would.
+            let tasks = (0..procs)
+                .map(|p| {
+                    let (dir, prefix) = layout(p);
+                    Task::Md(md(dir, prefix, n, MdOp::Stat))
+                })
+                .collect();
+            self.phase(
+                &format!("stat-{name}"),
+                PhaseKind::Metadata,
+                false,
+                None,
+                tasks,
+            )?;
+        }
+        // The files another process created (through another node, with --also).
+        if !skip_shared {
+            let tasks = (0..procs)
+                .map(|p| {
+                    let q = (p + 1) % procs;
+                    Task::Md(md(shared(p), prefix(q), n, MdOp::Stat))
+                })
+                .collect();
+            self.phase("stat-shared-other", PhaseKind::Metadata, false, None, tasks)?;
+        }
+        // Cold walks: the top-level trees dealt round-robin to the processes.
+        let mut trees: Vec<u64> = if skip_shared { vec![] } else { vec![u64::MAX] };
+        trees.extend(0..procs);
+        for (name, names_only) in [("find-names", true), ("find-stat", false)] {
+            let cache = self.drop_caches(root)?;
+            let tasks = (0..procs)
+                .map(|p| {
+                    Task::Find(FindSpec {
+                        roots: trees
+                            .iter()
+                            .skip(p as usize)
+                            .step_by(procs as usize)
+                            .map(|&t| match t {
+                                u64::MAX => shared(p),
+                                t => root_of(p).join("private").join(format!("p{t}")),
+                            })
+                            .collect(),
+                        names_only,
+                    })
+                })
+                .collect();
+            self.phase(name, PhaseKind::Metadata, false, Some(cache), tasks)?;
+        }
+        for &(name, layout) in layouts {
+            let tasks = (0..procs)
+                .map(|p| {
+                    let (dir, prefix) = layout(p);
+                    Task::Md(md(dir, prefix, n, MdOp::Delete))
+                })
+                .collect();
+            self.phase(
+                &format!("delete-{name}"),
+                PhaseKind::Metadata,
+                false,
+                None,
+                tasks,
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// One io500-style result line.
 pub fn format_phase_line(phase: &PhaseResult) -> String {
     let mut line = format!(
@@ -753,6 +894,7 @@ fn score_line(score: &Score) -> String {
 
 fn run_on(
     dir: &Path,
+    also: &[PathBuf],
     config: &BenchConfig,
     args: &BenchArgs,
     hooks: &BenchHooks,
@@ -760,7 +902,30 @@ fn run_on(
 ) -> anyhow::Result<BenchRun> {
     let started = Instant::now();
     let scratch = ScratchDir::create(dir, args.keep)?;
-    println!(
+    // The scratch directory as the other mount points show it.
+    let mut roots = vec![scratch.root.clone()];
+    if let Some(name) = scratch.root.file_name() {
+        roots.extend(also.iter().map(|a| a.join(name)));
+    }
+    for r in &roots[1..] {
+        if !r.is_dir() {
+            bail!(
+                "--also: {} does not show {} (is it a mount point of the same file system?)",
+                r.display(),
+                scratch.root.display()
+            );
+        }
+    }
+    if args.suite == BenchSuite::Meta {
+        println!(
+            "mako bench {} — {} processes through {} mount(s), {} files/proc in private and in shared directories",
+            dir.display(),
+            config.procs,
+            roots.len(),
+            config.md_easy_files_per_proc
+        );
+    } else {
+        println!(
         "mako bench {} — {} processes, ior-easy {}/proc, ior-hard {} × {} B/proc, md-easy {} files/proc, md-hard {} files/proc, stonewall {}",
         dir.display(),
         config.procs,
@@ -771,6 +936,7 @@ fn run_on(
         config.md_hard_files_per_proc,
         if config.stonewall_secs > 0.0 { format!("{} s", config.stonewall_secs) } else { "off".into() }
     );
+    }
     let mut suite = Suite {
         config,
         hooks,
@@ -778,10 +944,15 @@ fn run_on(
         drop_enabled: !args.no_drop_caches,
         phases: Vec::new(),
     };
-    suite.run(&scratch.root)?;
+    match args.suite {
+        BenchSuite::Io500 => suite.run(&scratch.root)?,
+        BenchSuite::Meta => suite.run_meta(&roots, args.skip_shared)?,
+    }
     let phases = suite.phases;
     let score = score_of(&phases);
-    println!("{}", score_line(&score));
+    if args.suite == BenchSuite::Io500 {
+        println!("{}", score_line(&score));
+    }
     drop(scratch);
     Ok(BenchRun {
         dir: dir.to_path_buf(),
@@ -807,6 +978,9 @@ pub fn ratios(target: &BenchRun, reference: &BenchRun) -> Vec<PhaseRatio> {
             })
         })
         .collect();
+    if !target.phases.iter().any(|p| p.in_score) {
+        return out;
+    }
     for (name, unit, pick) in [
         (
             "score-bandwidth",
@@ -913,9 +1087,9 @@ pub fn run_bench(args: &BenchArgs, hooks: &BenchHooks) -> anyhow::Result<BenchRe
         if repeat > 1 {
             println!("=== pair {} of {repeat} ===", i + 1);
         }
-        let target = run_on(&args.dir, &config, args, hooks, &mut pool)?;
+        let target = run_on(&args.dir, &args.also, &config, args, hooks, &mut pool)?;
         let reference = match &args.compare {
-            Some(dir) => Some(run_on(dir, &config, args, hooks, &mut pool)?),
+            Some(dir) => Some(run_on(dir, &[], &config, args, hooks, &mut pool)?),
             None => None,
         };
         verify_errors += target

@@ -122,10 +122,14 @@ pub struct MdSpec {
     pub fsync: bool,
 }
 
-/// One thread walking directory trees and lstat-ing every entry (io500 `find`).
+/// One thread walking directory trees and lstat-ing every entry (io500 `find`), or,
+/// with `names_only`, looking only at the names and types the listing gives (`find
+/// -type f` needs no more: it reads `d_type`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FindSpec {
     pub roots: Vec<PathBuf>,
+    #[serde(default)]
+    pub names_only: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -450,7 +454,7 @@ fn run_md(spec: &MdSpec) -> TaskResult {
                     }),
                 bytes,
             ),
-            MdOp::Stat => (std::fs::symlink_metadata(&path).map(drop), 0),
+            MdOp::Stat => (lstat(&path).map(drop), 0),
             MdOp::Read { bytes } => {
                 data.resize(bytes as usize, 0);
                 let result = File::open(&path).and_then(|file| read_full_at(&file, &mut data, 0));
@@ -480,6 +484,22 @@ fn run_md(spec: &MdSpec) -> TaskResult {
     meter.finish(error)
 }
 
+/// lstat(2) as mdtest and find call it (`newfstatat`, the basic attributes). Rust's
+/// `symlink_metadata` asks statx for the birth time too, which a FUSE kernel never
+/// caches from a lookup's reply: every such call would reach the file system.
+fn lstat(path: &Path) -> std::io::Result<libc::stat> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: a NUL-terminated path and a zeroed stat buffer lstat fills.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::lstat(c.as_ptr(), &mut st) } == 0 {
+        Ok(st)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 fn run_find(spec: &FindSpec) -> TaskResult {
     let mut meter = Meter::start();
     let mut error = None;
@@ -495,11 +515,16 @@ fn run_find(spec: &FindSpec) -> TaskResult {
         };
         meter.io_ns += begin.elapsed().as_nanos() as u64;
         for entry in entries {
-            // Like `find -size`, look at every entry's attributes, not only its name.
+            // Like `find -size`, look at every entry's attributes, not only its name;
+            // or, like `find -type f`, only at the type the listing carries.
             let begin = Instant::now();
             let result = entry.and_then(|entry| {
-                let metadata = std::fs::symlink_metadata(entry.path())?;
-                Ok((entry.path(), metadata.is_dir()))
+                let is_dir = if spec.names_only {
+                    entry.file_type()?.is_dir()
+                } else {
+                    lstat(&entry.path())?.st_mode & libc::S_IFMT == libc::S_IFDIR
+                };
+                Ok((entry.path(), is_dir))
             });
             meter.op(begin.elapsed(), 0);
             match result {

@@ -772,7 +772,10 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
     // Subblocks the allocation had when it grew where it is (its new subblocks hold
     // whatever the disk held: the write below covers them).
     let mut grown_from = None;
-    let target = if cur.is_null() || cur_sb != desired {
+    // The allocation changes `st_blocks`, which the kernel may cache for long under
+    // this node's inode token: it must ask again (below, with no lock of the inode).
+    let blocks_change = cur.is_null() || cur_sb != desired;
+    let target = if blocks_change {
         if !buf.loaded {
             load_buffer(core, &st, b, &mut buf)?;
         }
@@ -871,7 +874,11 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
     buf.dirty = None;
     buf.written_since_clean = 0;
     core.pool.account(&mut buf, true);
+    drop(buf);
     core.stats.blocks_flushed.fetch_add(1, Ordering::Relaxed);
+    if blocks_change {
+        core.invalidate_kernel_attrs(ino);
+    }
     Ok(())
 }
 

@@ -302,6 +302,36 @@ impl FileSystem {
         self.core.tokens.inode_mode(ino) == Some(TokenMode::Rw)
     }
 
+    /// May the kernel keep `ino`'s attributes for long without asking? Only while this
+    /// node holds its inode token in `ro` or `xw`: a change anywhere else revokes that
+    /// token first, and the revoke invalidates the kernel's copy (`cache_flush`). With
+    /// `rw` others change size and times without a revoke (`attributes_shared`); with
+    /// none nothing would tell the kernel.
+    pub fn kernel_may_cache_attrs(&self, ino: u64) -> bool {
+        matches!(
+            self.core.tokens.inode_mode(ino),
+            Some(TokenMode::Ro | TokenMode::Xw)
+        )
+    }
+
+    /// The token client's grant clock, read before a listing whose entries the kernel
+    /// may keep (`kernel_may_cache_listing`).
+    pub fn grant_clock(&self) -> u64 {
+        self.core.tokens.client().grant_clock()
+    }
+
+    /// May the kernel keep names of directory `dir` that were read when the grant clock
+    /// showed `read_at` and recorded (for invalidation) since? Only if this node still
+    /// holds every name of the directory, no revoke of them is under way, and nothing of
+    /// them was granted since the read: the names were read under the token held now, and
+    /// its revoke will find them recorded. Lookups and creates need no such check: they
+    /// record the name before the operation reads it under its name token.
+    pub fn kernel_may_cache_listing(&self, dir: u64, read_at: u64) -> bool {
+        let client = self.core.tokens.client();
+        let names = self.core.tokens.dir(dir);
+        client.granted_at(names) <= read_at && client.holds_steadily(names, ByteRange::WHOLE)
+    }
+
     pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
         crate::op::run(&self.core, || {
             let h = self.handle(ino)?;
@@ -1431,14 +1461,19 @@ impl FileSystem {
                     later = true;
                 }
             }
-            Ok((out, later))
+            Ok((out, later, atime_due))
         })
-        .map(|(out, later)| {
+        .map(|(out, later, touched)| {
             if later {
                 if let Err(e) = self.touch_atime(ino, atime) {
                     // The read succeeded; a lost atime update is not the reader's error.
                     tracing::debug!("atime of inode {ino} not updated: {e}");
                 }
+            }
+            if touched {
+                // The reply went out before atime changed, and the kernel may keep the
+                // attributes it fetched meanwhile for long (under this node's token).
+                self.core.invalidate_kernel_attrs(ino);
             }
             out
         })

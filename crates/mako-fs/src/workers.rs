@@ -7,7 +7,9 @@ use crate::block_map;
 use crate::core::{Core, InodeHandle, InodeState};
 use crate::error::{FsError, FsResult};
 use crate::file_io;
+use crate::fs::is_dir_mode;
 use mako_format::inode::{InodeContent, FLAG_SYSTEM};
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -140,9 +142,25 @@ pub fn evict_inodes(core: &Core) -> FsResult<()> {
             .cloned()
             .collect()
     };
+    // A directory the kernel still knows (the root, or one it holds a lookup of) stays:
+    // the kernel keeps its names for long under this node's name token, and giving that
+    // token up would invalidate them by name, which waits for the directory's lock in
+    // the kernel — held by any lookup there waiting for this very token (a deadlock).
+    let root = core.metadata_inodes().root_dir;
+    let kernel_dirs: HashSet<u64> = {
+        let lookups = core.lookups.lock();
+        candidates
+            .iter()
+            .filter(|h| h.ino == root || lookups.contains_key(&h.ino))
+            .map(|h| h.ino)
+            .collect()
+    };
     candidates.retain(|h| {
         let st = h.state.read();
-        st.inode.flags & FLAG_SYSTEM == 0 && st.inode.nlink > 0 && !st.deleted
+        st.inode.flags & FLAG_SYSTEM == 0
+            && st.inode.nlink > 0
+            && !st.deleted
+            && !(is_dir_mode(st.inode.mode) && kernel_dirs.contains(&h.ino))
     });
     candidates.sort_by_key(|h| h.last_use.load(Ordering::Relaxed));
     let excess = core.inodes.lock().len().saturating_sub(max_files);

@@ -5,8 +5,13 @@
 //! - Kernel references (FUSE lookup counts) are reported to the file system for every
 //!   entry handed out (lookup, create, mknod, mkdir, symlink, link, readdirplus), so an
 //!   unlinked inode lives exactly as long as the kernel can still reach it.
-//! - The kernel may cache attributes, entries and pages (one node owns every token);
-//!   `Invalidator` is how the token layer takes those caches back.
+//! - The kernel keeps attributes and entries for long (`CACHE_TTL`) only while this node
+//!   holds the token covering them: attributes under the inode token in `ro` or `xw`,
+//!   a name (or its absence: negative entries) under the directory's name token. Without
+//!   one the timeout is zero. `Sessions` (the `KernelInvalidator`) takes them back when
+//!   the token is revoked or narrowed; a name is recorded in the session's `NameLog`
+//!   before the operation that hands it out reads it, so every revoke after that read
+//!   finds it (docs/coherence.md section 8).
 //! - fuser is kept behind this crate: nothing else in Mako names a fuser type.
 //! - One file system may be served at several mount points at once, each its own FUSE
 //!   session (its own kernel superblock and caches) over the same `FileSystem`.
@@ -34,8 +39,21 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// How long the kernel may trust attributes and entries without asking again.
-const TTL: Duration = Duration::from_secs(2);
+/// How long the kernel may trust attributes and entries without asking again while
+/// this node holds the token covering them: a revoke invalidates them sooner. Not
+/// unlimited, so that the names a session must remember (`NameLog`) age out.
+pub const CACHE_TTL: Duration = Duration::from_secs(3600);
+/// How long a session remembers a name after recording it: the kernel's timeout runs
+/// from the reply, which comes after the record (an operation may wait for tokens).
+const NAME_LOG_KEEP: Duration = Duration::from_secs(2 * 3600 + 60);
+/// Most names one session remembers. Past it, names not yet recorded are handed to
+/// the kernel with a zero timeout, so memory stays bounded (about 100 bytes a name).
+const NAME_LOG_MAX: usize = 1 << 20;
+/// Least time between two sweeps of expired names.
+const NAME_LOG_SWEEP: Duration = Duration::from_secs(10);
+/// Longest name a directory holds: only such names are looked up under a name token
+/// (`FileSystem::lookup`), so only their absence may be cached.
+const NAME_MAX: usize = mako_format::dir_block::NAME_BYTES_MAX;
 /// The ioctls through which the kernel's fileattr interface (chattr, lsattr, xfs_io chattr)
 /// reaches a FUSE file system (linux/fs.h; x86_64 and the other usual 64-bit ABIs).
 const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
@@ -120,48 +138,86 @@ impl MountFlags {
 /// Each session's id, notifier and the names it handed to its kernel.
 type SessionList = Arc<Vec<(u64, Arc<Notifier>, Arc<NameLog>)>>;
 
-/// The names one session handed to its kernel with a timeout (lookup, create, mkdir,
-/// readdirplus, …), by directory, with when: the kernel trusts such a dentry until its
-/// TTL ends without asking, and FUSE has no notification for "every name of this
-/// directory", so when the token covering a directory's names leaves the node
-/// (`invalidate_names`), each name handed out within the TTL is invalidated by name.
-/// Older ones have expired in the kernel already and are forgotten.
-#[derive(Default)]
+/// The names one session handed to its kernel with a timeout (lookup, negative
+/// lookup, create, mkdir, readdirplus, …), by directory, with when: the kernel trusts
+/// such a dentry until its timeout ends without asking, and FUSE has no notification
+/// for "every name of this directory", so when the token covering a directory's names
+/// leaves the node (`invalidate_names`), each name recorded is invalidated by name.
+/// Names are recorded before the operation reads them under the token (`record`), so
+/// a revoke that starts after that read finds them; expired ones are forgotten.
 pub struct NameLog {
-    dirs: Mutex<HashMap<u64, HashMap<Vec<u8>, Instant>>>,
-    /// Names recorded since the last sweep of expired ones.
-    recorded: AtomicU64,
+    inner: Mutex<NameLogInner>,
 }
 
-/// Names recorded between two sweeps of the expired ones.
-const NAME_LOG_SWEEP: u64 = 4096;
+struct NameLogInner {
+    dirs: HashMap<u64, HashMap<Vec<u8>, Instant>>,
+    count: usize,
+    last_sweep: Instant,
+}
+
+impl Default for NameLog {
+    fn default() -> Self {
+        NameLog {
+            inner: Mutex::new(NameLogInner {
+                dirs: HashMap::new(),
+                count: 0,
+                last_sweep: Instant::now(),
+            }),
+        }
+    }
+}
 
 impl NameLog {
-    fn record(&self, dir: u64, name: &[u8]) {
+    /// Remember `name` in `dir`; false when the log is full and the name may only be
+    /// handed out with a zero timeout.
+    fn record(&self, dir: u64, name: &[u8]) -> bool {
+        self.record_as(dir, name, false)
+    }
+
+    /// Remember `name` in `dir` even past `NAME_LOG_MAX` (a rename: the kernel moves a
+    /// dentry with the timeout it has, whatever the reply says).
+    fn record_always(&self, dir: u64, name: &[u8]) {
+        self.record_as(dir, name, true);
+    }
+
+    fn record_as(&self, dir: u64, name: &[u8], always: bool) -> bool {
         let now = Instant::now();
-        let mut d = self.dirs.lock().unwrap_or_else(|e| e.into_inner());
-        d.entry(dir).or_default().insert(name.to_vec(), now);
-        if self.recorded.fetch_add(1, Ordering::Relaxed) >= NAME_LOG_SWEEP {
-            self.recorded.store(0, Ordering::Relaxed);
-            d.retain(|_, names| {
-                names.retain(|_, t| now.duration_since(*t) < TTL);
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let inner = &mut *g;
+        if inner.count >= NAME_LOG_MAX && now.duration_since(inner.last_sweep) >= NAME_LOG_SWEEP {
+            inner.last_sweep = now;
+            let mut count = 0;
+            inner.dirs.retain(|_, names| {
+                names.retain(|_, t| now.duration_since(*t) < NAME_LOG_KEEP);
+                count += names.len();
                 !names.is_empty()
             });
+            inner.count = count;
         }
+        let full = inner.count >= NAME_LOG_MAX && !always;
+        let names = inner.dirs.entry(dir).or_default();
+        if let Some(t) = names.get_mut(name) {
+            *t = now;
+            return true;
+        }
+        if full {
+            return false;
+        }
+        names.insert(name.to_vec(), now);
+        inner.count += 1;
+        true
     }
 
     /// The names of `dir` the kernel may still trust, forgotten here.
     fn take(&self, dir: u64) -> Vec<Vec<u8>> {
         let now = Instant::now();
-        let names = self
-            .dirs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&dir)
-            .unwrap_or_default();
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let names = g.dirs.remove(&dir).unwrap_or_default();
+        g.count = g.count.saturating_sub(names.len());
+        drop(g);
         names
             .into_iter()
-            .filter(|(_, t)| now.duration_since(*t) < TTL)
+            .filter(|(_, t)| now.duration_since(*t) < NAME_LOG_KEEP)
             .map(|(n, _)| n)
             .collect()
     }
@@ -246,7 +302,7 @@ impl KernelInvalidator for Sessions {
         }
     }
     fn invalidate_names(&self, dir: u64) {
-        // Every name of `dir` the kernel may still trust (handed out within the TTL),
+        // Every name of `dir` the kernel may still trust (recorded and not expired),
         // then the directory's own attributes and listing.
         for (id, n, names) in self.snapshot().iter() {
             for name in names.take(dir) {
@@ -357,6 +413,27 @@ pub fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// The attributes of a negative entry (node id 0): the kernel reads only the timeouts.
+fn negative_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 fn errno(e: &FsError) -> Errno {
     if e.is_serious() {
         tracing::error!("{e}");
@@ -402,16 +479,33 @@ fn ctx(req: &Request) -> Ctx {
 }
 
 impl MakoFuse {
-    /// How long the kernel may keep `ino`'s attributes and the entry naming it: `TTL`,
-    /// unless this node shares the inode with writers on other nodes (`rw`): their
+    /// How long the kernel may keep `ino`'s attributes: `CACHE_TTL` while this node
+    /// holds the inode token in `ro` or `xw` (its revoke invalidates them), else zero —
+    /// in particular when it shares the inode with writers on other nodes (`rw`): their
     /// sizes and times reach the metanode without revoking anything here, so the kernel
     /// must ask every time (docs/coherence.md section 8).
     fn ttl(&self, ino: u64) -> Duration {
-        if self.fs.attributes_shared(ino) {
-            Duration::ZERO
+        if self.fs.kernel_may_cache_attrs(ino) {
+            CACHE_TTL
         } else {
-            TTL
+            Duration::ZERO
         }
+    }
+
+    /// How long the kernel may keep a name handed out by an operation that recorded it
+    /// (`logged`) before reading it under the directory's name token.
+    fn entry_ttl(logged: bool) -> Duration {
+        if logged {
+            CACHE_TTL
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// Record `name` of `parent` before an operation reads it (see `NameLog`): whether
+    /// the kernel may keep the entry it gets.
+    fn log_name(&self, parent: u64, name: &[u8]) -> bool {
+        name != b"." && name != b".." && self.names.record(parent, name)
     }
 
     /// Run one request handler. A panic is a Mako bug: the request gets EIO (fuser
@@ -452,16 +546,17 @@ impl MakoFuse {
         ino: u64,
         offset: u64,
         batch: usize,
-        mut add: impl FnMut(&mako_fs::fs::DirListing) -> bool,
+        mut add: impl FnMut(&mako_fs::fs::DirListing, u64) -> bool,
     ) -> Result<(), FsError> {
         let mut after = offset;
         loop {
+            let read_at = self.fs.grant_clock();
             let entries = self.fs.readdir(ino, after, batch)?;
             if entries.is_empty() {
                 return Ok(());
             }
             for e in &entries {
-                if add(e) {
+                if add(e, read_at) {
                     return Ok(());
                 }
                 after = e.cookie;
@@ -522,14 +617,15 @@ impl MakoFuse {
         self.sessions.inval_entry(Some(self.id), parent, name);
     }
 
-    /// Replies to a request that handed `name` in `parent` to the kernel.
-    fn entry(&self, parent: INodeNo, name: &[u8], r: Result<Attr, FsError>, reply: ReplyEntry) {
+    /// Replies to a request that handed a name to the kernel; `logged`: the name was
+    /// recorded before the operation read it (`log_name`).
+    fn entry(&self, logged: bool, r: Result<Attr, FsError>, reply: ReplyEntry) {
         match r {
             Ok(a) => {
                 self.add_lookup(a.ino);
-                self.names.record(parent.0, name);
-                reply.entry(
+                reply.entry_with_ttls(
                     &self.ttl(a.ino),
+                    &Self::entry_ttl(logged),
                     &file_attr(&a),
                     Generation(a.generation as u64),
                 );
@@ -663,12 +759,20 @@ impl Filesystem for MakoFuse {
                     mako_diag::test_hooks::PANIC_ON_LOOKUP_ENV
                 );
             }
-            self.entry(
-                parent,
-                name.as_bytes(),
-                self.fs.lookup(parent.0, name.as_bytes()),
-                reply,
-            );
+            let name = name.as_bytes();
+            let logged = self.log_name(parent.0, name);
+            let r = self.fs.lookup(parent.0, name);
+            if logged && name.len() <= NAME_MAX && matches!(r, Err(FsError::NotFound(_))) {
+                // A negative entry: the kernel keeps the absence (repeated misses, the
+                // lookup before a create) until this node's name token goes.
+                return reply.entry_with_ttls(
+                    &Duration::ZERO,
+                    &CACHE_TTL,
+                    &negative_attr(),
+                    Generation(0),
+                );
+            }
+            self.entry(logged, r, reply);
         })
     }
 
@@ -791,13 +895,14 @@ impl Filesystem for MakoFuse {
             if let Err(e) = self.refuse_if_read_only() {
                 return reply.error(e);
             }
+            let logged = self.log_name(parent.0, name.as_bytes());
             let r = self
                 .fs
                 .mknod(ctx(req), parent.0, name.as_bytes(), mode, umask, rdev);
             if r.is_ok() {
                 self.peers_entry(parent.0, name.as_bytes());
             }
-            self.entry(parent, name.as_bytes(), r, reply);
+            self.entry(logged, r, reply);
         })
     }
 
@@ -814,13 +919,14 @@ impl Filesystem for MakoFuse {
             if let Err(e) = self.refuse_if_read_only() {
                 return reply.error(e);
             }
+            let logged = self.log_name(parent.0, name.as_bytes());
             let r = self
                 .fs
                 .mkdir(ctx(req), parent.0, name.as_bytes(), mode, umask);
             if r.is_ok() {
                 self.peers_entry(parent.0, name.as_bytes());
             }
-            self.entry(parent, name.as_bytes(), r, reply);
+            self.entry(logged, r, reply);
         })
     }
 
@@ -862,6 +968,7 @@ impl Filesystem for MakoFuse {
             if let Err(e) = self.refuse_if_read_only() {
                 return reply.error(e);
             }
+            let logged = self.log_name(parent.0, link_name.as_bytes());
             let r = self.fs.symlink(
                 ctx(req),
                 parent.0,
@@ -871,7 +978,7 @@ impl Filesystem for MakoFuse {
             if r.is_ok() {
                 self.peers_entry(parent.0, link_name.as_bytes());
             }
-            self.entry(parent, link_name.as_bytes(), r, reply);
+            self.entry(logged, r, reply);
         })
     }
 
@@ -889,6 +996,12 @@ impl Filesystem for MakoFuse {
             if let Err(e) = self.refuse_if_read_only() {
                 return reply.error(e);
             }
+            // The kernel moves its dentry to the new name with the timeout it had (and,
+            // for an exchange or a whiteout, keeps one at the old name): both names are
+            // this session's to invalidate from now on, recorded before the change even
+            // past the log's limit (the kernel's own move cannot be refused a timeout).
+            self.names.record_always(parent.0, name.as_bytes());
+            self.names.record_always(newparent.0, newname.as_bytes());
             let r = self.fs.rename_as(
                 ctx(req),
                 parent.0,
@@ -898,11 +1011,6 @@ impl Filesystem for MakoFuse {
                 flags.bits(),
             );
             if r.is_ok() {
-                // The kernel moves its dentry to the new name with the timeout it had
-                // (and, for an exchange or a whiteout, keeps one at the old name): both
-                // names are this session's to invalidate from now on.
-                self.names.record(parent.0, name.as_bytes());
-                self.names.record(newparent.0, newname.as_bytes());
                 self.peers_entry(parent.0, name.as_bytes());
                 self.peers_entry(newparent.0, newname.as_bytes());
             }
@@ -922,12 +1030,13 @@ impl Filesystem for MakoFuse {
             if let Err(e) = self.refuse_if_read_only() {
                 return reply.error(e);
             }
+            let logged = self.log_name(newparent.0, newname.as_bytes());
             let r = self.fs.link(ino.0, newparent.0, newname.as_bytes());
             if r.is_ok() {
                 self.peers_entry(newparent.0, newname.as_bytes());
                 self.peers_inode(ino.0, -1, 0);
             }
-            self.entry(newparent, newname.as_bytes(), r, reply);
+            self.entry(logged, r, reply);
         })
     }
 
@@ -1044,6 +1153,9 @@ impl Filesystem for MakoFuse {
                 if let Err(e) = self.fs.clear_setid(ino.0, in_group) {
                     return reply.error(errno(&e));
                 }
+                // The kernel keeps the mode it had (it checks exec and permissions with
+                // it) for as long as the timeout says: it must see the bits gone.
+                self.sessions.inval_inode(None, ino.0, -1, 0);
             }
             let r = if fh.0 & FH_DIRECT != 0 {
                 self.fs.write_direct(ino.0, offset, data)
@@ -1127,7 +1239,7 @@ impl Filesystem for MakoFuse {
         mut reply: ReplyDirectory,
     ) {
         self.guard("readdir", move || {
-            let r = self.each_entry(ino.0, offset, 128, |e| {
+            let r = self.each_entry(ino.0, offset, 128, |e, _| {
                 reply.add(
                     INodeNo(e.ino),
                     e.cookie,
@@ -1151,22 +1263,31 @@ impl Filesystem for MakoFuse {
         mut reply: ReplyDirectoryPlus,
     ) {
         self.guard("readdirplus", move || {
-            let r = self.each_entry(ino.0, offset, 64, |e| {
+            let r = self.each_entry(ino.0, offset, 64, |e, read_at| {
                 // An entry removed between listing and stat is skipped.
                 let Ok(attr) = self.fs.getattr(e.ino) else {
                     return false;
+                };
+                // The name was read before it could be recorded: the kernel keeps it
+                // only if the token it was read under is still here, unrevoked (one
+                // timeout for the entry and the attributes).
+                let dot = e.name == b"." || e.name == b"..";
+                let logged = !dot && self.names.record(ino.0, &e.name);
+                let ttl = if logged && self.fs.kernel_may_cache_listing(ino.0, read_at) {
+                    self.ttl(attr.ino)
+                } else {
+                    Duration::ZERO
                 };
                 let full = reply.add(
                     INodeNo(e.ino),
                     e.cookie,
                     OsStr::from_bytes(&e.name),
-                    &self.ttl(attr.ino),
+                    &ttl,
                     &file_attr(&attr),
                     Generation(attr.generation as u64),
                 );
                 // Entries handed to the kernel (all but . and ..) count as lookups.
-                if !full && e.name != b"." && e.name != b".." {
-                    self.names.record(ino.0, &e.name);
+                if !full && !dot {
                     self.add_lookup(e.ino);
                 }
                 full
@@ -1214,7 +1335,9 @@ impl Filesystem for MakoFuse {
                 .fs
                 .setxattr_as(ino.0, name.as_bytes(), value, flags, clear_sgid);
             if r.is_ok() {
-                self.peers_inode(ino.0, -1, 0);
+                // An ACL may change the mode (and clear setgid), ctime changes: this
+                // session's kernel too must ask again, it may keep attributes for long.
+                self.sessions.inval_inode(None, ino.0, -1, 0);
             }
             Self::empty(r, reply);
         })
@@ -1248,7 +1371,8 @@ impl Filesystem for MakoFuse {
             }
             let r = self.fs.removexattr(ino.0, name.as_bytes());
             if r.is_ok() {
-                self.peers_inode(ino.0, -1, 0);
+                // As for setxattr: the mode (an ACL) and ctime change.
+                self.sessions.inval_inode(None, ino.0, -1, 0);
             }
             Self::empty(r, reply);
         })
@@ -1276,6 +1400,7 @@ impl Filesystem for MakoFuse {
             if let Err(e) = self.refuse_if_read_only() {
                 return reply.error(e);
             }
+            let logged = self.log_name(parent.0, name.as_bytes());
             let r = self.fs.create(
                 ctx(req),
                 parent.0,
@@ -1314,14 +1439,19 @@ impl Filesystem for MakoFuse {
                         a
                     };
                     self.add_lookup(a.ino);
-                    self.names.record(parent.0, name.as_bytes());
                     self.peers_entry(parent.0, name.as_bytes());
                     if flags & libc::O_TRUNC != 0 {
                         self.peers_inode(a.ino, 0, 0);
                     }
                     let (fh, out) = self.open_flags(flags, a.size);
+                    // One timeout for the entry and the attributes.
+                    let ttl = if logged {
+                        self.ttl(a.ino)
+                    } else {
+                        Duration::ZERO
+                    };
                     reply.created(
-                        &self.ttl(a.ino),
+                        &ttl,
                         &file_attr(&a),
                         Generation(a.generation as u64),
                         FileHandle(fh),
@@ -1435,7 +1565,8 @@ impl Filesystem for MakoFuse {
                 _ => return reply.error(Errno::from_i32(libc::ENOTTY)),
             };
             if cmd == FS_IOC_SETFLAGS || cmd == FS_IOC_FSSETXATTR {
-                self.peers_inode(ino.0, -1, 0);
+                // ctime changed behind the kernel's back, in every session.
+                self.sessions.inval_inode(None, ino.0, -1, 0);
             }
             match r {
                 Ok(out) => reply.ioctl(0, &out),
