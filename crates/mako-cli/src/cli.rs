@@ -97,6 +97,11 @@ pub struct UpArgs {
     /// Cache size of the daemon (stored in config.toml as `pagepool`)
     #[arg(long, value_name = "SIZE")]
     pub pagepool: Option<String>,
+    /// A cluster of N makod processes on this machine (first time only): node i has
+    /// its own data directory (`<data dir>/node<i>`), loopback port and mount point
+    /// (`<mount point>.node<i>`); node 0 runs the managers; the disks are shared files
+    #[arg(long, value_name = "N")]
+    pub nodes: Option<u32>,
 }
 
 // The command line is parsed once; the size difference between variants is irrelevant.

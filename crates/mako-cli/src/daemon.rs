@@ -234,6 +234,9 @@ fn host_name() -> String {
 /// `mako up`.
 pub fn up(context: &Context, args: &UpArgs) -> Result<ExitCode> {
     let data = &context.data;
+    if crate::nodes_cmd::is_multi(data, args)? {
+        return crate::nodes_cmd::up(context, args);
+    }
     let created = if ClusterConfig::exists(&data.root) {
         let cluster = context.cluster()?;
         let ignored: Vec<&str> = [
@@ -278,7 +281,7 @@ pub fn up(context: &Context, args: &UpArgs) -> Result<ExitCode> {
         }
         cluster
     } else {
-        create_cluster(data, args)?
+        create_cluster(data, args, 1)?
     };
     start_and_wait(data, &created)?;
     let status = query_status(data)?.ok_or_else(|| {
@@ -427,7 +430,7 @@ fn print_clean_up(done: &[String]) {
 
 /// Creates data dir, disk files, file system `fs1`, cluster.toml and config.toml.
 /// On failure removes the disk files it created, so a retry starts clean.
-fn create_cluster(data: &DataDir, args: &UpArgs) -> Result<ClusterConfig> {
+pub(crate) fn create_cluster(data: &DataDir, args: &UpArgs, nodes: u32) -> Result<ClusterConfig> {
     let disk_count = args.disks.unwrap_or(4);
     if !(1..=64).contains(&disk_count) {
         bail!("--disks {disk_count}: must be from 1 to 64");
@@ -499,6 +502,7 @@ fn create_cluster(data: &DataDir, args: &UpArgs) -> Result<ClusterConfig> {
         let params = mako_fs::mkfs::MkfsParams {
             name: DEFAULT_FS.into(),
             block_bytes,
+            log_count: nodes,
             ..Default::default()
         };
         let specs = crate::fs_cmd::disk_specs(&cluster.disks)?;
@@ -548,7 +552,7 @@ pub fn absolute(path: &Path) -> Result<PathBuf> {
 /// 3. Poll: has the child exited (show the log)? Does the socket answer Status? Are
 ///    the automount file systems mounted? Mount requests are sent once for any that
 ///    a running daemon has not mounted.
-fn start_and_wait(data: &DataDir, cluster: &ClusterConfig) -> Result<()> {
+pub(crate) fn start_and_wait(data: &DataDir, cluster: &ClusterConfig) -> Result<()> {
     // 1.
     let daemon_answers = query_status(data).ok().flatten().is_some();
     let live_pid = read_pid(data).filter(|&pid| process_alive(pid) && pid_is_makod(pid));
@@ -754,7 +758,16 @@ fn print_up_summary(data: &DataDir, cluster: &ClusterConfig, status: &DaemonStat
 
 /// `mako down`.
 pub fn down(context: &Context) -> Result<ExitCode> {
-    let data = &context.data;
+    if let Ok(cluster) = ClusterConfig::load(&context.data.root) {
+        if !cluster.nodes.is_empty() {
+            return crate::nodes_cmd::down(context, &cluster);
+        }
+    }
+    down_data(&context.data)
+}
+
+/// `mako down` of the makod whose data directory is `data`.
+pub(crate) fn down_data(data: &DataDir) -> Result<ExitCode> {
     let cluster = ClusterConfig::load(&data.root).ok();
     let mountpoints: Vec<PathBuf> = cluster
         .as_ref()

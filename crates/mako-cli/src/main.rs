@@ -16,6 +16,7 @@ mod diskspec;
 mod fs_cmd;
 mod fsck_cmd;
 mod mount_helper;
+mod nodes_cmd;
 mod status;
 mod table;
 mod units;

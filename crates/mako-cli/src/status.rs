@@ -14,6 +14,13 @@ use crate::units::{human_bytes, human_duration, percent};
 /// `mako status`.
 pub fn status(context: &Context) -> Result<ExitCode> {
     let cluster = context.cluster()?;
+    if !cluster.nodes.is_empty() {
+        print!(
+            "{}",
+            crate::nodes_cmd::render_nodes(&cluster, &context.data)
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     match query_status(&context.data)? {
         Some(status) => print!("{}", render_status(&cluster, &status, &context.data)),
         None => print!("{}", render_offline(&cluster, &context.data)),

@@ -116,6 +116,28 @@ pub struct FsDef {
     pub mount_options: String,
 }
 
+/// One node of a cluster of several makod processes (`mako up --nodes N`). The list is
+/// the same in every node's cluster.toml and in the cluster's overview directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeDef {
+    /// Node number: selects its recovery log and names it on the network.
+    pub id: u32,
+    /// Node name.
+    pub name: String,
+    /// `IP:port` where its makod accepts the other nodes' connections.
+    pub address: String,
+    /// Its data directory on this machine (control socket, log, cluster key).
+    pub data_dir: PathBuf,
+    /// Runs the token manager and the file-system manager of every file system (one
+    /// node for now; sharding over several manager nodes comes later).
+    #[serde(default)]
+    pub manager: bool,
+}
+
+/// File name of the cluster key inside a node's data directory: the secret that lets
+/// its makod join the cluster (hex, one line, readable by its owner only).
+pub const CLUSTER_KEY_FILE_NAME: &str = "cluster.key";
+
 /// The whole cluster configuration file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterConfig {
@@ -131,6 +153,10 @@ pub struct ClusterConfig {
     /// Every file system.
     #[serde(default)]
     pub filesystems: Vec<FsDef>,
+    /// The nodes of a multi-process cluster; empty for one makod that is the whole
+    /// cluster (what `mako up` makes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeDef>,
 }
 
 impl ClusterConfig {
@@ -142,6 +168,7 @@ impl ClusterConfig {
             node_id,
             disks: Vec::new(),
             filesystems: Vec::new(),
+            nodes: Vec::new(),
         }
     }
 
@@ -345,6 +372,9 @@ impl ClusterConfig {
                 }
             }
         }
+        if let Some(p) = self.nodes_problem() {
+            return Some(p);
+        }
         for disk in &self.disks {
             if let Some(fs) = &disk.fs {
                 if owner.get(disk.name.as_str()) != Some(&fs.as_str()) {
@@ -357,6 +387,75 @@ impl ClusterConfig {
             }
         }
         None
+    }
+
+    /// The first inconsistency of the node list.
+    fn nodes_problem(&self) -> Option<String> {
+        if self.nodes.is_empty() {
+            return None;
+        }
+        let mut ids = BTreeSet::new();
+        let mut names = BTreeSet::new();
+        let mut addresses = BTreeSet::new();
+        for n in &self.nodes {
+            if let Err(p) = check_name("node name", &n.name) {
+                return Some(p);
+            }
+            if !ids.insert(n.id) {
+                return Some(format!("node number {} is used twice in [[nodes]]", n.id));
+            }
+            if !names.insert(n.name.as_str()) {
+                return Some(format!("node name `{}` is used twice in [[nodes]]", n.name));
+            }
+            let Ok(addr) = n.address.parse::<std::net::SocketAddr>() else {
+                return Some(format!(
+                    "node `{}` has address `{}`; give an IP address and a port, like 127.0.0.1:1191",
+                    n.name, n.address
+                ));
+            };
+            if !addresses.insert(addr) {
+                return Some(format!(
+                    "address {addr} is given to two nodes; each node needs its own"
+                ));
+            }
+            if !n.data_dir.is_absolute() {
+                return Some(format!(
+                    "node `{}` has data_dir `{}`; it must be an absolute path",
+                    n.name,
+                    n.data_dir.display()
+                ));
+            }
+        }
+        match self.nodes.iter().filter(|n| n.manager).count() {
+            1 => {}
+            k => {
+                return Some(format!(
+                    "{k} nodes are marked `manager = true`; exactly one node runs the token \
+                     and file-system managers for now"
+                ))
+            }
+        }
+        if !ids.contains(&self.node_id) {
+            return Some(format!(
+                "node_id {} is not among the [[nodes]] ({}); fix node_id or the node list",
+                self.node_id,
+                ids.iter()
+                    .map(|i| i.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        None
+    }
+
+    /// The node that runs the token and file-system managers (multi-process clusters).
+    pub fn manager_node(&self) -> Option<&NodeDef> {
+        self.nodes.iter().find(|n| n.manager)
+    }
+
+    /// The node numbered `id`.
+    pub fn node(&self, id: u32) -> Option<&NodeDef> {
+        self.nodes.iter().find(|n| n.id == id)
     }
 
     /// The disk called `name`.
@@ -444,6 +543,10 @@ impl DataDir {
     pub fn log_file(&self) -> PathBuf {
         self.root.join("makod.log")
     }
+    /// `cluster.key`, the secret a node of a multi-process cluster joins with.
+    pub fn key_file(&self) -> PathBuf {
+        self.root.join(CLUSTER_KEY_FILE_NAME)
+    }
     /// `disks/`, where file-backed disks are created.
     pub fn disks_dir(&self) -> PathBuf {
         self.root.join("disks")
@@ -511,6 +614,77 @@ mod tests {
 
     fn problem(c: &ClusterConfig) -> String {
         c.validate().unwrap_err().to_string()
+    }
+
+    fn with_nodes(n: u32) -> ClusterConfig {
+        let mut c = sample();
+        c.node_id = 1;
+        c.nodes = (0..n)
+            .map(|i| NodeDef {
+                id: i,
+                name: format!("node{i}"),
+                address: format!("127.0.0.1:{}", 2000 + i),
+                data_dir: PathBuf::from(format!("/var/lib/mako/node{i}")),
+                manager: i == 0,
+            })
+            .collect();
+        c
+    }
+
+    #[test]
+    fn a_node_list_round_trips_and_a_single_node_file_has_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = with_nodes(3);
+        c.save(dir.path()).unwrap();
+        assert_eq!(ClusterConfig::load(dir.path()).unwrap(), c);
+        assert_eq!(c.manager_node().unwrap().id, 0);
+        // A one-node cluster.toml says nothing about nodes, as before.
+        assert!(!sample().to_toml().contains("nodes"));
+    }
+
+    #[test]
+    fn a_bad_node_list_is_refused_with_what_to_fix() {
+        let mut c = with_nodes(3);
+        c.nodes[2].address = "localhost".into();
+        assert!(
+            problem(&c).contains("give an IP address and a port"),
+            "{}",
+            problem(&c)
+        );
+        let mut c = with_nodes(3);
+        c.nodes[2].address = c.nodes[1].address.clone();
+        assert!(
+            problem(&c).contains("given to two nodes"),
+            "{}",
+            problem(&c)
+        );
+        let mut c = with_nodes(3);
+        c.nodes[1].manager = true;
+        assert!(
+            problem(&c).contains("2 nodes are marked"),
+            "{}",
+            problem(&c)
+        );
+        let mut c = with_nodes(3);
+        c.nodes[0].manager = false;
+        assert!(
+            problem(&c).contains("0 nodes are marked"),
+            "{}",
+            problem(&c)
+        );
+        let mut c = with_nodes(3);
+        c.node_id = 7;
+        assert!(
+            problem(&c).contains("node_id 7 is not among"),
+            "{}",
+            problem(&c)
+        );
+        let mut c = with_nodes(3);
+        c.nodes[2].id = 1;
+        assert!(problem(&c).contains("used twice"), "{}", problem(&c));
+        let mut c = with_nodes(3);
+        c.nodes[2].data_dir = PathBuf::from("rel/node2");
+        assert!(problem(&c).contains("absolute"), "{}", problem(&c));
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub mod server;
 pub use client::{ClientError, ControlClient};
 pub use cluster::{
     default_data_dir, default_mountpoint, ClusterConfig, ClusterError, DataDir, DiskDef, FsDef,
-    DISK_USAGES,
+    NodeDef, CLUSTER_KEY_FILE_NAME, DISK_USAGES,
 };
 pub use protocol::{
     ConfigRowView, DaemonStatus, DiskCountersView, DiskStatusView, FsCountersView, FsStatus,

@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod crashload;
 pub mod fsx;
 pub mod multinode;
+pub mod netcluster;
 pub mod posix;
 pub mod skip;
 pub mod sys;

@@ -33,6 +33,8 @@ pub struct Daemon {
     mount_ops: Mutex<()>,
     started: Instant,
     stop: Arc<AtomicBool>,
+    /// This node's network, when cluster.toml lists several nodes (`crate::net`).
+    net: Option<crate::net::NetNode>,
 }
 
 pub(crate) fn fs_config(c: &EffectiveConfig) -> FsConfig {
@@ -221,8 +223,7 @@ impl Daemon {
                         usage,
                     });
                 }
-                let mounted = mako_fs::mount(&specs, fs_config(&cfg), cluster.node_id)
-                    .with_context(|| format!("mounting file system {name}"))?;
+                let mounted = self.mount_core(name, &specs, &cfg, cluster.node_id)?;
                 MountedFs {
                     name: name.to_string(),
                     mounted,
@@ -250,6 +251,40 @@ impl Daemon {
                 Err(e)
             }
         }
+    }
+
+    /// Mounts the core of file system `name`: alone, or as this node of a multi-process
+    /// cluster (its token client and file system served to the other nodes, the
+    /// managers reached on the manager node).
+    fn mount_core(
+        &self,
+        name: &str,
+        specs: &[DiskSpec],
+        cfg: &EffectiveConfig,
+        node_id: u32,
+    ) -> Result<Mounted> {
+        let Some(net) = &self.net else {
+            return mako_fs::mount(specs, fs_config(cfg), node_id)
+                .with_context(|| format!("mounting file system {name}"));
+        };
+        // Token resources and the registry's services are per node, not per file
+        // system, in this first version: one file system per node.
+        if let Some(other) = self.mounts.lock().keys().find(|k| k.as_str() != name) {
+            bail!(
+                "node {} already mounts {other}; a node of a multi-process cluster mounts one \
+                 file system at a time for now (unmount {other} first)",
+                net.me.name
+            );
+        }
+        net.wait_for_manager()?;
+        let disks = mako_fs::mount::open_disk_files(specs)
+            .with_context(|| format!("opening the disks of {name}"))?;
+        mako_fs::mount::mount_node(disks, fs_config(cfg), net.env(0)).with_context(|| {
+            format!(
+                "node {} ({}): mounting file system {name}",
+                net.me.id, net.me.name
+            )
+        })
     }
 
     /// One more FUSE session of `m`, at `mp`.
@@ -1010,6 +1045,7 @@ pub fn run(root: &Path) -> Result<()> {
             );
         }
     }
+    let net = crate::net::NetNode::start(&dir, &cluster, &config)?;
     let daemon = Arc::new(Daemon {
         dir: dir.clone(),
         cluster: Mutex::new(cluster.clone()),
@@ -1018,6 +1054,7 @@ pub fn run(root: &Path) -> Result<()> {
         mount_ops: Mutex::new(()),
         started: Instant::now(),
         stop: stop.clone(),
+        net,
     });
     tracing::info!(
         "makod {} starting: node {} (id {}), data dir {}",
@@ -1061,6 +1098,10 @@ pub fn run(root: &Path) -> Result<()> {
             tracing::error!("{e:#}");
             errors.push(format!("{e:#}"));
         }
+    }
+    if let Some(net) = &daemon.net {
+        // After every file system is written back and its tokens given up.
+        net.shutdown();
     }
     let _ = server.join();
     if let Some(m) = metrics {

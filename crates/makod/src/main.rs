@@ -7,6 +7,7 @@ mod daemon;
 mod local_nodes;
 mod metrics;
 mod mount_state;
+mod net;
 
 use clap::Parser;
 use std::path::PathBuf;

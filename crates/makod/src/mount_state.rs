@@ -20,7 +20,7 @@ use mako_control::mount_table;
 use mako_fs::fs::AtimePolicy;
 use mako_fs::Mounted;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -83,9 +83,20 @@ impl MountedFs {
     pub(crate) fn write_back(self) -> Result<()> {
         debug_assert!(self.points.is_empty());
         let name = self.name.clone();
+        let core = self.mounted.core().clone();
         self.mounted
             .unmount()
-            .with_context(|| format!("writing back {name}"))
+            .with_context(|| format!("writing back {name}"))?;
+        if mako_fs::ownership::shared(&core) && !core.read_only.load(Ordering::Relaxed) {
+            // Everything is written back: give up every token, so no other node ever
+            // revokes from this one once it is gone (in a multi-process cluster its
+            // token client stops answering with its process).
+            core.tokens
+                .client()
+                .release_all()
+                .map_err(|e| anyhow::anyhow!("{name}: giving up this node's tokens: {e}"))?;
+        }
+        Ok(())
     }
 }
 

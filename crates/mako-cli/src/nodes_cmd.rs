@@ -1,0 +1,286 @@
+//! `mako up --nodes N`, and `mako status` / `mako down` of such a cluster: N makod
+//! processes on this machine, one per node, each with its own data directory
+//! (`<data dir>/node<i>`), its own loopback port and its own mount point
+//! (`<mount point>.node<i>`), all sharing the disk files of `<data dir>/disks`.
+//!
+//! The data directory given to `mako` is the cluster's overview: its cluster.toml lists
+//! the disks, the file system and every node (`[[nodes]]`), and its `cluster.key` is
+//! the secret the nodes authenticate each other with. Each node's directory holds a
+//! copy of both with its own node number and mount point, its config.toml, makod.log,
+//! makod.pid and control socket. Node 0 runs the token and file-system managers; it
+//! starts first and stops last.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use mako_control::{ClusterConfig, DataDir, NodeDef};
+
+use crate::cli::{Context, UpArgs};
+use crate::daemon::{create_cluster, down_data, query_status, start_and_wait};
+use crate::table::Table;
+use crate::units::human_bytes;
+
+/// Most nodes `mako up --nodes` starts on one machine.
+const NODES_MAX: u32 = 16;
+
+/// The mount point of node `i` of a file system mounted at `mountpoint`.
+pub fn node_mountpoint(mountpoint: &Path, i: u32) -> PathBuf {
+    let mut s = mountpoint.as_os_str().to_owned();
+    s.push(format!(".node{i}"));
+    PathBuf::from(s)
+}
+
+/// True if `mako up` should start a multi-process cluster: `--nodes` above 1, or the
+/// data directory already holds one.
+pub fn is_multi(data: &DataDir, args: &UpArgs) -> Result<bool> {
+    if ClusterConfig::exists(&data.root) {
+        let cluster = ClusterConfig::load(&data.root)?;
+        return match (cluster.nodes.is_empty(), args.nodes) {
+            (false, _) => Ok(true),
+            (true, Some(n)) if n > 1 => bail!(
+                "--nodes {n}: the cluster in {} was created with one node, and --nodes only \
+                 applies when a cluster is created. Start a cluster of {n} nodes in another \
+                 --data-dir (or remove this one after `mako down`)",
+                data.root.display()
+            ),
+            (true, _) => Ok(false),
+        };
+    }
+    match args.nodes {
+        None | Some(1) => Ok(false),
+        Some(n) if (2..=NODES_MAX).contains(&n) => Ok(true),
+        Some(n) => bail!("--nodes {n}: give 1 to {NODES_MAX} nodes"),
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (the system picks it; the node binds it again when
+/// it starts, and says so clearly if something took it meanwhile).
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .context("cannot find a free port on 127.0.0.1")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// A new random cluster key, hex (32 bytes from the system's random source).
+fn new_key() -> Result<String> {
+    let mut bytes = [0u8; 32];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .context("cannot read /dev/urandom for a new cluster key")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Writes the cluster key readable by its owner only.
+fn write_key(path: &Path, hex: &str) -> Result<()> {
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot write the cluster key {}", path.display()))?;
+    f.write_all(format!("{hex}\n").as_bytes())?;
+    f.sync_all()?;
+    Ok(())
+}
+
+/// The cluster.toml of node `id`: the overview with its own number, name and mount
+/// points.
+fn node_cluster(overview: &ClusterConfig, node: &NodeDef) -> ClusterConfig {
+    let mut c = overview.clone();
+    c.node_id = node.id;
+    c.node_name = node.name.clone();
+    for fs in &mut c.filesystems {
+        fs.mountpoint = node_mountpoint(&fs.mountpoint, node.id);
+    }
+    c
+}
+
+/// Creates the overview and every node's data directory.
+fn create(data: &DataDir, args: &UpArgs, n: u32) -> Result<ClusterConfig> {
+    let mut cluster = create_cluster(data, args, n)?;
+    let mut nodes = Vec::new();
+    for i in 0..n {
+        nodes.push(NodeDef {
+            id: i,
+            name: format!("node{i}"),
+            address: format!("127.0.0.1:{}", free_port()?),
+            data_dir: crate::daemon::absolute(&data.root.join(format!("node{i}")))?,
+            manager: i == 0,
+        });
+    }
+    cluster.node_id = 0;
+    cluster.node_name = "node0".into();
+    cluster.nodes = nodes;
+    cluster.validate()?;
+    let key = new_key()?;
+    write_key(&data.key_file(), &key)?;
+    let config = fs::read_to_string(data.config_file()).unwrap_or_default();
+    for node in &cluster.nodes {
+        let dir = DataDir::new(&node.data_dir);
+        fs::create_dir_all(&dir.root)
+            .with_context(|| format!("cannot create {}", dir.root.display()))?;
+        write_key(&dir.key_file(), &key)?;
+        // Each node's own metrics port, so they do not compete for one.
+        let mut store = mako_config::ConfigStore::load_or_default(dir.config_file())?;
+        if !config.is_empty() {
+            fs::write(dir.config_file(), &config)?;
+            store = mako_config::ConfigStore::load_or_default(dir.config_file())?;
+        }
+        store
+            .set("prometheusPort", &(9370 + node.id).to_string())
+            .map_err(|e| anyhow!("node {}: prometheusPort: {e}", node.name))?;
+        store.save()?;
+        node_cluster(&cluster, node).save(&dir.root)?;
+    }
+    // Saved last: an overview with nodes exists only once every node's directory does.
+    cluster.save(&data.root)?;
+    Ok(cluster)
+}
+
+/// `mako up` of a multi-process cluster.
+pub fn up(context: &Context, args: &UpArgs) -> Result<ExitCode> {
+    let data = &context.data;
+    let cluster = if ClusterConfig::exists(&data.root) {
+        let cluster = ClusterConfig::load(&data.root)?;
+        if let Some(n) = args.nodes {
+            if n as usize != cluster.nodes.len() {
+                eprintln!(
+                    "note: --nodes {n} ignored: the cluster in {} has {} nodes",
+                    data.root.display(),
+                    cluster.nodes.len()
+                );
+            }
+        }
+        cluster
+    } else {
+        let n = args.nodes.unwrap_or(1);
+        create(data, args, n)?
+    };
+    // The manager first: the others wait for it before they mount.
+    let mut order: Vec<&NodeDef> = cluster.nodes.iter().collect();
+    order.sort_by_key(|n| (!n.manager, n.id));
+    for node in order {
+        let dir = DataDir::new(&node.data_dir);
+        let own = ClusterConfig::load(&dir.root)?;
+        start_and_wait(&dir, &own).with_context(|| format!("starting node {}", node.name))?;
+    }
+    println!("Mako is up: {} nodes.\n", cluster.nodes.len());
+    println!("  cluster      {}", cluster.cluster_name);
+    println!("  data dir     {}", data.root.display());
+    for fs in &cluster.filesystems {
+        println!("  file system  {}", fs.name);
+        for disk in cluster.disks_of(fs) {
+            println!(
+                "    disk {:<8} {} ({}, shared by every node)",
+                disk.name,
+                disk.path.display(),
+                human_bytes(disk.size_bytes)
+            );
+        }
+    }
+    println!();
+    print!("{}", render_nodes(&cluster, data));
+    println!();
+    if let Some(fs) = cluster.filesystems.iter().find(|f| f.automount) {
+        let mps: Vec<String> = cluster
+            .nodes
+            .iter()
+            .map(|n| node_mountpoint(&fs.mountpoint, n.id).display().to_string())
+            .collect();
+        println!("Use it:       ls {}", mps.join(" "));
+    }
+    println!("Next:         `mako status` to see it, `mako down` to stop it");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The nodes table of `mako status` (and `mako up`): each node's makod, address and
+/// mounts, asked from its own makod.
+pub fn render_nodes(cluster: &ClusterConfig, data: &DataDir) -> String {
+    let mut out = format!(
+        "Cluster {}, {} nodes (data dir {})\n",
+        cluster.cluster_name,
+        cluster.nodes.len(),
+        data.root.display()
+    );
+    let mut t = Table::new(&[
+        "Node",
+        "Id",
+        "Role",
+        "Address",
+        "makod",
+        "File system",
+        "Mount point",
+        "State",
+    ]);
+    for node in &cluster.nodes {
+        let role = if node.manager { "manager" } else { "client" };
+        let dir = DataDir::new(&node.data_dir);
+        let (daemon, fss) = match query_status(&dir) {
+            Ok(Some(s)) => (format!("running, pid {}", s.pid), Some(s.filesystems)),
+            Ok(None) => ("down".to_string(), None),
+            Err(e) => (format!("not answering: {e}"), None),
+        };
+        for fs in &cluster.filesystems {
+            let mp = node_mountpoint(&fs.mountpoint, node.id);
+            let state = match &fss {
+                None => "-".to_string(),
+                Some(list) => match list.iter().find(|s| s.name == fs.name) {
+                    Some(s) if s.mounted && s.read_only => "mounted ro".into(),
+                    Some(s) if s.mounted => "mounted".into(),
+                    Some(_) => "not mounted".into(),
+                    None => "unknown to makod".into(),
+                },
+            };
+            t.row(vec![
+                node.name.clone(),
+                node.id.to_string(),
+                role.to_string(),
+                node.address.clone(),
+                daemon.clone(),
+                fs.name.clone(),
+                mp.display().to_string(),
+                state,
+            ]);
+        }
+    }
+    out.push_str(&t.render());
+    out
+}
+
+/// `mako down` of a multi-process cluster: every client node first, the manager last
+/// (the others give their tokens back to it as they unmount).
+pub fn down(context: &Context, cluster: &ClusterConfig) -> Result<ExitCode> {
+    let own = cluster
+        .node(cluster.node_id)
+        .is_some_and(|n| same_dir(&n.data_dir, &context.data.root));
+    if own {
+        // Run in a node's own directory: that node only.
+        return down_data(&context.data);
+    }
+    let mut order: Vec<&NodeDef> = cluster.nodes.iter().collect();
+    order.sort_by_key(|n| (n.manager, std::cmp::Reverse(n.id)));
+    let mut failed = Vec::new();
+    for node in order {
+        println!("node {} ({}):", node.name, node.data_dir.display());
+        if let Err(e) = down_data(&DataDir::new(&node.data_dir)) {
+            println!("  {e:#}");
+            failed.push(node.name.clone());
+        }
+    }
+    if !failed.is_empty() {
+        bail!("could not stop {}; see above", failed.join(", "));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
