@@ -13,10 +13,9 @@ use mako_fs::mkfs::{MkfsParams, BLOCK_ALLOC_MAP_INO, INODE_FILE_INO};
 use mako_fs::mount::{mount_node, Mounted};
 use mako_fs::test_util::{pattern, small_config, small_params, MemDisks};
 use mako_fs::FsConfig;
-use mako_rt::{Clock, InProcessTransport, NodeId, Registry, ServiceId, SystemClock};
+use mako_rt::{InProcessTransport, NodeId, Registry, ServiceId, SystemClock};
 use mako_token::{ManagerMap, ManagerService, TokenManager};
 use std::sync::Arc;
-use std::time::Duration;
 
 const C: Ctx = Ctx {
     uid: 0,
