@@ -253,6 +253,17 @@ fn check_result(
 /// the cluster cannot be built or mounted, or the simulation deadlocks, hangs or
 /// panics; failed operations and checks are in the report (`ScaleReport::ok`).
 pub fn run_scale(workload: ScaleWorkload, nodes: u32, seed: u64) -> Result<ScaleReport, String> {
+    run_scale_on(workload, nodes, seed, None)
+}
+
+/// `run_scale` on disks of `disk_bytes` each (the default sizes them by the node
+/// count, with room for every node's recovery log in its own region).
+pub fn run_scale_on(
+    workload: ScaleWorkload,
+    nodes: u32,
+    seed: u64,
+    disk_bytes: Option<u64>,
+) -> Result<ScaleReport, String> {
     let started = std::time::Instant::now();
     let sim = Sim::new(
         seed,
@@ -265,10 +276,15 @@ pub fn run_scale(workload: ScaleWorkload, nodes: u32, seed: u64) -> Result<Scale
     );
     let mut config = ClusterConfig::small(nodes);
     config.thief = Thief::Off;
-    // Disks sized for the node count: a region of every disk per node and each node's
-    // share of the inode file (64 inodes of 4 KiB), with room to spare. Only what is
-    // written takes memory.
-    config.disk_bytes = config.disk_bytes.max(nodes as u64 * (1 << 20));
+    // Disks sized for the node count: a region of every disk per node holding the
+    // node's recovery log (made from its own space at its first mount) and its share of
+    // the inode file (64 inodes of 4 KiB), with room to spare. Only what is written
+    // takes memory.
+    config.disk_bytes = disk_bytes.unwrap_or_else(|| {
+        config
+            .disk_bytes
+            .max(nodes as u64 * ((1 << 20) + 2 * config.log_bytes))
+    });
     // A node's pagepool need not be big for one small operation.
     config.pagepool_bytes = 1 << 20;
     let cluster = SimCluster::new(&sim, config)?;
