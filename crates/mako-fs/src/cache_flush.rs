@@ -205,8 +205,17 @@ fn revoke_names(core: &Arc<Core>, dir: u64, keep: Option<TokenMode>) -> FsResult
     if let Some(h) = core.cached_handle(dir) {
         // Under the inode's lock in write: an operation on the directory (reading the
         // cached blocks under other names, or under the inode in `xw` with no name
-        // token) finds its blocks where it located them.
-        h.state.write().dir_blocks.lock().clear();
+        // token) finds its blocks where it located them. A block with pages changed
+        // since `write_in_place` committed stays: an operation under names this node
+        // still holds changed it meanwhile (the revoked names cannot have changed: the
+        // revoke waited for their holds), and dropping it would lose that change while
+        // the inode's entry count keeps it (a name lost by concurrent creates, scale
+        // seed 1). Its clean pages are read again when names are next granted.
+        h.state
+            .write()
+            .dir_blocks
+            .lock()
+            .retain(|_, n| n.dirty_pages != 0);
     }
     core.invalidate_kernel_names(dir);
     Ok(())
