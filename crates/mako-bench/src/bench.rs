@@ -100,7 +100,8 @@ pub struct BenchArgs {
     /// Do not verify data read back.
     #[arg(long)]
     pub no_verify: bool,
-    /// Do not drop caches before read phases (neither the kernel's nor the hook's).
+    /// Do not drop caches before the read, stat and delete phases (neither the kernel's
+    /// nor the hook's).
     #[arg(long)]
     pub no_drop_caches: bool,
     /// Keep the files instead of deleting them at the end.
@@ -610,7 +611,14 @@ impl Suite<'_> {
                 ))
             })
             .collect();
-        self.phase("mdtest-easy-stat", PhaseKind::Metadata, true, None, tasks)?;
+        let cache = self.drop_caches(root)?;
+        self.phase(
+            "mdtest-easy-stat",
+            PhaseKind::Metadata,
+            true,
+            Some(cache),
+            tasks,
+        )?;
 
         // 8. ior-hard-read: process p reads the records process p+1 wrote.
         let cache = self.drop_caches(root)?;
@@ -665,7 +673,14 @@ impl Suite<'_> {
                 ))
             })
             .collect();
-        self.phase("mdtest-hard-stat", PhaseKind::Metadata, true, None, tasks)?;
+        let cache = self.drop_caches(root)?;
+        self.phase(
+            "mdtest-hard-stat",
+            PhaseKind::Metadata,
+            true,
+            Some(cache),
+            tasks,
+        )?;
 
         // 11. mdtest-easy-delete
         let tasks = (0..procs)
@@ -678,7 +693,14 @@ impl Suite<'_> {
                 ))
             })
             .collect();
-        self.phase("mdtest-easy-delete", PhaseKind::Metadata, true, None, tasks)?;
+        let cache = self.drop_caches(root)?;
+        self.phase(
+            "mdtest-easy-delete",
+            PhaseKind::Metadata,
+            true,
+            Some(cache),
+            tasks,
+        )?;
 
         // 12. mdtest-hard-read: the files of the next process.
         let cache = self.drop_caches(root)?;
@@ -714,7 +736,14 @@ impl Suite<'_> {
                 ))
             })
             .collect();
-        self.phase("mdtest-hard-delete", PhaseKind::Metadata, true, None, tasks)?;
+        let cache = self.drop_caches(root)?;
+        self.phase(
+            "mdtest-hard-delete",
+            PhaseKind::Metadata,
+            true,
+            Some(cache),
+            tasks,
+        )?;
         Ok(())
     }
 }

@@ -472,7 +472,7 @@ mod tests {
         let pagepool = config.pagepool_bytes();
         assert!((PAGEPOOL_BYTES_MIN..=PAGEPOOL_DEFAULT_BYTES_CAP).contains(&pagepool));
         assert_eq!(config.max_files_to_cache(), 4000);
-        assert_eq!(config.max_stat_cache(), 10_000);
+        assert_eq!(config.max_stat_cache(), 131_072);
         assert_eq!(config.worker_threads(), 16);
         assert_eq!(config.max_mbps(), 2048);
         assert_eq!(config.prefetch_aggressiveness_read(), None);

@@ -419,15 +419,18 @@ const PARAM_TABLE: &[ParamSpec] = &[
             min: 0,
             max: 100_000_000,
         },
-        default: DefaultValue::Int(10_000),
+        default: DefaultValue::Int(131_072),
         scope: Scope::Node,
         apply: Apply::Restart,
         unit: "inodes",
         doc: "How many attribute-only entries (just enough of an inode to answer \
-              stat()) this node keeps beyond maxFilesToCache. An entry is much smaller \
-              than a maxFilesToCache entry, so raise this for `ls -l`-heavy nodes rather \
-              than maxFilesToCache; the seeds use 128K. 0 disables the stat cache. Sized \
-              at start.",
+              stat()) this node keeps beyond maxFilesToCache, each under the inode's \
+              token, so that the kernel may keep the attributes as long as the entry \
+              lives. An entry is much smaller than a maxFilesToCache entry (no content, \
+              no extended attributes: well under 1 KiB with its token), so raise this \
+              for `ls -l`-heavy nodes rather than maxFilesToCache. The default (128K, as \
+              the seeds use) keeps the attributes of 128K files for at most about \
+              100 MiB; 0 disables the stat cache. Sized at start.",
     },
     ParamSpec {
         id: ParamId::WorkerThreads,

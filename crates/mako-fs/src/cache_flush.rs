@@ -137,13 +137,18 @@ fn revoke_inode(core: &Arc<Core>, ino: u64, keep: Option<TokenMode>) -> FsResult
 }
 
 /// The cached inode-file chunk holding `ino` may be changed by the next holder: drop it.
+/// Inode `ino`'s slot of its cached inode-file chunk must be read from disk at its
+/// next use (its token left, or another node wrote it in place): the chunk's other
+/// inodes stay cached.
 pub(crate) fn drop_inode_chunk(core: &Core, ino: u64) {
     let chunk = core.inode_chunk_bytes();
-    let index = ino * core.inode_bytes() as u64 / chunk;
-    // Inode-file chunks are clean metadata: no space is reserved under them.
-    let _ = core
-        .pool
-        .remove_from_range(INODE_CACHE_KEY, index, index + 1);
+    let off = ino * core.inode_bytes() as u64;
+    if let Some(slot) = core.pool.get((INODE_CACHE_KEY, off / chunk)) {
+        let slot_index = ((off % chunk) / core.inode_bytes() as u64) as usize;
+        if let Some(s) = slot.buf.lock().slot_stamps.get_mut(slot_index) {
+            *s = 0;
+        }
+    }
 }
 
 /// A byte range of file data leaves (or becomes read-only): dirty blocks under it are

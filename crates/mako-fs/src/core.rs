@@ -938,18 +938,38 @@ impl Core {
             self.check_inode(&inode, da)?;
             Ok(inode)
         };
-        // A cached chunk read before this node was granted `ino` may hold an old copy
-        // of it (another node changed it and wrote it in place before the grant): it
-        // is dropped, and this read counts as a miss (three-node seed 211: a name added
-        // by another node was missing from an inline directory so).
+        // A cached chunk whose slot of `ino` was read before this node was granted `ino`
+        // may hold an old copy of it (another node changed it and wrote it in place
+        // before the grant): that slot is read again from disk, the chunk's other
+        // inodes stay (three-node seed 211: a name added by another node was missing
+        // from an inline directory when the old copy was used).
         let granted = self.tokens.client().granted_at(self.tokens.inode(ino));
+        let slot_index = within / isz as usize;
         if let Some(slot) = self.pool.get((INODE_CACHE_KEY, index)) {
-            let stale = slot.buf.lock().stamp < granted;
-            if stale {
-                crate::cache_flush::drop_inode_chunk(self, ino);
+            let mut buf = slot.buf.lock();
+            if buf.loaded && buf.bytes.len() >= within + isz as usize {
+                let fresh = buf
+                    .slot_stamps
+                    .get(slot_index)
+                    .is_some_and(|&s| s > granted);
+                if !fresh {
+                    let stamp = self.tokens.client().grant_clock();
+                    let mut one =
+                        mako_disk::AlignedBuf::zeroed((isz as usize).next_multiple_of(512));
+                    self.metafile_read(inode_file, off, &mut one, BufferType::Inode)?;
+                    buf.bytes[within..within + isz as usize].copy_from_slice(&one[..isz as usize]);
+                    if buf.slot_stamps.len() <= slot_index {
+                        buf.slot_stamps.resize(slot_index + 1, 0);
+                    }
+                    buf.slot_stamps[slot_index] = stamp + 1;
+                    self.stats
+                        .inode_slot_rereads
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                return decode(&buf.bytes[within..within + isz as usize]);
             }
         }
-        if self.pool.get((INODE_CACHE_KEY, index)).is_none() && !self.chunk_missed_recently(index) {
+        if !self.chunk_missed_recently(index) {
             // The first miss in a chunk reads just the inode: a random lookup costs one
             // small read. A second miss in the same chunk soon after (a scan: ls -l,
             // find, stat of neighbours) caches the whole chunk.
@@ -966,7 +986,7 @@ impl Core {
             let was = buf.is_dirty();
             buf.bytes = bytes;
             buf.loaded = true;
-            buf.stamp = stamp;
+            buf.slot_stamps = vec![stamp + 1; (chunk / isz) as usize];
             self.pool.account(&mut buf, was);
         }
         decode(&buf.bytes[within..within + isz as usize])
@@ -1075,14 +1095,12 @@ impl Core {
             return Err(FsError::Stale(ino));
         }
         self.stats.inode_misses.fetch_add(1, Ordering::Relaxed);
-        let cached = self.stat_cache.lock().take(ino);
-        let inode = match cached {
-            Some(i) => {
-                self.stats.stat_cache_hits.fetch_add(1, Ordering::Relaxed);
-                i
-            }
-            None => self.read_inode(ino)?,
-        };
+        // A stat-cache entry holds attributes only: the whole inode is read (from the
+        // cached inode-file chunk, or the disk and the log) and becomes the cached copy.
+        // Both are what this node last committed: the entry was made of a clean inode,
+        // under the token held since.
+        let inode = self.read_inode(ino)?;
+        self.stat_cache.lock().remove(ino);
         if inode.nlink == 0 && inode.flags & mako_format::inode::FLAG_SYSTEM == 0 {
             // An inode with no links that is still marked in use: an orphan left by a
             // crash. It is fsck's to reclaim; to users it does not exist.

@@ -173,6 +173,10 @@ pub fn is_dir_mode(mode: u32) -> bool {
     mode & S_IFMT == S_IFDIR
 }
 
+/// How often a lookup looks a name up again when the inode it found lost its last
+/// link meanwhile (each retry follows a change that completed on this node).
+const LOOKUP_RACE_RETRIES: u32 = 16;
+
 #[derive(Clone)]
 pub struct FileSystem {
     pub core: Arc<Core>,
@@ -180,11 +184,18 @@ pub struct FileSystem {
 
 impl FileSystem {
     pub fn attr_of(&self, inode: &Inode) -> Attr {
-        let sb = self.core.geo.subblock_bytes() as u64;
         let inline = match &inode.content {
-            InodeContent::InlineData(d) => (d.len() as u64).div_ceil(512),
+            InodeContent::InlineData(d) => d.len() as u64,
             _ => 0,
         };
+        self.attr_with_inline(inode, inline)
+    }
+
+    /// The attributes of `inode` holding `inline_data_bytes` of data in itself (they
+    /// count in `st_blocks`; a stat-cache entry keeps their number, not the bytes).
+    fn attr_with_inline(&self, inode: &Inode, inline_data_bytes: u64) -> Attr {
+        let sb = self.core.geo.subblock_bytes() as u64;
+        let inline = inline_data_bytes.div_ceil(512);
         Attr {
             ino: inode.ino,
             size: inode.size,
@@ -334,6 +345,9 @@ impl FileSystem {
 
     pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
         crate::op::run(&self.core, || {
+            if let Some(attr) = self.stat_cached_attr(ino)? {
+                return Ok(attr);
+            }
             let h = self.handle(ino)?;
             // A shared writer's size and times are the metanode's merge.
             crate::metanode::prepare(&self.core, &h)?;
@@ -346,6 +360,36 @@ impl FileSystem {
             }
             Ok(self.attr_of(&st.inode))
         })
+    }
+
+    /// The attributes of an inode that is not cached whole but has a stat-cache entry,
+    /// answered from the entry (no disk read, no full inode loaded, nothing else of the
+    /// cache pushed out). Only under a token that no other node writes under (`ro` or
+    /// `xw`, held for the operation): under `rw` other nodes change size and times and
+    /// the metanode merges them, which `getattr` asks the whole inode for.
+    fn stat_cached_attr(&self, ino: u64) -> FsResult<Option<Attr>> {
+        if self.core.cached_handle(ino).is_some() || !self.core.stat_cache.lock().contains(ino) {
+            return Ok(None);
+        }
+        crate::op::hold_inode(&self.core, ino, Need::Cache)?;
+        if !matches!(
+            self.core.tokens.inode_mode(ino),
+            Some(TokenMode::Ro | TokenMode::Xw)
+        ) {
+            return Ok(None);
+        }
+        // The entry goes only with the token (held now) or when the whole inode is
+        // loaded (then it is a copy of it, as current as this answer).
+        let Some(entry) = self.core.stat_cache.lock().get(ino) else {
+            return Ok(None);
+        };
+        self.core
+            .stats
+            .stat_cache_hits
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(Some(
+            self.attr_with_inline(&entry.inode, entry.inline_data_bytes),
+        ))
     }
 
     pub fn lookup(&self, parent: u64, name: &[u8]) -> FsResult<Attr> {
@@ -362,21 +406,34 @@ impl FileSystem {
                     self.need_name(&p, name, TokenMode::Ro)?;
                 }
             }
-            let ino = {
-                let st = p.state.read();
-                let dir = self.live_dir(&st)?;
-                match name {
-                    b".." => dir.parent,
-                    _ => {
-                        directory::lookup(&self.core, &st, name)?
-                            .ok_or_else(|| {
-                                FsError::NotFound(String::from_utf8_lossy(name).into_owned())
-                            })?
-                            .ino
+            // The name is found under the directory's lock, the attributes after it is
+            // released: an unlink or a rename over the name on this node may complete in
+            // between, and the inode found has no link left. Its name is gone then, so
+            // the name is looked up again (the directory now says ENOENT or the new
+            // file): a lookup sees the state before the change or after it, never the
+            // unlinked inode under its old name.
+            let mut attempt = 0;
+            loop {
+                let ino = {
+                    let st = p.state.read();
+                    let dir = self.live_dir(&st)?;
+                    match name {
+                        b".." => dir.parent,
+                        _ => {
+                            directory::lookup(&self.core, &st, name)?
+                                .ok_or_else(|| {
+                                    FsError::NotFound(String::from_utf8_lossy(name).into_owned())
+                                })?
+                                .ino
+                        }
                     }
+                };
+                let attr = self.getattr(ino)?;
+                attempt += 1;
+                if attr.nlink > 0 || attempt >= LOOKUP_RACE_RETRIES {
+                    return Ok(attr);
                 }
-            };
-            self.getattr(ino)
+            }
         })
     }
 

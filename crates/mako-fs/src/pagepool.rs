@@ -43,9 +43,12 @@ pub struct DataBuffer {
     /// Subblocks reserved in the allocation map for this block's dirty data, until
     /// write-behind allocates it (or truncate/delete gives them back).
     pub reserved: u32,
-    /// For a chunk of the inode file: the token client's `grant_clock` when it was
-    /// read. An inode granted to this node later may be newer on disk than here.
-    pub stamp: u64,
+    /// For a chunk of the inode file, one per inode slot: 1 + the token client's
+    /// `grant_clock` when the slot was read from disk, 0 when it must be read again
+    /// (its token left). An inode granted to this node after its slot was read may be
+    /// newer on disk than here: that slot alone is read again (`Core::read_inode`),
+    /// the chunk's other inodes stay.
+    pub slot_stamps: Vec<u64>,
     /// Bytes charged to the pool for this buffer.
     charged: u64,
 }

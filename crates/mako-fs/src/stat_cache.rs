@@ -1,20 +1,51 @@
 //! The stat cache (`maxStatCache`): inodes evicted from the full inode cache
-//! (`maxFilesToCache`) keep their attributes here, so a later `stat` or lookup needs
-//! no disk read. A bounded LRU: its memory is at most `maxStatCache` inodes, whatever
-//! the workload. Every entry is covered by the inode's token, which this node keeps
-//! while the entry lives: a revoke removes the entry (`remove`), and an entry pushed
-//! out of the LRU hands back its inode number so the caller can release the token.
+//! (`maxFilesToCache`) keep their attributes here, so a later `stat` or lookup is
+//! answered from memory (`FileSystem::getattr`) without loading the full inode. An
+//! entry holds attributes only: the inode without its content (inline data, inline
+//! directory, block pointers) and without its extended attributes, so an entry costs
+//! about the same whatever the file (a 3,901-byte file held in its inode would
+//! otherwise keep its data here). An operation that needs the whole inode reads it
+//! again (`Core::get`, from the cached inode-file chunk or the disk) and drops the entry.
+//! A bounded LRU: its memory is at most `maxStatCache` entries, whatever the workload.
+//! Every entry is covered by the inode's token, which this node keeps while the entry
+//! lives: a revoke removes the entry (`remove`), and an entry pushed out of the LRU
+//! hands back its inode number so the caller can release the token.
 
 use lru::LruCache;
-use mako_format::inode::Inode;
+use mako_format::inode::{Inode, InodeContent};
 use std::hash::BuildHasherDefault;
 use std::num::NonZeroUsize;
 
 type Hasher = BuildHasherDefault<rustc_hash::FxHasher>;
 
+/// What the stat cache keeps of an inode: enough to answer `stat`.
+#[derive(Clone, Debug)]
+pub struct StatEntry {
+    /// The inode with empty content and no extended attributes.
+    pub inode: Inode,
+    /// Bytes of data held in the inode (they count in `st_blocks`).
+    pub inline_data_bytes: u64,
+}
+
+impl StatEntry {
+    /// The attributes of `inode`, without what only a full inode needs.
+    pub fn of(mut inode: Inode) -> StatEntry {
+        let inline_data_bytes = match &inode.content {
+            InodeContent::InlineData(d) => d.len() as u64,
+            _ => 0,
+        };
+        inode.content = InodeContent::Pointers(Vec::new());
+        inode.xattrs = Vec::new();
+        StatEntry {
+            inode,
+            inline_data_bytes,
+        }
+    }
+}
+
 pub struct StatCache {
     /// `None` while the capacity is 0 (the cache is off).
-    lru: Option<LruCache<u64, Inode, Hasher>>,
+    lru: Option<LruCache<u64, StatEntry, Hasher>>,
 }
 
 impl StatCache {
@@ -40,9 +71,9 @@ impl StatCache {
         self.lru.as_ref().is_some_and(|l| l.contains(&ino))
     }
 
-    /// Move the entry out (it becomes a full cached inode again).
-    pub fn take(&mut self, ino: u64) -> Option<Inode> {
-        self.lru.as_mut()?.pop(&ino)
+    /// The entry's attributes (a use: it becomes the most recently used).
+    pub fn get(&mut self, ino: u64) -> Option<StatEntry> {
+        self.lru.as_mut()?.get(&ino).cloned()
     }
 
     /// Keep `inode`'s attributes. Returns the inode numbers that no longer have an
@@ -52,7 +83,7 @@ impl StatCache {
         let ino = inode.ino;
         match self.lru.as_mut() {
             None => vec![ino],
-            Some(l) => match l.push(ino, inode) {
+            Some(l) => match l.push(ino, StatEntry::of(inode)) {
                 Some((old, _)) if old != ino => vec![old],
                 _ => Vec::new(),
             },
@@ -108,7 +139,7 @@ mod tests {
         for i in 10..13 {
             assert!(c.insert(Inode::new(i, 0o100644)).is_empty());
         }
-        assert!(c.take(10).is_some(), "hit moves out");
+        assert!(c.remove(10), "a full inode takes the entry out");
         assert!(c.insert(Inode::new(10, 0o100644)).is_empty());
         // 11 is now the least recently used.
         assert_eq!(c.insert(Inode::new(13, 0o100644)), vec![11]);
@@ -125,6 +156,25 @@ mod tests {
         );
     }
 
+    /// An entry keeps the attributes (and the size of inline data, which counts in
+    /// `st_blocks`), never the content or the extended attributes.
+    #[test]
+    fn entries_hold_attributes_only() {
+        let mut c = StatCache::new(4);
+        let mut inode = Inode::new(7, 0o100644);
+        inode.size = 3901;
+        inode.nlink = 1;
+        inode.content = InodeContent::InlineData(vec![0xab; 3901]);
+        inode.xattrs = vec![(b"user.a".to_vec(), vec![1; 100])];
+        assert!(c.insert(inode).is_empty());
+        let e = c.get(7).expect("kept");
+        assert_eq!(e.inode.size, 3901);
+        assert_eq!(e.inode.nlink, 1);
+        assert_eq!(e.inline_data_bytes, 3901);
+        assert!(matches!(&e.inode.content, InodeContent::Pointers(p) if p.is_empty()));
+        assert!(e.inode.xattrs.is_empty());
+    }
+
     /// The old cache kept an order queue that grew by one per evict-and-reuse cycle
     /// and could evict a newer entry for the same inode. Cycling ten times the
     /// capacity, many times over, must keep the entry count and the queue bounded.
@@ -137,8 +187,8 @@ mod tests {
             for i in 0..(10 * cap as u64) {
                 let ino = 1000 + i;
                 if round % 2 == 1 {
-                    // Reuse: a hit takes the entry out, then it is evicted again.
-                    c.take(ino);
+                    // Reuse: a full load takes the entry out, then it is evicted again.
+                    c.remove(ino);
                 }
                 released += c.insert(Inode::new(ino, 0o100644)).len();
                 assert!(c.len() <= cap);

@@ -16,6 +16,8 @@ pub struct FsStats {
     pub inode_hits: AtomicU64,
     pub inode_misses: AtomicU64,
     pub stat_cache_hits: AtomicU64,
+    /// Inodes read again alone into a cached inode-file chunk (granted since it was read).
+    pub inode_slot_rereads: AtomicU64,
     pub dir_splits: AtomicU64,
     /// Entries moved back into a freed cookie to keep a probe chain whole.
     pub dir_entries_moved: AtomicU64,
@@ -59,6 +61,7 @@ impl FsStats {
             f("inode_cache_hits", &self.inode_hits),
             f("inode_cache_misses", &self.inode_misses),
             f("stat_cache_hits", &self.stat_cache_hits),
+            f("inode_slot_rereads", &self.inode_slot_rereads),
             f("dir_splits", &self.dir_splits),
             f("dir_entries_moved", &self.dir_entries_moved),
             f("corruptions_detected", &self.corruptions),

@@ -183,7 +183,9 @@ pub fn evict_inodes(core: &Core) -> FsResult<()> {
         if st.dirty || !core.pool.keys_of(h.ino, true).is_empty() {
             continue;
         }
-        let keep_attrs = hold.is_some() && !st.stale;
+        // A shared writer's copy (`rw`) is not what the disk will say once the metanode
+        // has merged: only a copy no other node writes under is kept.
+        let keep_attrs = hold.is_some() && !st.stale && st.shared.is_none();
         let inode = st.inode.clone();
         drop(st);
         {
