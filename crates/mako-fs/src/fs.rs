@@ -408,7 +408,8 @@ impl FileSystem {
             }
             // The name is found under the directory's lock, the attributes after it is
             // released: an unlink or a rename over the name on this node may complete in
-            // between, and the inode found has no link left. Its name is gone then, so
+            // between, and the inode found has no link left (or is freed: ESTALE). Its
+            // name is gone then, so
             // the name is looked up again (the directory now says ENOENT or the new
             // file): a lookup sees the state before the change or after it, never the
             // unlinked inode under its old name.
@@ -428,10 +429,12 @@ impl FileSystem {
                         }
                     }
                 };
-                let attr = self.getattr(ino)?;
                 attempt += 1;
-                if attr.nlink > 0 || attempt >= LOOKUP_RACE_RETRIES {
-                    return Ok(attr);
+                match self.getattr(ino) {
+                    Ok(attr) if attr.nlink == 0 && attempt < LOOKUP_RACE_RETRIES => {}
+                    // Freed meanwhile (the name was unlinked, or renamed over).
+                    Err(FsError::Stale(_)) if attempt < LOOKUP_RACE_RETRIES => {}
+                    r => return r,
                 }
             }
         })
