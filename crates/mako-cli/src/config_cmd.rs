@@ -210,6 +210,7 @@ mod tests {
             ConfigCommand::Set {
                 assignment: "pagepool=1K".into(),
                 immediate: false,
+                nodes: Vec::new(),
             },
         )
         .unwrap_err()
@@ -228,6 +229,7 @@ mod tests {
             ConfigCommand::Set {
                 assignment: "pagepool=2G".into(),
                 immediate: false,
+                nodes: Vec::new(),
             },
         )
         .unwrap();
@@ -242,6 +244,7 @@ mod tests {
             ConfigCommand::Set {
                 assignment: "pagepool=3G".into(),
                 immediate: true,
+                nodes: Vec::new(),
             },
         )
         .unwrap();
@@ -250,6 +253,7 @@ mod tests {
             ConfigCommand::Set {
                 assignment: "maxMBpS=4096".into(),
                 immediate: true,
+                nodes: Vec::new(),
             },
         )
         .unwrap();
@@ -272,6 +276,7 @@ mod tests {
             &ctx,
             ConfigCommand::Unset {
                 name: "pagepool".into(),
+                nodes: Vec::new(),
             },
         )
         .unwrap();
@@ -291,6 +296,7 @@ mod tests {
             ConfigCommand::Set {
                 assignment: "pagepool".into(),
                 immediate: false,
+                nodes: Vec::new(),
             },
         )
         .unwrap_err()

@@ -698,6 +698,22 @@ mod tests {
             "{}",
             problem(&c)
         );
+        // Quorum nodes: 1, 3 or 5; none marked means the manager alone.
+        let mut c = with_nodes(3);
+        c.nodes[1].quorum = true;
+        assert!(
+            problem(&c).contains("choose 1, 3 or 5 quorum nodes"),
+            "{}",
+            problem(&c)
+        );
+        c.nodes[2].quorum = true;
+        assert!(c.validate().is_ok());
+        assert_eq!(c.quorum_nodes().len(), 3);
+        for n in &mut c.nodes {
+            n.quorum = false;
+        }
+        let q: Vec<u32> = c.quorum_nodes().iter().map(|n| n.id).collect();
+        assert_eq!(q, [0]);
         let mut c = with_nodes(3);
         c.node_id = 7;
         assert!(
