@@ -176,7 +176,7 @@ impl Transport for SimTransport {
                     results.lock()[i] = Some(r);
                 });
         }
-        mako_diag::sched::block_until("parallel calls", || {
+        mako_diag::sched::wait_until("parallel calls", || {
             results.lock().iter().all(|r| r.is_some())
         });
         let mut out = results.lock();

@@ -60,6 +60,11 @@ pub struct ScaleReport {
     pub net: NetStats,
     /// Real time the whole run took (mounts included).
     pub wall: Duration,
+    /// The run's schedule hash and decision count (`SimReport`): equal for two runs of
+    /// one seed.
+    pub trace: u64,
+    pub steps: u64,
+    pub seed: u64,
 }
 
 impl ScaleReport {
@@ -77,7 +82,7 @@ impl fmt::Display for ScaleReport {
         let (busiest, busiest_count) = self.net.busiest().unwrap_or((NodeId(0), 0));
         write!(
             f,
-            "{:?} on {} nodes: {:.3} ms simulated, {:.1} messages per operation (token manager {:.1}, revokes {:.1}, file system {:.1}, fs manager {:.1} requests), busiest: {busiest} with {busiest_count} messages, {} of {} operations failed ({:.1} s real)",
+            "{:?} on {} nodes: {:.3} ms simulated, {:.1} messages per operation (token manager {:.1}, revokes {:.1}, file system {:.1}, fs manager {:.1} requests), busiest: {busiest} with {busiest_count} messages, {} of {} operations failed ({:.1} s real; seed {}, schedule trace {:#x} in {} decisions)",
             self.workload,
             self.nodes,
             self.simulated.as_secs_f64() * 1e3,
@@ -88,7 +93,10 @@ impl fmt::Display for ScaleReport {
             self.requests_per_op(ServiceId::FsManager),
             self.errors.len(),
             self.nodes,
-            self.wall.as_secs_f64()
+            self.wall.as_secs_f64(),
+            self.seed,
+            self.trace,
+            self.steps
         )
     }
 }
@@ -367,7 +375,7 @@ pub fn run_scale_on(
                     pending.fetch_sub(1, Ordering::SeqCst);
                 });
             }
-            mako_diag::sched::block_until("scale phase", || pending.load(Ordering::SeqCst) == 0);
+            mako_diag::sched::wait_until("scale phase", || pending.load(Ordering::SeqCst) == 0);
             shared.lock().net = Some(cluster.net.stats());
             let errors = shared.lock().errors.clone();
             let bad = check_result(&cluster, workload, nodes, &errors);
@@ -381,10 +389,13 @@ pub fn run_scale_on(
     }
     let run = sim.run();
     let s = shared.lock();
-    if let Err(e) = run {
-        cluster.abandon();
-        return Err(e.to_string());
-    }
+    let run = match run {
+        Ok(r) => r,
+        Err(e) => {
+            cluster.abandon();
+            return Err(e.to_string());
+        }
+    };
     if let Some(f) = &s.failure {
         cluster.abandon();
         return Err(f.clone());
@@ -401,5 +412,8 @@ pub fn run_scale_on(
         check_failures,
         net: s.net.clone().unwrap_or_default(),
         wall: started.elapsed(),
+        trace: run.trace,
+        steps: run.steps,
+        seed,
     })
 }

@@ -84,3 +84,18 @@ fn create_storm_seeds_that_lost_a_name() {
 fn shared_file_records() {
     run(ScaleWorkload::SharedFileRecords);
 }
+
+/// A scale run is a function of its seed: two runs make the same schedule decision for
+/// decision (the scheduler's trace hash) and the same figures.
+#[test]
+fn a_scale_run_replays_bit_for_bit() {
+    let runs: Vec<_> = (0..2)
+        .map(|_| run_scale(ScaleWorkload::CreateStorm, 12, 3).expect("the run completes"))
+        .collect();
+    let (a, b) = (&runs[0], &runs[1]);
+    a.ok().expect("first run");
+    assert_eq!(
+        (a.trace, a.steps, a.simulated, &a.net),
+        (b.trace, b.steps, b.simulated, &b.net)
+    );
+}
