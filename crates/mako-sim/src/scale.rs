@@ -97,7 +97,15 @@ impl fmt::Display for ScaleReport {
             self.seed,
             self.trace,
             self.steps
-        )
+        )?;
+        for (what, n) in &self.net.by_token_request {
+            write!(
+                f,
+                "\n    {what}: {:.2} per operation",
+                *n as f64 / self.nodes as f64
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -279,6 +287,8 @@ pub fn run_scale_on(
             // Many nodes: many threads, small stacks.
             stack_bytes: 2 << 20,
             hang_timeout: Duration::from_secs(120),
+            // Decisions grow with the node count (every node's tasks take turns).
+            steps_max: SimConfig::default().steps_max.max(nodes as u64 * 100_000),
             ..SimConfig::default()
         },
     );
