@@ -327,10 +327,28 @@ pub fn run_scale_on(
         sim.spawn_task("driver", move || {
             let sim = crate::sched::current().expect("in the simulation");
             let fail = |m: String| shared.lock().failure = Some(m);
-            for n in 0..nodes {
-                if let Err(e) = cluster.mount(n) {
-                    return fail(format!("mount of node {n}: {e}"));
-                }
+            // Node 0 first (it hosts the managers and makes the file system's first
+            // changes), then every other node at once: mounted one after the other,
+            // the mounts' simulated time grows with the node count, and with it the
+            // turns of every mounted node's periodic work (quadratic in the nodes).
+            if let Err(e) = cluster.mount(0) {
+                return fail(format!("mount of node 0: {e}"));
+            }
+            let mounting = Arc::new(AtomicU64::new(nodes as u64 - 1));
+            let mount_errors = Arc::new(Mutex::new(Vec::new()));
+            for n in 1..nodes {
+                let (cluster, mounting, mount_errors) =
+                    (cluster.clone(), mounting.clone(), mount_errors.clone());
+                sim.spawn(format!("mount{n}"), move || {
+                    if let Err(e) = cluster.mount(n) {
+                        mount_errors.lock().push(format!("mount of node {n}: {e}"));
+                    }
+                    mounting.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+            mako_diag::sched::wait_until("mounts", || mounting.load(Ordering::SeqCst) == 0);
+            if let Some(e) = mount_errors.lock().first() {
+                return fail(e.clone());
             }
             let fs0 = cluster.fs(0).expect("node 0");
             let ctx = Ctx::default();
