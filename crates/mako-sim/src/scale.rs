@@ -287,8 +287,12 @@ pub fn run_scale_on(
             // Many nodes: many threads, small stacks.
             stack_bytes: 2 << 20,
             hang_timeout: Duration::from_secs(120),
-            // Decisions grow with the node count (every node's tasks take turns).
-            steps_max: SimConfig::default().steps_max.max(nodes as u64 * 100_000),
+            // Decisions grow faster than the node count (every node's tasks take
+            // turns while the others work: 10.7 million at 256 writers, 47.5 million
+            // at 512).
+            steps_max: SimConfig::default()
+                .steps_max
+                .max(nodes as u64 * nodes as u64 * 250),
             ..SimConfig::default()
         },
     );
