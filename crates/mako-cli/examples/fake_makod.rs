@@ -166,6 +166,9 @@ impl ControlHandler for Fake {
                 range: "64M..256G".into(),
                 apply: "restart".into(),
             }]),
+            Request::ClusterShow | Request::ClusterParam { .. } => {
+                Response::error("the fake makod is the whole cluster: no replicated configuration")
+            }
         }
     }
 }

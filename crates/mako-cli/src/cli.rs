@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
 use mako_control::{ClusterConfig, DataDir, Request};
 
-use crate::{config_cmd, daemon, diag, fs_cmd, fsck_cmd, status};
+use crate::{cluster_cmd, config_cmd, daemon, diag, fs_cmd, fsck_cmd, status};
 
 /// Mako cluster file system administration.
 #[derive(Parser, Debug)]
@@ -36,6 +36,14 @@ pub enum Command {
     Down,
     /// Node, daemon, file systems, mounts, space, inodes, pagepool.
     Status,
+    /// The nodes of a multi-process cluster (`mako up --nodes N`).
+    #[command(subcommand)]
+    Node(NodeCommand),
+    /// Start the makod of some or all nodes of a multi-process cluster (like mmstartup).
+    Startup(NodeSelection),
+    /// Stop the makod of some or all nodes of a multi-process cluster (like
+    /// mmshutdown): each writes back, gives its tokens back and unmounts.
+    Shutdown(NodeSelection),
     /// Create, show, mount and unmount file systems.
     #[command(subcommand)]
     Fs(FsCommand),
@@ -78,6 +86,29 @@ pub enum Command {
         #[arg(long)]
         drop_caches: bool,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NodeCommand {
+    /// Every node with its roles and state, asked over the network (like mmgetstate
+    /// -a): active, the cluster manager, or why it does not answer.
+    Show,
+}
+
+/// Which nodes `mako startup|shutdown` acts on.
+#[derive(Args, Debug, Clone)]
+pub struct NodeSelection {
+    /// Every node
+    #[arg(short = 'a', long = "all", conflicts_with = "nodes")]
+    pub all: bool,
+    /// These nodes (names or numbers), comma-separated
+    #[arg(
+        short = 'N',
+        long = "nodes",
+        value_name = "NODES",
+        value_delimiter = ','
+    )]
+    pub nodes: Vec<String>,
 }
 
 #[derive(Args, Debug, Default)]
@@ -278,6 +309,16 @@ pub enum ConfigCommand {
         /// Apply to the running daemon now as well (parameters that allow it)
         #[arg(short = 'i', long = "immediate")]
         immediate: bool,
+        /// In a multi-process cluster: only on these nodes (comma-separated); without
+        /// it the value is cluster-wide. A cluster's values are replicated and every
+        /// node applies them
+        #[arg(
+            short = 'N',
+            long = "nodes",
+            value_name = "NODES",
+            value_delimiter = ','
+        )]
+        nodes: Vec<String>,
     },
     /// Every parameter (or one) with its value, source, default and range.
     Show {
@@ -293,6 +334,15 @@ pub enum ConfigCommand {
     Unset {
         /// Parameter name
         name: String,
+        /// In a multi-process cluster: remove these nodes' own values (comma-separated);
+        /// without it the cluster-wide value
+        #[arg(
+            short = 'N',
+            long = "nodes",
+            value_name = "NODES",
+            value_delimiter = ','
+        )]
+        nodes: Vec<String>,
     },
 }
 
@@ -373,6 +423,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Up(args) => daemon::up(&context, &args),
         Command::Down => daemon::down(&context),
         Command::Status => status::status(&context),
+        Command::Node(NodeCommand::Show) => cluster_cmd::node_show(&context),
+        Command::Startup(sel) => cluster_cmd::startup(&context, &sel),
+        Command::Shutdown(sel) => cluster_cmd::shutdown(&context, &sel),
         Command::Fs(FsCommand::Create(args)) => fs_cmd::create(&context, &args),
         Command::Fs(FsCommand::Show { name }) => fs_cmd::show(&context, name.as_deref()),
         Command::Fs(FsCommand::Mount {
@@ -482,6 +535,11 @@ mod tests {
             "mako config show pagepool",
             "mako config explain pagepool",
             "mako config unset pagepool",
+            "mako config set maxMBpS=4096 -N node1,node2",
+            "mako config unset maxMBpS -N node1",
+            "mako node show",
+            "mako startup -a",
+            "mako shutdown -N node1,node2",
             "mako diag iohist -n 10 --json",
             "mako diag waiters --threshold-ms 100",
             "mako diag counters",
@@ -530,6 +588,7 @@ mod tests {
             "mako fsck fs1 -n -y",
             "mako fsck fs1 --threads 0",
             "mako fsck fs1 --online -y",
+            "mako startup -a -N node1",
         ] {
             assert!(parse(line).is_err(), "{line}");
         }

@@ -18,8 +18,14 @@ pub fn run(context: &Context, command: ConfigCommand) -> Result<ExitCode> {
         ConfigCommand::Set {
             assignment,
             immediate,
+            nodes,
         } => {
             let (name, value) = mako_config::parse_assignment(&assignment)?;
+            if is_multi(context) {
+                // A cluster's values live in its replicated configuration.
+                return crate::cluster_cmd::config_param(context, name, Some(value), &nodes);
+            }
+            refuse_nodes(context, &nodes)?;
             set(context, name, value, immediate)
         }
         ConfigCommand::Show { name } => {
@@ -65,7 +71,11 @@ pub fn run(context: &Context, command: ConfigCommand) -> Result<ExitCode> {
             print!("{}", effective.explain(&name)?);
             Ok(ExitCode::SUCCESS)
         }
-        ConfigCommand::Unset { name } => {
+        ConfigCommand::Unset { name, nodes } => {
+            if is_multi(context) {
+                return crate::cluster_cmd::config_param(context, &name, None, &nodes);
+            }
+            refuse_nodes(context, &nodes)?;
             let mut store = ConfigStore::load_or_default(&path)?;
             let spec = mako_config::lookup(&name)?;
             let previous = store.unset(&name)?;
@@ -89,6 +99,25 @@ pub fn run(context: &Context, command: ConfigCommand) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// True if the data directory holds a cluster of several makod processes.
+fn is_multi(context: &Context) -> bool {
+    context
+        .cluster()
+        .map(|c| !c.nodes.is_empty())
+        .unwrap_or(false)
+}
+
+fn refuse_nodes(context: &Context, nodes: &[String]) -> Result<()> {
+    if nodes.is_empty() {
+        return Ok(());
+    }
+    Err(anyhow!(
+        "-N {}: the cluster in {} is one makod, without other nodes; leave -N out",
+        nodes.join(","),
+        context.data.root.display()
+    ))
 }
 
 fn apply_name(apply: Apply) -> &'static str {
@@ -181,6 +210,7 @@ mod tests {
             ConfigCommand::Set {
                 assignment: "pagepool=1K".into(),
                 immediate: false,
+                nodes: Vec::new(),
             },
         )
         .unwrap_err()
@@ -199,6 +229,7 @@ mod tests {
             ConfigCommand::Set {
                 assignment: "pagepool=2G".into(),
                 immediate: false,
+                nodes: Vec::new(),
             },
         )
         .unwrap();
@@ -213,6 +244,7 @@ mod tests {
             ConfigCommand::Set {
                 assignment: "pagepool=3G".into(),
                 immediate: true,
+                nodes: Vec::new(),
             },
         )
         .unwrap();
@@ -221,6 +253,7 @@ mod tests {
             ConfigCommand::Set {
                 assignment: "maxMBpS=4096".into(),
                 immediate: true,
+                nodes: Vec::new(),
             },
         )
         .unwrap();
@@ -243,6 +276,7 @@ mod tests {
             &ctx,
             ConfigCommand::Unset {
                 name: "pagepool".into(),
+                nodes: Vec::new(),
             },
         )
         .unwrap();
@@ -262,6 +296,7 @@ mod tests {
             ConfigCommand::Set {
                 assignment: "pagepool".into(),
                 immediate: false,
+                nodes: Vec::new(),
             },
         )
         .unwrap_err()

@@ -9,6 +9,7 @@
 //! mount(8) (`mount_helper`).
 
 mod cli;
+mod cluster_cmd;
 mod config_cmd;
 mod daemon;
 mod diag;

@@ -103,6 +103,13 @@ fn node_cluster(overview: &ClusterConfig, node: &NodeDef) -> ClusterConfig {
 /// Creates the overview and every node's data directory.
 fn create(data: &DataDir, args: &UpArgs, n: u32) -> Result<ClusterConfig> {
     let mut cluster = create_cluster(data, args, n)?;
+    // The quorum: as many of the first nodes as give the most failures survived, up
+    // to five (1 or 2 nodes: node 0; 3 or 4: three; five or more: five).
+    let quorum = match n {
+        0..=2 => 1,
+        3..=4 => 3,
+        _ => 5,
+    };
     let mut nodes = Vec::new();
     for i in 0..n {
         nodes.push(NodeDef {
@@ -111,6 +118,7 @@ fn create(data: &DataDir, args: &UpArgs, n: u32) -> Result<ClusterConfig> {
             address: format!("127.0.0.1:{}", free_port()?),
             data_dir: crate::daemon::absolute(&data.root.join(format!("node{i}")))?,
             manager: i == 0,
+            quorum: i < quorum,
         });
     }
     cluster.node_id = 0;
@@ -207,18 +215,47 @@ pub fn render_nodes(cluster: &ClusterConfig, data: &DataDir) -> String {
         cluster.nodes.len(),
         data.root.display()
     );
+    // The quorum's account of every node, from the first node that answers.
+    let context = Context { data: data.clone() };
+    let view = match crate::cluster_cmd::cluster_view(&context) {
+        Ok(v) => {
+            out.push_str(&format!(
+                "Cluster manager: {}; configuration epoch {}\n",
+                v.manager.as_deref().unwrap_or("none elected"),
+                v.epoch
+            ));
+            Some(v)
+        }
+        Err(e) => {
+            out.push_str(&format!("Quorum: {e:#}\n"));
+            None
+        }
+    };
     let mut t = Table::new(&[
         "Node",
         "Id",
         "Role",
         "Address",
+        "Quorum state",
         "makod",
         "File system",
         "Mount point",
         "State",
     ]);
     for node in &cluster.nodes {
-        let role = if node.manager { "manager" } else { "client" };
+        let mut role = if node.manager { "manager" } else { "client" }.to_string();
+        if cluster.quorum_nodes().iter().any(|q| q.id == node.id) {
+            role.push_str(",quorum");
+        }
+        let quorum_state = view
+            .as_ref()
+            .and_then(|v| {
+                v.nodes
+                    .iter()
+                    .find(|n| n.id == node.id)
+                    .map(|n| crate::cluster_cmd::state_text(v, n, Some(node)))
+            })
+            .unwrap_or_else(|| "-".into());
         let dir = DataDir::new(&node.data_dir);
         let (daemon, fss) = match query_status(&dir) {
             Ok(Some(s)) => (format!("running, pid {}", s.pid), Some(s.filesystems)),
@@ -239,8 +276,9 @@ pub fn render_nodes(cluster: &ClusterConfig, data: &DataDir) -> String {
             t.row(vec![
                 node.name.clone(),
                 node.id.to_string(),
-                role.to_string(),
+                role.clone(),
                 node.address.clone(),
+                quorum_state.clone(),
                 daemon.clone(),
                 fs.name.clone(),
                 mp.display().to_string(),

@@ -132,6 +132,10 @@ pub struct NodeDef {
     /// node for now; sharding over several manager nodes comes later).
     #[serde(default)]
     pub manager: bool,
+    /// Keeps a copy of the replicated cluster configuration and votes in its raft
+    /// quorum (1, 3 or 5 nodes). The other nodes follow it as learners.
+    #[serde(default)]
+    pub quorum: bool,
 }
 
 /// File name of the cluster key inside a node's data directory: the secret that lets
@@ -435,6 +439,15 @@ impl ClusterConfig {
                 ))
             }
         }
+        match self.nodes.iter().filter(|n| n.quorum).count() {
+            0 | 1 | 3 | 5 => {}
+            k => {
+                return Some(format!(
+                    "{k} nodes are marked `quorum = true`; choose 1, 3 or 5 quorum nodes (an \
+                     even number survives no more failures than one less)"
+                ))
+            }
+        }
         if !ids.contains(&self.node_id) {
             return Some(format!(
                 "node_id {} is not among the [[nodes]] ({}); fix node_id or the node list",
@@ -451,6 +464,18 @@ impl ClusterConfig {
     /// The node that runs the token and file-system managers (multi-process clusters).
     pub fn manager_node(&self) -> Option<&NodeDef> {
         self.nodes.iter().find(|n| n.manager)
+    }
+
+    /// The nodes that keep the replicated configuration and vote in its quorum: those
+    /// marked `quorum = true`, or the manager node alone in a cluster.toml written
+    /// before quorum nodes existed.
+    pub fn quorum_nodes(&self) -> Vec<&NodeDef> {
+        let marked: Vec<&NodeDef> = self.nodes.iter().filter(|n| n.quorum).collect();
+        if marked.is_empty() {
+            self.manager_node().into_iter().collect()
+        } else {
+            marked
+        }
     }
 
     /// The node numbered `id`.
@@ -626,6 +651,7 @@ mod tests {
                 address: format!("127.0.0.1:{}", 2000 + i),
                 data_dir: PathBuf::from(format!("/var/lib/mako/node{i}")),
                 manager: i == 0,
+                quorum: i == 0,
             })
             .collect();
         c
@@ -672,6 +698,22 @@ mod tests {
             "{}",
             problem(&c)
         );
+        // Quorum nodes: 1, 3 or 5; none marked means the manager alone.
+        let mut c = with_nodes(3);
+        c.nodes[1].quorum = true;
+        assert!(
+            problem(&c).contains("choose 1, 3 or 5 quorum nodes"),
+            "{}",
+            problem(&c)
+        );
+        c.nodes[2].quorum = true;
+        assert!(c.validate().is_ok());
+        assert_eq!(c.quorum_nodes().len(), 3);
+        for n in &mut c.nodes {
+            n.quorum = false;
+        }
+        let q: Vec<u32> = c.quorum_nodes().iter().map(|n| n.id).collect();
+        assert_eq!(q, [0]);
         let mut c = with_nodes(3);
         c.node_id = 7;
         assert!(

@@ -32,8 +32,9 @@ pub use cluster::{
     NodeDef, CLUSTER_KEY_FILE_NAME, DISK_USAGES,
 };
 pub use protocol::{
-    ConfigRowView, DaemonStatus, DiskCountersView, DiskStatusView, FsCountersView, FsStatus,
-    FsckView, IoRecordView, LockCounterView, MountView, ProtocolError, Request, Response,
-    StatsView, TokenView, WaiterView, PROTOCOL_VERSION,
+    ClusterDiskView, ClusterFsView, ClusterView, ConfigRowView, DaemonStatus, DiskCountersView,
+    DiskStatusView, FsCountersView, FsStatus, FsckView, IoRecordView, LockCounterView, MountView,
+    NodeStateView, ProtocolError, Request, Response, StatsView, TokenView, WaiterView,
+    PROTOCOL_VERSION,
 };
 pub use server::{serve, ControlHandler};

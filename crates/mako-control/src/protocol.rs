@@ -75,6 +75,18 @@ pub enum Request {
     DiagConfig,
     /// Check a mounted file system read-only (`mako fsck --online`) → `Fsck`.
     Fsck { fs: String, threads: usize },
+    /// The replicated cluster configuration and every node's own account of itself
+    /// (`mako node show`, `mako status` of a multi-process cluster) → `Cluster`.
+    ClusterShow,
+    /// Sets (`value` given) or unsets a parameter in the replicated configuration,
+    /// cluster-wide (`nodes` empty) or for the named nodes only → `Ok`/`Error`.
+    ClusterParam {
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        value: Option<String>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        nodes: Vec<String>,
+    },
 }
 
 impl Request {
@@ -95,6 +107,8 @@ impl Request {
             Request::DiagTokens => "diag_tokens",
             Request::DiagConfig => "diag_config",
             Request::Fsck { .. } => "fsck",
+            Request::ClusterShow => "cluster_show",
+            Request::ClusterParam { .. } => "cluster_param",
         }
     }
 }
@@ -119,6 +133,62 @@ pub enum Response {
     Tokens(Vec<TokenView>),
     Config(Vec<ConfigRowView>),
     Fsck(FsckView),
+    Cluster(ClusterView),
+}
+
+/// `Response::Cluster`: the replicated configuration as the answering node has
+/// applied it, and what every node says about itself.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterView {
+    /// The node that answered.
+    pub answered_by: String,
+    /// Empty until the cluster's configuration is created.
+    pub name: String,
+    /// The configuration's epoch on the answering node.
+    pub epoch: u64,
+    /// The cluster manager (raft leader) the answering node knows of.
+    pub manager: Option<String>,
+    pub nodes: Vec<NodeStateView>,
+    pub disks: Vec<ClusterDiskView>,
+    pub filesystems: Vec<ClusterFsView>,
+    /// Parameter settings: (name, value, `cluster` or the node names).
+    pub params: Vec<(String, String, String)>,
+}
+
+/// One node in `ClusterView`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeStateView {
+    pub id: u32,
+    pub name: String,
+    /// `quorum`, `manager`, `client`, comma-separated.
+    pub roles: String,
+    pub address: String,
+    /// `leader`, `follower`, `learner`, `candidate`, or why the node did not answer
+    /// (`not running`, `unreachable: …`).
+    pub state: String,
+    /// True if the node answered.
+    pub answers: bool,
+    pub term: u64,
+    /// The configuration epoch the node has applied.
+    pub epoch: u64,
+}
+
+/// One disk in `ClusterView`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterDiskView {
+    pub name: String,
+    pub size_bytes: u64,
+    /// NSD server names, primary first; empty when every node reaches the disk.
+    pub servers: Vec<String>,
+    pub failure_group: i32,
+    pub pool: String,
+}
+
+/// One file system in `ClusterView`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterFsView {
+    pub name: String,
+    pub disks: Vec<String>,
 }
 
 /// What an online check found: its e2fsck-style exit code and the report, as text and
@@ -144,6 +214,7 @@ impl Response {
             Response::Tokens(_) => "tokens",
             Response::Config(_) => "config",
             Response::Fsck(_) => "fsck",
+            Response::Cluster(_) => "cluster",
         }
     }
 

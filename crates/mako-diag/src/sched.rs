@@ -27,6 +27,17 @@ pub trait TaskScheduler: Send + Sync {
     /// wants is held, a condition it waits for is false). Returns when the scheduler
     /// lets it look again; the caller re-checks and may call `block` again.
     fn block(&self, on: &'static str);
+    /// Block until `ready()` holds (it holds when this returns). `ready` must be a
+    /// pure check that the scheduler may run on another task's thread while this task
+    /// is blocked: it calls nothing of this module and takes no lock that a task may
+    /// hold across a scheduling point (atomics, or a lock only ever held between two
+    /// of them). A scheduler uses it to skip the turns in which this task would only
+    /// find the condition still false and block again.
+    fn block_until_ready(&self, on: &'static str, ready: &(dyn Fn() -> bool + Sync)) {
+        while !ready() {
+            self.block(on);
+        }
+    }
     /// Let simulated time pass for this task (disk latency, a message in flight, a
     /// timer). Other tasks run meanwhile.
     fn sleep(&self, duration: Duration);
@@ -99,6 +110,16 @@ pub fn block_until(on: &'static str, mut ready: impl FnMut() -> bool) -> bool {
     true
 }
 
+/// As [`block_until`] for a pure check (see [`TaskScheduler::block_until_ready`]):
+/// under a simulation the scheduler does not wake the task until `ready()` holds.
+pub fn wait_until(on: &'static str, ready: impl Fn() -> bool + Sync) -> bool {
+    let Some(s) = current() else {
+        return false;
+    };
+    s.block_until_ready(on, &ready);
+    true
+}
+
 /// A condition variable that works both in the daemon (parking_lot's) and under a
 /// simulation (a notification generation the blocked task re-checks).
 #[derive(Default)]
@@ -134,9 +155,9 @@ impl Condvar {
         };
         let seen = self.generation.load(Ordering::Acquire);
         relock_after(guard, || {
-            while self.generation.load(Ordering::Acquire) == seen {
-                s.block("condition variable");
-            }
+            s.block_until_ready("condition variable", &|| {
+                self.generation.load(Ordering::Acquire) != seen
+            });
         });
     }
 

@@ -13,6 +13,7 @@
 pub mod clock;
 pub mod cluster;
 pub mod disk;
+mod eligible;
 pub mod invariants;
 pub mod model;
 pub mod net;

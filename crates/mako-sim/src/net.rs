@@ -42,6 +42,9 @@ pub struct NetStats {
     pub sent_by: BTreeMap<NodeId, u64>,
     /// Requests per service.
     pub by_service: BTreeMap<ServiceId, u64>,
+    /// Token requests by what they ask and the kind of object (`acquire dirbucket`,
+    /// `revoke inode`, ...): where the token traffic of a workload goes.
+    pub by_token_request: BTreeMap<String, u64>,
 }
 
 impl NetStats {
@@ -107,13 +110,72 @@ impl SimNet {
     }
 
     fn count(&self, from: NodeId, service: Option<ServiceId>, bytes: usize) {
+        self.count_request(from, service, bytes, None)
+    }
+
+    fn count_request(
+        &self,
+        from: NodeId,
+        service: Option<ServiceId>,
+        bytes: usize,
+        label: Option<String>,
+    ) {
         let mut s = self.stats.lock();
+        if let Some(label) = label {
+            *s.by_token_request.entry(label).or_default() += 1;
+        }
         s.messages += 1;
         s.bytes += bytes as u64;
         *s.sent_by.entry(from).or_default() += 1;
         if let Some(service) = service {
             *s.by_service.entry(service).or_default() += 1;
         }
+    }
+}
+
+/// What a token request asks, for `NetStats::by_token_request`.
+fn token_label(service: ServiceId, request: &[u8]) -> Option<String> {
+    use mako_token::{ClientRequest, ManagerRequest};
+    match service {
+        ServiceId::TokenManager => {
+            let r: ManagerRequest = mako_rt::decode("token request", request).ok()?;
+            Some(match r {
+                ManagerRequest::Acquire(a) => format!(
+                    "acquire {} {:?}{}",
+                    a.resource.kind.as_str(),
+                    a.mode,
+                    if a.resource.kind.is_ranged() && a.required == mako_token::ByteRange::WHOLE {
+                        " whole"
+                    } else {
+                        ""
+                    }
+                ),
+                ManagerRequest::Relinquish { resource, .. } => {
+                    format!("relinquish {}", resource.kind.as_str())
+                }
+                ManagerRequest::Downgrade { resource, .. } => {
+                    format!("downgrade {}", resource.kind.as_str())
+                }
+                ManagerRequest::LocateMetanode { .. } => "locate metanode".into(),
+                ManagerRequest::ResignMetanode { .. } => "resign metanode".into(),
+                ManagerRequest::SetVersion { resource, .. } => {
+                    format!("set version {}", resource.kind.as_str())
+                }
+                other => format!("{other:?}")
+                    .split([' ', '(', '{'])
+                    .next()?
+                    .to_string(),
+            })
+        }
+        ServiceId::TokenClient => {
+            let r: ClientRequest = mako_rt::decode("revoke", request).ok()?;
+            Some(match r {
+                ClientRequest::Revoke {
+                    resource, wanted, ..
+                } => format!("revoke {} to {wanted:?}", resource.kind.as_str()),
+            })
+        }
+        _ => None,
     }
 }
 
@@ -136,7 +198,12 @@ impl Transport for SimTransport {
         _options: CallOptions,
     ) -> Result<Vec<u8>, TransportError> {
         let net = &self.net;
-        net.count(self.me, Some(service), request.len());
+        net.count_request(
+            self.me,
+            Some(service),
+            request.len(),
+            token_label(service, &request),
+        );
         mako_diag::sched::sleep(net.latency());
         let handler = net
             .registry
@@ -176,7 +243,7 @@ impl Transport for SimTransport {
                     results.lock()[i] = Some(r);
                 });
         }
-        mako_diag::sched::block_until("parallel calls", || {
+        mako_diag::sched::wait_until("parallel calls", || {
             results.lock().iter().all(|r| r.is_some())
         });
         let mut out = results.lock();

@@ -603,7 +603,7 @@ fn run_step(
             pending.fetch_sub(1, Ordering::SeqCst);
         });
     }
-    mako_diag::sched::block_until("step", || pending.load(Ordering::SeqCst) == 0);
+    mako_diag::sched::wait_until("step", || pending.load(Ordering::SeqCst) == 0);
     for (node, work, _) in after {
         if let Err(e) = cluster.background(*node, *work) {
             bg_errors

@@ -5,6 +5,9 @@
 //! completion time, messages per operation by service and the busiest node; fails if
 //! any operation fails, if a file is missing or listed twice, if a record does not
 //! read back exactly, or if fsck finds the file system unclean afterwards.
+//!
+//! The issue's sizes run as ignored tests (`cargo test --release -p mako-sim --test
+//! scale -- --ignored --nocapture`): minutes to hours of real time, not for CI.
 
 use mako_sim::scale::{run_scale, ScaleWorkload};
 
@@ -83,4 +86,46 @@ fn create_storm_seeds_that_lost_a_name() {
 #[test]
 fn shared_file_records() {
     run(ScaleWorkload::SharedFileRecords);
+}
+
+/// A scale run is a function of its seed: two runs make the same schedule decision for
+/// decision (the scheduler's trace hash) and the same figures.
+#[test]
+fn a_scale_run_replays_bit_for_bit() {
+    let runs: Vec<_> = (0..2)
+        .map(|_| run_scale(ScaleWorkload::CreateStorm, 12, 3).expect("the run completes"))
+        .collect();
+    let (a, b) = (&runs[0], &runs[1]);
+    a.ok().expect("first run");
+    assert_eq!(
+        (a.trace, a.steps, a.simulated, &a.net),
+        (b.trace, b.steps, b.simulated, &b.net)
+    );
+}
+
+fn issue_case(workload: ScaleWorkload, nodes: u32) {
+    let r = run_scale(workload, nodes, 1)
+        .unwrap_or_else(|e| panic!("{workload:?} on {nodes} nodes did not complete: {e}"));
+    eprintln!("{r}");
+    r.ok()
+        .expect("every operation succeeds and the result checks");
+}
+
+/// The issue's shared-directory case: 4,096 nodes each create one file in a new
+/// directory. Prints simulated time, messages per create (by token request) and the
+/// busiest node. Known not to finish within its decision budget today: the
+/// directory's inode token in `xw` changes hands tens of times per create
+/// (docs/simulation.md, "Scale").
+#[test]
+#[ignore = "long (the issue's 4,096-node figure); run with --ignored"]
+fn issue_4096_nodes_create_in_one_new_directory() {
+    issue_case(ScaleWorkload::CreateStorm, 4096);
+}
+
+/// The issue's shared-file case: 1,024 nodes each write their 47,008-byte record of
+/// one file.
+#[test]
+#[ignore = "long (the issue's 1,024-node figure); run with --ignored"]
+fn issue_1024_nodes_write_records_of_one_file() {
+    issue_case(ScaleWorkload::SharedFileRecords, 1024);
 }

@@ -6,8 +6,8 @@
 //! `mako down` (clients first, the manager last) and `mako fsck -n`, which must find
 //! the disks clean.
 //!
-//! Dropping the guard cleans up whatever happened, also when the test panics: `mako
-//! down` (bounded), SIGKILL of every node's makod that still runs, lazy unmount of
+//! Dropping the guard cleans up whatever happened, also when the test panics (it then
+//! prints the tail of every node's makod.log first): `mako down` (bounded), SIGKILL of every node's makod that still runs, lazy unmount of
 //! anything mounted below the temp dir, removal of the temp dir (only when nothing is
 //! mounted below it).
 
@@ -225,6 +225,13 @@ impl NetCluster {
     fn cleanup(&mut self) {
         let Some(root) = self.root.take() else { return };
         self.note_pids();
+        if std::thread::panicking() {
+            // What each node said before the test failed: on CI this is all there is.
+            eprintln!(
+                "NetCluster: the test failed; the last lines of every node's makod.log:\n{}",
+                self.logs_tail(40)
+            );
+        }
         if self.up || self.pids.iter().any(|&p| process_alive(p)) {
             let _ = run_cmd(
                 &self.mako,

@@ -35,6 +35,9 @@ pub struct Daemon {
     stop: Arc<AtomicBool>,
     /// This node's network, when cluster.toml lists several nodes (`crate::net`).
     net: Option<crate::net::NetNode>,
+    /// This node's member of the configuration quorum, in a multi-process cluster
+    /// (`crate::member`).
+    member: Mutex<Option<Arc<crate::member::Member>>>,
 }
 
 pub(crate) fn fs_config(c: &EffectiveConfig) -> FsConfig {
@@ -853,6 +856,32 @@ impl Daemon {
         })
     }
 
+    /// Gives the running daemon a parameter value of the replicated configuration,
+    /// which the applier has already saved in config.toml (`None`: unset).
+    pub(crate) fn apply_cluster_param(&self, name: &str, value: Option<&str>) -> Result<String> {
+        let spec = mako_config::lookup(name)?;
+        if spec.apply != mako_config::Apply::Immediate {
+            return self.config_set(name, value.unwrap_or_default(), false);
+        }
+        match value {
+            Some(v) => self.config_set(name, v, true),
+            None => {
+                *self.config.write() = Self::load_config(&self.dir)?;
+                let text = self.config.read().entry(name)?.value.to_string();
+                self.config_set(name, &text, true)
+            }
+        }
+    }
+
+    fn member(&self) -> Result<Arc<crate::member::Member>> {
+        self.member.lock().clone().ok_or_else(|| {
+            anyhow::anyhow!(
+                "this makod is the whole cluster (its cluster.toml lists no [[nodes]]): it \
+                 keeps no replicated configuration; `mako config set` changes it directly"
+            )
+        })
+    }
+
     fn config_set(&self, name: &str, value: &str, immediate: bool) -> Result<String> {
         if !immediate {
             // Re-read the saved file so the next mount uses it.
@@ -985,6 +1014,10 @@ impl ControlHandler for Daemon {
                     Response::Tokens(out)
                 }
                 Request::Fsck { fs, threads } => Response::Fsck(self.fsck_online(&fs, threads)?),
+                Request::ClusterShow => Response::Cluster(self.member()?.view()),
+                Request::ClusterParam { name, value, nodes } => {
+                    Response::ok(self.member()?.set_param(&name, value.as_deref(), &nodes)?)
+                }
                 Request::DiagConfig => Response::Config(
                     self.config
                         .read()
@@ -1055,7 +1088,23 @@ pub fn run(root: &Path) -> Result<()> {
         started: Instant::now(),
         stop: stop.clone(),
         net,
+        member: Mutex::new(None),
     });
+    if let Some(net) = &daemon.net {
+        let transport: Arc<dyn mako_rt::Transport> = net.transport.clone();
+        let member = crate::member::Member::start(&dir, &cluster, transport, net.registry.clone())?;
+        let weak = Arc::downgrade(&daemon);
+        member.start_applier(
+            &dir,
+            Box::new(
+                move |name: &str, value: Option<&str>| match weak.upgrade() {
+                    Some(d) => d.apply_cluster_param(name, value),
+                    None => Ok("makod is stopping".to_string()),
+                },
+            ),
+        )?;
+        *daemon.member.lock() = Some(member);
+    }
     tracing::info!(
         "makod {} starting: node {} (id {}), data dir {}",
         env!("CARGO_PKG_VERSION"),
@@ -1084,6 +1133,10 @@ pub fn run(root: &Path) -> Result<()> {
         && cluster.filesystems.iter().any(|f| f.automount)
     {
         stop.store(true, Ordering::SeqCst);
+        let member = daemon.member.lock().take();
+        if let Some(member) = member {
+            member.shutdown();
+        }
         let _ = server.join();
         bail!("no file system could be mounted: {}", failed.join("; "));
     }
@@ -1098,6 +1151,10 @@ pub fn run(root: &Path) -> Result<()> {
             tracing::error!("{e:#}");
             errors.push(format!("{e:#}"));
         }
+    }
+    let member = daemon.member.lock().take();
+    if let Some(member) = member {
+        member.shutdown();
     }
     if let Some(net) = &daemon.net {
         // After every file system is written back and its tokens given up.

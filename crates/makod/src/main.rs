@@ -5,6 +5,7 @@
 
 mod daemon;
 mod local_nodes;
+mod member;
 mod metrics;
 mod mount_state;
 mod net;
@@ -45,7 +46,8 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("MAKO_LOG")
-                .unwrap_or_else(|_| "info".into()),
+                // openraft narrates every vote and replication at info.
+                .unwrap_or_else(|_| "info,openraft=warn".into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(false)

@@ -1,0 +1,251 @@
+//! The cluster's replicated configuration and its admin commands, on real makod
+//! processes (`mako up --nodes 3`: three quorum nodes on loopback). Every node runs a
+//! member of the quorum; the raft leader is the cluster manager; a parameter set with
+//! `mako config set [-N nodes]` is a raft change that every node applies; `mako node
+//! show` asks every node over the network and says why one does not answer; a change
+//! without a majority of the quorum nodes is refused with the nodes named.
+//!
+//! No timing is asserted: each wait for the cluster to converge is a poll with a
+//! generous deadline that only guards against a hang. The NetCluster guard stops every
+//! process and unmounts everything even when a test fails (and prints every node's
+//! log tail then).
+
+use mako_tests::cluster::{is_mounted, require_fuse, CmdOutput};
+use mako_tests::netcluster::{NetCluster, NetClusterOptions};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The hang guard of every wait for the cluster to converge (an election, a change
+/// reaching a node). Generous: CI is a loaded 2-core machine.
+const CONVERGE: Duration = Duration::from_secs(180);
+
+fn up() -> NetCluster {
+    NetCluster::up(NetClusterOptions {
+        disk_size: "1G".into(),
+        ..NetClusterOptions::default()
+    })
+    .expect("three nodes up")
+}
+
+fn ok(c: &NetCluster, args: &[&str]) -> CmdOutput {
+    let out = c.mako(args).unwrap();
+    assert!(
+        out.success(),
+        "mako {}: {out}\n{}",
+        args.join(" "),
+        c.logs_tail(20)
+    );
+    out
+}
+
+/// Polls `probe` until it returns `Some`, or fails the test after `CONVERGE`, showing
+/// the last thing it saw.
+fn wait_for<T>(c: &NetCluster, what: &str, mut probe: impl FnMut() -> Result<T, String>) -> T {
+    let started = Instant::now();
+    loop {
+        match probe() {
+            Ok(v) => return v,
+            Err(last) => {
+                if started.elapsed() > CONVERGE {
+                    panic!(
+                        "{what}: not within {CONVERGE:?}; last seen:\n{last}\n{}",
+                        c.logs_tail(30)
+                    );
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Waits until `mako node show` shows a cluster manager, a created configuration and
+/// `active` of the nodes active; returns its output.
+fn wait_active(c: &NetCluster, active: u32) -> String {
+    let want = format!("{active} of {} nodes active", c.nodes());
+    wait_for(c, &want, || {
+        let out = c.mako(&["node", "show"]).map_err(|e| e.to_string())?;
+        let text = format!("{out}");
+        if out.success()
+            && out.stdout.contains(&want)
+            && out.stdout.contains("cluster manager: node")
+            && !out.stdout.contains("not created yet")
+        {
+            Ok(out.stdout)
+        } else {
+            Err(text)
+        }
+    })
+}
+
+/// The value node `i`'s running makod uses for `param` (`mako diag config`).
+fn running_value(c: &NetCluster, i: u32, param: &str) -> Result<String, String> {
+    let out = c
+        .mako_in(&c.node_dir(i), &["diag", "config"])
+        .map_err(|e| e.to_string())?;
+    if !out.success() {
+        return Err(format!("{out}"));
+    }
+    out.stdout
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(param))
+        .and_then(|l| l.split_whitespace().nth(1).map(String::from))
+        .ok_or_else(|| format!("no {param} in:\n{}", out.stdout))
+}
+
+/// Waits until node `i` runs with `param` = `value` and has it in its config.toml.
+fn wait_value(c: &NetCluster, i: u32, param: &str, value: &str) {
+    wait_for(
+        c,
+        &format!("node{i} running with {param} = {value}"),
+        || {
+            let v = running_value(c, i, param)?;
+            if v != value {
+                return Err(format!("node{i} runs with {param} = {v}"));
+            }
+            let saved = std::fs::read_to_string(c.node_dir(i).join("config.toml"))
+                .map_err(|e| e.to_string())?;
+            if !saved.contains(param) || !saved.contains(value) {
+                return Err(format!("node{i}'s config.toml:\n{saved}"));
+            }
+            Ok(())
+        },
+    )
+}
+
+fn node_line<'a>(show: &'a str, node: &str) -> &'a str {
+    show.lines()
+        .find(|l| l.split_whitespace().next() == Some(node))
+        .unwrap_or_else(|| panic!("no line of {node} in:\n{show}"))
+}
+
+#[test]
+fn the_quorum_elects_a_manager_and_every_node_applies_cluster_and_node_parameters() {
+    if !require_fuse(
+        "the_quorum_elects_a_manager_and_every_node_applies_cluster_and_node_parameters",
+    ) {
+        return;
+    }
+    let c = up();
+    let show = wait_active(&c, 3);
+    // One cluster manager among the quorum nodes, every node at the same epoch.
+    let managers = (0..3)
+        .filter(|i| node_line(&show, &format!("node{i}")).contains("cluster manager"))
+        .count();
+    assert_eq!(managers, 1, "{show}");
+    for i in 0..3 {
+        let line = node_line(&show, &format!("node{i}"));
+        assert!(line.contains("quorum"), "{line}");
+    }
+    // The seeded configuration: the cluster, three nodes, two disks, one file system.
+    assert!(show.contains("configuration epoch"), "{show}");
+
+    // Cluster-wide, then a per-node override; each running daemon takes it at once.
+    let out = ok(&c, &["config", "set", "maxMBpS=1234"]);
+    assert!(out.stdout.contains("on every node"), "{out}");
+    let out = ok(&c, &["config", "set", "maxMBpS=2222", "-N", "node1"]);
+    assert!(out.stdout.contains("on node1"), "{out}");
+    wait_value(&c, 0, "maxMBpS", "1234");
+    wait_value(&c, 1, "maxMBpS", "2222");
+    wait_value(&c, 2, "maxMBpS", "1234");
+    let show = ok(&c, &["node", "show"]).stdout;
+    assert!(
+        show.lines()
+            .any(|l| l.contains("maxMBpS") && l.contains("2222") && l.contains("node1")),
+        "{show}"
+    );
+    // Node 1's own value goes: it falls back to the cluster-wide one.
+    ok(&c, &["config", "unset", "maxMBpS", "-N", "node1"]);
+    wait_value(&c, 1, "maxMBpS", "1234");
+    // Asked through another node's data directory: the same configuration.
+    let out = c.mako_in(&c.node_dir(2), &["node", "show"]).unwrap();
+    assert!(
+        out.success() && out.stdout.contains("3 of 3 nodes active"),
+        "{out}"
+    );
+
+    // Refusals that say what is wrong.
+    let out = c
+        .mako(&["config", "set", "maxMBpS=5", "-N", "nosuch"])
+        .unwrap();
+    assert!(!out.success(), "{out}");
+    assert!(
+        out.stderr.contains("nosuch") && out.stderr.contains("node0"),
+        "{out}"
+    );
+    let out = c.mako(&["config", "set", "maxMBpS=0"]).unwrap();
+    assert!(!out.success(), "{out}");
+    assert!(out.stderr.contains("maxMBpS"), "{out}");
+
+    // `mako status` shows the whole cluster with the quorum's view.
+    let st = ok(&c, &["status"]).stdout;
+    assert!(
+        st.contains("Cluster manager: node") && st.contains("Quorum state"),
+        "{st}"
+    );
+    c.finish().expect("down and fsck clean");
+}
+
+#[test]
+fn a_stopped_node_is_shown_down_catches_up_and_a_lost_quorum_is_refused_by_name() {
+    if !require_fuse("a_stopped_node_is_shown_down_catches_up_and_a_lost_quorum_is_refused_by_name")
+    {
+        return;
+    }
+    let c = up();
+    wait_active(&c, 3);
+    // The token manager's node cannot stop while the others run.
+    let out = c.mako(&["shutdown", "-N", "node0"]).unwrap();
+    assert!(!out.success(), "{out}");
+    assert!(out.stderr.contains("token manager"), "{out}");
+    assert!(is_mounted(&c.mount(0)));
+
+    ok(&c, &["shutdown", "-N", "node2"]);
+    assert!(!is_mounted(&c.mount(2)));
+    let show = wait_active(&c, 2);
+    assert!(
+        node_line(&show, "node2").contains("down: not running"),
+        "{show}"
+    );
+    // Two of three quorum nodes: changes go on, and node 2 learns them when it is back.
+    ok(&c, &["config", "set", "maxMBpS=3333"]);
+    wait_value(&c, 0, "maxMBpS", "3333");
+
+    // One of three: no quorum. Refused, naming the nodes that do not answer.
+    ok(&c, &["shutdown", "-N", "node1"]);
+    let out = c.mako(&["config", "set", "maxMBpS=4444"]).unwrap();
+    assert!(!out.success(), "{out}");
+    assert!(
+        out.stderr.contains("quorum lost") || out.stderr.contains("no cluster manager"),
+        "{out}"
+    );
+    if out.stderr.contains("quorum lost") {
+        assert!(
+            out.stderr.contains("node1") && out.stderr.contains("node2"),
+            "{out}"
+        );
+    }
+    // The file system on node 0 still works without the quorum (tokens are not
+    // configuration).
+    std::fs::write(c.mount(0).join("alone"), b"node 0 alone").unwrap();
+
+    ok(&c, &["startup", "-N", "node1,node2"]);
+    assert!(is_mounted(&c.mount(1)) && is_mounted(&c.mount(2)));
+    wait_active(&c, 3);
+    wait_value(&c, 2, "maxMBpS", "3333");
+    wait_value(&c, 1, "maxMBpS", "3333");
+    assert_eq!(
+        std::fs::read(c.mount(2).join("alone")).unwrap(),
+        b"node 0 alone"
+    );
+    // And the quorum takes changes again.
+    ok(&c, &["config", "set", "maxMBpS=4444"]);
+    for i in 0..3 {
+        wait_value(&c, i, "maxMBpS", "4444");
+    }
+    // Each node keeps the configuration in its own store.
+    for i in 0..3 {
+        let store = c.node_dir(i).join("cluster.redb");
+        assert!(Path::new(&store).is_file(), "{}", store.display());
+    }
+    c.finish().expect("down and fsck clean");
+}

@@ -1,0 +1,570 @@
+//! makod's member of the cluster-configuration quorum (issue 13 item 2).
+//!
+//! Every node of a multi-process cluster runs one [`mako_cluster::Quorum`] member over
+//! its TcpTransport, its raft log and applied configuration in
+//! `<data dir>/cluster.redb`. The nodes marked `quorum = true` in cluster.toml vote;
+//! the others follow as raft learners. The raft leader is the cluster manager: every
+//! change to the configuration is committed through it, and every node applies it.
+//!
+//! Two threads per node:
+//! - **The steward.** On the lowest-numbered quorum node, a store with no membership
+//!   yet is bootstrapped with the quorum nodes of cluster.toml (once: a store that has
+//!   a membership never is). On the cluster manager, it fills a configuration that is
+//!   not yet created from cluster.toml — the cluster's name, its nodes with their
+//!   roles, its disks, its file systems — one idempotent change at a time, so a
+//!   manager that fails half-way is completed by the next; and it adds every node
+//!   that is not a quorum node as a learner.
+//! - **The applier.** When the configuration's epoch changes, it writes this node's
+//!   parameter values (its own override, else the cluster-wide value) into the node's
+//!   config.toml and gives them to the running daemon: at once for parameters that a
+//!   running daemon takes, at the next mount for the others. The names it set are
+//!   remembered in `<data dir>/cluster-params` so that a value unset while the node
+//!   was down is removed when it comes back.
+//!
+//! Not yet: changing the quorum nodes of a running cluster, adding or removing nodes
+//! through the quorum (the node list is the one of cluster.toml), and moving the token
+//! and file-system managers with the cluster manager (they stay on the `manager` node).
+
+use anyhow::{anyhow, bail, Context, Result};
+use mako_cluster::{
+    ClusterConfig as Replicated, Command, DiskEntry, FsEntry, Member as RaftMember, NodeEntry,
+    Quorum, QuorumOptions, Role, Scope,
+};
+use mako_control::{
+    ClusterConfig, ClusterDiskView, ClusterFsView, ClusterView, DataDir, NodeDef, NodeStateView,
+};
+use mako_rt::{NodeId, Registry, Transport};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How often the steward and the applier look.
+const TICK: Duration = Duration::from_millis(200);
+/// How long the steward's changes may take (it retries at its next turn).
+const STEWARD_DEADLINE: Duration = Duration::from_secs(10);
+/// File of the parameter names this node took from the replicated configuration.
+const APPLIED_PARAMS_FILE: &str = "cluster-params";
+
+/// Gives a parameter value of the replicated configuration to the running daemon
+/// (`None`: unset), after the applier saved it in config.toml.
+pub type ApplyParam = Box<dyn Fn(&str, Option<&str>) -> Result<String> + Send + Sync>;
+
+/// This node's member of the quorum and its two threads.
+pub struct Member {
+    quorum: Arc<Quorum>,
+    me: NodeDef,
+    nodes: Vec<NodeDef>,
+    stop: Arc<AtomicBool>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn member_of(n: &NodeDef) -> RaftMember {
+    RaftMember {
+        name: n.name.clone(),
+        address: n.address.clone(),
+    }
+}
+
+impl Member {
+    /// Starts the member of node `cluster.node_id` and its steward; the applier starts
+    /// with [`Member::start_applier`] once the daemon can take parameter values.
+    pub fn start(
+        dir: &DataDir,
+        cluster: &ClusterConfig,
+        transport: Arc<dyn Transport>,
+        registry: Arc<Registry>,
+    ) -> Result<Arc<Member>> {
+        let me = cluster
+            .node(cluster.node_id)
+            .context("this node is not in cluster.toml's node list")?
+            .clone();
+        let quorum = Quorum::start(
+            NodeId(me.id),
+            &dir.root,
+            transport,
+            registry,
+            QuorumOptions::default(),
+        )
+        .map_err(|e| anyhow!("node {} ({}): the quorum member: {e}", me.id, me.name))?;
+        let member = Arc::new(Member {
+            quorum: Arc::new(quorum),
+            me,
+            nodes: cluster.nodes.clone(),
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Mutex::new(Vec::new()),
+        });
+        let steward = {
+            let m = member.clone();
+            let cluster = cluster.clone();
+            std::thread::Builder::new()
+                .name("cluster-steward".into())
+                .spawn(move || m.steward(&cluster))
+                .context("starting the cluster steward")?
+        };
+        member.threads.lock().push(steward);
+        Ok(member)
+    }
+
+    /// Starts the applier, which gives this node's parameter values to `apply`.
+    pub fn start_applier(self: &Arc<Self>, dir: &DataDir, apply: ApplyParam) -> Result<()> {
+        let m = self.clone();
+        let dir = dir.clone();
+        let t = std::thread::Builder::new()
+            .name("cluster-applier".into())
+            .spawn(move || m.applier(&dir, apply))
+            .context("starting the cluster applier")?;
+        self.threads.lock().push(t);
+        Ok(())
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    fn quorum_defs(&self) -> Vec<&NodeDef> {
+        let marked: Vec<&NodeDef> = self.nodes.iter().filter(|n| n.quorum).collect();
+        if marked.is_empty() {
+            self.nodes.iter().filter(|n| n.manager).collect()
+        } else {
+            marked
+        }
+    }
+
+    fn steward(&self, cluster: &ClusterConfig) {
+        let quorum_ids: BTreeSet<u32> = self.quorum_defs().iter().map(|n| n.id).collect();
+        let first = quorum_ids.iter().next().copied();
+        let mut last_problem = String::new();
+        while !self.stopped() {
+            if let Err(e) = self.steward_turn(cluster, first, &quorum_ids) {
+                let text = format!("{e:#}");
+                // Say each new problem once, not every turn.
+                if text != last_problem {
+                    tracing::info!("cluster configuration: {text}");
+                    last_problem = text;
+                }
+            } else {
+                last_problem.clear();
+            }
+            sleep_unless(&self.stop, TICK);
+        }
+    }
+
+    fn steward_turn(
+        &self,
+        cluster: &ClusterConfig,
+        first: Option<u32>,
+        quorum_ids: &BTreeSet<u32>,
+    ) -> Result<()> {
+        let status = self.quorum.status();
+        if status.voters.is_empty() {
+            if first == Some(self.me.id) {
+                let members: BTreeMap<NodeId, RaftMember> = self
+                    .quorum_defs()
+                    .into_iter()
+                    .map(|n| (NodeId(n.id), member_of(n)))
+                    .collect();
+                tracing::info!(
+                    "creating the quorum: nodes {}",
+                    self.quorum_defs()
+                        .iter()
+                        .map(|n| n.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                match self.quorum.bootstrap(&members) {
+                    Ok(()) | Err(mako_cluster::QuorumError::AlreadyInitialized { .. }) => {}
+                    Err(e) => bail!("creating the quorum: {e}"),
+                }
+            }
+            return Ok(());
+        }
+        if status.state != "leader" {
+            return Ok(());
+        }
+        // This node is the cluster manager: complete the configuration, then the learners.
+        let config = self.quorum.read_local();
+        for command in seed_commands(cluster, &config)? {
+            if self.stopped() {
+                return Ok(());
+            }
+            let kind = command.kind();
+            let epoch = self
+                .quorum
+                .propose_within(command, STEWARD_DEADLINE)
+                .map_err(|e| anyhow!("{kind}: {e}"))?;
+            tracing::info!("cluster configuration: {kind} (epoch {epoch})");
+        }
+        let members: BTreeSet<NodeId> = status
+            .voters
+            .iter()
+            .chain(status.learners.iter())
+            .copied()
+            .collect();
+        for n in &self.nodes {
+            if quorum_ids.contains(&n.id) || members.contains(&NodeId(n.id)) || self.stopped() {
+                continue;
+            }
+            self.quorum
+                .add_learner(NodeId(n.id), member_of(n), STEWARD_DEADLINE)
+                .map_err(|e| anyhow!("adding {} as a learner: {e}", n.name))?;
+            tracing::info!("cluster configuration: {} follows as a learner", n.name);
+        }
+        Ok(())
+    }
+
+    fn applier(&self, dir: &DataDir, apply: ApplyParam) {
+        let mut applied_epoch = None;
+        let mut last_problem = String::new();
+        while !self.stopped() {
+            let config = self.quorum.read_local();
+            if config.is_created() && applied_epoch != Some(config.epoch) {
+                match self.apply_params(dir, &config, &apply) {
+                    Ok(()) => {
+                        applied_epoch = Some(config.epoch);
+                        last_problem.clear();
+                    }
+                    Err(e) => {
+                        let text = format!("{e:#}");
+                        if text != last_problem {
+                            tracing::error!(
+                                "applying the cluster configuration of epoch {}: {text}",
+                                config.epoch
+                            );
+                            last_problem = text;
+                        }
+                    }
+                }
+            }
+            sleep_unless(&self.stop, TICK);
+        }
+    }
+
+    /// Makes config.toml and the running daemon hold this node's values of `config`.
+    fn apply_params(&self, dir: &DataDir, config: &Replicated, apply: &ApplyParam) -> Result<()> {
+        let me = NodeId(self.me.id);
+        let mut wanted: BTreeMap<String, String> = BTreeMap::new();
+        let names = config.params.keys().chain(
+            config
+                .node_params
+                .get(&me)
+                .into_iter()
+                .flat_map(|p| p.keys()),
+        );
+        for name in names {
+            if let Some(v) = config.param_for(me, name) {
+                wanted.insert(name.clone(), v.to_string());
+            }
+        }
+        let record = dir.root.join(APPLIED_PARAMS_FILE);
+        let before: BTreeSet<String> = std::fs::read_to_string(&record)
+            .unwrap_or_default()
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect();
+        let mut store = mako_config::ConfigStore::load_or_default(dir.config_file())?;
+        let mut changed: Vec<(String, Option<String>)> = Vec::new();
+        for (name, value) in &wanted {
+            let now = store.get(name)?.map(|v| v.to_string());
+            if now.as_deref() != Some(value.as_str()) {
+                store
+                    .set(name, value)
+                    .with_context(|| format!("{name} = {value}"))?;
+                changed.push((name.clone(), Some(value.clone())));
+            }
+        }
+        for name in before.difference(&wanted.keys().cloned().collect()) {
+            if store.unset(name)?.is_some() {
+                changed.push((name.clone(), None));
+            }
+        }
+        if !changed.is_empty() {
+            store.save()?;
+        }
+        let text: String = wanted.keys().map(|n| format!("{n}\n")).collect();
+        if before != wanted.keys().cloned().collect::<BTreeSet<_>>() {
+            let tmp = dir.root.join(format!(".{APPLIED_PARAMS_FILE}.tmp"));
+            std::fs::write(&tmp, text)
+                .and_then(|()| std::fs::rename(&tmp, &record))
+                .with_context(|| format!("writing {}", record.display()))?;
+        }
+        for (name, value) in changed {
+            let said = apply(&name, value.as_deref())?;
+            tracing::info!(
+                "cluster configuration epoch {}: {name} {}: {said}",
+                config.epoch,
+                match &value {
+                    Some(v) => format!("= {v}"),
+                    None => "unset".to_string(),
+                }
+            );
+        }
+        Ok(())
+    }
+
+    /// The configuration and every node's state (`mako node show`, `mako status`).
+    pub fn view(&self) -> ClusterView {
+        let config = self.quorum.read_local();
+        let states: BTreeMap<NodeId, Result<mako_cluster::quorum::NodeStatus, String>> =
+            self.quorum.node_states().into_iter().collect();
+        let name_of = |id: NodeId| -> String {
+            config
+                .nodes
+                .get(&id)
+                .map(|n| n.name.clone())
+                .or_else(|| {
+                    self.nodes
+                        .iter()
+                        .find(|n| n.id == id.0)
+                        .map(|n| n.name.clone())
+                })
+                .unwrap_or_else(|| format!("node {}", id.0))
+        };
+        let quorum_ids: BTreeSet<u32> = self.quorum_defs().iter().map(|n| n.id).collect();
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|n| {
+                let id = NodeId(n.id);
+                let roles = match config.nodes.get(&id) {
+                    Some(e) => e
+                        .roles
+                        .iter()
+                        .map(|r| r.name())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    None => roles_of(n, quorum_ids.contains(&n.id))
+                        .iter()
+                        .map(|r| r.name())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                };
+                let (state, answers, term, epoch) = match states.get(&id) {
+                    Some(Ok(s)) => (s.state.clone(), true, s.term, s.epoch),
+                    Some(Err(why)) => (why.clone(), false, 0, 0),
+                    None => (
+                        "not in the quorum's membership yet".to_string(),
+                        false,
+                        0,
+                        0,
+                    ),
+                };
+                NodeStateView {
+                    id: n.id,
+                    name: n.name.clone(),
+                    roles,
+                    address: n.address.clone(),
+                    state,
+                    answers,
+                    term,
+                    epoch,
+                }
+            })
+            .collect();
+        let params = config
+            .params
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone(), "cluster".to_string()))
+            .chain(config.node_params.iter().flat_map(|(node, p)| {
+                let who = name_of(*node);
+                p.iter()
+                    .map(move |(k, v)| (k.clone(), v.clone(), who.clone()))
+            }))
+            .collect();
+        ClusterView {
+            answered_by: self.me.name.clone(),
+            name: config.name.clone(),
+            epoch: config.epoch,
+            manager: self.quorum.leader().map(|(id, _)| name_of(id)),
+            nodes,
+            disks: config
+                .disks
+                .values()
+                .map(|d| ClusterDiskView {
+                    name: d.name.clone(),
+                    size_bytes: d.size_bytes,
+                    servers: d.servers.iter().map(|s| name_of(*s)).collect(),
+                    failure_group: d.failure_group,
+                    pool: d.pool.clone(),
+                })
+                .collect(),
+            filesystems: config
+                .file_systems
+                .values()
+                .map(|f| ClusterFsView {
+                    name: f.name.clone(),
+                    disks: f.disks.clone(),
+                })
+                .collect(),
+            params,
+        }
+    }
+
+    /// Sets (`value` given) or unsets parameter `name` cluster-wide or on `nodes`
+    /// through the cluster manager; returns what to tell the administrator.
+    pub fn set_param(&self, name: &str, value: Option<&str>, nodes: &[String]) -> Result<String> {
+        let spec = mako_config::lookup(name)?;
+        let config = self.quorum.read_local();
+        if !config.is_created() {
+            bail!(
+                "the cluster's configuration is not created yet (the cluster manager creates \
+                 it once a majority of the quorum nodes runs): see `mako node show`"
+            );
+        }
+        let scope = if nodes.is_empty() {
+            Scope::Cluster
+        } else {
+            let mut ids = Vec::new();
+            for n in nodes {
+                let Some(e) = config.node_by_name(n) else {
+                    bail!(
+                        "-N {n}: no such node; the nodes are {}",
+                        config
+                            .nodes
+                            .values()
+                            .map(|e| e.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                };
+                ids.push(e.id);
+            }
+            Scope::Nodes(ids)
+        };
+        let command = match value {
+            Some(v) => Command::SetParam {
+                name: spec.name.to_string(),
+                value: v.to_string(),
+                scope: scope.clone(),
+            },
+            None => Command::UnsetParam {
+                name: spec.name.to_string(),
+                scope: scope.clone(),
+            },
+        };
+        let epoch = self.quorum.propose(command).map_err(|e| anyhow!("{e}"))?;
+        let where_ = match &scope {
+            Scope::Cluster => "on every node".to_string(),
+            Scope::Nodes(_) => format!("on {}", nodes.join(", ")),
+        };
+        Ok(match value {
+            Some(v) => format!(
+                "{} = {v} {where_} (configuration epoch {epoch}); each node applies it{}",
+                spec.name,
+                if spec.apply == mako_config::Apply::Immediate {
+                    " at once"
+                } else {
+                    " at its next mount"
+                }
+            ),
+            None => format!("{} unset {where_} (configuration epoch {epoch})", spec.name),
+        })
+    }
+
+    /// Stops the threads and the member (before the transport closes).
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.lock().drain(..) {
+            let _ = t.join();
+        }
+        self.quorum.shutdown();
+    }
+}
+
+/// The roles of a node of cluster.toml.
+fn roles_of(n: &NodeDef, quorum: bool) -> BTreeSet<Role> {
+    let mut roles = BTreeSet::new();
+    if quorum {
+        roles.insert(Role::Quorum);
+    }
+    roles.insert(if n.manager {
+        Role::Manager
+    } else {
+        Role::Client
+    });
+    roles
+}
+
+/// The changes that bring `config` to what cluster.toml describes, for what it lacks
+/// (nothing once it is complete): the cluster, then nodes, disks, file systems.
+fn seed_commands(cluster: &ClusterConfig, config: &Replicated) -> Result<Vec<Command>> {
+    let mut out = Vec::new();
+    if !config.is_created() {
+        out.push(Command::CreateCluster {
+            name: cluster.cluster_name.clone(),
+            uuid: *uuid_bytes()?,
+        });
+    }
+    let quorum_ids: BTreeSet<u32> = cluster.quorum_nodes().iter().map(|n| n.id).collect();
+    for n in &cluster.nodes {
+        if config.nodes.contains_key(&NodeId(n.id)) {
+            continue;
+        }
+        let addr: SocketAddr = n
+            .address
+            .parse()
+            .with_context(|| format!("node {}: address {:?}", n.name, n.address))?;
+        out.push(Command::AddNode(NodeEntry {
+            id: NodeId(n.id),
+            name: n.name.clone(),
+            addresses: vec![addr],
+            roles: roles_of(n, quorum_ids.contains(&n.id)),
+        }));
+    }
+    for d in &cluster.disks {
+        if config.disks.contains_key(&d.name) {
+            continue;
+        }
+        out.push(Command::AddDisk(DiskEntry {
+            name: d.name.clone(),
+            size_bytes: d.size_bytes,
+            // Disk files every node of this machine opens directly.
+            servers: Vec::new(),
+            failure_group: d.failure_group,
+            pool: d.pool.clone(),
+        }));
+    }
+    for f in &cluster.filesystems {
+        if config.file_systems.contains_key(&f.name) {
+            continue;
+        }
+        out.push(Command::CreateFs(FsEntry {
+            name: f.name.clone(),
+            disks: f.disks.clone(),
+            mount_options: f
+                .mount_options
+                .split(',')
+                .map(str::trim)
+                .filter(|o| !o.is_empty())
+                .map(String::from)
+                .collect(),
+        }));
+    }
+    Ok(out)
+}
+
+/// 16 random bytes for the cluster's identity.
+fn uuid_bytes() -> Result<Box<[u8; 16]>> {
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .context("reading /dev/urandom for the cluster's identity")?;
+    Ok(Box::new(b))
+}
+
+/// Sleeps `d`, waking early when `stop` is set.
+fn sleep_unless(stop: &AtomicBool, d: Duration) {
+    let end = Instant::now() + d;
+    while !stop.load(Ordering::SeqCst) {
+        let now = Instant::now();
+        if now >= end {
+            return;
+        }
+        std::thread::sleep((end - now).min(Duration::from_millis(50)));
+    }
+}
