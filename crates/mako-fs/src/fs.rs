@@ -1487,7 +1487,7 @@ impl FileSystem {
                 }
                 p.run >= 2
             };
-            let (out, atime_due) = {
+            let atime_due = {
                 let st = h.state.read();
                 if st.deleted {
                     return Err(FsError::Stale(ino));
@@ -1495,21 +1495,14 @@ impl FileSystem {
                 if is_dir_mode(st.inode.mode) {
                     return Err(FsError::IsDir(format!("inode {ino}")));
                 }
-                // Queue read-ahead first, so prefetch overlaps this read's copy.
-                if sequential {
-                    self.schedule_prefetch(&h, offset.saturating_add(size as u64), st.inode.size);
-                }
                 // relatime: update atime when it is older than mtime/ctime or a day old;
                 // strictatime: at every read that reaches Mako; noatime: never.
-                let due = atime_due(atime, &st.inode, self.core.now());
-                (
-                    file_io::read_with(&self.core, &st, offset, size as usize, sequential, &mut f)?,
-                    due,
-                )
+                atime_due(atime, &st.inode, self.core.now())
             };
-            // atime is updated here when this node may write the inode anyway; otherwise
-            // by an operation of its own once the read is answered (relatime: once per
-            // change of the file, so the write token moves at most once per change).
+            // atime is updated before the reply when this node may write the inode anyway
+            // (a stat right after the read sees it); otherwise by an operation of its
+            // own once the read is answered (relatime: once per change of the file, so
+            // the write token moves at most once per change).
             let mut later = false;
             if atime_due && !self.core.read_only.load(Ordering::Relaxed) {
                 if self.need(ino, Need::Write).is_ok() {
@@ -1521,6 +1514,17 @@ impl FileSystem {
                     later = true;
                 }
             }
+            let out = {
+                let st = h.state.read();
+                if st.deleted {
+                    return Err(FsError::Stale(ino));
+                }
+                // Queue read-ahead first, so prefetch overlaps this read's copy.
+                if sequential {
+                    self.schedule_prefetch(&h, offset.saturating_add(size as u64), st.inode.size);
+                }
+                file_io::read_with(&self.core, &st, offset, size as usize, sequential, &mut f)?
+            };
             Ok((out, later, atime_due))
         })
         .map(|(out, later, touched)| {
@@ -1531,8 +1535,8 @@ impl FileSystem {
                 }
             }
             if touched {
-                // The reply went out before atime changed, and the kernel may keep the
-                // attributes it fetched meanwhile for long (under this node's token).
+                // The kernel may keep the attributes it fetched before atime changed for
+                // long (under this node's token).
                 self.core.invalidate_kernel_attrs(ino);
             }
             out
