@@ -8,14 +8,14 @@
 //! member of the quorum, which forwards changes to the cluster manager (the raft
 //! leader) and probes the other nodes over the network.
 
-use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{bail, Result};
 use mako_control::{ClusterConfig, ClusterView, DataDir, NodeDef, Request, Response};
 
 use crate::cli::{Context, NodeSelection};
-use crate::daemon::{down_data, expect_ok, query_status, read_pid, start_and_wait, unexpected};
+use crate::daemon::{expect_ok, query_status, read_pid, start_and_wait, unexpected};
+use crate::nodes_cmd::{same_dir, stop_nodes};
 use crate::table::Table;
 
 /// How long a cluster request may take: a change waits for the quorum, at most its
@@ -259,7 +259,7 @@ pub fn startup(context: &Context, sel: &NodeSelection) -> Result<ExitCode> {
 /// others give their tokens back to it as they unmount).
 pub fn shutdown(context: &Context, sel: &NodeSelection) -> Result<ExitCode> {
     let cluster = multi(context)?;
-    let mut nodes = selected(&cluster, sel)?;
+    let nodes = selected(&cluster, sel)?;
     if let Some(manager) = nodes.iter().find(|n| n.manager) {
         let still: Vec<&str> = cluster
             .nodes
@@ -284,24 +284,5 @@ pub fn shutdown(context: &Context, sel: &NodeSelection) -> Result<ExitCode> {
             );
         }
     }
-    nodes.sort_by_key(|n| (n.manager, std::cmp::Reverse(n.id)));
-    let mut failed = Vec::new();
-    for n in nodes {
-        println!("{}:", n.name);
-        if let Err(e) = down_data(&DataDir::new(&n.data_dir)) {
-            println!("  {e:#}");
-            failed.push(n.name.clone());
-        }
-    }
-    if !failed.is_empty() {
-        bail!("could not stop {}; see above", failed.join(", "));
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-fn same_dir(a: &Path, b: &Path) -> bool {
-    match (a.canonicalize(), b.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => a == b,
-    }
+    stop_nodes(nodes)
 }

@@ -300,7 +300,12 @@ pub fn down(context: &Context, cluster: &ClusterConfig) -> Result<ExitCode> {
         // Run in a node's own directory: that node only.
         return down_data(&context.data);
     }
-    let mut order: Vec<&NodeDef> = cluster.nodes.iter().collect();
+    stop_nodes(cluster.nodes.iter().collect())
+}
+
+/// Stops these nodes' makod, clients first and the manager node last (the others give
+/// their tokens back to it as they unmount); says which could not be stopped.
+pub fn stop_nodes(mut order: Vec<&NodeDef>) -> Result<ExitCode> {
     order.sort_by_key(|n| (n.manager, std::cmp::Reverse(n.id)));
     let mut failed = Vec::new();
     for node in order {
@@ -316,7 +321,7 @@ pub fn down(context: &Context, cluster: &ClusterConfig) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn same_dir(a: &Path, b: &Path) -> bool {
+pub fn same_dir(a: &Path, b: &Path) -> bool {
     match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => a == b,
