@@ -166,7 +166,10 @@ impl ControlHandler for Fake {
                 range: "64M..256G".into(),
                 apply: "restart".into(),
             }]),
-            Request::ClusterShow | Request::ClusterParam { .. } => {
+            Request::ClusterShow
+            | Request::ClusterParam { .. }
+            | Request::ClusterDeleteDisk { .. }
+            | Request::ClusterDeleteFs { .. } => {
                 Response::error("the fake makod is the whole cluster: no replicated configuration")
             }
         }

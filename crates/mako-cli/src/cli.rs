@@ -141,6 +141,12 @@ pub struct UpArgs {
 pub enum FsCommand {
     /// Create a file system on disks defined with `mako disk create` (like mmcrfs).
     Create(FsCreateArgs),
+    /// Delete a file system (like mmdelfs): refused while any node mounts it; its disks
+    /// stay defined and free, their headers cleared so it can never be mounted again.
+    Delete {
+        /// File system
+        name: String,
+    },
     /// Every descriptor parameter of a file system (like mmlsfs); works with makod down.
     Show {
         /// File system [default: all]
@@ -157,6 +163,8 @@ pub enum FsCommand {
         options: String,
         /// Where to mount it [default: its mount point, `mako fs show`]
         mountpoint: Option<PathBuf>,
+        #[command(flatten)]
+        on: FsNodes,
     },
     /// Unmount a file system from every mount point now and stop mounting it at start
     /// (like mmumount); with a MOUNTPOINT, unmount only that one.
@@ -165,7 +173,40 @@ pub enum FsCommand {
         name: String,
         /// The mount point to unmount [default: all of them]
         mountpoint: Option<PathBuf>,
+        #[command(flatten)]
+        on: FsNodes,
     },
+}
+
+/// On which nodes of a multi-process cluster `mako fs mount|unmount` acts (like
+/// mmmount -a / -N); without either, on this data directory's own node.
+#[derive(Args, Debug, Clone, Default)]
+pub struct FsNodes {
+    /// On every node of the cluster
+    #[arg(short = 'a', long = "all", conflicts_with = "nodes")]
+    pub all: bool,
+    /// On these nodes (names or numbers), comma-separated
+    #[arg(
+        short = 'N',
+        long = "nodes",
+        value_name = "NODES",
+        value_delimiter = ','
+    )]
+    pub nodes: Vec<String>,
+}
+
+impl FsNodes {
+    /// True if -a or -N was given.
+    pub fn given(&self) -> bool {
+        self.all || !self.nodes.is_empty()
+    }
+
+    pub fn selection(&self) -> NodeSelection {
+        NodeSelection {
+            all: self.all,
+            nodes: self.nodes.clone(),
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -272,6 +313,11 @@ pub struct FsckArgs {
 pub enum DiskCommand {
     /// Define a file-backed disk and create its sparse file (like mmcrnsd).
     Create(DiskCreateArgs),
+    /// Delete a disk no file system uses (like mmdelnsd); its file is kept.
+    Delete {
+        /// Disk name
+        name: String,
+    },
     /// Every disk with its space, pool, failure group and state (like mmlsdisk).
     Show {
         /// Only the disks of this file system
@@ -427,19 +473,24 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Startup(sel) => cluster_cmd::startup(&context, &sel),
         Command::Shutdown(sel) => cluster_cmd::shutdown(&context, &sel),
         Command::Fs(FsCommand::Create(args)) => fs_cmd::create(&context, &args),
+        Command::Fs(FsCommand::Delete { name }) => fs_cmd::fs_delete(&context, &name),
         Command::Fs(FsCommand::Show { name }) => fs_cmd::show(&context, name.as_deref()),
         Command::Fs(FsCommand::Mount {
             name,
             options,
             mountpoint,
-        }) => fs_cmd::mount(&context, &name, true, &options, mountpoint.as_deref()),
-        Command::Fs(FsCommand::Unmount { name, mountpoint }) => {
-            fs_cmd::mount(&context, &name, false, "", mountpoint.as_deref())
-        }
+            on,
+        }) => fs_cmd::mount(&context, &name, true, &options, mountpoint.as_deref(), &on),
+        Command::Fs(FsCommand::Unmount {
+            name,
+            mountpoint,
+            on,
+        }) => fs_cmd::mount(&context, &name, false, "", mountpoint.as_deref(), &on),
         Command::InstallHelper { dir, remove } => {
             crate::mount_helper::install(std::path::Path::new(&dir), remove)
         }
         Command::Disk(DiskCommand::Create(args)) => fs_cmd::disk_create(&context, &args),
+        Command::Disk(DiskCommand::Delete { name }) => fs_cmd::disk_delete(&context, &name),
         Command::Disk(DiskCommand::Show { fs }) => fs_cmd::disk_show(&context, fs.as_deref()),
         Command::Fsck(args) => Ok(fsck_cmd::run(&context, &args)),
         Command::Config(command) => config_cmd::run(&context, command),
@@ -526,8 +577,13 @@ mod tests {
             "mako fs show fs1",
             "mako fs mount fs1",
             "mako fs unmount fs1",
+            "mako fs mount fs1 -a",
+            "mako fs mount fs1 -N node1,node2 -o ro",
+            "mako fs unmount fs1 -N node2",
             "mako disk create d9 --size 10G --path /tmp/d9.img --pool data --failure-group 3 --usage dataOnly",
             "mako disk show",
+            "mako disk delete d9",
+            "mako fs delete fs2",
             "mako disk show fs1",
             "mako config set pagepool=4G",
             "mako config set maxMBpS=4096 -i",
@@ -589,6 +645,7 @@ mod tests {
             "mako fsck fs1 --threads 0",
             "mako fsck fs1 --online -y",
             "mako startup -a -N node1",
+            "mako fs mount fs1 -a -N node1",
         ] {
             assert!(parse(line).is_err(), "{line}");
         }

@@ -174,6 +174,27 @@ pub fn render_view(cluster: &ClusterConfig, view: &ClusterView) -> String {
         view.nodes.len() - down,
         view.nodes.len()
     ));
+    if !view.name.is_empty() {
+        let fss: Vec<String> = view
+            .filesystems
+            .iter()
+            .map(|f| format!("{} (disks {})", f.name, f.disks.join(", ")))
+            .collect();
+        let disks: Vec<&str> = view.disks.iter().map(|d| d.name.as_str()).collect();
+        out.push_str(&format!(
+            "File systems: {}\nDisks: {}\n",
+            if fss.is_empty() {
+                "none".to_string()
+            } else {
+                fss.join("; ")
+            },
+            if disks.is_empty() {
+                "none".to_string()
+            } else {
+                disks.join(", ")
+            }
+        ));
+    }
     if !view.params.is_empty() {
         out.push_str("Parameters of the replicated configuration:\n");
         let mut p = Table::new(&["Parameter", "Value", "Where"]);
@@ -285,4 +306,118 @@ pub fn shutdown(context: &Context, sel: &NodeSelection) -> Result<ExitCode> {
         }
     }
     stop_nodes(nodes)
+}
+
+/// `mako fs mount|unmount NAME -a|-N` of a multi-process cluster: on each selected
+/// node, through its own makod's control socket; says per node what happened, and
+/// remembers in each node's cluster.toml whether it mounts the file system at start.
+pub fn fs_mount_nodes(
+    context: &Context,
+    name: &str,
+    mount: bool,
+    options: &str,
+    on: &crate::cli::FsNodes,
+) -> Result<ExitCode> {
+    let cluster = multi(context)?;
+    if cluster.filesystem(name).is_none() {
+        return Err(crate::fs_cmd::no_such_fs(&cluster, name));
+    }
+    let nodes = selected(&cluster, &on.selection())?;
+    let mut failed = Vec::new();
+    for n in nodes {
+        match mount_on_node(n, name, mount, options) {
+            Ok(said) => println!("{}: {said}", n.name),
+            Err(e) => {
+                println!("{}: {e:#}", n.name);
+                failed.push(n.name.clone());
+            }
+        }
+    }
+    if !failed.is_empty() {
+        bail!(
+            "{name} was not {} on {}; see above",
+            if mount { "mounted" } else { "unmounted" },
+            failed.join(", ")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Mounts or unmounts `name` on node `n` (see [`fs_mount_nodes`]).
+fn mount_on_node(n: &NodeDef, name: &str, mount: bool, options: &str) -> Result<String> {
+    let dir = DataDir::new(&n.data_dir);
+    let mut own = ClusterConfig::load(&dir.root)?;
+    let Some(fs) = own.filesystem(name).cloned() else {
+        bail!(
+            "{name} is not in this node's {}; the cluster's file systems reach a node when it \
+             is created or added",
+            dir.cluster_file().display()
+        );
+    };
+    let mp = fs.mountpoint.display().to_string();
+    // What it does at its next start.
+    let remember = |own: &mut ClusterConfig| -> Result<()> {
+        if let Some(e) = own.filesystem_mut(name) {
+            if e.automount != mount || (mount && e.mount_options != options) {
+                e.automount = mount;
+                if mount {
+                    e.mount_options = options.to_string();
+                }
+                own.save(&dir.root)?;
+            }
+        }
+        Ok(())
+    };
+    let status = match query_status(&dir) {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            let why = local_state(n);
+            remember(&mut own)?;
+            if mount {
+                bail!(
+                    "{why}, so {name} is not mounted there now; it is set to mount when the \
+                     node starts: `mako startup -N {}`",
+                    n.name
+                );
+            }
+            return Ok(format!(
+                "{why}, so {name} is not mounted there; it will not be mounted at its next start"
+            ));
+        }
+        Err(e) => bail!(
+            "its makod does not answer ({e:#}), so nothing was done there; see {}",
+            dir.root.join("makod.log").display()
+        ),
+    };
+    let mounted = status
+        .filesystems
+        .iter()
+        .any(|f| f.name == name && f.mounted);
+    let request = if mount {
+        if mounted && options.is_empty() {
+            remember(&mut own)?;
+            return Ok(format!("{name} is mounted on {mp} already"));
+        }
+        std::fs::create_dir_all(&fs.mountpoint)
+            .map_err(|e| anyhow::anyhow!("cannot create mount point {mp}: {e}"))?;
+        Request::Mount {
+            fs: name.to_string(),
+            mountpoint: None,
+            options: options.to_string(),
+        }
+    } else {
+        if !mounted {
+            remember(&mut own)?;
+            return Ok(format!("{name} is not mounted"));
+        }
+        Request::Unmount {
+            fs: name.to_string(),
+            mountpoint: None,
+        }
+    };
+    let mut client = crate::daemon::connect(&dir)?;
+    client.set_timeout(crate::daemon::MOUNT_TIMEOUT);
+    let said = expect_ok(client.call(&request)?, &request)?;
+    remember(&mut own)?;
+    Ok(said)
 }

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use mako_control::{ClusterConfig, DaemonStatus, DiskDef, FsDef, Request, DISK_USAGES};
+use mako_control::{
+    ClusterConfig, DaemonStatus, DataDir, DiskDef, FsDef, Request, Response, DISK_USAGES,
+};
 use mako_format::descriptor::{Descriptor, LayoutMap};
 use mako_format::disk_header::DiskUsage;
 use mako_format::geometry::{default_subblocks, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN};
@@ -665,8 +667,31 @@ pub fn mount(
     mount: bool,
     options: &str,
     mountpoint: Option<&Path>,
+    on: &crate::cli::FsNodes,
 ) -> Result<ExitCode> {
     let mut cluster = context.cluster()?;
+    if cluster.nodes.is_empty() {
+        if on.given() {
+            bail!(
+                "-a and -N name nodes of a cluster of several makod processes (`mako up \
+                 --nodes N`); the cluster in {} is one makod: leave them out",
+                context.data.root.display()
+            );
+        }
+    } else {
+        let own = cluster
+            .node(cluster.node_id)
+            .is_some_and(|n| crate::nodes_cmd::same_dir(&n.data_dir, &context.data.root));
+        if on.given() || !own {
+            if mountpoint.is_some() {
+                bail!(
+                    "a MOUNTPOINT is for one node: give it with that node's --data-dir and \
+                     without -a/-N (each node mounts at its own mount point otherwise)"
+                );
+            }
+            return crate::cluster_cmd::fs_mount_nodes(context, name, mount, options, on);
+        }
+    }
     let fs = cluster
         .filesystem(name)
         .ok_or_else(|| no_such_fs(&cluster, name))?
@@ -957,6 +982,205 @@ pub fn disk_show(context: &Context, fs_name: Option<&str>) -> Result<ExitCode> {
     for note in &notes {
         eprintln!("warning: {note}");
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Every cluster.toml that describes this cluster on this machine: the data
+/// directory's own, every node's, and the overview a node's directory lies in.
+fn cluster_files(context: &Context, cluster: &ClusterConfig) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = vec![context.data.root.clone()];
+    for n in &cluster.nodes {
+        dirs.push(n.data_dir.clone());
+        if let Some(parent) = n.data_dir.parent() {
+            let overview = ClusterConfig::load(parent).ok();
+            if overview.is_some_and(|o| o.nodes == cluster.nodes) {
+                dirs.push(parent.to_path_buf());
+            }
+        }
+    }
+    let mut out: Vec<PathBuf> = Vec::new();
+    for d in dirs {
+        if ClusterConfig::exists(&d) && !out.iter().any(|o| crate::nodes_cmd::same_dir(o, &d)) {
+            out.push(d);
+        }
+    }
+    out
+}
+
+/// Applies `edit` to every cluster.toml of [`cluster_files`].
+fn edit_cluster_files(
+    context: &Context,
+    cluster: &ClusterConfig,
+    edit: impl Fn(&mut ClusterConfig),
+) -> Result<()> {
+    for dir in cluster_files(context, cluster) {
+        let mut c = ClusterConfig::load(&dir)?;
+        edit(&mut c);
+        c.save(&dir)?;
+    }
+    Ok(())
+}
+
+/// Where `name` is mounted among the nodes of this cluster on this machine (makod's
+/// account and the kernel's mount table), and the nodes that cannot tell.
+fn mounted_where(
+    context: &Context,
+    cluster: &ClusterConfig,
+    name: &str,
+) -> (Vec<String>, Vec<String>) {
+    let mut places: Vec<(String, DataDir)> = Vec::new();
+    if cluster.nodes.is_empty() {
+        places.push((cluster.node_name.clone(), context.data.clone()));
+    } else {
+        for n in &cluster.nodes {
+            places.push((n.name.clone(), DataDir::new(&n.data_dir)));
+        }
+    }
+    let (mut mounted, mut unknown) = (Vec::new(), Vec::new());
+    for (node, dir) in places {
+        let mountpoint = ClusterConfig::load(&dir.root)
+            .ok()
+            .and_then(|c| c.filesystem(name).map(|f| f.mountpoint.clone()));
+        let in_kernel = mountpoint
+            .as_ref()
+            .is_some_and(|mp| mako_control::mount_table::is_mako_mount_of(mp, name));
+        match daemon::query_status(&dir) {
+            Ok(Some(s)) if s.filesystems.iter().any(|f| f.name == name && f.mounted) => {
+                mounted.push(node)
+            }
+            _ if in_kernel => mounted.push(node),
+            Ok(_) => {}
+            Err(e) => unknown.push(format!("{node} ({e:#})")),
+        }
+    }
+    (mounted, unknown)
+}
+
+/// Zeroes the disk header and the descriptor slot of `disk`, so that the file system
+/// it belonged to cannot be found on it any more.
+fn clear_disk_headers(disk: &DiskDef) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&disk.path)
+        .with_context(|| format!("disk {}: cannot open {}", disk.name, disk.path.display()))?;
+    let zeros = vec![
+        0u8;
+        mako_format::descriptor::DESCRIPTOR_OFFSET as usize
+            + mako_format::descriptor::DESCRIPTOR_BYTES_MAX
+    ];
+    f.write_all_at(&zeros, 0)
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("disk {}: cannot clear {}", disk.name, disk.path.display()))?;
+    Ok(())
+}
+
+/// `mako fs delete NAME` (like mmdelfs).
+pub fn fs_delete(context: &Context, name: &str) -> Result<ExitCode> {
+    let cluster = context.cluster()?;
+    let fs = cluster
+        .filesystem(name)
+        .ok_or_else(|| no_such_fs(&cluster, name))?
+        .clone();
+    let multi = !cluster.nodes.is_empty();
+    let (mounted, unknown) = mounted_where(context, &cluster, name);
+    if !mounted.is_empty() {
+        bail!(
+            "{name} is mounted on {}; nothing was deleted. Unmount it first (`mako fs unmount \
+             {name}{}`), then delete it",
+            mounted.join(", "),
+            if multi {
+                format!(" -N {}", mounted.join(","))
+            } else {
+                String::new()
+            }
+        );
+    }
+    if !unknown.is_empty() {
+        bail!(
+            "cannot tell whether {name} is mounted on {}: its makod does not answer; nothing was \
+             deleted. Stop or restart that node (`mako shutdown -N …`), then delete it",
+            unknown.join(", ")
+        );
+    }
+    if multi {
+        let request = Request::ClusterDeleteFs {
+            name: name.to_string(),
+        };
+        let (node, response) = crate::cluster_cmd::call_cluster(context, &request)?;
+        match response {
+            Response::Error { message } => {
+                bail!("{message} (asked through {node}); nothing was deleted")
+            }
+            other => println!("{}", daemon::expect_ok(other, &request)?),
+        }
+    }
+    let disks: Vec<DiskDef> = cluster.disks_of(&fs).into_iter().cloned().collect();
+    for d in &disks {
+        clear_disk_headers(d).with_context(|| {
+            format!("{name} is deleted from the configuration, but its disks are not all cleared; run `mako fs delete {name}` again after fixing this")
+        })?;
+    }
+    edit_cluster_files(context, &cluster, |c| {
+        c.filesystems.retain(|f| f.name != name);
+        for d in &mut c.disks {
+            if d.fs.as_deref() == Some(name) {
+                d.fs = None;
+            }
+        }
+    })?;
+    let names: Vec<&str> = disks.iter().map(|d| d.name.as_str()).collect();
+    println!(
+        "{name} deleted: its disks {} hold no file system any more (headers cleared) and are \
+         free for `mako fs create` or `mako disk delete`.",
+        names.join(", ")
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `mako disk delete NAME` (like mmdelnsd).
+pub fn disk_delete(context: &Context, name: &str) -> Result<ExitCode> {
+    let cluster = context.cluster()?;
+    let Some(disk) = cluster.disk(name).cloned() else {
+        let known: Vec<&str> = cluster.disks.iter().map(|d| d.name.as_str()).collect();
+        bail!(
+            "there is no disk {name} (the disks are {}; `mako disk show`)",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        );
+    };
+    let owner = cluster
+        .filesystems
+        .iter()
+        .find(|f| f.disks.iter().any(|d| d == name))
+        .map(|f| f.name.clone())
+        .or_else(|| disk.fs.clone());
+    if let Some(fs) = owner {
+        bail!(
+            "disk {name} belongs to file system {fs}; nothing was deleted. Delete the file system \
+             first (`mako fs delete {fs}`, once it is unmounted everywhere)"
+        );
+    }
+    if !cluster.nodes.is_empty() {
+        let request = Request::ClusterDeleteDisk {
+            name: name.to_string(),
+        };
+        let (node, response) = crate::cluster_cmd::call_cluster(context, &request)?;
+        match response {
+            Response::Error { message } => {
+                bail!("{message} (asked through {node}); nothing was deleted")
+            }
+            other => println!("{}", daemon::expect_ok(other, &request)?),
+        }
+    }
+    edit_cluster_files(context, &cluster, |c| c.disks.retain(|d| d.name != name))?;
+    println!(
+        "disk {name} deleted; its file {} is kept (remove it yourself if you do not need it).",
+        disk.path.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 

@@ -171,6 +171,11 @@ pub enum Command {
         name: String,
         scope: Scope,
     },
+    /// Several changes applied as one: all of them, in order, or none (one epoch).
+    /// `mako cluster create` creates a cluster with its nodes, disks and file systems
+    /// in one batch, so that a configuration is never seen half made. Batches do not
+    /// nest. (Last in this enum: the log's encoding numbers variants in order.)
+    Batch(Vec<Command>),
 }
 
 impl Command {
@@ -188,6 +193,7 @@ impl Command {
             Command::DeleteFs { .. } => "delete file system",
             Command::SetParam { .. } => "set parameter",
             Command::UnsetParam { .. } => "unset parameter",
+            Command::Batch(_) => "batch of changes",
         }
     }
 
@@ -195,6 +201,15 @@ impl Command {
     /// parameter values. Runs where the change is proposed, before it is logged.
     pub fn check_input(&self) -> Result<(), ConfigError> {
         match self {
+            Command::Batch(commands) => {
+                for c in commands {
+                    if matches!(c, Command::Batch(_)) {
+                        return Err(ConfigError::NestedBatch);
+                    }
+                    c.check_input()?;
+                }
+                Ok(())
+            }
             Command::CreateCluster { name, .. } => check_name("cluster", name),
             Command::AddNode(node) => {
                 check_name("node", &node.name)?;
@@ -465,6 +480,18 @@ impl ClusterConfig {
 
     /// Every refusal `apply` makes, without changing anything.
     pub fn check(&self, command: &Command) -> Result<(), ConfigError> {
+        if let Command::Batch(commands) = command {
+            // Each change is checked against the configuration the ones before it make.
+            let mut after = self.clone();
+            for c in commands {
+                if matches!(c, Command::Batch(_)) {
+                    return Err(ConfigError::NestedBatch);
+                }
+                after.check(c)?;
+                after.change(c);
+            }
+            return Ok(());
+        }
         if !self.is_created() && !matches!(command, Command::CreateCluster { .. }) {
             return Err(ConfigError::NotCreated);
         }
@@ -591,6 +618,8 @@ impl ClusterConfig {
                     }
                 }
             }
+            // Checked whole at the top.
+            Command::Batch(_) => {}
         }
         Ok(())
     }
@@ -613,6 +642,11 @@ impl ClusterConfig {
     /// Applies a command `check` accepted.
     fn change(&mut self, command: &Command) {
         match command {
+            Command::Batch(commands) => {
+                for c in commands {
+                    self.change(c);
+                }
+            }
             Command::CreateCluster { name, uuid } => {
                 self.name = name.clone();
                 self.uuid = *uuid;
@@ -720,6 +754,8 @@ pub enum ConfigError {
     NoSuchFileSystem { fs: String },
     #[error("parameter {name}: {reason}")]
     BadParameter { name: String, reason: String },
+    #[error("a batch of changes holds another batch; batches do not nest")]
+    NestedBatch,
 }
 
 #[cfg(test)]
@@ -733,6 +769,52 @@ mod tests {
             addresses: vec![SocketAddr::from(([10, 0, 0, id as u8], port))],
             roles: roles.iter().copied().collect(),
         }
+    }
+
+    #[test]
+    fn a_batch_is_applied_whole_or_not_at_all_in_one_epoch() {
+        let create = Command::CreateCluster {
+            name: "c1".into(),
+            uuid: [7; 16],
+        };
+        let n1 = node(1, "n1", 1, &[Role::Quorum, Role::Manager]);
+        let disk = DiskEntry {
+            name: "d1".into(),
+            size_bytes: 1 << 30,
+            servers: Vec::new(),
+            failure_group: 1,
+            pool: "system".into(),
+        };
+        let fs = FsEntry {
+            name: "fs1".into(),
+            disks: vec!["d1".into()],
+            mount_options: Vec::new(),
+        };
+        // A file system on a disk the batch has not added yet: refused, nothing made.
+        let mut c = ClusterConfig::default();
+        let bad = Command::Batch(vec![
+            create.clone(),
+            Command::AddNode(n1.clone()),
+            Command::CreateFs(fs.clone()),
+            Command::AddDisk(disk.clone()),
+        ]);
+        assert_eq!(
+            c.apply(&bad),
+            Err(ConfigError::NoSuchDisk { disk: "d1".into() })
+        );
+        assert_eq!(c, ClusterConfig::default());
+        let good = Command::Batch(vec![
+            create,
+            Command::AddNode(n1),
+            Command::AddDisk(disk),
+            Command::CreateFs(fs),
+        ]);
+        good.check_input().unwrap();
+        assert_eq!(c.apply(&good), Ok(1));
+        assert!(c.is_created() && c.file_systems.contains_key("fs1"));
+        let nested = Command::Batch(vec![Command::Batch(Vec::new())]);
+        assert_eq!(nested.check_input(), Err(ConfigError::NestedBatch));
+        assert_eq!(c.apply(&nested), Err(ConfigError::NestedBatch));
     }
 
     fn created() -> ClusterConfig {

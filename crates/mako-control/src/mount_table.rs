@@ -191,6 +191,87 @@ pub fn probe(mountpoint: &Path, limit: Duration) -> Probe {
     }
 }
 
+/// Most processes [`holders`] names (the rest are counted).
+pub const HOLDERS_SHOWN_MAX: usize = 5;
+
+/// The processes that keep the mount at `mountpoint` busy — a file open there, their
+/// current or root directory there, a file mapped from there — each as `pid N (comm):
+/// what` (at most three things each), the process `except` left out (makod itself).
+/// Read from /proc: processes this user may not inspect are not seen.
+pub fn holders(mountpoint: &Path, except: u32) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let under = |p: &Path| p.starts_with(mountpoint);
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == except {
+            continue;
+        }
+        let base = e.path();
+        let mut what: Vec<String> = Vec::new();
+        for (link, word) in [("cwd", "current directory"), ("root", "root directory")] {
+            if let Ok(t) = std::fs::read_link(base.join(link)) {
+                if under(&t) {
+                    what.push(format!("{word} {}", t.display()));
+                }
+            }
+        }
+        if let Ok(fds) = std::fs::read_dir(base.join("fd")) {
+            for fd in fds.flatten() {
+                if let Ok(t) = std::fs::read_link(fd.path()) {
+                    if under(&t) {
+                        what.push(format!("open file {}", t.display()));
+                    }
+                }
+            }
+        }
+        if let Ok(maps) = std::fs::read_to_string(base.join("maps")) {
+            for line in maps.lines() {
+                // address perms offset dev inode path
+                if let Some(path) = line.split_whitespace().nth(5) {
+                    if path.starts_with('/') && under(Path::new(path)) {
+                        what.push(format!("mapped file {path}"));
+                    }
+                }
+            }
+        }
+        if what.is_empty() {
+            continue;
+        }
+        what.dedup();
+        let more = what.len().saturating_sub(3);
+        what.truncate(3);
+        if more > 0 {
+            what.push(format!("{more} more"));
+        }
+        let comm = std::fs::read_to_string(base.join("comm")).unwrap_or_default();
+        out.push(format!("pid {pid} ({}): {}", comm.trim(), what.join(", ")));
+    }
+    out.sort();
+    out
+}
+
+/// [`holders`] as one sentence for an error message: "held by …; and N more".
+pub fn holders_text(holders: &[String]) -> String {
+    let mut text = holders
+        .iter()
+        .take(HOLDERS_SHOWN_MAX)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("; ");
+    if holders.len() > HOLDERS_SHOWN_MAX {
+        text.push_str(&format!(
+            "; and {} more processes",
+            holders.len() - HOLDERS_SHOWN_MAX
+        ));
+    }
+    text
+}
+
 /// Detaches the mount at `mountpoint` now (`umount -l`): as root with umount2
 /// (MNT_DETACH), otherwise through `fusermount3 -uz` / `fusermount -uz`.
 pub fn lazy_unmount(mountpoint: &Path) -> std::io::Result<()> {
@@ -232,6 +313,24 @@ mod tests {
 45 27 0:42 / /mnt/z rw - tmpfs mako:fs3 rw
 garbage line
 ";
+
+    #[test]
+    fn holders_finds_a_process_with_its_current_directory_below() {
+        let dir = std::env::temp_dir().join(format!("mako-holders-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .current_dir(dir.join("sub"))
+            .spawn()
+            .unwrap();
+        let found = holders(&dir, std::process::id());
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+        let pid = format!("pid {} (sleep): current directory", child.id());
+        assert!(found.iter().any(|h| h.starts_with(&pid)), "{found:?}");
+        assert!(holders(Path::new("/nonexistent-mako-dir"), 0).is_empty());
+    }
 
     #[test]
     fn parses_mountinfo_and_recognises_mako_mounts() {

@@ -87,6 +87,13 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         nodes: Vec<String>,
     },
+    /// Deletes a disk that no file system uses from the replicated configuration
+    /// (`mako disk delete`) → `Ok`/`Error`. A disk the configuration does not have is
+    /// `Ok` (deleted before), so a command interrupted half-way can be run again.
+    ClusterDeleteDisk { name: String },
+    /// Deletes a file system from the replicated configuration (`mako fs delete`; the
+    /// CLI has checked that no node mounts it) → `Ok`/`Error`, `Ok` if it is not there.
+    ClusterDeleteFs { name: String },
 }
 
 impl Request {
@@ -109,6 +116,8 @@ impl Request {
             Request::Fsck { .. } => "fsck",
             Request::ClusterShow => "cluster_show",
             Request::ClusterParam { .. } => "cluster_param",
+            Request::ClusterDeleteDisk { .. } => "cluster_delete_disk",
+            Request::ClusterDeleteFs { .. } => "cluster_delete_fs",
         }
     }
 }

@@ -249,3 +249,138 @@ fn a_stopped_node_is_shown_down_catches_up_and_a_lost_quorum_is_refused_by_name(
     }
     c.finish().expect("down and fsck clean");
 }
+
+/// Kills the child process when dropped (a process holding a mount busy).
+struct Holder(std::process::Child);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn fails(c: &NetCluster, args: &[&str]) -> String {
+    let out = c.mako(args).unwrap();
+    assert!(!out.success(), "mako {} succeeded: {out}", args.join(" "));
+    format!("{out}")
+}
+
+/// The first 8 bytes of a disk file (`MAKODISK` while it holds a file system).
+fn disk_magic(c: &NetCluster, disk: &str) -> Vec<u8> {
+    let bytes = std::fs::read(c.data_dir().join("disks").join(format!("{disk}.img")))
+        .map(|b| b[..8].to_vec());
+    bytes.unwrap()
+}
+
+#[test]
+fn file_systems_mount_and_unmount_per_node_and_disks_and_file_systems_are_deleted_when_free() {
+    if !require_fuse(
+        "file_systems_mount_and_unmount_per_node_and_disks_and_file_systems_are_deleted_when_free",
+    ) {
+        return;
+    }
+    let mut c = up();
+    let show = wait_active(&c, 3);
+    assert!(show.contains("File systems: fs1 (disks d0, d1)"), "{show}");
+
+    // From the cluster's own directory a node must be named.
+    let text = fails(&c, &["fs", "unmount", "fs1"]);
+    assert!(text.contains("-N") && text.contains("-a"), "{text}");
+    // Unmounted on node 1 only; the others keep it.
+    let out = ok(&c, &["fs", "unmount", "fs1", "-N", "node1"]);
+    assert!(out.stdout.contains("node1: fs1 unmounted"), "{out}");
+    assert!(!is_mounted(&c.mount(1)) && is_mounted(&c.mount(0)) && is_mounted(&c.mount(2)));
+    let st = ok(&c, &["status"]).stdout;
+    assert!(
+        st.lines()
+            .any(|l| l.starts_with("node1") && l.contains("not mounted")),
+        "{st}"
+    );
+
+    // A busy mount is not unmounted, and the error names the process that holds it.
+    let holder = Holder(
+        std::process::Command::new("sleep")
+            .arg("600")
+            .current_dir(c.mount(2))
+            .spawn()
+            .unwrap(),
+    );
+    let text = fails(&c, &["fs", "unmount", "fs1", "-N", "node2"]);
+    assert!(
+        text.contains("busy") && text.contains(&format!("pid {} (sleep)", holder.0.id())),
+        "{text}"
+    );
+    assert!(is_mounted(&c.mount(2)));
+    drop(holder);
+
+    // In use: neither the file system nor its disks can be deleted.
+    let text = fails(&c, &["fs", "delete", "fs1"]);
+    assert!(
+        text.contains("mounted on node0, node2")
+            && text.contains("mako fs unmount fs1 -N node0,node2"),
+        "{text}"
+    );
+    let text = fails(&c, &["disk", "delete", "d0"]);
+    assert!(
+        text.contains("belongs to file system fs1") && text.contains("mako fs delete fs1"),
+        "{text}"
+    );
+
+    // Mounted again on node 1: data written there is read on node 0.
+    let out = ok(&c, &["fs", "mount", "fs1", "-N", "node1"]);
+    assert!(out.stdout.contains("node1: fs1 mounted on"), "{out}");
+    std::fs::write(c.mount(1).join("from1"), b"written on node 1").unwrap();
+    assert_eq!(
+        std::fs::read(c.mount(0).join("from1")).unwrap(),
+        b"written on node 1"
+    );
+    // A node whose makod is down: said, with what to do; it mounts when started.
+    ok(&c, &["shutdown", "-N", "node2"]);
+    let text = fails(&c, &["fs", "mount", "fs1", "-N", "node2"]);
+    assert!(
+        text.contains("node2: not running") && text.contains("mako startup -N node2"),
+        "{text}"
+    );
+    ok(&c, &["startup", "-N", "node2"]);
+    assert!(is_mounted(&c.mount(2)));
+    let text = fails(&c, &["fs", "mount", "fs1", "-N", "nosuch"]);
+    assert!(text.contains("nosuch") && text.contains("node0"), "{text}");
+
+    // Unmounted everywhere: then it can be deleted, and its disks after it.
+    let out = ok(&c, &["fs", "unmount", "fs1", "-a"]);
+    for i in 0..3 {
+        assert!(
+            out.stdout.contains(&format!("node{i}: fs1 unmounted")),
+            "{out}"
+        );
+        assert!(!is_mounted(&c.mount(i)));
+    }
+    assert_eq!(disk_magic(&c, "d0"), b"MAKODISK");
+    let out = ok(&c, &["fs", "delete", "fs1"]);
+    assert!(out.stdout.contains("fs1 deleted"), "{out}");
+    assert_ne!(disk_magic(&c, "d0"), b"MAKODISK");
+    assert_ne!(disk_magic(&c, "d1"), b"MAKODISK");
+    let text = fails(&c, &["fs", "mount", "fs1", "-N", "node0"]);
+    assert!(text.contains("fs1"), "{text}");
+    let show = ok(&c, &["node", "show"]).stdout;
+    assert!(
+        show.contains("File systems: none") && show.contains("Disks: d0, d1"),
+        "{show}"
+    );
+    ok(&c, &["disk", "delete", "d0"]);
+    let text = fails(&c, &["disk", "delete", "nosuch"]);
+    assert!(
+        text.contains("no disk nosuch") && text.contains("d1"),
+        "{text}"
+    );
+    // Restarted, the nodes do not bring back what was deleted from their cluster.toml.
+    ok(&c, &["shutdown", "-a"]);
+    ok(&c, &["startup", "-a"]);
+    let show = wait_active(&c, 3);
+    assert!(
+        show.contains("File systems: none") && show.contains("Disks: d1\n"),
+        "{show}"
+    );
+    c.down().expect("down");
+}

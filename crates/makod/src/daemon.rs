@@ -11,7 +11,7 @@ use mako_format::disk_header::DiskUsage;
 use mako_fs::{DiskSpec, FsConfig, Mounted};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -439,12 +439,40 @@ impl Daemon {
         stopping: bool,
     ) -> Result<String> {
         let _ops = self.mount_ops.lock();
+        let wanted = mountpoint.map(mako_control::mount_table::canonical_mountpoint);
+        if !stopping {
+            // A busy mount is refused, naming what holds it (the kernel would refuse
+            // it too, and the lazy unmount that follows would leave it half there).
+            let points: Vec<PathBuf> = self
+                .mounts
+                .lock()
+                .get(name)
+                .map(|m| {
+                    m.points
+                        .iter()
+                        .filter(|p| wanted.as_ref().is_none_or(|w| *w == p.mountpoint))
+                        .map(|p| p.mountpoint.clone())
+                        .collect()
+                })
+                .unwrap_or_default();
+            for mp in points {
+                let holders = mako_control::mount_table::holders(&mp, std::process::id());
+                if !holders.is_empty() {
+                    bail!(
+                        "{name} on {} is busy, nothing was unmounted: held by {}. Close those \
+                         files, leave those directories or stop those processes, then unmount \
+                         again",
+                        mp.display(),
+                        mako_control::mount_table::holders_text(&holders)
+                    );
+                }
+            }
+        }
         let mut m = self
             .mounts
             .lock()
             .remove(name)
             .with_context(|| format!("{name} is not mounted"))?;
-        let wanted = mountpoint.map(mako_control::mount_table::canonical_mountpoint);
         if let Some(w) = &wanted {
             if !m.points.iter().any(|p| &p.mountpoint == w) {
                 let at: Vec<String> = m
@@ -1017,6 +1045,12 @@ impl ControlHandler for Daemon {
                 Request::ClusterShow => Response::Cluster(self.member()?.view()),
                 Request::ClusterParam { name, value, nodes } => {
                     Response::ok(self.member()?.set_param(&name, value.as_deref(), &nodes)?)
+                }
+                Request::ClusterDeleteDisk { name } => {
+                    Response::ok(self.member()?.delete(&name, false)?)
+                }
+                Request::ClusterDeleteFs { name } => {
+                    Response::ok(self.member()?.delete(&name, true)?)
                 }
                 Request::DiagConfig => Response::Config(
                     self.config

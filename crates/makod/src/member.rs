@@ -185,18 +185,27 @@ impl Member {
         if status.state != "leader" {
             return Ok(());
         }
-        // This node is the cluster manager: complete the configuration, then the learners.
+        // This node is the cluster manager: create the configuration (once, whole, in
+        // one batch: afterwards it changes only through admin commands, so a disk or
+        // file system deleted is not made again from cluster.toml), then the learners.
         let config = self.quorum.read_local();
-        for command in seed_commands(cluster, &config)? {
-            if self.stopped() {
-                return Ok(());
-            }
-            let kind = command.kind();
-            let epoch = self
-                .quorum
-                .propose_within(command, STEWARD_DEADLINE)
-                .map_err(|e| anyhow!("{kind}: {e}"))?;
-            tracing::info!("cluster configuration: {kind} (epoch {epoch})");
+        if !config.is_created() && !self.stopped() {
+            let batch = Command::Batch(seed_commands(cluster, &config)?);
+            let epoch = match self.quorum.propose_within(batch, STEWARD_DEADLINE) {
+                Ok(epoch) => epoch,
+                // Another manager created it meanwhile.
+                Err(mako_cluster::QuorumError::Refused(
+                    mako_cluster::ConfigError::AlreadyCreated { .. },
+                )) => self.quorum.read_local().epoch,
+                Err(e) => bail!("creating the configuration: {e}"),
+            };
+            tracing::info!(
+                "cluster configuration created from cluster.toml: {} nodes, {} disks, {} file \
+                 systems (epoch {epoch})",
+                cluster.nodes.len(),
+                cluster.disks.len(),
+                cluster.filesystems.len()
+            );
         }
         let members: BTreeSet<NodeId> = status
             .voters
@@ -464,6 +473,45 @@ impl Member {
             ),
             None => format!("{} unset {where_} (configuration epoch {epoch})", spec.name),
         })
+    }
+
+    /// Deletes disk (`fs` false) or file system `name` from the replicated configuration
+    /// through the cluster manager; one it does not have is deleted already.
+    pub fn delete(&self, name: &str, fs: bool) -> Result<String> {
+        let config = self.quorum.read_local();
+        if !config.is_created() {
+            bail!(
+                "the cluster's configuration is not created yet (the cluster manager creates \
+                 it once a majority of the quorum nodes runs): see `mako node show`"
+            );
+        }
+        let (command, what) = if fs {
+            (
+                Command::DeleteFs {
+                    name: name.to_string(),
+                },
+                "file system",
+            )
+        } else {
+            (
+                Command::DeleteDisk {
+                    name: name.to_string(),
+                },
+                "disk",
+            )
+        };
+        match self.quorum.propose(command) {
+            Ok(epoch) => Ok(format!(
+                "{what} {name} deleted from the cluster's configuration (epoch {epoch})"
+            )),
+            Err(mako_cluster::QuorumError::Refused(
+                mako_cluster::ConfigError::NoSuchDisk { .. }
+                | mako_cluster::ConfigError::NoSuchFileSystem { .. },
+            )) => Ok(format!(
+                "{what} {name} is not in the cluster's configuration (deleted before)"
+            )),
+            Err(e) => Err(anyhow!("{e}")),
+        }
     }
 
     /// Stops the threads and the member (before the transport closes).
