@@ -36,6 +36,10 @@ pub enum Command {
     Down,
     /// Node, daemon, file systems, mounts, space, inodes, pagepool.
     Status,
+    /// Create a cluster of several makod processes on this machine without starting it
+    /// (like mmcrcluster); `mako startup -a` starts it.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// The nodes of a multi-process cluster (`mako up --nodes N`).
     #[command(subcommand)]
     Node(NodeCommand),
@@ -86,6 +90,27 @@ pub enum Command {
         #[arg(long)]
         drop_caches: bool,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// Create the cluster: its key, its nodes (node0 … node<N-1>, each with its own data
+    /// directory, loopback port and mount point), its disks and file system fs1, as
+    /// `mako up --nodes N` does, but start nothing.
+    Create(ClusterCreateArgs),
+}
+
+#[derive(Args, Debug, Default)]
+pub struct ClusterCreateArgs {
+    /// Cluster name [default: mako]
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// The quorum nodes, comma-separated (names node0 … or numbers) [default: the
+    /// first 1 (1-2 nodes), 3 (3-4) or 5 nodes]
+    #[arg(long = "quorum-nodes", value_name = "NODES", value_delimiter = ',')]
+    pub quorum_nodes: Vec<String>,
+    #[command(flatten)]
+    pub up: UpArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -469,6 +494,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Up(args) => daemon::up(&context, &args),
         Command::Down => daemon::down(&context),
         Command::Status => status::status(&context),
+        Command::Cluster(ClusterCommand::Create(args)) => {
+            crate::nodes_cmd::cluster_create(&context, &args)
+        }
         Command::Node(NodeCommand::Show) => cluster_cmd::node_show(&context),
         Command::Startup(sel) => cluster_cmd::startup(&context, &sel),
         Command::Shutdown(sel) => cluster_cmd::shutdown(&context, &sel),
@@ -594,6 +622,8 @@ mod tests {
             "mako config set maxMBpS=4096 -N node1,node2",
             "mako config unset maxMBpS -N node1",
             "mako node show",
+            "mako cluster create --nodes 3",
+            "mako cluster create --name c1 --nodes 4 --quorum-nodes node0,node1,node3 --disks 2 --disk-size 1G",
             "mako startup -a",
             "mako shutdown -N node1,node2",
             "mako diag iohist -n 10 --json",

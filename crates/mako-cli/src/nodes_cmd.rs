@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use anyhow::{anyhow, bail, Context as _, Result};
 use mako_control::{ClusterConfig, DataDir, NodeDef};
 
-use crate::cli::{Context, UpArgs};
+use crate::cli::{ClusterCreateArgs, Context, UpArgs};
 use crate::daemon::{create_cluster, down_data, query_status, start_and_wait};
 use crate::table::Table;
 use crate::units::human_bytes;
@@ -100,16 +100,66 @@ fn node_cluster(overview: &ClusterConfig, node: &NodeDef) -> ClusterConfig {
     c
 }
 
-/// Creates the overview and every node's data directory.
-fn create(data: &DataDir, args: &UpArgs, n: u32) -> Result<ClusterConfig> {
+/// The quorum nodes `--quorum-nodes` names (node names or numbers) among `n` nodes;
+/// none named: as many of the first nodes as give the most failures survived, up to
+/// five (1 or 2 nodes: node 0; 3 or 4: three; five or more: five).
+fn quorum_ids(n: u32, named: &[String]) -> Result<Vec<u32>> {
+    if named.is_empty() {
+        let count = match n {
+            0..=2 => 1,
+            3..=4 => 3,
+            _ => 5,
+        };
+        return Ok((0..count).collect());
+    }
+    let mut ids = Vec::new();
+    for name in named {
+        let id = name
+            .strip_prefix("node")
+            .unwrap_or(name)
+            .parse::<u32>()
+            .ok()
+            .filter(|&i| i < n)
+            .ok_or_else(|| {
+                anyhow!(
+                    "--quorum-nodes {name}: no such node; the nodes will be node0 to node{}",
+                    n - 1
+                )
+            })?;
+        if ids.contains(&id) {
+            bail!("--quorum-nodes: node{id} is named twice");
+        }
+        ids.push(id);
+    }
+    if ids.len() > 7 {
+        bail!(
+            "--quorum-nodes: {} named; give at most 7 (1, 3 or 5 is usual: a majority must run)",
+            ids.len()
+        );
+    }
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// Creates the overview and every node's data directory (`mako cluster create`, and
+/// `mako up --nodes N` the first time): the disks and file system, the cluster key,
+/// the node list with the quorum nodes, each node's cluster.toml and config.toml.
+fn create(
+    data: &DataDir,
+    args: &UpArgs,
+    n: u32,
+    name: Option<&str>,
+    quorum_names: &[String],
+) -> Result<ClusterConfig> {
+    if let Some(name) = name {
+        mako_control::cluster::validate_name("cluster name", name).map_err(|p| anyhow!(p))?;
+    }
+    // Checked before anything is created.
+    let quorum = quorum_ids(n, quorum_names)?;
     let mut cluster = create_cluster(data, args, n)?;
-    // The quorum: as many of the first nodes as give the most failures survived, up
-    // to five (1 or 2 nodes: node 0; 3 or 4: three; five or more: five).
-    let quorum = match n {
-        0..=2 => 1,
-        3..=4 => 3,
-        _ => 5,
-    };
+    if let Some(name) = name {
+        cluster.cluster_name = name.to_string();
+    }
     let mut nodes = Vec::new();
     for i in 0..n {
         nodes.push(NodeDef {
@@ -118,7 +168,7 @@ fn create(data: &DataDir, args: &UpArgs, n: u32) -> Result<ClusterConfig> {
             address: format!("127.0.0.1:{}", free_port()?),
             data_dir: crate::daemon::absolute(&data.root.join(format!("node{i}")))?,
             manager: i == 0,
-            quorum: i < quorum,
+            quorum: quorum.contains(&i),
         });
     }
     cluster.node_id = 0;
@@ -150,6 +200,51 @@ fn create(data: &DataDir, args: &UpArgs, n: u32) -> Result<ClusterConfig> {
     Ok(cluster)
 }
 
+/// `mako cluster create`: the cluster `mako up --nodes N` would make, not started.
+pub fn cluster_create(context: &Context, args: &ClusterCreateArgs) -> Result<ExitCode> {
+    let data = &context.data;
+    if ClusterConfig::exists(&data.root) {
+        bail!(
+            "a cluster exists already in {} (`mako status` shows it); create another in \
+             another --data-dir",
+            data.root.display()
+        );
+    }
+    let n = match args.up.nodes {
+        Some(n) if (2..=NODES_MAX).contains(&n) => n,
+        Some(n) => bail!("--nodes {n}: give 2 to {NODES_MAX} nodes (one node: `mako up`)"),
+        None => bail!("--nodes N: how many nodes (makod processes) the cluster has"),
+    };
+    let cluster = create(data, &args.up, n, args.name.as_deref(), &args.quorum_nodes)?;
+    println!(
+        "Cluster {} created: {n} nodes, not started.\n",
+        cluster.cluster_name
+    );
+    println!("  data dir     {}", data.root.display());
+    println!("  cluster key  {}", data.key_file().display());
+    for fs in &cluster.filesystems {
+        println!("  file system  {} on {}", fs.name, fs.disks.join(", "));
+    }
+    let mut t = Table::new(&["Node", "Id", "Roles", "Address", "Data dir"]);
+    for node in &cluster.nodes {
+        let mut roles = vec![if node.manager { "manager" } else { "client" }];
+        if node.quorum {
+            roles.push("quorum");
+        }
+        t.row(vec![
+            node.name.clone(),
+            node.id.to_string(),
+            roles.join(","),
+            node.address.clone(),
+            node.data_dir.display().to_string(),
+        ]);
+    }
+    println!();
+    print!("{}", t.render());
+    println!("\nNext:         `mako startup -a` starts every node (the manager first)");
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `mako up` of a multi-process cluster.
 pub fn up(context: &Context, args: &UpArgs) -> Result<ExitCode> {
     let data = &context.data;
@@ -167,7 +262,7 @@ pub fn up(context: &Context, args: &UpArgs) -> Result<ExitCode> {
         cluster
     } else {
         let n = args.nodes.unwrap_or(1);
-        create(data, args, n)?
+        create(data, args, n, None, &[])?
     };
     // The manager first: the others wait for it before they mount.
     let mut order: Vec<&NodeDef> = cluster.nodes.iter().collect();

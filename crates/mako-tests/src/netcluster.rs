@@ -34,6 +34,9 @@ pub struct NetClusterOptions {
     pub disk_size: String,
     pub pagepool: String,
     pub block_size: String,
+    /// Made with `mako cluster create <these args>` and started with `mako startup -a`
+    /// instead of `mako up --nodes`.
+    pub create_args: Option<Vec<String>>,
 }
 
 impl Default for NetClusterOptions {
@@ -44,6 +47,7 @@ impl Default for NetClusterOptions {
             disk_size: "2G".into(),
             pagepool: "128M".into(),
             block_size: "1M".into(),
+            create_args: None,
         }
     }
 }
@@ -89,21 +93,38 @@ impl NetCluster {
         let fs = c.root_path.join("fs");
         let nodes = opts.nodes.to_string();
         let disks = opts.disks.to_string();
-        let out = c.mako(&[
-            "up",
-            "--nodes",
-            &nodes,
-            "--mountpoint",
-            path_str(&fs)?,
-            "--disks",
-            &disks,
-            "--disk-size",
-            &opts.disk_size,
-            "--block-size",
-            &opts.block_size,
-            "--pagepool",
-            &opts.pagepool,
-        ]);
+        let mut args: Vec<String> = match &opts.create_args {
+            Some(extra) => ["cluster", "create"]
+                .into_iter()
+                .map(String::from)
+                .chain(extra.iter().cloned())
+                .collect(),
+            None => vec!["up".into()],
+        };
+        args.extend(
+            [
+                "--nodes",
+                &nodes,
+                "--mountpoint",
+                path_str(&fs)?,
+                "--disks",
+                &disks,
+                "--disk-size",
+                &opts.disk_size,
+                "--block-size",
+                &opts.block_size,
+                "--pagepool",
+                &opts.pagepool,
+            ]
+            .into_iter()
+            .map(String::from),
+        );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut out = c.mako(&args);
+        if opts.create_args.is_some() && out.as_ref().is_ok_and(|o| o.success()) {
+            c.up = true;
+            out = c.mako(&["startup", "-a"]);
+        }
         c.note_pids();
         let out = out?;
         if !out.success() {

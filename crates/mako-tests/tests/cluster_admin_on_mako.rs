@@ -384,3 +384,61 @@ fn file_systems_mount_and_unmount_per_node_and_disks_and_file_systems_are_delete
     );
     c.down().expect("down");
 }
+
+#[test]
+fn cluster_create_makes_a_cluster_that_startup_starts_with_the_quorum_nodes_named() {
+    if !require_fuse(
+        "cluster_create_makes_a_cluster_that_startup_starts_with_the_quorum_nodes_named",
+    ) {
+        return;
+    }
+    let c = NetCluster::up(NetClusterOptions {
+        disk_size: "1G".into(),
+        create_args: Some(
+            ["--name", "demo", "--quorum-nodes", "node0"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+        ),
+        ..NetClusterOptions::default()
+    })
+    .expect("cluster create, startup -a");
+    let show = wait_active(&c, 3);
+    assert!(show.starts_with("Cluster demo,"), "{show}");
+    assert!(node_line(&show, "node0").contains("quorum"), "{show}");
+    for i in 1..3 {
+        let line = node_line(&show, &format!("node{i}"));
+        assert!(
+            !line.contains("quorum") && line.contains("active (learner)"),
+            "{show}"
+        );
+    }
+    std::fs::write(c.mount(2).join("f"), b"from node 2").unwrap();
+    assert_eq!(std::fs::read(c.mount(0).join("f")).unwrap(), b"from node 2");
+
+    // Refusals: a second cluster in the same directory; a quorum node that will not
+    // exist (and then nothing is created).
+    let text = fails(&c, &["cluster", "create", "--nodes", "3"]);
+    assert!(text.contains("exists already"), "{text}");
+    let other = c.data_dir().with_file_name("other");
+    let out = c
+        .mako_in(
+            &other,
+            &[
+                "cluster",
+                "create",
+                "--nodes",
+                "3",
+                "--quorum-nodes",
+                "node7",
+            ],
+        )
+        .unwrap();
+    assert!(!out.success(), "{out}");
+    assert!(
+        out.stderr.contains("node7") && out.stderr.contains("node0 to node2"),
+        "{out}"
+    );
+    assert!(!other.join("cluster.toml").exists());
+    c.finish().expect("down and fsck clean");
+}

@@ -314,7 +314,9 @@ fn a_client_waits_for_the_manager_with_a_deadline() {
     assert_ne!(out.code, Some(0), "{out}");
     assert!(
         out.stderr.contains("the manager, node 0 (node0)")
-            && out.stderr.contains("did not answer within 2 s"),
+            && out.stderr.contains("did not answer within 2 s")
+            && out.stderr.contains("`mako startup -N node0`")
+            && out.stderr.contains("`mako startup -N node1`"),
         "{out}"
     );
     // Node 1 started before the manager mounts once the manager comes.

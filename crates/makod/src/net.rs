@@ -240,11 +240,14 @@ impl NetNode {
             if started.elapsed() >= limit {
                 bail!(
                     "the manager, node {} ({}) at {}, did not answer within {} s ({why}); start \
-                     its makod (`mako up --nodes` starts it first), then this node again",
+                     its makod first (`mako startup -N {}`; `mako startup -a` starts every \
+                     node, the manager first), then this node again (`mako startup -N {}`)",
                     self.manager.id,
                     self.manager.name,
                     self.manager.address,
-                    limit.as_secs()
+                    limit.as_secs(),
+                    self.manager.name,
+                    self.me.name
                 );
             }
             if !logged {
