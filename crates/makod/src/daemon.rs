@@ -267,7 +267,7 @@ impl Daemon {
         specs: &[DiskSpec],
         cfg: &EffectiveConfig,
         node_id: u32,
-    ) -> Result<(Mounted, Vec<(String, crate::net::DiskAccess)>)> {
+    ) -> Result<(Mounted, crate::net::DiskAccessList)> {
         let Some(net) = &self.net else {
             return mako_fs::mount(specs, fs_config(cfg), node_id)
                 .map(|m| (m, Vec::new()))

@@ -42,7 +42,7 @@ pub(crate) struct MountedFs {
     pub(crate) disk_paths: Vec<(String, PathBuf)>,
     /// How a node of a multi-process cluster reaches each disk (empty for one makod
     /// that opens them all).
-    pub(crate) disk_access: Vec<(String, crate::net::DiskAccess)>,
+    pub(crate) disk_access: crate::net::DiskAccessList,
 }
 
 /// One mount point of a file system: a FUSE session, with its options.

@@ -107,6 +107,9 @@ impl DiskAccess {
     }
 }
 
+/// How a node reaches each disk of a file system, by disk name.
+pub type DiskAccessList = Vec<(String, DiskAccess)>;
+
 /// Opens disk `d` itself: a disk file or block device this node has local access to.
 fn open_local(d: &DiskDef) -> Result<Arc<dyn Disk>, DiskError> {
     let disk = FileDisk::open(&d.name, &d.path)?;
@@ -283,7 +286,7 @@ impl NetNode {
         &self,
         cluster: &ClusterConfig,
         names: &[String],
-    ) -> Result<(Vec<Arc<dyn Disk>>, Vec<(String, DiskAccess)>)> {
+    ) -> Result<(Vec<Arc<dyn Disk>>, DiskAccessList)> {
         let transport: Arc<dyn Transport> = self.transport.clone();
         let mut disks = Vec::with_capacity(names.len());
         let mut access = Vec::with_capacity(names.len());
