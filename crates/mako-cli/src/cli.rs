@@ -527,6 +527,7 @@ mod tests {
             "mako up",
             "mako up --disks 2 --disk-size 1G --block-size 1M --mountpoint /tmp/m --pagepool 1G",
             "mako --data-dir /tmp/x down",
+            "mako up --nodes 3 --nsd-servers 1,0",
             "mako status --data-dir /tmp/x",
             "mako fs create fs2 -d d4,d5:system:2:dataOnly -B 1M -I 16K -i 512 -m 1 -M 2 -r 1 -R 2 \
              -j cluster --inodes 1M --log-size 16M --avoid-dir-fragments --pre-split-levels 2 -T /mnt/fs2 -A no",

@@ -214,6 +214,13 @@ pub fn up(context: &Context, args: &UpArgs) -> Result<ExitCode> {
                 );
             }
         }
+        if !args.nsd_servers.is_empty() {
+            eprintln!(
+                "note: --nsd-servers ignored: it only applies when a cluster is created; the \
+                 disks' servers are in {}",
+                data.cluster_file().display()
+            );
+        }
         cluster
     } else {
         let n = args.nodes.unwrap_or(1);
