@@ -1,9 +1,9 @@
 //! The inode allocation map: which inode numbers are in use, in segments.
 
 use crate::error::{DamageSink, FsError, FsResult, IntegrityError, SinkSlot};
+use mako_diag::CountedRwLock;
 use mako_diag::{CountedMutex, LockClass};
 use mako_format::inode_map_segment::InodeMapSegment;
-use mako_diag::CountedRwLock;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -113,10 +113,7 @@ impl InodeMap {
             .or_insert_with(|| {
                 Arc::new(CountedMutex::new(
                     &INODE_MAP_SEGMENT_LOCK,
-                    (
-                        InodeMapSegment::new(s as u32, s * per as u64, per),
-                        false,
-                    ),
+                    (InodeMapSegment::new(s as u32, s * per as u64, per), false),
                 ))
             })
             .clone()
@@ -207,8 +204,10 @@ impl InodeMap {
     /// Hand out numbers from `segment` first (the next `reserve` starts there): a test
     /// hook and an administrator's choice alike, it changes nothing on disk.
     pub fn start_at(&self, segment: u64) {
-        self.cursor
-            .store(segment.min(self.segment_count.saturating_sub(1)), Ordering::Relaxed);
+        self.cursor.store(
+            segment.min(self.segment_count.saturating_sub(1)),
+            Ordering::Relaxed,
+        );
     }
 
     /// The segments to look in for a free number, from the cursor on: every segment
@@ -291,7 +290,7 @@ impl InodeMap {
             }
         }
         Err(FsError::NoSpace(format!(
-            "all {} inodes are in use; raise the inode limit (`mako fs create --inode-limit`)",
+            "all {} inodes are in use; raise the inode limit (`mako fs create --inodes`)",
             self.inodes_max
         )))
     }

@@ -369,7 +369,7 @@ pub fn format_disks(
     let per_segment = segment_size(params.log_count, inodes_max);
     if InodeMapSegment::slot_bytes(per_segment) as u64 > bb {
         return Err(range_err(
-            "inode limit (--inode-limit)",
+            "inode limit (--inodes)",
             inodes_max,
             &format!(
                 "with {bb}-byte blocks, an inode-map segment of {per_segment} inodes would not fit a block; \
@@ -490,7 +490,11 @@ pub fn format_disks(
     let mut metafiles = vec![
         (INODE_FILE_INO, inode_file_bytes, inode_file_bytes),
         (BLOCK_ALLOC_MAP_INO, alloc_map_bytes, alloc_map_bytes),
-        (INODE_ALLOC_MAP_INO, imap_presize, imap_file_bytes.max(imap_presize)),
+        (
+            INODE_ALLOC_MAP_INO,
+            imap_presize,
+            imap_file_bytes.max(imap_presize),
+        ),
     ];
     let table_bytes = mako_format::log_table::table_bytes(params.log_count, geo.inode_bytes);
     metafiles.push((LOG_TABLE_INO, table_bytes, table_bytes));

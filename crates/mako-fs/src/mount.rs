@@ -9,6 +9,7 @@ use crate::env::NodeEnv;
 use crate::error::{FsError, FsResult, IntegrityError};
 use crate::fs::FileSystem;
 use crate::inode_map::InodeMap;
+use crate::meta_blocks::MetaBlocks;
 use crate::mkfs::DiskSpec;
 use crate::workers::{self, Workers};
 use mako_disk::nsd::IoTag;
@@ -23,7 +24,6 @@ use mako_format::geometry::Geometry;
 use mako_format::indirect::{IndirectBlock, IndirectId};
 use mako_format::inode::{pointers_in_inode, Inode, InodeContent, FLAG_SYSTEM};
 use mako_format::inode_map_segment::InodeMapSegment;
-use crate::meta_blocks::MetaBlocks;
 use mako_format::DiskAddress;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -520,9 +520,7 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
     let bbu = geo.block_bytes;
     let mut isegs = Vec::new();
     for (b, _) in blocks_of(m.inode_alloc_map).iter() {
-        for s in
-            mako_format::inode_map_segment::segments_in_block(b, nseg, per, bbu)
-        {
+        for s in mako_format::inode_map_segment::segments_in_block(b, nseg, per, bbu) {
             let (b, da) = read_meta(
                 m.inode_alloc_map,
                 mako_format::inode_map_segment::slot_offset(s, per, bbu),
@@ -594,8 +592,26 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
     if crate::ownership::shared(&core) {
         // The inode file's inode was read without its token: another node may grow the
         // file at any time, so the first use under the token reads it again.
-        if let Some(h) = core.cached_handle(m.inode_file) {
-            h.state.write().stale = true;
+        // So may the inode map file (`Core::ensure_imap_block`).
+        for ino in [m.inode_file, m.inode_alloc_map] {
+            if let Some(h) = core.cached_handle(ino) {
+                h.state.write().stale = true;
+            }
+        }
+    }
+    if let Some(ino) = mako_diag::test_hooks::first_inode() {
+        if ino < core.imap.inodes_max() {
+            let segment = core.imap.segment_of(ino) as u64;
+            let taken = crate::ownership::allocate_from_segment(&core, segment)?;
+            tracing::warn!(
+                "test hook {}: new inode numbers from segment {segment} (inode {ino}): {}",
+                mako_diag::test_hooks::FIRST_INODE_ENV,
+                if taken {
+                    "taken"
+                } else {
+                    "held by another node"
+                }
+            );
         }
     }
     let fs = FileSystem { core: core.clone() };

@@ -206,6 +206,28 @@ pub fn acquire_segment(core: &Core) -> FsResult<bool> {
     )
 }
 
+/// Hand out the next inode numbers from segment `segment` (taking it first on a node
+/// of a cluster, if nobody holds it): numbers anywhere up to the inode limit through
+/// the ordinary allocation path, for tests of numbers past 2^32 and for an
+/// administrator who wants a node's numbers in a range of their own. False when
+/// another node holds the segment.
+pub fn allocate_from_segment(core: &Core, segment: u64) -> FsResult<bool> {
+    if segment >= core.imap.segments() as u64 {
+        return Err(FsError::Invalid(format!(
+            "inode-map segment {segment}: the file system has {} segments",
+            core.imap.segments()
+        )));
+    }
+    if shared(core)
+        && !core.imap.is_owned(segment as usize)
+        && !take_and_own(core, core.tokens.segment(segment as u32))?
+    {
+        return Ok(false);
+    }
+    core.imap.start_at(segment);
+    Ok(true)
+}
+
 /// Free what other nodes freed in this node's regions and segments (`FsRequest::Free`).
 /// Anything no longer owned here goes back as this node's own foreign free.
 pub fn apply_frees(core: &Core, extents: &[(u64, u32)], inos: &[u64]) -> FsResult<()> {

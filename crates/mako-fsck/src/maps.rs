@@ -177,11 +177,14 @@ pub fn compare_imap(l: &Layout, meta: &Metafiles, recs: &[InodeRec], problems: &
         }
     }
     if meta.imap_segments.usable && !meta.imap_segments.segments.contains_key(&0) {
-        problems.push(Problem::new(
-            ProblemKind::InodeMarkedFree,
-            "the inode map's first block, which marks the reserved inode numbers, is a hole",
-            "none: fsck does not add blocks to the inode map file; restore from a backup",
-        ).uncorrectable());
+        problems.push(
+            Problem::new(
+                ProblemKind::InodeMarkedFree,
+                "the inode map's first block, which marks the reserved inode numbers, is a hole",
+                "none: fsck does not add blocks to the inode map file; restore from a backup",
+            )
+            .uncorrectable(),
+        );
     }
     for r in recs {
         if r.system || !r.live() {

@@ -163,7 +163,9 @@ fn metafile_blocks_with(
         blocks.set(u, da);
     }
     if !holes && (blocks.allocated() as u64) < n {
-        let hole = (0..n).find(|b| blocks.get(*b as usize).is_none()).unwrap_or(0);
+        let hole = (0..n)
+            .find(|b| blocks.get(*b as usize).is_none())
+            .unwrap_or(0);
         return Err(format!("block {hole} of inode {} is a hole", inode.ino));
     }
     Ok(blocks)
@@ -246,9 +248,8 @@ pub fn read(
     let nseg = mako_fs::inode_map::InodeMap::segment_count(desc.inodes_max, per);
     let open_map = |ino: u64, bytes: u64, what: &str, problems: &mut Vec<Problem>| -> MetaFile {
         // The inode map file is sparse (format version 3); the others are whole.
-        let blocks = meta_inode(ino).and_then(|i| {
-            metafile_blocks_with(l, r, &i, bytes, ino == m.inode_alloc_map)
-        });
+        let blocks = meta_inode(ino)
+            .and_then(|i| metafile_blocks_with(l, r, &i, bytes, ino == m.inode_alloc_map));
         match blocks {
             Ok(b) => MetaFile {
                 ino,

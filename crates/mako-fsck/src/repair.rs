@@ -224,8 +224,8 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
         inode.nlink = 1;
         (inode.atime, inode.mtime, inode.ctime, inode.crtime) = (t, t, t, t);
         inode.size = n * l.block_bytes;
-        inode.subblocks = units.len() as u64 * l.spb
-            + tree.indirect.len() as u64 * l.indirect_subblocks() as u64;
+        inode.subblocks =
+            units.len() as u64 * l.spb + tree.indirect.len() as u64 * l.indirect_subblocks() as u64;
         inode.depth = tree.depth;
         inode.content = InodeContent::Pointers(tree.pointers);
         for &da in units.values() {
@@ -257,7 +257,10 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
         let bbu = desc.geometry.block_bytes;
         let mut only: BTreeSet<u64> = BTreeSet::from([0]);
         for r in f.recs.iter().filter(|r| r.live()) {
-            only.insert(mako_format::inode_map_segment::slot_offset(r.ino / per as u64, per, bbu) / bbu as u64);
+            only.insert(
+                mako_format::inode_map_segment::slot_offset(r.ino / per as u64, per, bbu)
+                    / bbu as u64,
+            );
         }
         let inode = new_meta(&mut file, &mut alloc, &mut plan, Some(only))?;
         plan.map_inodes.push(inode);
@@ -951,7 +954,13 @@ fn write_maps(
                         continue;
                     };
                     let blank = InodeMapSegment::new(s as u32, s * per as u64, per);
-                    write(da, &blank.encode(), BufferType::InodeMap, plan.imap_file.ino, step)?;
+                    write(
+                        da,
+                        &blank.encode(),
+                        BufferType::InodeMap,
+                        plan.imap_file.ino,
+                        step,
+                    )?;
                 }
             }
         }

@@ -310,7 +310,10 @@ impl Scanner<'_> {
         let mut out = ChunkOut::default();
         let per_block = l.block_bytes / chunk_bytes;
         let block = self.meta.inode_file[(c / per_block) as usize];
-        debug_assert!(!block.is_null(), "only chunks of existing blocks are scanned");
+        debug_assert!(
+            !block.is_null(),
+            "only chunks of existing blocks are scanned"
+        );
         if block.is_null() {
             // A hole of the sparse inode file: no inode lives there.
             return out;
