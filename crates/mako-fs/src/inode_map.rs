@@ -16,7 +16,7 @@ pub struct InodeMap {
     /// file exists (read at mount), and those made since. A segment absent here lies in
     /// a hole of the file: blank, all free. The map is sparse so that a file system
     /// made for 2^40 inodes costs, in memory and at mount, what is in use.
-    segments: CountedRwLock<BTreeMap<u64, Arc<CountedMutex<(InodeMapSegment, bool)>>>>,
+    segments: CountedRwLock<BTreeMap<u64, Slot>>,
     segment_count: u64,
     /// Block size of the inode map file (segment slots never straddle a block).
     block_bytes: u32,
@@ -52,6 +52,7 @@ pub static INODE_MAP_RESERVED_LOCK: LockClass = LockClass::new("inodeMap.reserve
 /// Lock class of `mako diag counters`.
 pub static INODE_MAP_SEGMENTS_LOCK: LockClass = LockClass::new("inodeMap.segments");
 
+/// A segment in memory and whether it changed since the last commit.
 type Slot = Arc<CountedMutex<(InodeMapSegment, bool)>>;
 
 fn ones(s: &InodeMapSegment) -> u64 {

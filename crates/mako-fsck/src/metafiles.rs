@@ -232,7 +232,6 @@ pub fn read(
             inode_file[0]
         )));
     }
-    let inode_file: MetaBlocks = inode_file;
     let slots = (inode_file.len() as u64 * l.block_bytes / l.inode_bytes()).min(desc.inodes_max);
     let meta_inode = |ino: u64| -> Result<Inode, String> {
         let da = l
