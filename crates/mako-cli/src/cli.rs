@@ -133,6 +133,11 @@ pub struct UpArgs {
     /// (`<mount point>.node<i>`); node 0 runs the managers; the disks are shared files
     #[arg(long, value_name = "N")]
     pub nodes: Option<u32>,
+    /// With --nodes: only these nodes (numbers, primary first) open the disk files; they
+    /// serve every disk as its NSD servers and the other nodes reach the disks through
+    /// them (first time only) [default: every node opens the disk files itself]
+    #[arg(long = "nsd-servers", value_name = "NODES", value_delimiter = ',')]
+    pub nsd_servers: Vec<u32>,
 }
 
 // The command line is parsed once; the size difference between variants is irrelevant.
@@ -298,6 +303,10 @@ pub struct DiskCreateArgs {
     /// dataAndMetadata, dataOnly, metadataOnly or descOnly
     #[arg(long, default_value = "dataAndMetadata")]
     pub usage: String,
+    /// Its NSD servers, node names of a multi-node cluster, primary first (like
+    /// mmcrnsd's servers=): nodes without local access reach the disk through them
+    #[arg(long, value_name = "NODES", value_delimiter = ',')]
+    pub servers: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -518,6 +527,7 @@ mod tests {
             "mako up",
             "mako up --disks 2 --disk-size 1G --block-size 1M --mountpoint /tmp/m --pagepool 1G",
             "mako --data-dir /tmp/x down",
+            "mako up --nodes 3 --nsd-servers 1,0",
             "mako status --data-dir /tmp/x",
             "mako fs create fs2 -d d4,d5:system:2:dataOnly -B 1M -I 16K -i 512 -m 1 -M 2 -r 1 -R 2 \
              -j cluster --inodes 1M --log-size 16M --avoid-dir-fragments --pre-split-levels 2 -T /mnt/fs2 -A no",
@@ -527,6 +537,7 @@ mod tests {
             "mako fs mount fs1",
             "mako fs unmount fs1",
             "mako disk create d9 --size 10G --path /tmp/d9.img --pool data --failure-group 3 --usage dataOnly",
+            "mako disk create d9 --size 1G --servers node0,node1",
             "mako disk show",
             "mako disk show fs1",
             "mako config set pagepool=4G",

@@ -182,6 +182,20 @@ pub fn render_view(cluster: &ClusterConfig, view: &ClusterView) -> String {
         }
         out.push_str(&p.render());
     }
+    // Which nodes serve which disks (mmlsnsd), as the replicated configuration has it.
+    let served: Vec<_> = view
+        .disks
+        .iter()
+        .filter(|d| !d.servers.is_empty())
+        .collect();
+    if !served.is_empty() {
+        out.push_str("NSD servers (primary first):\n");
+        let mut t = Table::new(&["Disk", "Servers"]);
+        for d in served {
+            t.row(vec![d.name.clone(), d.servers.join(",")]);
+        }
+        out.push_str(&t.render());
+    }
     out
 }
 

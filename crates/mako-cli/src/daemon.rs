@@ -482,6 +482,7 @@ pub(crate) fn create_cluster(data: &DataDir, args: &UpArgs, nodes: u32) -> Resul
             failure_group: i32::try_from(i + 1).unwrap_or(i32::MAX),
             usage: "dataAndMetadata".into(),
             fs: Some(DEFAULT_FS.into()),
+            servers: Vec::new(),
         });
     }
     cluster.filesystems.push(FsDef {

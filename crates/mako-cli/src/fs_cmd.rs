@@ -812,6 +812,7 @@ pub fn disk_create(context: &Context, args: &DiskCreateArgs) -> Result<ExitCode>
         failure_group,
         usage: usage.to_string(),
         fs: None,
+        servers: args.servers.clone(),
     };
     cluster.disks.push(disk);
     cluster.validate()?;
@@ -911,7 +912,8 @@ pub fn disk_show(context: &Context, fs_name: Option<&str>) -> Result<ExitCode> {
             table.row(vec![
                 disk.name.clone(),
                 fs.name.clone(),
-                disk.path.display().to_string(),
+                // A node that reaches the disk through NSD servers says which it uses.
+                live.map_or_else(|| disk.path.display().to_string(), |l| l.path.clone()),
                 human_bytes(disk.size_bytes),
                 used,
                 free,
@@ -984,6 +986,7 @@ mod tests {
                 failure_group: i + 1,
                 usage: "dataAndMetadata".into(),
                 fs: None,
+                servers: Vec::new(),
             });
         }
         c

@@ -50,11 +50,41 @@ pub fn is_multi(data: &DataDir, args: &UpArgs) -> Result<bool> {
             (true, _) => Ok(false),
         };
     }
+    if let Some(&i) = args
+        .nsd_servers
+        .iter()
+        .find(|&&i| i >= args.nodes.unwrap_or(1))
+    {
+        bail!(
+            "--nsd-servers {i}: no such node; give node numbers from 0 to {} (with --nodes)",
+            args.nodes.unwrap_or(1).saturating_sub(1)
+        );
+    }
+    if !args.nsd_servers.is_empty() && args.nodes.unwrap_or(1) < 2 {
+        bail!("--nsd-servers needs a cluster of several nodes: give --nodes 2 or more");
+    }
+    if !args.nsd_servers.is_empty() && !args.nsd_servers.contains(&0) {
+        // Node 0 runs the managers and mounts first; the servers wait for it, so it
+        // cannot wait for them.
+        bail!(
+            "--nsd-servers {}: include node 0, which runs the managers and must reach the \
+             disks before the other nodes start (e.g. --nsd-servers {},0)",
+            join_ids(&args.nsd_servers),
+            join_ids(&args.nsd_servers)
+        );
+    }
     match args.nodes {
         None | Some(1) => Ok(false),
         Some(n) if (2..=NODES_MAX).contains(&n) => Ok(true),
         Some(n) => bail!("--nodes {n}: give 1 to {NODES_MAX} nodes"),
     }
+}
+
+fn join_ids(ids: &[u32]) -> String {
+    ids.iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A free TCP port on 127.0.0.1 (the system picks it; the node binds it again when
@@ -119,10 +149,30 @@ fn create(data: &DataDir, args: &UpArgs, n: u32) -> Result<ClusterConfig> {
             data_dir: crate::daemon::absolute(&data.root.join(format!("node{i}")))?,
             manager: i == 0,
             quorum: i < quorum,
+            local_disks: None,
         });
     }
     cluster.node_id = 0;
     cluster.node_name = "node0".into();
+    if !args.nsd_servers.is_empty() {
+        // Only the servers open the disk files; every disk lists them, primary first.
+        let names: Vec<String> = args
+            .nsd_servers
+            .iter()
+            .map(|i| format!("node{i}"))
+            .collect();
+        for d in &mut cluster.disks {
+            d.servers = names.clone();
+        }
+        let all: Vec<String> = cluster.disks.iter().map(|d| d.name.clone()).collect();
+        for node in &mut nodes {
+            node.local_disks = Some(if args.nsd_servers.contains(&node.id) {
+                all.clone()
+            } else {
+                Vec::new()
+            });
+        }
+    }
     cluster.nodes = nodes;
     cluster.validate()?;
     let key = new_key()?;
@@ -164,14 +214,23 @@ pub fn up(context: &Context, args: &UpArgs) -> Result<ExitCode> {
                 );
             }
         }
+        if !args.nsd_servers.is_empty() {
+            eprintln!(
+                "note: --nsd-servers ignored: it only applies when a cluster is created; the \
+                 disks' servers are in {}",
+                data.cluster_file().display()
+            );
+        }
         cluster
     } else {
         let n = args.nodes.unwrap_or(1);
         create(data, args, n)?
     };
-    // The manager first: the others wait for it before they mount.
+    // The manager first: the others wait for it before they mount. Then the NSD
+    // servers, which the nodes without local access wait for.
     let mut order: Vec<&NodeDef> = cluster.nodes.iter().collect();
-    order.sort_by_key(|n| (!n.manager, n.id));
+    let serves = |n: &NodeDef| cluster.disks.iter().any(|d| d.servers.contains(&n.name));
+    order.sort_by_key(|n| (!n.manager, !serves(n), n.id));
     for node in order {
         let dir = DataDir::new(&node.data_dir);
         let own = ClusterConfig::load(&dir.root)?;
@@ -184,10 +243,15 @@ pub fn up(context: &Context, args: &UpArgs) -> Result<ExitCode> {
         println!("  file system  {}", fs.name);
         for disk in cluster.disks_of(fs) {
             println!(
-                "    disk {:<8} {} ({}, shared by every node)",
+                "    disk {:<8} {} ({}, {})",
                 disk.name,
                 disk.path.display(),
-                human_bytes(disk.size_bytes)
+                human_bytes(disk.size_bytes),
+                if disk.servers.is_empty() {
+                    "shared by every node".to_string()
+                } else {
+                    format!("NSD servers {}", disk.servers.join(","))
+                }
             );
         }
     }
@@ -287,7 +351,56 @@ pub fn render_nodes(cluster: &ClusterConfig, data: &DataDir) -> String {
         }
     }
     out.push_str(&t.render());
+    out.push_str(&render_disk_access(cluster));
     out
+}
+
+/// Which nodes serve which disks and how every node reaches them, from cluster.toml
+/// (empty when every node opens every disk itself and none is served).
+pub fn render_disk_access(cluster: &ClusterConfig) -> String {
+    let served = cluster.disks.iter().any(|d| !d.servers.is_empty());
+    let all_local = cluster.nodes.iter().all(|n| n.local_disks.is_none());
+    if !served && all_local {
+        return String::new();
+    }
+    let mut t = Table::new(&[
+        "Disk",
+        "NSD servers (primary first)",
+        "Local access",
+        "Through a server",
+    ]);
+    for d in &cluster.disks {
+        let (local, remote): (Vec<&NodeDef>, Vec<&NodeDef>) =
+            cluster.nodes.iter().partition(|n| n.has_local(&d.name));
+        let names = |v: &[&NodeDef]| {
+            if v.is_empty() {
+                "-".to_string()
+            } else {
+                v.iter()
+                    .map(|n| n.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            }
+        };
+        t.row(vec![
+            d.name.clone(),
+            if d.servers.is_empty() {
+                "-".into()
+            } else {
+                d.servers.join(",")
+            },
+            names(&local),
+            if d.servers.is_empty() && !remote.is_empty() {
+                format!("{} (no server: cannot mount)", names(&remote))
+            } else {
+                names(&remote)
+            },
+        ]);
+    }
+    format!(
+        "\nDisks (which server a node uses now: `mako disk show` on it)\n{}",
+        t.render()
+    )
 }
 
 /// `mako down` of a multi-process cluster: every client node first, the manager last

@@ -287,6 +287,7 @@ mod tests {
             failure_group: 1,
             usage: "dataAndMetadata".into(),
             fs: Some("fs1".into()),
+            servers: Vec::new(),
         });
         c.filesystems.push(FsDef {
             name: "fs1".into(),

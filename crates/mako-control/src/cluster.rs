@@ -86,6 +86,11 @@ pub struct DiskDef {
     /// The file system this disk belongs to, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fs: Option<String>,
+    /// Its NSD servers, by node name, primary first (docs/nsd.md): the nodes of a
+    /// multi-process cluster that have no local access to the disk reach it through
+    /// them. Empty: no server; every node that uses the disk opens it directly.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<String>,
 }
 
 fn default_pool() -> String {
@@ -136,6 +141,21 @@ pub struct NodeDef {
     /// quorum (1, 3 or 5 nodes). The other nodes follow it as learners.
     #[serde(default)]
     pub quorum: bool,
+    /// The disks this node can open itself (`path` of their `[[disks]]` entry), by
+    /// name; it reaches every other disk through the disk's NSD servers. Absent: every
+    /// disk (the disk files are shared by the nodes of this machine). Empty: none (a
+    /// node with no disk access of its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_disks: Option<Vec<String>>,
+}
+
+impl NodeDef {
+    /// True if this node opens disk `name` itself.
+    pub fn has_local(&self, name: &str) -> bool {
+        self.local_disks
+            .as_ref()
+            .is_none_or(|l| l.iter().any(|d| d == name))
+    }
 }
 
 /// File name of the cluster key inside a node's data directory: the secret that lets
@@ -379,6 +399,15 @@ impl ClusterConfig {
         if let Some(p) = self.nodes_problem() {
             return Some(p);
         }
+        if self.nodes.is_empty() {
+            if let Some(d) = self.disks.iter().find(|d| !d.servers.is_empty()) {
+                return Some(format!(
+                    "disk `{}` lists NSD servers, but this cluster has no [[nodes]]: its one \
+                     node opens every disk itself; remove `servers`",
+                    d.name
+                ));
+            }
+        }
         for disk in &self.disks {
             if let Some(fs) = &disk.fs {
                 if owner.get(disk.name.as_str()) != Some(&fs.as_str()) {
@@ -446,6 +475,39 @@ impl ClusterConfig {
                     "{k} nodes are marked `quorum = true`; choose 1, 3 or 5 quorum nodes (an \
                      even number survives no more failures than one less)"
                 ))
+            }
+        }
+        for n in &self.nodes {
+            for d in n.local_disks.iter().flatten() {
+                if self.disk(d).is_none() {
+                    return Some(format!(
+                        "node `{}` lists disk `{d}` in local_disks, which is not defined; \
+                         add a [[disks]] entry or remove it from the node",
+                        n.name
+                    ));
+                }
+            }
+        }
+        for disk in &self.disks {
+            let mut seen = BTreeSet::new();
+            for s in &disk.servers {
+                let Some(n) = self.nodes.iter().find(|n| &n.name == s) else {
+                    return Some(format!(
+                        "disk `{}` lists NSD server `{s}`, which is not a node of [[nodes]]; \
+                         give node names",
+                        disk.name
+                    ));
+                };
+                if !seen.insert(s.as_str()) {
+                    return Some(format!("disk `{}` lists NSD server `{s}` twice", disk.name));
+                }
+                if !n.has_local(&disk.name) {
+                    return Some(format!(
+                        "disk `{}` lists NSD server `{s}`, which has no local access to it \
+                         (its local_disks leave it out); a server must open the disk itself",
+                        disk.name
+                    ));
+                }
             }
         }
         if !ids.contains(&self.node_id) {
@@ -625,6 +687,7 @@ mod tests {
                 failure_group: i + 1,
                 usage: "dataAndMetadata".into(),
                 fs: (i < 2).then(|| "fs1".to_string()),
+                servers: Vec::new(),
             });
         }
         c.filesystems.push(FsDef {
@@ -652,9 +715,44 @@ mod tests {
                 data_dir: PathBuf::from(format!("/var/lib/mako/node{i}")),
                 manager: i == 0,
                 quorum: i == 0,
+                local_disks: None,
             })
             .collect();
         c
+    }
+
+    #[test]
+    fn nsd_servers_and_local_disks_are_checked_and_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = with_nodes(3);
+        c.nodes[1].local_disks = Some(vec![]);
+        c.nodes[2].local_disks = Some(vec!["d0".into()]);
+        c.disks[0].servers = vec!["node0".into(), "node2".into()];
+        c.save(dir.path()).unwrap();
+        let back = ClusterConfig::load(dir.path()).unwrap();
+        assert_eq!(back, c);
+        assert!(back.nodes[0].has_local("d1") && !back.nodes[1].has_local("d0"));
+        assert!(back.nodes[2].has_local("d0") && !back.nodes[2].has_local("d1"));
+
+        let mut bad = c.clone();
+        bad.disks[1].servers = vec!["node2".into()];
+        assert!(
+            problem(&bad).contains("no local access"),
+            "{}",
+            problem(&bad)
+        );
+        let mut bad = c.clone();
+        bad.disks[1].servers = vec!["node9".into()];
+        assert!(problem(&bad).contains("not a node"), "{}", problem(&bad));
+        let mut bad = c.clone();
+        bad.disks[0].servers = vec!["node0".into(), "node0".into()];
+        assert!(problem(&bad).contains("twice"), "{}", problem(&bad));
+        let mut bad = c.clone();
+        bad.nodes[2].local_disks = Some(vec!["d7".into()]);
+        assert!(problem(&bad).contains("d7"), "{}", problem(&bad));
+        let mut bad = sample();
+        bad.disks[0].servers = vec!["node0".into()];
+        assert!(problem(&bad).contains("no [[nodes]]"), "{}", problem(&bad));
     }
 
     #[test]

@@ -34,6 +34,10 @@ pub struct NetClusterOptions {
     pub disk_size: String,
     pub pagepool: String,
     pub block_size: String,
+    /// `mako up --nsd-servers`: only these nodes open the disk files and serve them,
+    /// primary first; the others reach the disks through them (empty: every node opens
+    /// the disk files itself).
+    pub nsd_servers: Vec<u32>,
 }
 
 impl Default for NetClusterOptions {
@@ -44,6 +48,7 @@ impl Default for NetClusterOptions {
             disk_size: "2G".into(),
             pagepool: "128M".into(),
             block_size: "1M".into(),
+            nsd_servers: Vec::new(),
         }
     }
 }
@@ -89,7 +94,13 @@ impl NetCluster {
         let fs = c.root_path.join("fs");
         let nodes = opts.nodes.to_string();
         let disks = opts.disks.to_string();
-        let out = c.mako(&[
+        let servers = opts
+            .nsd_servers
+            .iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut args = vec![
             "up",
             "--nodes",
             &nodes,
@@ -103,7 +114,11 @@ impl NetCluster {
             &opts.block_size,
             "--pagepool",
             &opts.pagepool,
-        ]);
+        ];
+        if !servers.is_empty() {
+            args.extend(["--nsd-servers", servers.as_str()]);
+        }
+        let out = c.mako(&args);
         c.note_pids();
         let out = out?;
         if !out.success() {
@@ -143,6 +158,55 @@ impl NetCluster {
     /// The makod binary.
     pub fn makod_binary(&self) -> &Path {
         &self.makod
+    }
+
+    /// `kill -9` of node `i`'s makod; returns once the process is gone.
+    pub fn kill9(&mut self, i: u32) -> Result<()> {
+        self.note_pids();
+        let pid = self
+            .pid(i)
+            .with_context(|| format!("node {i} has no makod.pid"))?;
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        // A hang guard only: SIGKILL ends a process at once unless it is stuck in the
+        // kernel.
+        let t = Instant::now();
+        while process_alive(pid) {
+            if t.elapsed() > Duration::from_secs(60) {
+                bail!("node {i}'s makod pid {pid} outlived SIGKILL for 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// `mako up` of the cluster again: starts every node that does not run.
+    pub fn start_stopped(&mut self) -> Result<()> {
+        let out = self.mako(&["up"]);
+        self.note_pids();
+        let out = out?;
+        if !out.success() {
+            bail!("mako up failed: {out}\n{}", self.logs_tail(15));
+        }
+        self.up = true;
+        Ok(())
+    }
+
+    /// The paths of the files node `i`'s makod has open below the cluster's disk
+    /// directory (`<data>/disks`): none on a node with no disk access of its own.
+    pub fn open_disk_files(&self, i: u32) -> Result<Vec<PathBuf>> {
+        let pid = self
+            .pid(i)
+            .with_context(|| format!("node {i} has no makod.pid"))?;
+        let disks = self.data.join("disks");
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
+            if let Ok(target) = std::fs::read_link(e?.path()) {
+                if target.starts_with(&disks) {
+                    out.push(target);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Node `i`'s makod pid (from its pid file).

@@ -226,7 +226,8 @@ impl Daemon {
                         usage,
                     });
                 }
-                let mounted = self.mount_core(name, &specs, &cfg, cluster.node_id)?;
+                let (mounted, disk_access) =
+                    self.mount_core(name, &specs, &cfg, cluster.node_id)?;
                 MountedFs {
                     name: name.to_string(),
                     mounted,
@@ -237,6 +238,7 @@ impl Daemon {
                         .iter()
                         .map(|s| (s.name.clone(), s.path.clone()))
                         .collect(),
+                    disk_access,
                 }
             }
         };
@@ -265,9 +267,10 @@ impl Daemon {
         specs: &[DiskSpec],
         cfg: &EffectiveConfig,
         node_id: u32,
-    ) -> Result<Mounted> {
+    ) -> Result<(Mounted, crate::net::DiskAccessList)> {
         let Some(net) = &self.net else {
             return mako_fs::mount(specs, fs_config(cfg), node_id)
+                .map(|m| (m, Vec::new()))
                 .with_context(|| format!("mounting file system {name}"));
         };
         // Token resources and the registry's services are per node, not per file
@@ -280,14 +283,19 @@ impl Daemon {
             );
         }
         net.wait_for_manager()?;
-        let disks = mako_fs::mount::open_disk_files(specs)
+        let cluster = self.cluster.lock().clone();
+        let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
+        let (disks, access) = net
+            .open_disks(&cluster, &names)
             .with_context(|| format!("opening the disks of {name}"))?;
-        mako_fs::mount::mount_node(disks, fs_config(cfg), net.env(0)).with_context(|| {
-            format!(
-                "node {} ({}): mounting file system {name}",
-                net.me.id, net.me.name
-            )
-        })
+        let mounted =
+            mako_fs::mount::mount_node(disks, fs_config(cfg), net.env(0)).with_context(|| {
+                format!(
+                    "node {} ({}): mounting file system {name}",
+                    net.me.id, net.me.name
+                )
+            })?;
+        Ok((mounted, access))
     }
 
     /// One more FUSE session of `m`, at `mp`.
@@ -686,6 +694,18 @@ impl Daemon {
                         .find(|(n, _)| *n == d.name)
                         .map(|(_, p)| p.display().to_string())
                         .unwrap_or_default();
+                    // A disk reached through NSD servers: which one it uses now.
+                    let path = match m.disk_access.iter().find(|(n, _)| *n == d.name) {
+                        Some((_, a @ crate::net::DiskAccess::Remote(_))) => {
+                            let name_of = |id: mako_rt::NodeId| {
+                                cluster
+                                    .node(id.0)
+                                    .map_or_else(|| id.to_string(), |n| n.name.clone())
+                            };
+                            format!("{path} {}", a.describe(&name_of))
+                        }
+                        _ => path,
+                    };
                     let _ = total;
                     st.disks.push(DiskStatusView {
                         name: d.name.clone(),

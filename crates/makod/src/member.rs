@@ -523,8 +523,13 @@ fn seed_commands(cluster: &ClusterConfig, config: &Replicated) -> Result<Vec<Com
         out.push(Command::AddDisk(DiskEntry {
             name: d.name.clone(),
             size_bytes: d.size_bytes,
-            // Disk files every node of this machine opens directly.
-            servers: Vec::new(),
+            // Its NSD servers (none: every node opens the disk files directly).
+            servers: d
+                .servers
+                .iter()
+                .filter_map(|s| cluster.nodes.iter().find(|n| &n.name == s))
+                .map(|n| NodeId(n.id))
+                .collect(),
             failure_group: d.failure_group,
             pool: d.pool.clone(),
         }));

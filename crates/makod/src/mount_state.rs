@@ -40,6 +40,9 @@ pub(crate) struct MountedFs {
     /// `fuseDirectIoFileSize` as the FUSE adapter reads it at each open.
     pub(crate) direct_io_file_size: Arc<AtomicU64>,
     pub(crate) disk_paths: Vec<(String, PathBuf)>,
+    /// How a node of a multi-process cluster reaches each disk (empty for one makod
+    /// that opens them all).
+    pub(crate) disk_access: crate::net::DiskAccessList,
 }
 
 /// One mount point of a file system: a FUSE session, with its options.

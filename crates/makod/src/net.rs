@@ -21,14 +21,24 @@
 //!   its token state lives in its memory only, so a manager that stops while others run
 //!   leaves them unable to get tokens until every node is restarted.
 //!
+//! - **Disks** (docs/nsd.md). Each disk of cluster.toml lists its NSD servers (primary
+//!   first) and each node the disks it opens itself (`local_disks`; all of them when
+//!   absent). A node that is a server of some disks opens them at start and serves
+//!   them (`NsdServer` under `ServiceId::Nsd`) before it listens; at mount, each disk is
+//!   opened directly where the node has local access and reached through its servers
+//!   (`RemoteDisk`, failing over down the list) where it has not
+//!   (`DiskRoute::choose`), so a node with no disk access at all mounts too.
+//!
 //! Not yet: the manager role sharded over several manager nodes, the manager's
 //! takeover when it fails, recovery of a failed node's log and tokens by the others
 //! (issue 14), and more than one file system mounted by a node of such a cluster.
 
 use anyhow::{bail, Context, Result};
 use mako_config::EffectiveConfig;
-use mako_control::{ClusterConfig, DataDir, NodeDef};
+use mako_control::{ClusterConfig, DataDir, DiskDef, NodeDef};
+use mako_disk::{Disk, DiskError, FileDisk, LocalNsd};
 use mako_fs::env::NodeEnv;
+use mako_nsd::{DiskRoute, NsdServer, RemoteDisk, RemoteOptions};
 use mako_rpc::{ClusterKey, RpcConfig, TcpTransport};
 use mako_rt::{CallOptions, NodeId, Registry, ServiceId, SystemClock, Transport};
 use mako_token::{
@@ -45,6 +55,15 @@ const MANAGER_WAIT: Duration = Duration::from_secs(60);
 /// How long one probe of the manager may take.
 const PROBE_DEADLINE: Duration = Duration::from_secs(2);
 
+/// How long a node waits for the manager node, or for a disk's NSD servers, at mount.
+fn manager_wait() -> Duration {
+    std::env::var("MAKO_MANAGER_WAIT_SECS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(MANAGER_WAIT)
+}
+
 /// This node's place in a multi-process cluster.
 pub struct NetNode {
     pub me: NodeDef,
@@ -52,6 +71,59 @@ pub struct NetNode {
     pub cluster_name: String,
     pub transport: Arc<TcpTransport>,
     pub registry: Arc<Registry>,
+    /// The NSD service of this node, if it is a server of some disks.
+    pub nsd: Option<Arc<NsdServer>>,
+}
+
+/// How a mounted node reaches one disk (`mako status`).
+#[derive(Clone, Debug)]
+pub enum DiskAccess {
+    /// It opened the disk itself.
+    Local,
+    /// Through its NSD servers; the disk tells which one it uses now.
+    Remote(Arc<RemoteDisk>),
+}
+
+impl DiskAccess {
+    /// "local", or "via node1 (servers node1,node2; 1 failover)".
+    pub fn describe(&self, names: &dyn Fn(NodeId) -> String) -> String {
+        match self {
+            DiskAccess::Local => "local".into(),
+            DiskAccess::Remote(d) => {
+                let list: Vec<String> = d.servers().iter().map(|s| names(*s)).collect();
+                let mut t = format!(
+                    "via {} (servers {})",
+                    names(d.current_server()),
+                    list.join(",")
+                );
+                match d.failovers() {
+                    0 => {}
+                    1 => t.push_str(", 1 failover"),
+                    n => t.push_str(&format!(", {n} failovers")),
+                }
+                t
+            }
+        }
+    }
+}
+
+/// How a node reaches each disk of a file system, by disk name.
+pub type DiskAccessList = Vec<(String, DiskAccess)>;
+
+/// Opens disk `d` itself: a disk file or block device this node has local access to.
+fn open_local(d: &DiskDef) -> Result<Arc<dyn Disk>, DiskError> {
+    let disk = FileDisk::open(&d.name, &d.path)?;
+    if disk.size_bytes() < mako_format::descriptor::RESERVED_BYTES {
+        return Err(DiskError::Open {
+            disk: d.name.clone(),
+            path: d.path.display().to_string(),
+            source: std::io::Error::other(format!(
+                "the file is truncated: {} bytes, smaller than a disk header",
+                disk.size_bytes()
+            )),
+        });
+    }
+    Ok(Arc::new(disk))
 }
 
 /// Reads the cluster key of the node whose data directory is `dir`.
@@ -133,6 +205,7 @@ impl NetNode {
             rpc.peers.insert(NodeId(n.id), addr);
         }
         let registry = Registry::new();
+        let nsd = Self::serve_disks(cluster, &me, &registry, config)?;
         if me.manager {
             let manager = Arc::new(TokenManager::new(TokenManagerLimits {
                 tokens_max: 10_000_000,
@@ -161,7 +234,152 @@ impl NetNode {
             cluster_name: cluster.cluster_name.clone(),
             transport: Arc::new(transport),
             registry,
+            nsd,
         }))
+    }
+
+    /// Opens the disks this node is an NSD server of and registers their `NsdServer`
+    /// (before the node listens, so a client never finds it without its service).
+    fn serve_disks(
+        cluster: &ClusterConfig,
+        me: &NodeDef,
+        registry: &Arc<Registry>,
+        config: &EffectiveConfig,
+    ) -> Result<Option<Arc<NsdServer>>> {
+        let served: Vec<&DiskDef> = cluster
+            .disks
+            .iter()
+            .filter(|d| d.servers.contains(&me.name))
+            .collect();
+        if served.is_empty() {
+            return Ok(None);
+        }
+        let mut disks = Vec::with_capacity(served.len());
+        for d in &served {
+            let disk = open_local(d).with_context(|| {
+                format!(
+                    "node {} is an NSD server of disk {} but cannot open it; fix the path or \
+                     the disk's server list in cluster.toml",
+                    me.name, d.name
+                )
+            })?;
+            disks.push(disk);
+        }
+        let server = NsdServer::new(
+            Arc::new(LocalNsd::new(disks, config.iohist_size())),
+            mako_nsd::server::MAX_IO_BYTES_DEFAULT,
+        )
+        .context("starting the NSD service")?;
+        let server = Arc::new(server);
+        registry.register(NodeId(me.id), ServiceId::Nsd, server.clone());
+        tracing::info!(
+            "node {} serves disks {} (NSD server)",
+            me.name,
+            server.disks().join(", ")
+        );
+        Ok(Some(server))
+    }
+
+    /// The disks of a file system as this node reaches them, in `names`' order: opened
+    /// directly where it has local access, through the disks' NSD servers elsewhere.
+    pub fn open_disks(
+        &self,
+        cluster: &ClusterConfig,
+        names: &[String],
+    ) -> Result<(Vec<Arc<dyn Disk>>, DiskAccessList)> {
+        let transport: Arc<dyn Transport> = self.transport.clone();
+        let mut disks = Vec::with_capacity(names.len());
+        let mut access = Vec::with_capacity(names.len());
+        for name in names {
+            let d = cluster
+                .disk(name)
+                .with_context(|| format!("disk {name} is not in cluster.toml"))?;
+            let servers: Vec<NodeId> = d
+                .servers
+                .iter()
+                .filter_map(|s| cluster.nodes.iter().find(|n| &n.name == s))
+                .map(|n| NodeId(n.id))
+                .collect();
+            let local = if self.me.has_local(name) {
+                open_local(d)
+            } else {
+                if servers.is_empty() {
+                    bail!(
+                        "disk {name}: node {} has no local access to it (local_disks in \
+                         cluster.toml) and the disk has no NSD servers; list servers for the \
+                         disk or give the node access",
+                        self.me.name
+                    );
+                }
+                Err(DiskError::Open {
+                    disk: name.clone(),
+                    path: d.path.display().to_string(),
+                    source: std::io::Error::other("this node has no local access to it"),
+                })
+            };
+            let route = DiskRoute::choose(name, local, &servers, NodeId(self.me.id))
+                .with_context(|| format!("disk {name}"))?;
+            let disk = match route {
+                DiskRoute::Local(d) => {
+                    access.push((name.clone(), DiskAccess::Local));
+                    d
+                }
+                DiskRoute::Servers { name: n, servers } => {
+                    let remote = Arc::new(
+                        self.connect_remote(&n, servers, &transport)
+                            .with_context(|| format!("disk {name}: reaching its NSD servers"))?,
+                    );
+                    access.push((name.clone(), DiskAccess::Remote(remote.clone())));
+                    remote as Arc<dyn Disk>
+                }
+            };
+            tracing::info!(
+                "disk {name}: {}",
+                access
+                    .last()
+                    .map(|(_, a)| a.describe(&|id| self.node_name(cluster, id)))
+                    .unwrap_or_default()
+            );
+            disks.push(disk);
+        }
+        Ok((disks, access))
+    }
+
+    /// Connects to disk `name` through `servers`, waiting (up to the manager wait) while
+    /// none of them answers yet: the servers may start after this node.
+    fn connect_remote(
+        &self,
+        name: &str,
+        servers: Vec<NodeId>,
+        transport: &Arc<dyn Transport>,
+    ) -> Result<RemoteDisk> {
+        let limit = manager_wait();
+        let started = Instant::now();
+        let mut logged = false;
+        loop {
+            match RemoteDisk::connect(
+                name,
+                servers.clone(),
+                transport.clone(),
+                RemoteOptions::default(),
+            ) {
+                Ok(d) => return Ok(d),
+                Err(e @ DiskError::NoServer { .. }) if started.elapsed() < limit => {
+                    if !logged {
+                        tracing::info!("disk {name}: waiting for its NSD servers: {e}");
+                        logged = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn node_name(&self, cluster: &ClusterConfig, id: NodeId) -> String {
+        cluster
+            .node(id.0)
+            .map_or_else(|| id.to_string(), |n| n.name.clone())
     }
 
     /// The environment `mount_node` mounts this node's file system with.
@@ -183,11 +401,7 @@ impl NetNode {
         if self.me.manager {
             return Ok(());
         }
-        let limit = std::env::var("MAKO_MANAGER_WAIT_SECS")
-            .ok()
-            .and_then(|s| s.parse::<u64>().ok())
-            .map(Duration::from_secs)
-            .unwrap_or(MANAGER_WAIT);
+        let limit = manager_wait();
         let started = Instant::now();
         let mut logged = false;
         loop {
@@ -262,6 +476,14 @@ impl NetNode {
 
     /// Closes every connection (after the file systems are written back).
     pub fn shutdown(&self) {
+        if let Some(nsd) = &self.nsd {
+            tracing::info!(
+                "NSD service of node {}: {} requests served, {} refused",
+                self.me.name,
+                nsd.served(),
+                nsd.refused()
+            );
+        }
         self.transport.shutdown();
     }
 }
