@@ -7,6 +7,9 @@
 //!   see a known waiter in `mako diag waiters`. A slow disk, made on purpose.
 //! - `MAKO_TEST_PANIC_ON_LOOKUP=<name>`: a lookup of that name panics inside the FUSE
 //!   handler, so a test can check what a bug does to a mount (EIO, read-only, no crash).
+//! - `MAKO_TEST_FIRST_INODE=<number>`: a mount of a file system whose inode limit is
+//!   past that number hands out new numbers from its inode-map segment first
+//!   (`mako_fs::ownership::allocate_from_segment`), so a test reaches numbers past 2^32.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -38,4 +41,16 @@ pub fn panic_on_lookup() -> Option<&'static [u8]> {
             .map(String::into_bytes)
     })
     .as_deref()
+}
+
+/// The environment variable of [`first_inode`].
+pub const FIRST_INODE_ENV: &str = "MAKO_TEST_FIRST_INODE";
+
+/// An inode number a mount hands out new numbers from (its segment's), if a test asked
+/// for one: numbers past 2^32 through FUSE without creating 2^32 files first. Ignored
+/// by a file system whose inode limit is not past it.
+#[inline]
+pub fn first_inode() -> Option<u64> {
+    static INO: OnceLock<Option<u64>> = OnceLock::new();
+    *INO.get_or_init(|| std::env::var(FIRST_INODE_ENV).ok()?.trim().parse().ok())
 }

@@ -19,8 +19,10 @@ pub const RESERVED_BYTES: u64 = 64 * 1024;
 pub const LOG_BYTES_MIN: u64 = 1 << 20;
 pub const LOG_BYTES_MAX: u64 = 1 << 30;
 /// The oldest format version this Mako mounts: version 1 kept at most 12 recovery logs
-/// at fixed inode numbers, version 2 finds them through the log table.
-pub const DESCRIPTOR_VERSION_MIN: u16 = 2;
+/// at fixed inode numbers, version 2 finds them through the log table but packs the
+/// inode map's segments across blocks, version 3 keeps the inode map sparse (one
+/// segment never straddles a block) for inode limits up to 2^40 and past.
+pub const DESCRIPTOR_VERSION_MIN: u16 = 3;
 const CRC_OFFSET: usize = 10;
 
 /// State of a disk in the file system (`mako disk show`).
@@ -137,10 +139,16 @@ impl Descriptor {
     /// Refuse a file system of an older format, saying what to do.
     pub fn check_supported(&self) -> Result<(), String> {
         if self.version < DESCRIPTOR_VERSION_MIN {
+            let why = if self.version < 2 {
+                "whose recovery logs this Mako cannot find (version 2 and later keep them in a log table)"
+            } else {
+                "whose inode allocation map this Mako cannot read (version 3 keeps it sparse, one \
+                 segment per block slot, for inode limits up to 2^40 and past)"
+            };
             return Err(format!(
-                "file system {} has format version {}, made by an older Mako whose recovery logs \
-                 this Mako cannot find (version {} keeps them in a log table); mount it with the \
-                 Mako that made it, copy the files off, and create it again with `mako fs create`",
+                "file system {} has format version {}, made by an older Mako {why}; this Mako \
+                 mounts version {} and later: mount it with the Mako that made it, copy the \
+                 files off, and create it again with `mako fs create`",
                 self.fs_name, self.version, DESCRIPTOR_VERSION_MIN
             ));
         }
@@ -406,6 +414,23 @@ impl Descriptor {
                     "inode limit {inodes_max} (at most {} with {}-byte inodes)",
                     inodes_max_for(&geometry),
                     geometry.inode_bytes
+                ),
+            ));
+        }
+        // The segment count sizes the inode map's file and tokens; a segment's number
+        // is 32 bits, and a slot must fit a block (`inode_map_segment::slot_offset`).
+        let segments = inodes_max.div_ceil(inodes_per_segment as u64);
+        if segments > crate::inode_map_segment::SEGMENTS_MAX
+            || crate::inode_map_segment::InodeMapSegment::slot_bytes(inodes_per_segment) as u64
+                > geometry.block_bytes as u64
+        {
+            return Err(FormatError::invalid(
+                S,
+                location,
+                format!(
+                    "{inodes_per_segment} inodes per inode-map segment for {inodes_max} inodes \
+                     ({segments} segments; at most {} segments of at most one block each)",
+                    crate::inode_map_segment::SEGMENTS_MAX
                 ),
             ));
         }

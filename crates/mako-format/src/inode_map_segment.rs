@@ -1,4 +1,15 @@
 //! Inode allocation map segments: a bitmap of used inode numbers for a range of them.
+//!
+//! The inode allocation map file holds segment `s` at `slot_offset(s)`. Since format
+//! version 3 a slot never straddles a block of the file (a block holds
+//! `slots_per_block` whole slots, the rest of it unused), and the file is sparse: a
+//! block that does not exist (a hole in its block map) holds blank segments, all
+//! inodes free. A block that exists holds a valid segment in every slot (a block is
+//! written whole, all its slots encoded, before the file's block map names it). So a
+//! file system made for 2^40 inodes has a map file of many gigabytes of which only
+//! the blocks of segments ever used exist, and the indirect blocks of the file (each
+//! checksummed, carrying its inode, level and index) are the directory that finds
+//! them.
 
 use crate::codec::{check_header, Reader, Writer};
 use crate::error::{FormatError, FormatErrorKind, Location};
@@ -14,6 +25,38 @@ pub struct InodeMapSegment {
     /// One bit per inode, set = in use.
     pub bitmap: Vec<u64>,
 }
+
+/// Whole segment slots a block of the inode map file holds (at least one: a descriptor
+/// whose slot is larger than a block is refused).
+pub fn slots_per_block(inodes: u32, block_bytes: u32) -> u64 {
+    (block_bytes as u64 / InodeMapSegment::slot_bytes(inodes) as u64).max(1)
+}
+
+/// Byte offset of segment `segment`'s slot in the inode map file.
+pub fn slot_offset(segment: u64, inodes: u32, block_bytes: u32) -> u64 {
+    let per = slots_per_block(inodes, block_bytes);
+    segment / per * block_bytes as u64 + segment % per * InodeMapSegment::slot_bytes(inodes) as u64
+}
+
+/// Size of the inode map file of `segments` segments (whole blocks).
+pub fn file_bytes(segments: u64, inodes: u32, block_bytes: u32) -> u64 {
+    segments.div_ceil(slots_per_block(inodes, block_bytes)) * block_bytes as u64
+}
+
+/// The segments whose slots lie in block `block` of the inode map file, of `segments`.
+pub fn segments_in_block(
+    block: u64,
+    segments: u64,
+    inodes: u32,
+    block_bytes: u32,
+) -> std::ops::Range<u64> {
+    let per = slots_per_block(inodes, block_bytes);
+    let first = block.saturating_mul(per).min(segments);
+    first..(first + per).min(segments)
+}
+
+/// Most segments a file system may have: a segment's number is 32 bits on disk.
+pub const SEGMENTS_MAX: u64 = 1 << 32;
 
 impl InodeMapSegment {
     pub fn new(segment: u32, first_ino: u64, inodes: u32) -> Self {

@@ -37,7 +37,11 @@ pub const SECTOR_BYTES: u64 = 512;
 /// Version 2: recovery logs found through the log table (`log_table`), created as
 /// nodes first mount; a version-1 file system (logs at fixed inode numbers) is
 /// refused by its descriptor (`descriptor::DESCRIPTOR_VERSION_MIN`).
-pub const FORMAT_VERSION: u16 = 2;
+/// Version 3: the inode allocation map file is sparse and its segment slots never
+/// straddle a block (`inode_map_segment::slot_offset`), so a file system may be made
+/// for 2^40 inodes and more; a version-2 file system (slots packed across blocks) is
+/// refused by its descriptor (`descriptor::DESCRIPTOR_VERSION_MIN`).
+pub const FORMAT_VERSION: u16 = 3;
 
 /// crc32c of `bytes` with the 4 bytes at `crc_offset` treated as zero.
 pub fn checksum_with_hole(bytes: &[u8], crc_offset: usize) -> u32 {

@@ -425,7 +425,7 @@ pub struct Core {
     /// Kernel lookup references (FUSE nlookup) per inode.
     pub lookups: CountedMutex<FastMap<u64, u64>>,
     /// Disk addresses of the blocks of each metadata file, by block index.
-    pub metafile_blocks: CountedRwLock<FastMap<u64, Vec<DiskAddress>>>,
+    pub metafile_blocks: CountedRwLock<FastMap<u64, crate::meta_blocks::MetaBlocks>>,
     pub pool: PagePool,
     /// Serialises renames that move directories (loop checks need a stable tree).
     pub rename_lock: CountedMutex<()>,
@@ -643,6 +643,7 @@ impl Core {
     /// lies past its end. Part of the operation's transaction.
     pub fn allocate_reserved_inode(&self, r: &mut InodeReservation) -> FsResult<u64> {
         self.ensure_inode_slot(r.ino)?;
+        self.ensure_imap_block(r.ino)?;
         self.imap.use_reserved(r.ino)?;
         r.used = true;
         Ok(r.ino)
@@ -703,12 +704,75 @@ impl Core {
             st.inode.subblocks += spb as u64;
             st.mark_dirty();
             let mut map = self.metafile_blocks.write();
-            let v = map.entry(inode_file).or_default();
-            if v.len() <= b as usize {
-                v.resize(b as usize + 1, DiskAddress::NULL);
-            }
-            v[b as usize] = da;
+            map.entry(inode_file).or_default().set(b, da);
         }
+        Ok(())
+    }
+
+    /// True if the inode map file's block that holds `ino`'s segment exists (the file
+    /// is sparse: a hole holds blank segments, and the block is made at the segment's
+    /// first use).
+    pub fn imap_block_exists(&self, ino: u64) -> bool {
+        let imap_file = self.metadata_inodes().inode_alloc_map;
+        let block = self.imap.block_of(self.imap.segment_of(ino) as u64);
+        self.metafile_blocks
+            .read()
+            .get(&imap_file)
+            .is_some_and(|v| v.get(block as usize).is_some())
+    }
+
+    /// Make the inode map file's block that holds `ino`'s segment if it is a hole: one
+    /// block, written whole (every slot a valid blank segment) before the file's block map names it, like a fresh inode-file
+    /// block (`ensure_inode_slot`). Under the map file's exclusive token (the caller
+    /// holds it: `need_new_inode`).
+    fn ensure_imap_block(&self, ino: u64) -> FsResult<()> {
+        if self.imap_block_exists(ino) {
+            return Ok(());
+        }
+        let imap_file = self.metadata_inodes().inode_alloc_map;
+        let h = self.get(imap_file)?;
+        let _g = self.inode_file_grow.lock();
+        if self.imap_block_exists(ino) {
+            return Ok(());
+        }
+        let b = self.imap.block_of(self.imap.segment_of(ino) as u64);
+        let spb = self.geo.subblocks_per_block;
+        let da = self
+            .alloc
+            .allocate(crate::alloc_map::AllocKind::Metadata, spb, imap_file, b)?;
+        let bb = self.block_bytes();
+        let mut bytes = vec![0u8; bb as usize];
+        for s in self.imap.segments_in_block(b) {
+            let off = (self.imap.slot_offset(s) - b * bb) as usize;
+            // Blank: a segment in a hole has no committed change (a commit needs its
+            // block); what the running transaction changed is logged at its commit.
+            let enc = self.imap.blank(s).encode();
+            bytes[off..off + enc.len()].copy_from_slice(&enc);
+        }
+        self.nsd.write(
+            da,
+            &bytes,
+            IoTag {
+                buffer_type: BufferType::InodeMap,
+                ino: imap_file,
+            },
+        )?;
+        // Written like data: on disk before the log names the block.
+        self.journal.note_ordered_write();
+        let mut st = h.state.write();
+        if let Err(e) = crate::block_map::set(self, &mut st, b, da) {
+            drop(st);
+            self.alloc.free(da, spb, imap_file)?;
+            return Err(e);
+        }
+        st.inode.size = st.inode.size.max((b + 1) * bb);
+        st.inode.subblocks += spb as u64;
+        st.mark_dirty();
+        self.metafile_blocks
+            .write()
+            .entry(imap_file)
+            .or_default()
+            .set(b, da);
         Ok(())
     }
 
@@ -1016,17 +1080,18 @@ impl Core {
         )?;
         self.journal.overlay(da, &mut buf);
         let inode = Inode::decode(&buf, self.inode_bytes(), ino, Location::Disk(da))?;
-        let blocks = if ino == desc.metadata_inodes.inode_file {
+        let blocks = if ino == desc.metadata_inodes.inode_file
+            || ino == desc.metadata_inodes.inode_alloc_map
+        {
             crate::mount::collect_blocks_sparse(self.nsd.as_ref(), &self.geo, &inode)?
         } else {
-            crate::mount::collect_blocks(self.nsd.as_ref(), &self.geo, &inode)?
+            crate::mount::collect_blocks(self.nsd.as_ref(), &self.geo, &inode)?.into()
         };
         let mut map = self.metafile_blocks.write();
         let known = map.entry(ino).or_default();
-        // A metadata file only gains blocks (the inode file fills holes, too): take the
-        // newer list when it knows more blocks.
-        let count = |v: &[DiskAddress]| v.iter().filter(|d| !d.is_null()).count();
-        if count(&blocks) > count(known) {
+        // A metadata file only gains blocks (the inode file and the inode map fill
+        // holes, too): take the newer list when it knows more blocks.
+        if blocks.allocated() > known.allocated() {
             *known = blocks;
         }
         drop(map);

@@ -282,6 +282,9 @@ impl FileSystem {
         if !self.core.inode_slot_exists(ino) {
             self.need(self.core.metadata_inodes().inode_file, Need::Exclusive)?;
         }
+        if !self.core.imap_block_exists(ino) {
+            self.need(self.core.metadata_inodes().inode_alloc_map, Need::Exclusive)?;
+        }
         Ok(())
     }
 

@@ -693,9 +693,8 @@ impl Journal {
                 }
             }
         }
-        let islot = core.imap.slot_bytes() as u64;
         for (s, bytes) in core.imap.take_dirty() {
-            for img in core.metafile_images(m.inode_alloc_map, s as u64 * islot, &bytes)? {
+            for img in core.metafile_images(m.inode_alloc_map, core.imap.slot_offset(s), &bytes)? {
                 images.push((BufferType::InodeMap, OWNER_INODE_MAP, img));
             }
         }

@@ -27,6 +27,7 @@ pub mod file_io;
 pub mod fs;
 pub mod inode_map;
 pub mod journal;
+pub mod meta_blocks;
 pub mod metanode;
 pub mod mkfs;
 pub mod mount;

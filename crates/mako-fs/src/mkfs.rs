@@ -16,6 +16,7 @@ use mako_format::descriptor::*;
 use mako_format::disk_header::{DiskHeader, DiskUsage};
 use mako_format::geometry::{default_subblocks, Geometry};
 use mako_format::inode::{pointers_in_inode, Inode, InodeContent, FLAG_SYSTEM};
+use mako_format::inode_map_segment::InodeMapSegment;
 use mako_format::DiskAddress;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -138,9 +139,22 @@ pub const INODES_PER_SEGMENT: u32 = 32768;
 /// sparse past what mkfs pre-sized (`ensure_inode_slot`), so small segments keep every
 /// node's first numbers in few inode-file blocks.
 pub const INODES_PER_SEGMENT_SHARED: u32 = 64;
-/// The largest inode limit mkfs accepts today: the inode allocation map is still read
-/// whole at mount and kept in memory (the inode file itself grows sparsely).
-pub const INODES_MAX_SUPPORTED: u64 = 1 << 32;
+
+/// Inodes per inode-map segment for a file system of `nodes` nodes and `inodes_max`
+/// inodes: `INODES_PER_SEGMENT` (one node) or `INODES_PER_SEGMENT_SHARED`, doubled
+/// until the segments number at most `inode_map_segment::SEGMENTS_MAX` (a segment's
+/// number is 32 bits): 2^40 inodes on several nodes take 256 per segment.
+pub fn segment_size(nodes: u32, inodes_max: u64) -> u32 {
+    let mut per = if nodes > 1 {
+        INODES_PER_SEGMENT_SHARED
+    } else {
+        INODES_PER_SEGMENT
+    };
+    while InodeMap::segment_count(inodes_max, per) > mako_format::inode_map_segment::SEGMENTS_MAX {
+        per *= 2;
+    }
+    per
+}
 /// At most this many bytes of inode file are allocated and written at mkfs for the
 /// first segments of the nodes the file system is made for (see `format_disks`).
 pub const INODE_FILE_PRESIZE_MAX: u64 = 64 << 20;
@@ -234,13 +248,6 @@ pub fn validate(params: &MkfsParams) -> FsResult<Geometry> {
                 n,
                 &format!("up to {most} with {}-byte inodes", geo.inode_bytes),
             ));
-        }
-        if n > INODES_MAX_SUPPORTED {
-            return Err(FsError::NotSupported(format!(
-                "inode limit (--inodes) {n}: more than {INODES_MAX_SUPPORTED} inodes is not supported yet \
-                 (every node keeps the whole inode allocation map in memory, and mkfs writes all of it); \
-                 choose at most {INODES_MAX_SUPPORTED}"
-            )));
         }
     }
     if params.dir_pre_split_levels > 10 {
@@ -359,11 +366,17 @@ pub fn format_disks(
         .inodes_max
         .unwrap_or((total / (16 << 10)).clamp(65536, 1 << 32))
         .max(FIRST_USER_INO + 64);
-    let per_segment = if params.log_count > 1 {
-        INODES_PER_SEGMENT_SHARED
-    } else {
-        INODES_PER_SEGMENT
-    };
+    let per_segment = segment_size(params.log_count, inodes_max);
+    if InodeMapSegment::slot_bytes(per_segment) as u64 > bb {
+        return Err(range_err(
+            "inode limit (--inodes)",
+            inodes_max,
+            &format!(
+                "with {bb}-byte blocks, an inode-map segment of {per_segment} inodes would not fit a block; \
+                 use fewer inodes or larger blocks (-B)"
+            ),
+        ));
+    }
     let now = || match &params.reproducible {
         Some(r) => r.time,
         None => system_now(),
@@ -405,10 +418,29 @@ pub fn format_disks(
     };
     let nsd: Arc<dyn Nsd> = Arc::new(LocalNsd::new(disks, 0));
     let alloc = AllocMap::new(&desc, AllocMap::fresh_segments(&desc))?;
+    // The inode map file is sparse (format version 3): only its first blocks exist,
+    // those of every node's first segment (node k starts with segment k) as far as
+    // `INODE_FILE_PRESIZE_MAX` allows; every other segment lies in a hole, blank, and
+    // its block is made when a number of it is first used (`Core::ensure_imap_block`).
+    // So neither mkfs nor a mount reads or writes space that grows with the limit.
+    let nseg = InodeMap::segment_count(inodes_max, per_segment);
+    let imap_file_bytes = mako_format::inode_map_segment::file_bytes(nseg, per_segment, bb as u32);
+    let imap_presize = mako_format::inode_map_segment::file_bytes(
+        (params.log_count as u64).min(nseg),
+        per_segment,
+        bb as u32,
+    )
+    .min(INODE_FILE_PRESIZE_MAX.next_multiple_of(bb))
+    .max(bb);
+    let presized_segments = (imap_presize / bb)
+        * mako_format::inode_map_segment::slots_per_block(per_segment, bb as u32);
     let imap = InodeMap::new(
-        InodeMap::fresh(inodes_max, per_segment),
+        (0..presized_segments.min(nseg))
+            .map(|s| InodeMapSegment::new(s as u32, s * per_segment as u64, per_segment))
+            .collect(),
         inodes_max,
         per_segment,
+        bb as u32,
     );
     let cfg = FsConfig {
         pagepool_bytes: 64 << 20,
@@ -437,8 +469,6 @@ pub fn format_disks(
     }
     let t = now();
     let slot_alloc = core.alloc_slot_bytes as u64;
-    let slot_imap = core.imap.slot_bytes() as u64;
-    let nseg = InodeMap::segment_count(inodes_max, per_segment) as u64;
     // The inode file grows (sparsely) under its token in `xw`, which every node that
     // reads inodes holds in `ro`: a growth revokes them all. So a file system several
     // nodes mount starts with room for every node's first segment (node k starts with
@@ -454,15 +484,22 @@ pub fn format_disks(
     } else {
         bb
     };
+    // (inode, bytes allocated now, size): the inode map file is larger than what is
+    // allocated of it, the rest holes.
+    let alloc_map_bytes = regions as u64 * slot_alloc;
     let mut metafiles = vec![
-        (INODE_FILE_INO, inode_file_bytes),
-        (BLOCK_ALLOC_MAP_INO, regions as u64 * slot_alloc),
-        (INODE_ALLOC_MAP_INO, nseg * slot_imap),
+        (INODE_FILE_INO, inode_file_bytes, inode_file_bytes),
+        (BLOCK_ALLOC_MAP_INO, alloc_map_bytes, alloc_map_bytes),
+        (
+            INODE_ALLOC_MAP_INO,
+            imap_presize,
+            imap_file_bytes.max(imap_presize),
+        ),
     ];
     let table_bytes = mako_format::log_table::table_bytes(params.log_count, geo.inode_bytes);
-    metafiles.push((LOG_TABLE_INO, table_bytes));
+    metafiles.push((LOG_TABLE_INO, table_bytes, table_bytes));
     let mut handles = Vec::new();
-    for (ino, bytes) in metafiles {
+    for (ino, bytes, size) in metafiles {
         let mut inode = Inode::new(ino, 0o100000);
         inode.flags = FLAG_SYSTEM;
         inode.nlink = 1;
@@ -484,10 +521,12 @@ pub fn format_disks(
                 block_map::set(&core, &mut st, b, da)?;
                 das.push(da);
             }
-            st.inode.size = nblocks * bb;
+            st.inode.size = size.div_ceil(bb).max(nblocks) * bb;
             st.inode.subblocks += nblocks * geo.subblocks_per_block as u64;
         }
-        core.metafile_blocks.write().insert(ino, das);
+        let mut blocks = crate::meta_blocks::MetaBlocks::from(das);
+        blocks.set_len(size.div_ceil(bb));
+        core.metafile_blocks.write().insert(ino, blocks);
         handles.push(h);
     }
     let inode_file_start = core.metafile_blocks.read()[&INODE_FILE_INO][0];
@@ -495,7 +534,7 @@ pub fn format_disks(
     // The inode file starts blank (every pre-sized block); so do the log table's
     // entries (no node has a log yet: nothing left on a reused disk may look like one).
     let inode_file_blocks = core.metafile_blocks.read()[&INODE_FILE_INO].clone();
-    for da in inode_file_blocks {
+    for (_, da) in inode_file_blocks.iter() {
         core.nsd.write(
             da,
             &vec![0u8; bb as usize],
@@ -605,11 +644,10 @@ fn write_back_unlogged(core: &Core, handles: &[Arc<crate::core::InodeHandle>]) -
         }
     }
     core.imap.mark_all_dirty();
-    let islot = core.imap.slot_bytes() as u64;
     for (sg, bytes) in core.imap.take_dirty() {
         core.metafile_write(
             m.inode_alloc_map,
-            sg as u64 * islot,
+            core.imap.slot_offset(sg),
             &bytes,
             BufferType::InodeMap,
         )?;

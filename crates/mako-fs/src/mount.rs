@@ -9,6 +9,7 @@ use crate::env::NodeEnv;
 use crate::error::{FsError, FsResult, IntegrityError};
 use crate::fs::FileSystem;
 use crate::inode_map::InodeMap;
+use crate::meta_blocks::MetaBlocks;
 use crate::mkfs::DiskSpec;
 use crate::workers::{self, Workers};
 use mako_disk::nsd::IoTag;
@@ -161,17 +162,15 @@ pub fn read_descriptor(specs: &[DiskSpec]) -> FsResult<Descriptor> {
 /// Every block address of a metadata file, by walking its inode's block map directly.
 /// Holes are refused except in the inode file (`collect_blocks_sparse`).
 pub fn collect_blocks(nsd: &dyn Nsd, geo: &Geometry, inode: &Inode) -> FsResult<Vec<DiskAddress>> {
-    collect_blocks_with(nsd, geo, inode, false)
+    let m = collect_blocks_with(nsd, geo, inode, false)?;
+    Ok((0..m.len()).map(|b| m[b]).collect())
 }
 
-/// `collect_blocks` of the inode file, which grows sparsely: each node hands out
-/// numbers from inode-map segments of its own, and only the blocks that hold inodes in
-/// use are allocated. A hole is `DiskAddress::NULL`.
-pub fn collect_blocks_sparse(
-    nsd: &dyn Nsd,
-    geo: &Geometry,
-    inode: &Inode,
-) -> FsResult<Vec<DiskAddress>> {
+/// `collect_blocks` of the inode file and the inode allocation map, which grow
+/// sparsely: each node hands out numbers from its own inode-map segments, and only
+/// the blocks that hold numbers in use exist. The walk reads only the indirect blocks
+/// that exist: it costs what is allocated, not the file's size.
+pub fn collect_blocks_sparse(nsd: &dyn Nsd, geo: &Geometry, inode: &Inode) -> FsResult<MetaBlocks> {
     collect_blocks_with(nsd, geo, inode, true)
 }
 
@@ -180,8 +179,8 @@ fn collect_blocks_with(
     geo: &Geometry,
     inode: &Inode,
     holes: bool,
-) -> FsResult<Vec<DiskAddress>> {
-    let nblocks = inode.size.div_ceil(geo.block_bytes as u64) as usize;
+) -> FsResult<MetaBlocks> {
+    let nblocks = inode.size.div_ceil(geo.block_bytes as u64);
     let bad = |what: String| {
         FsError::integrity(
             IntegrityError::new("metadata file", format!("{what}; run `mako fsck`")).ino(inode.ino),
@@ -209,7 +208,7 @@ fn collect_blocks_with(
         }
     };
     let ppi = geo.pointers_per_indirect();
-    let mut out = Vec::new();
+    let mut out = MetaBlocks::new(nblocks);
     #[allow(clippy::too_many_arguments)]
     fn walk(
         nsd: &dyn Nsd,
@@ -219,23 +218,19 @@ fn collect_blocks_with(
         index: u64,
         ptr: DiskAddress,
         ppi: u64,
-        out: &mut Vec<DiskAddress>,
-        want: usize,
+        out: &mut MetaBlocks,
+        want: u64,
         check: &dyn Fn(DiskAddress, u64) -> FsResult<()>,
     ) -> FsResult<()> {
-        if out.len() >= want {
+        // `index` is the first block the pointer covers times ppi^level's inverse: the
+        // subtree covers blocks [index * ppi^level, (index + 1) * ppi^level).
+        let first = index.saturating_mul(ppi.saturating_pow(level as u32));
+        if first >= want || ptr.is_null() {
             return Ok(());
         }
-        if level == 0 || ptr.is_null() {
-            if level > 0 {
-                // A hole over a whole subtree.
-                let span = ppi.saturating_pow(level as u32);
-                let n = span.min((want - out.len()) as u64) as usize;
-                out.resize(out.len() + n, DiskAddress::NULL);
-                return Ok(());
-            }
+        if level == 0 {
             check(ptr, geo.block_bytes as u64)?;
-            out.push(ptr);
+            out.set(index, ptr);
             return Ok(());
         }
         check(ptr, geo.indirect_bytes as u64)?;
@@ -271,9 +266,6 @@ fn collect_blocks_with(
         .enumerate()
         .take(pointers_in_inode(geo.inode_bytes))
     {
-        if out.len() >= nblocks {
-            break;
-        }
         walk(
             nsd,
             geo,
@@ -287,8 +279,7 @@ fn collect_blocks_with(
             &check,
         )?;
     }
-    out.truncate(nblocks);
-    if out.len() < nblocks || (!holes && out.iter().any(|d| d.is_null())) {
+    if !holes && (out.allocated() as u64) < nblocks {
         return Err(bad("it has holes in its block map".into()));
     }
     Ok(out)
@@ -459,12 +450,17 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
     let mut others = Vec::new();
     for ino in [m.block_alloc_map, m.inode_alloc_map, m.log_table] {
         let inode = read_meta_inode(ino)?;
-        let blocks = collect_blocks(nsd.as_ref(), &geo, &inode)?;
+        // The inode map file is sparse (format version 3): a hole holds blank segments.
+        let blocks = if ino == m.inode_alloc_map {
+            collect_blocks_sparse(nsd.as_ref(), &geo, &inode)?
+        } else {
+            collect_blocks(nsd.as_ref(), &geo, &inode)?.into()
+        };
         others.push((ino, inode, blocks));
     }
     // This node's log, through the log table (absent at its first mount).
     if let Some(log) = crate::recovery::find_log(nsd.as_ref(), &desc, node)? {
-        others.push((log.ino, log.inode, log.blocks));
+        others.push((log.ino, log.inode, log.blocks.into()));
     }
     let mut metafiles = vec![(m.inode_file, inode0.clone(), inode_file_blocks.clone())];
     metafiles.extend(others);
@@ -516,35 +512,41 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
         segs.push(AllocSegment::decode(&b, r, Location::Disk(da))?);
     }
     let alloc = AllocMap::new(&desc, segs)?;
+    // The inode map: only the segments in blocks of its file that exist (the rest lie
+    // in holes, blank), so a mount reads what was ever used, not the inode limit.
     let per = desc.inodes_per_segment;
     let islot = InodeMapSegment::slot_bytes(per);
+    let nseg = InodeMap::segment_count(desc.inodes_max, per);
+    let bbu = geo.block_bytes;
     let mut isegs = Vec::new();
-    for s in 0..InodeMap::segment_count(desc.inodes_max, per) {
-        let (b, da) = read_meta(
-            m.inode_alloc_map,
-            s as u64 * islot as u64,
-            islot,
-            BufferType::InodeMap,
-        )?;
-        let seg = InodeMapSegment::decode(&b, s, per, Location::Disk(da))?;
-        // Allocation numbers inodes from `first_ino`: a wrong one would hand out
-        // numbers of another segment, in use.
-        if seg.first_ino != s as u64 * per as u64 {
-            return Err(FsError::integrity(
-                IntegrityError::new(
-                    "inode allocation map",
-                    format!(
-                        "segment {s} says it starts at inode {}, not {}; run `mako fsck`",
-                        seg.first_ino,
-                        s as u64 * per as u64
-                    ),
-                )
-                .at(da),
-            ));
+    for (b, _) in blocks_of(m.inode_alloc_map).iter() {
+        for s in mako_format::inode_map_segment::segments_in_block(b, nseg, per, bbu) {
+            let (b, da) = read_meta(
+                m.inode_alloc_map,
+                mako_format::inode_map_segment::slot_offset(s, per, bbu),
+                islot,
+                BufferType::InodeMap,
+            )?;
+            let seg = InodeMapSegment::decode(&b, s as u32, per, Location::Disk(da))?;
+            // Allocation numbers inodes from `first_ino`: a wrong one would hand out
+            // numbers of another segment, in use.
+            if seg.first_ino != s * per as u64 {
+                return Err(FsError::integrity(
+                    IntegrityError::new(
+                        "inode allocation map",
+                        format!(
+                            "segment {s} says it starts at inode {}, not {}; run `mako fsck`",
+                            seg.first_ino,
+                            s * per as u64
+                        ),
+                    )
+                    .at(da),
+                ));
+            }
+            isegs.push(seg);
         }
-        isegs.push(seg);
     }
-    let imap = InodeMap::new(isegs, desc.inodes_max, per);
+    let imap = InodeMap::new(isegs, desc.inodes_max, per, bbu);
     desc.mounted = true;
     desc.generation += 1;
     write_descriptor(nsd.as_ref(), &desc)?;
@@ -590,8 +592,26 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
     if crate::ownership::shared(&core) {
         // The inode file's inode was read without its token: another node may grow the
         // file at any time, so the first use under the token reads it again.
-        if let Some(h) = core.cached_handle(m.inode_file) {
-            h.state.write().stale = true;
+        // So may the inode map file (`Core::ensure_imap_block`).
+        for ino in [m.inode_file, m.inode_alloc_map] {
+            if let Some(h) = core.cached_handle(ino) {
+                h.state.write().stale = true;
+            }
+        }
+    }
+    if let Some(ino) = mako_diag::test_hooks::first_inode() {
+        if ino < core.imap.inodes_max() {
+            let segment = core.imap.segment_of(ino) as u64;
+            let taken = crate::ownership::allocate_from_segment(&core, segment)?;
+            tracing::warn!(
+                "test hook {}: new inode numbers from segment {segment} (inode {ino}): {}",
+                mako_diag::test_hooks::FIRST_INODE_ENV,
+                if taken {
+                    "taken"
+                } else {
+                    "held by another node"
+                }
+            );
         }
     }
     let fs = FileSystem { core: core.clone() };
@@ -643,7 +663,7 @@ fn create_log(core: &Arc<Core>) -> FsResult<()> {
         )),
         e => e,
     })?;
-    core.metafile_blocks.write().insert(ino, leaves);
+    core.metafile_blocks.write().insert(ino, leaves.into());
     // An empty log: both header copies (in use, not clean) and the start of the records
     // zeroed, so that nothing left on reused blocks looks like a transaction.
     let lsn = core.journal.head_lsn();
@@ -667,7 +687,7 @@ fn create_log(core: &Arc<Core>) -> FsResult<()> {
         .metafile_blocks
         .read()
         .get(&desc.metadata_inodes.log_table)
-        .cloned()
+        .map(|t| (0..t.len()).map(|b| t[b]).collect::<Vec<_>>())
         .unwrap_or_default();
     let (entry_da, inode_da) = crate::recovery::table_slots(&desc, &table, core.node)?;
     core.nsd.write(

@@ -77,12 +77,31 @@ fn read_region(core: &Core, region: usize) -> FsResult<AllocSegment> {
 
 fn read_segment(core: &Core, segment: usize) -> FsResult<InodeMapSegment> {
     let desc = core.desc.lock().clone();
+    let imap_ino = desc.metadata_inodes.inode_alloc_map;
     let per = desc.inodes_per_segment;
     let slot = InodeMapSegment::slot_bytes(per);
+    let s = segment as u64;
+    let block = core.imap.block_of(s) as usize;
+    let known = |core: &Core| {
+        core.metafile_blocks
+            .read()
+            .get(&imap_ino)
+            .is_some_and(|b| b.get(block).is_some())
+    };
+    if !known(core) {
+        // A hole as far as this node knows: another node may have made the block since
+        // (`Core::ensure_imap_block`, under the map file's token, written in place).
+        crate::op::hold_inode(core, imap_ino, crate::coherence::Need::Cache)?;
+        core.refresh_metafile(imap_ino)?;
+        if !known(core) {
+            // Still a hole: the segment was never used, all free.
+            return Ok(core.imap.blank(s));
+        }
+    }
     let mut b = vec![0u8; slot];
     let da = core.metafile_read(
-        desc.metadata_inodes.inode_alloc_map,
-        segment as u64 * slot as u64,
+        imap_ino,
+        core.imap.slot_offset(s),
         &mut b,
         BufferType::InodeMap,
     )?;
@@ -111,11 +130,12 @@ pub fn claim_at_mount(core: &Core) -> FsResult<()> {
     // up to the highest number in use, so the nodes' first numbers must be the lowest
     // ones (spread over the whole map, node k of n would make the inode file k/n of its
     // largest size with its first create). More are taken when these run out.
-    for s in 0..core.imap.segments() {
-        let mine = s as u32 == me && take(core, core.tokens.segment(s as u32))?;
-        if !mine {
-            core.imap.disown(s);
-        }
+    // Only this node's own segment is looked at: the map has as many segments as the
+    // inode limit asks (2^32 for 2^40 inodes), nearly all never used.
+    core.imap.disown_all();
+    let s = me as usize;
+    if s < core.imap.segments() && take(core, core.tokens.segment(me))? {
+        core.imap.own(s, read_segment(core, s)?);
     }
     Ok(())
 }
@@ -184,6 +204,28 @@ pub fn acquire_segment(core: &Core) -> FsResult<bool> {
         |s| core.imap.is_owned(s),
         |s| core.tokens.segment(s),
     )
+}
+
+/// Hand out the next inode numbers from segment `segment` (taking it first on a node
+/// of a cluster, if nobody holds it): numbers anywhere up to the inode limit through
+/// the ordinary allocation path, for tests of numbers past 2^32 and for an
+/// administrator who wants a node's numbers in a range of their own. False when
+/// another node holds the segment.
+pub fn allocate_from_segment(core: &Core, segment: u64) -> FsResult<bool> {
+    if segment >= core.imap.segments() as u64 {
+        return Err(FsError::Invalid(format!(
+            "inode-map segment {segment}: the file system has {} segments",
+            core.imap.segments()
+        )));
+    }
+    if shared(core)
+        && !core.imap.is_owned(segment as usize)
+        && !take_and_own(core, core.tokens.segment(segment as u32))?
+    {
+        return Ok(false);
+    }
+    core.imap.start_at(segment);
+    Ok(true)
 }
 
 /// Free what other nodes freed in this node's regions and segments (`FsRequest::Free`).
@@ -308,14 +350,12 @@ pub fn release_all(core: &Core) -> FsResult<()> {
                 .map_err(crate::coherence::token_error)?;
         }
     }
-    for s in 0..core.imap.segments() {
-        if core.imap.is_owned(s) {
-            core.imap.disown(s);
-            core.tokens
-                .client()
-                .release(core.tokens.segment(s as u32), ByteRange::WHOLE)
-                .map_err(crate::coherence::token_error)?;
-        }
+    for s in core.imap.owned_segments().unwrap_or_default() {
+        core.imap.disown(s);
+        core.tokens
+            .client()
+            .release(core.tokens.segment(s as u32), ByteRange::WHOLE)
+            .map_err(crate::coherence::token_error)?;
     }
     Ok(())
 }

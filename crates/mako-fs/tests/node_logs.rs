@@ -365,30 +365,3 @@ fn a_file_system_of_format_version_1_is_refused_saying_what_to_do() {
     .expect_err("fsck refuses it too");
     assert!(e.to_string().contains("format version 1"), "{e}");
 }
-
-/// An inode limit the in-memory inode allocation map cannot hold yet is refused with
-/// an explicit "not supported", not an out-of-memory abort at mkfs or mount.
-#[test]
-fn an_inode_limit_past_what_the_inode_map_holds_is_refused_clearly() {
-    let d = MemDisks::new(1, 16 << 20);
-    let meta = vec![mako_fs::mkfs::DiskMeta {
-        name: "d0".into(),
-        pool: "system".into(),
-        failure_group: 1,
-        usage: mako_format::disk_header::DiskUsage::DataAndMetadata,
-    }];
-    let e = mako_fs::mkfs::format_disks(
-        d.as_dyn(),
-        &meta,
-        &MkfsParams {
-            inodes_max: Some(1 << 40),
-            ..small_params()
-        },
-    )
-    .expect_err("2^40 inodes are not supported yet");
-    assert!(
-        matches!(e, mako_fs::FsError::NotSupported(_))
-            && e.to_string().contains("not supported yet"),
-        "{e}"
-    );
-}

@@ -172,7 +172,11 @@ impl Layout {
     }
 
     /// Where inode `ino` lives, given the inode file's blocks.
-    pub fn inode_da(&self, inode_file: &[DiskAddress], ino: u64) -> Option<DiskAddress> {
+    pub fn inode_da(
+        &self,
+        inode_file: &mako_fs::meta_blocks::MetaBlocks,
+        ino: u64,
+    ) -> Option<DiskAddress> {
         let off = ino.checked_mul(self.inode_bytes())?;
         // The inode file is sparse: a hole holds no inode.
         let block = inode_file

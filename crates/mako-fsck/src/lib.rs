@@ -216,7 +216,7 @@ fn check(
             p.path = p.ino.and_then(|ino| ns.path(ino));
         }
     }
-    report.inodes_scanned = scan.slots;
+    report.inodes_scanned = scan.scanned;
     report.files = recs.iter().filter(|r| r.live() && !r.system).count() as u64;
     report.directories = recs
         .iter()

@@ -11,7 +11,7 @@ use crate::scan::{find, InodeRec, SlotState};
 use crate::space::{runs, Bitmap};
 use mako_format::alloc_segment::AllocSegment;
 use mako_format::inode_map_segment::InodeMapSegment;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Leaked runs listed one by one; beyond this they are summed in one problem.
 const LEAKED_RUNS_LISTED_MAX: usize = 1000;
@@ -134,9 +134,9 @@ pub fn compare_alloc(
 pub fn compare_imap(l: &Layout, meta: &Metafiles, recs: &[InodeRec], problems: &mut Vec<Problem>) {
     let per = l.desc.inodes_per_segment as u64;
     let first_user = l.desc.metadata_inodes.first_user_inode;
-    for (si, seg) in meta.imap_segments.iter().enumerate() {
+    for (&si, seg) in meta.imap_segments.segments.iter() {
         let Some(seg) = seg else { continue };
-        let base = si as u64 * per;
+        let base = si * per;
         let bit = |ino: u64| {
             let i = ino - base;
             seg.bitmap
@@ -176,20 +176,35 @@ pub fn compare_imap(l: &Layout, meta: &Metafiles, recs: &[InodeRec], problems: &
             }
         }
     }
+    if meta.imap_segments.usable && !meta.imap_segments.segments.contains_key(&0) {
+        problems.push(
+            Problem::new(
+                ProblemKind::InodeMarkedFree,
+                "the inode map's first block, which marks the reserved inode numbers, is a hole",
+                "none: fsck does not add blocks to the inode map file; restore from a backup",
+            )
+            .uncorrectable(),
+        );
+    }
     for r in recs {
         if r.system || !r.live() {
             continue;
         }
-        let si = (r.ino / per) as usize;
-        let Some(Some(seg)) = meta.imap_segments.get(si) else {
+        if meta.imap_segments.in_hole(r.ino) {
+            // mako-fs makes a segment's block with the first number it hands out there.
+            problems.push(
+                Problem::new(
+                    ProblemKind::InodeMarkedFree,
+                    "inode is in use but its inode-map segment lies in a hole of the inode map file",
+                    "none: fsck does not add blocks to the inode map file; copy the file off and remove it",
+                )
+                .ino(r.ino)
+                .at(r.slot)
+                .uncorrectable(),
+            );
             continue;
-        };
-        let i = r.ino % per;
-        let marked = seg
-            .bitmap
-            .get((i / 64) as usize)
-            .is_some_and(|w| w >> (i % 64) & 1 == 1);
-        if !marked && r.state == SlotState::Live {
+        }
+        if meta.imap_segments.bit(r.ino) == Some(false) && r.state == SlotState::Live {
             problems.push(
                 Problem::new(
                     ProblemKind::InodeMarkedFree,
@@ -221,20 +236,23 @@ pub fn alloc_segments(l: &Layout, bits: &Bitmap) -> Vec<AllocSegment> {
         .collect()
 }
 
-/// Inode map segments with exactly `used` (plus the reserved numbers) marked.
-pub fn imap_segments(l: &Layout, used: &BTreeSet<u64>) -> Vec<InodeMapSegment> {
+/// Inode map segments with exactly `used` (plus the reserved numbers) marked: those
+/// with a number marked (every other one is blank).
+pub fn imap_segments(l: &Layout, used: &BTreeSet<u64>) -> BTreeMap<u64, InodeMapSegment> {
     let per = l.desc.inodes_per_segment;
     let n = mako_fs::inode_map::InodeMap::segment_count(l.desc.inodes_max, per);
-    let mut segs: Vec<InodeMapSegment> = (0..n)
-        .map(|s| InodeMapSegment::new(s, s as u64 * per as u64, per))
-        .collect();
+    let mut segs: BTreeMap<u64, InodeMapSegment> = BTreeMap::new();
     let first_user = l.desc.metadata_inodes.first_user_inode;
     for ino in (0..first_user).chain(used.iter().copied()) {
-        let s = (ino / per as u64) as usize;
-        let i = ino % per as u64;
-        if let Some(seg) = segs.get_mut(s) {
-            seg.bitmap[(i / 64) as usize] |= 1 << (i % 64);
+        let s = ino / per as u64;
+        if s >= n {
+            continue;
         }
+        let i = ino % per as u64;
+        let seg = segs
+            .entry(s)
+            .or_insert_with(|| InodeMapSegment::new(s as u32, s * per as u64, per));
+        seg.bitmap[(i / 64) as usize] |= 1 << (i % 64);
     }
     segs
 }

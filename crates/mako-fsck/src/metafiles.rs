@@ -21,6 +21,8 @@ use mako_format::inode::{Inode, InodeContent, FLAG_SYSTEM};
 use mako_format::inode_map_segment::InodeMapSegment;
 use mako_format::log_header::{LogHeader, LOG_HEADER_BYTES};
 use mako_format::DiskAddress;
+pub use mako_fs::meta_blocks::MetaBlocks;
+use std::collections::BTreeMap;
 
 pub use mako_format::log_header::{
     LOG_HEADER_OFFSETS as LOG_HEADER_COPY_OFFSETS, LOG_RECORDS_OFFSET,
@@ -31,7 +33,8 @@ pub use mako_format::log_header::{
 pub struct MetaFile {
     pub ino: u64,
     /// Block addresses by block index, when readable; `None` when fsck recreates it.
-    pub blocks: Option<Vec<DiskAddress>>,
+    /// Sparse: the inode map file has holes (blank segments).
+    pub blocks: Option<MetaBlocks>,
     /// Bytes the file must hold.
     pub bytes: u64,
 }
@@ -79,8 +82,8 @@ pub struct LogState {
 }
 
 pub struct Metafiles {
-    /// By block index; `DiskAddress::NULL` for a hole (no inode there).
-    pub inode_file: Vec<DiskAddress>,
+    /// By block index; a hole holds no inode.
+    pub inode_file: MetaBlocks,
     /// Inode slots the inode file spans, holes included (capped at the inode limit).
     pub slots: u64,
     pub alloc: MetaFile,
@@ -92,7 +95,9 @@ pub struct Metafiles {
     pub imap_slot_bytes: u64,
     /// Decoded segments; `None` where damaged (or the file is recreated).
     pub alloc_segments: Vec<Option<AllocSegment>>,
-    pub imap_segments: Vec<Option<InodeMapSegment>>,
+    /// Only the segments in blocks of the inode map file that exist: a segment in a
+    /// hole is blank (`ImapSegments::bit`).
+    pub imap_segments: ImapSegments,
 }
 
 fn read_inode(
@@ -113,19 +118,19 @@ fn metafile_blocks(
     r: &dyn MetadataReader,
     inode: &Inode,
     min_bytes: u64,
-) -> Result<Vec<DiskAddress>, String> {
+) -> Result<MetaBlocks, String> {
     metafile_blocks_with(l, r, inode, min_bytes, false)
 }
 
-/// `metafile_blocks`; with `holes` (the inode file, which grows sparsely) a hole is
-/// `DiskAddress::NULL` rather than damage.
+/// `metafile_blocks`; with `holes` (the inode file and the inode map file, which grow
+/// sparsely) a hole is no damage. Costs what is allocated, not the file's size.
 fn metafile_blocks_with(
     l: &Layout,
     r: &dyn MetadataReader,
     inode: &Inode,
     min_bytes: u64,
     holes: bool,
-) -> Result<Vec<DiskAddress>, String> {
+) -> Result<MetaBlocks, String> {
     if inode.flags & FLAG_SYSTEM == 0 || inode.mode & S_IFMT != S_IFREG {
         return Err(format!(
             "inode {} is not a metadata file (mode {:o}, flags {:#x})",
@@ -153,14 +158,51 @@ fn metafile_blocks_with(
     if let Some(lost) = w.lost.first() {
         return Err(format!("its block map is damaged: {}", lost.why));
     }
-    let mut blocks = vec![DiskAddress::NULL; n as usize];
+    let mut blocks = MetaBlocks::new(n);
     for (u, da, _) in w.units {
-        blocks[u as usize] = da;
+        blocks.set(u, da);
     }
-    if let Some(hole) = blocks.iter().position(|d| d.is_null()).filter(|_| !holes) {
+    if !holes && (blocks.allocated() as u64) < n {
+        let hole = (0..n)
+            .find(|b| blocks.get(*b as usize).is_none())
+            .unwrap_or(0);
         return Err(format!("block {hole} of inode {} is a hole", inode.ino));
     }
     Ok(blocks)
+}
+
+/// The inode map as read from disk.
+#[derive(Debug, Clone, Default)]
+pub struct ImapSegments {
+    /// The segments of blocks that exist: `None` where damaged.
+    pub segments: BTreeMap<u64, Option<InodeMapSegment>>,
+    /// False when the inode map file itself is unusable (recreated by the repair):
+    /// then nothing is known of any segment.
+    pub usable: bool,
+    pub per: u64,
+}
+
+impl ImapSegments {
+    /// Whether `ino` is marked in use; `None` when its segment is damaged.
+    pub fn bit(&self, ino: u64) -> Option<bool> {
+        if !self.usable {
+            return None;
+        }
+        let i = ino % self.per;
+        match self.segments.get(&(ino / self.per)) {
+            // A hole of the map file: a blank segment.
+            None => Some(false),
+            Some(None) => None,
+            Some(Some(seg)) => seg
+                .bitmap
+                .get((i / 64) as usize)
+                .map(|w| w >> (i % 64) & 1 == 1),
+        }
+    }
+    /// True when `ino`'s segment lies in a hole of the map file.
+    pub fn in_hole(&self, ino: u64) -> bool {
+        self.usable && !self.segments.contains_key(&(ino / self.per))
+    }
 }
 
 /// Read the metadata files. Damage that fsck can repair becomes a problem; damage it
@@ -202,9 +244,11 @@ pub fn read(
     let alloc_slot_bytes = mako_fs::alloc_map::segment_slot_bytes(desc) as u64;
     let per = desc.inodes_per_segment;
     let imap_slot_bytes = InodeMapSegment::slot_bytes(per) as u64;
-    let nseg = mako_fs::inode_map::InodeMap::segment_count(desc.inodes_max, per) as u64;
+    let nseg = mako_fs::inode_map::InodeMap::segment_count(desc.inodes_max, per);
     let open_map = |ino: u64, bytes: u64, what: &str, problems: &mut Vec<Problem>| -> MetaFile {
-        let blocks = meta_inode(ino).and_then(|i| metafile_blocks(l, r, &i, bytes));
+        // The inode map file is sparse (format version 3); the others are whole.
+        let blocks = meta_inode(ino)
+            .and_then(|i| metafile_blocks_with(l, r, &i, bytes, ino == m.inode_alloc_map));
         match blocks {
             Ok(b) => MetaFile {
                 ino,
@@ -240,7 +284,7 @@ pub fn read(
     );
     let imap = open_map(
         m.inode_alloc_map,
-        nseg * imap_slot_bytes,
+        mako_format::inode_map_segment::file_bytes(nseg, per, desc.geometry.block_bytes),
         "inode allocation map",
         problems,
     );
@@ -255,9 +299,25 @@ pub fn read(
             problems,
         ));
     }
-    let mut imap_segments = Vec::new();
-    for s in 0..nseg as u32 {
-        imap_segments.push(read_imap_segment(l, r, &imap, s, imap_slot_bytes, problems));
+    // Only the segments of blocks that exist: fsck costs what was ever used, not the
+    // inode limit.
+    let mut imap_segments = ImapSegments {
+        segments: BTreeMap::new(),
+        usable: imap.blocks.is_some(),
+        per: per as u64,
+    };
+    if let Some(blocks) = &imap.blocks {
+        for (b, _) in blocks.iter() {
+            for s in mako_format::inode_map_segment::segments_in_block(
+                b,
+                nseg,
+                per,
+                desc.geometry.block_bytes,
+            ) {
+                let seg = read_imap_segment(l, r, &imap, s as u32, imap_slot_bytes, problems);
+                imap_segments.segments.insert(s, seg);
+            }
+        }
     }
     // 3. The log table and the recovery logs it names.
     let table = open_map(
@@ -374,7 +434,10 @@ fn read_imap_segment(
 ) -> Option<InodeMapSegment> {
     f.blocks.as_ref()?;
     let per = l.desc.inodes_per_segment;
-    let (buf, da) = match read_range(l, r, f, s as u64 * slot, slot, BufferType::InodeMap) {
+    let offset =
+        mako_format::inode_map_segment::slot_offset(s as u64, per, l.desc.geometry.block_bytes);
+    debug_assert_eq!(slot, InodeMapSegment::slot_bytes(per) as u64);
+    let (buf, da) = match read_range(l, r, f, offset, slot, BufferType::InodeMap) {
         Ok(x) => x,
         Err(e) => {
             let straddles = e.contains("straddle");

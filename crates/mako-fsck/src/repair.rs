@@ -49,6 +49,7 @@ use mako_disk::BufferType;
 use mako_format::error::Location;
 use mako_format::indirect::{IndirectBlock, IndirectId};
 use mako_format::inode::{Inode, InodeContent, Timestamp, FLAG_SYSTEM};
+use mako_format::inode_map_segment::InodeMapSegment;
 use mako_format::log_header::LogHeader;
 use mako_format::DiskAddress;
 use std::collections::{BTreeMap, BTreeSet};
@@ -98,7 +99,7 @@ struct Plan {
     alloc_file: MetaFile,
     imap_file: MetaFile,
     /// The inode file's blocks after the repair (it may grow by one).
-    inode_file: Vec<DiskAddress>,
+    inode_file: crate::metafiles::MetaBlocks,
     table_file: MetaFile,
 }
 
@@ -197,13 +198,19 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
     }
     // 1. Metadata files: recreated ones get new blocks; damaged log headers a clean one.
     let mut recreated: BTreeSet<u64> = BTreeSet::new();
+    // `only`: the blocks to allocate of a sparse file (the inode map), the rest holes.
     let new_meta = |file: &mut MetaFile,
                     alloc: &mut RepairAllocator,
-                    plan: &mut Plan|
+                    plan: &mut Plan,
+                    only: Option<BTreeSet<u64>>|
      -> Result<Inode, FsckError> {
         let n = file.bytes.div_ceil(l.block_bytes);
         let mut units = BTreeMap::new();
-        for b in 0..n {
+        let which: Vec<u64> = match only {
+            Some(set) => set.into_iter().filter(|b| *b < n).collect(),
+            None => (0..n).collect(),
+        };
+        for b in which {
             units.insert(
                 b,
                 alloc
@@ -217,7 +224,8 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
         inode.nlink = 1;
         (inode.atime, inode.mtime, inode.ctime, inode.crtime) = (t, t, t, t);
         inode.size = n * l.block_bytes;
-        inode.subblocks = n * l.spb + tree.indirect.len() as u64 * l.indirect_subblocks() as u64;
+        inode.subblocks =
+            units.len() as u64 * l.spb + tree.indirect.len() as u64 * l.indirect_subblocks() as u64;
         inode.depth = tree.depth;
         inode.content = InodeContent::Pointers(tree.pointers);
         for &da in units.values() {
@@ -227,19 +235,34 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
             plan.final_bits.set_extent(l, da, l.indirect_subblocks());
         }
         plan.new_blocks.extend(tree.writes);
-        file.blocks = Some(units.into_values().collect());
+        let mut blocks = crate::metafiles::MetaBlocks::new(n);
+        for (b, da) in units {
+            blocks.set(b, da);
+        }
+        file.blocks = Some(blocks);
         Ok(inode)
     };
     if plan.alloc_file.blocks.is_none() {
         let mut file = plan.alloc_file.clone();
-        let inode = new_meta(&mut file, &mut alloc, &mut plan)?;
+        let inode = new_meta(&mut file, &mut alloc, &mut plan, None)?;
         plan.map_inodes.push(inode);
         plan.alloc_file = file;
         recreated.insert(m.block_alloc_map);
     }
     if plan.imap_file.blocks.is_none() {
         let mut file = plan.imap_file.clone();
-        let inode = new_meta(&mut file, &mut alloc, &mut plan)?;
+        // Sparse: the blocks of the segments with numbers in use (and the reserved
+        // ones, in block 0); every other segment is blank, a hole.
+        let per = desc.inodes_per_segment;
+        let bbu = desc.geometry.block_bytes;
+        let mut only: BTreeSet<u64> = BTreeSet::from([0]);
+        for r in f.recs.iter().filter(|r| r.live()) {
+            only.insert(
+                mako_format::inode_map_segment::slot_offset(r.ino / per as u64, per, bbu)
+                    / bbu as u64,
+            );
+        }
+        let inode = new_meta(&mut file, &mut alloc, &mut plan, Some(only))?;
         plan.map_inodes.push(inode);
         plan.imap_file = file;
         recreated.insert(m.inode_alloc_map);
@@ -248,8 +271,8 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
         // A new, empty log table: every node makes a new log at its next mount (the old
         // logs, unreachable now, are reclaimed with everything else nothing claims).
         let mut file = plan.table_file.clone();
-        let inode = new_meta(&mut file, &mut alloc, &mut plan)?;
-        for &da in file.blocks.iter().flatten() {
+        let inode = new_meta(&mut file, &mut alloc, &mut plan, None)?;
+        for (_, da) in file.blocks.iter().flat_map(|b| b.iter()) {
             plan.new_blocks
                 .push((da, vec![0u8; l.block_bytes as usize], BufferType::Log));
         }
@@ -302,7 +325,7 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
                 .clone()
                 .ok_or_else(|| FsckError::Unusable("a recreated log has no blocks".into()))?;
             let whole = keep.is_none();
-            for (b, &da) in blocks.iter().enumerate() {
+            for (b, da) in blocks.iter() {
                 if b > 0 && !whole {
                     break;
                 }
@@ -338,7 +361,10 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
                 }
             })
             .collect();
-        let n = units.len() as u64;
+        // The new block goes past the file's end (the first slot of the block is what
+        // the namespace plan chose: `slots`), holes before it staying holes.
+        let n = plan.inode_file.len_blocks();
+        let have = units.len() as u64;
         let new = alloc
             .allocate(Use::Metadata, l.spb as u32)
             .ok_or_else(|| no_space("a new inode-file block"))?;
@@ -351,7 +377,7 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
         inode0.depth = tree.depth;
         inode0.size = (n + 1) * l.block_bytes;
         inode0.subblocks =
-            (n + 1) * l.spb + tree.indirect.len() as u64 * l.indirect_subblocks() as u64;
+            (have + 1) * l.spb + tree.indirect.len() as u64 * l.indirect_subblocks() as u64;
         for &da in units.values() {
             plan.final_bits.set_extent(l, da, l.spb as u32);
         }
@@ -359,7 +385,7 @@ fn plan(f: &Findings, r: &dyn MetadataReader, problems: &mut [Problem]) -> Resul
             plan.final_bits.set_extent(l, da, l.indirect_subblocks());
         }
         plan.new_blocks.extend(tree.writes);
-        plan.inode_file.push(new);
+        plan.inode_file.set(n, new);
         recreated.insert(m.inode_file);
         plan.final_inodes.insert(m.inode_file);
         first_inodes.push(inode0);
@@ -794,13 +820,13 @@ fn execute(
         }
     }
     let per = l.desc.inodes_per_segment as u64;
-    for (s, seg) in f.meta.imap_segments.iter().enumerate() {
+    for (&s, seg) in f.meta.imap_segments.segments.iter() {
         for (wi, &word) in seg.iter().flat_map(|x| x.bitmap.iter()).enumerate() {
             let mut bits = word;
             while bits != 0 {
                 let b = bits.trailing_zeros() as u64;
                 bits &= bits - 1;
-                union_inodes.insert(s as u64 * per + wi as u64 * 64 + b);
+                union_inodes.insert(s * per + wi as u64 * 64 + b);
             }
         }
     }
@@ -879,18 +905,30 @@ fn write_maps(
             step,
         )?;
     }
+    // The inode map: every segment that must have a number marked, and every segment
+    // of a block that exists (which may have to lose its marks). A segment in a hole is
+    // blank; one that must be marked there is reported uncorrectable (`compare_imap`).
     let islot = f.meta.imap_slot_bytes;
-    for seg in maps::imap_segments(l, inodes) {
-        let s = seg.segment as usize;
-        if f.meta.imap.blocks.is_some()
-            && f.meta
-                .imap_segments
-                .get(s)
-                .is_some_and(|x| x.as_ref() == Some(&seg))
-        {
-            continue;
+    let per = l.desc.inodes_per_segment;
+    let bbu = l.desc.geometry.block_bytes;
+    let mut want = maps::imap_segments(l, inodes);
+    for &s in f.meta.imap_segments.segments.keys() {
+        want.entry(s)
+            .or_insert_with(|| InodeMapSegment::new(s as u32, s * per as u64, per));
+    }
+    let recreated_file = f.meta.imap.blocks.is_none();
+    for (s, seg) in want {
+        let on_disk = f.meta.imap_segments.segments.get(&s);
+        if !recreated_file {
+            match on_disk {
+                Some(Some(x)) if *x == seg => continue,
+                // A hole: blank on disk; nothing to write if it must be blank.
+                None if seg.bitmap.iter().all(|w| *w == 0) => continue,
+                _ => {}
+            }
         }
-        let Ok(da) = plan.imap_file.da(l, s as u64 * islot, islot) else {
+        let offset = mako_format::inode_map_segment::slot_offset(s, per, bbu);
+        let Ok(da) = plan.imap_file.da(l, offset, islot) else {
             continue;
         };
         write(
@@ -900,6 +938,32 @@ fn write_maps(
             plan.imap_file.ino,
             step,
         )?;
+    }
+    // Every slot of a recreated file's blocks holds a valid segment.
+    if recreated_file {
+        if let Some(blocks) = &plan.imap_file.blocks {
+            let nseg = mako_fs::inode_map::InodeMap::segment_count(l.desc.inodes_max, per);
+            let written = maps::imap_segments(l, inodes);
+            for (b, _) in blocks.iter() {
+                for s in mako_format::inode_map_segment::segments_in_block(b, nseg, per, bbu) {
+                    if written.contains_key(&s) {
+                        continue;
+                    }
+                    let offset = mako_format::inode_map_segment::slot_offset(s, per, bbu);
+                    let Ok(da) = plan.imap_file.da(l, offset, islot) else {
+                        continue;
+                    };
+                    let blank = InodeMapSegment::new(s as u32, s * per as u64, per);
+                    write(
+                        da,
+                        &blank.encode(),
+                        BufferType::InodeMap,
+                        plan.imap_file.ino,
+                        step,
+                    )?;
+                }
+            }
+        }
     }
     Ok(())
 }

@@ -19,7 +19,6 @@ use crate::xattr_check::{self, XattrDamage};
 use mako_disk::BufferType;
 use mako_format::error::Location;
 use mako_format::inode::{Inode, InodeContent, FLAG_SYSTEM};
-use mako_format::inode_map_segment::InodeMapSegment;
 use mako_format::DiskAddress;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -145,17 +144,12 @@ pub fn find(recs: &[InodeRec], ino: u64) -> Option<usize> {
 
 /// The inode map as read from disk: `None` where its segment is damaged.
 pub struct InodeBits<'a> {
-    pub segments: &'a [Option<InodeMapSegment>],
-    pub per: u64,
+    pub segments: &'a crate::metafiles::ImapSegments,
 }
 
 impl InodeBits<'_> {
     pub fn get(&self, ino: u64) -> Option<bool> {
-        let seg = self.segments.get((ino / self.per) as usize)?.as_ref()?;
-        let i = ino % self.per;
-        seg.bitmap
-            .get((i / 64) as usize)
-            .map(|w| w >> (i % 64) & 1 == 1)
+        self.segments.bit(ino)
     }
 }
 
@@ -167,6 +161,8 @@ pub struct ScanOut {
     pub conflicts: Vec<(u64, usize)>,
     pub problems: Vec<Problem>,
     pub slots: u64,
+    /// Slots actually read: those of inode-file blocks that exist.
+    pub scanned: u64,
 }
 
 #[derive(Default)]
@@ -200,14 +196,26 @@ pub fn run(
     let chunk_bytes = l.block_bytes.min(CHUNK_BYTES_MAX);
     let per_chunk = chunk_bytes / isz;
     let slots = meta.slots;
-    let nchunks = slots.div_ceil(per_chunk) as usize;
+    // Only the chunks of inode-file blocks that exist: the inode file is sparse, and a
+    // scan costs what is allocated, not the inode limit.
+    let per_block = l.block_bytes / chunk_bytes;
+    let chunks: Vec<u64> = meta
+        .inode_file
+        .iter()
+        .flat_map(|(b, _)| b * per_block..(b + 1) * per_block)
+        .filter(|c| c * per_chunk < slots)
+        .collect();
+    let nchunks = chunks.len();
+    let total: u64 = chunks
+        .iter()
+        .map(|c| (c * per_chunk + per_chunk).min(slots) - c * per_chunk)
+        .sum();
     let sc = Scanner {
         l,
         r,
         meta,
         imap: InodeBits {
             segments: &meta.imap_segments,
-            per: l.desc.inodes_per_segment as u64,
         },
         owners,
     };
@@ -221,19 +229,21 @@ pub fn run(
     std::thread::scope(|s| {
         for t in 0..threads.max(1) {
             let (sc, next, done, running, results) = (&sc, &next, &done, &running, &results);
+            let chunks = &chunks;
             let coordinator = coordinator.clone();
             std::thread::Builder::new()
                 .name(format!("fsck-scan-{t}"))
                 .spawn_scoped(s, move || {
                     loop {
-                        let c = next.fetch_add(1, Ordering::Relaxed);
-                        if c >= nchunks || cancel.load(Ordering::Relaxed) {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        if k >= nchunks || cancel.load(Ordering::Relaxed) {
                             break;
                         }
-                        let first = c as u64 * per_chunk;
+                        let c = chunks[k];
+                        let first = c * per_chunk;
                         let last = (first + per_chunk).min(slots);
-                        let out = sc.chunk(c as u64, chunk_bytes, first, last);
-                        *results[c].lock().unwrap_or_else(|e| e.into_inner()) = Some(out);
+                        let out = sc.chunk(c, chunk_bytes, first, last);
+                        *results[k].lock().unwrap_or_else(|e| e.into_inner()) = Some(out);
                         done.fetch_add(last - first, Ordering::Relaxed);
                     }
                     running.fetch_sub(1, Ordering::Release);
@@ -242,11 +252,11 @@ pub fn run(
                 .expect("spawning a scan thread");
         }
         while running.load(Ordering::Acquire) > 0 {
-            progress.update(Phase::Inodes, done.load(Ordering::Relaxed), slots);
+            progress.update(Phase::Inodes, done.load(Ordering::Relaxed), total);
             std::thread::park_timeout(Duration::from_millis(TICK_MS));
         }
     });
-    progress.update(Phase::Inodes, done.load(Ordering::Relaxed), slots);
+    progress.update(Phase::Inodes, done.load(Ordering::Relaxed), total);
     if cancel.load(Ordering::Relaxed) {
         return Err(FsckError::Cancelled {
             during_repair: false,
@@ -257,6 +267,7 @@ pub fn run(
         conflicts: Vec::new(),
         problems: Vec::new(),
         slots,
+        scanned: total,
     };
     let mut newer = Vec::new();
     for r in results {
@@ -299,6 +310,10 @@ impl Scanner<'_> {
         let mut out = ChunkOut::default();
         let per_block = l.block_bytes / chunk_bytes;
         let block = self.meta.inode_file[(c / per_block) as usize];
+        debug_assert!(
+            !block.is_null(),
+            "only chunks of existing blocks are scanned"
+        );
         if block.is_null() {
             // A hole of the sparse inode file: no inode lives there.
             return out;

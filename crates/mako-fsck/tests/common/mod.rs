@@ -629,7 +629,11 @@ impl Inspect {
         let slot = InodeMapSegment::slot_bytes(per);
         let da = self.metafile_da(
             self.desc.metadata_inodes.inode_alloc_map,
-            s as u64 * slot as u64,
+            mako_format::inode_map_segment::slot_offset(
+                s as u64,
+                per,
+                self.desc.geometry.block_bytes,
+            ),
         );
         (
             da,
