@@ -233,12 +233,22 @@ pub fn config_param(
         value: value.map(String::from),
         nodes: nodes.to_vec(),
     };
-    let (node, response) = call_cluster(context, &request)?;
-    match response {
-        Response::Error { message } => bail!("{message} (asked through {node})"),
-        other => println!("{}", expect_ok(other, &request)?),
-    }
+    change(context, &request, "")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Sends a configuration change to the cluster manager (through any running node) and
+/// prints its answer; a refusal is an error naming the node asked, followed by
+/// `after_refusal` (e.g. "; nothing was deleted").
+pub fn change(context: &Context, request: &Request, after_refusal: &str) -> Result<()> {
+    let (node, response) = call_cluster(context, request)?;
+    match response {
+        Response::Error { message } => {
+            bail!("{message} (asked through {node}){after_refusal}")
+        }
+        other => println!("{}", expect_ok(other, request)?),
+    }
+    Ok(())
 }
 
 /// The nodes `-a` or `-N` selects.

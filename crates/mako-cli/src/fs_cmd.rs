@@ -8,9 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use mako_control::{
-    ClusterConfig, DaemonStatus, DataDir, DiskDef, FsDef, Request, Response, DISK_USAGES,
-};
+use mako_control::{ClusterConfig, DaemonStatus, DataDir, DiskDef, FsDef, Request, DISK_USAGES};
 use mako_format::descriptor::{Descriptor, LayoutMap};
 use mako_format::disk_header::DiskUsage;
 use mako_format::geometry::{default_subblocks, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN};
@@ -1109,13 +1107,7 @@ pub fn fs_delete(context: &Context, name: &str) -> Result<ExitCode> {
         let request = Request::ClusterDeleteFs {
             name: name.to_string(),
         };
-        let (node, response) = crate::cluster_cmd::call_cluster(context, &request)?;
-        match response {
-            Response::Error { message } => {
-                bail!("{message} (asked through {node}); nothing was deleted")
-            }
-            other => println!("{}", daemon::expect_ok(other, &request)?),
-        }
+        crate::cluster_cmd::change(context, &request, "; nothing was deleted")?;
     }
     let disks: Vec<DiskDef> = cluster.disks_of(&fs).into_iter().cloned().collect();
     for d in &disks {
@@ -1170,13 +1162,7 @@ pub fn disk_delete(context: &Context, name: &str) -> Result<ExitCode> {
         let request = Request::ClusterDeleteDisk {
             name: name.to_string(),
         };
-        let (node, response) = crate::cluster_cmd::call_cluster(context, &request)?;
-        match response {
-            Response::Error { message } => {
-                bail!("{message} (asked through {node}); nothing was deleted")
-            }
-            other => println!("{}", daemon::expect_ok(other, &request)?),
-        }
+        crate::cluster_cmd::change(context, &request, "; nothing was deleted")?;
     }
     edit_cluster_files(context, &cluster, |c| c.disks.retain(|d| d.name != name))?;
     println!(
