@@ -15,8 +15,9 @@ use mako_control::{ClusterConfig, ClusterView, DataDir, NodeDef, Request, Respon
 
 use crate::cli::{Context, NodeSelection};
 use crate::daemon::{expect_ok, query_status, read_pid, start_and_wait, unexpected};
-use crate::nodes_cmd::{same_dir, stop_nodes};
+use crate::nodes_cmd::stop_nodes;
 use crate::table::Table;
+use mako_control::same_dir;
 
 /// How long a cluster request may take: a change waits for the quorum, at most its
 /// own deadline (30 s), plus an election.

@@ -679,7 +679,7 @@ pub fn mount(
     } else {
         let own = cluster
             .node(cluster.node_id)
-            .is_some_and(|n| crate::nodes_cmd::same_dir(&n.data_dir, &context.data.root));
+            .is_some_and(|n| mako_control::same_dir(&n.data_dir, &context.data.root));
         if on.given() || !own {
             if mountpoint.is_some() {
                 bail!(
@@ -1000,7 +1000,7 @@ fn cluster_files(context: &Context, cluster: &ClusterConfig) -> Vec<PathBuf> {
     }
     let mut out: Vec<PathBuf> = Vec::new();
     for d in dirs {
-        if ClusterConfig::exists(&d) && !out.iter().any(|o| crate::nodes_cmd::same_dir(o, &d)) {
+        if ClusterConfig::exists(&d) && !out.iter().any(|o| mako_control::same_dir(o, &d)) {
             out.push(d);
         }
     }

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use mako_control::{ClusterConfig, DataDir, NodeDef};
+use mako_control::{same_dir, ClusterConfig, DataDir, NodeDef};
 
 use crate::cli::{ClusterCreateArgs, Context, UpArgs};
 use crate::daemon::{create_cluster, down_data, query_status, start_and_wait};
@@ -527,11 +527,4 @@ pub fn stop_nodes(mut order: Vec<&NodeDef>) -> Result<ExitCode> {
         bail!("could not stop {}; see above", failed.join(", "));
     }
     Ok(ExitCode::SUCCESS)
-}
-
-pub fn same_dir(a: &Path, b: &Path) -> bool {
-    match (a.canonicalize(), b.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => a == b,
-    }
 }

@@ -598,6 +598,16 @@ pub fn validate_name(what: &str, name: &str) -> Result<(), String> {
     check_name(what, name)
 }
 
+/// True if `a` and `b` name the same directory (compared after resolving symbolic links
+/// and `..` when both exist, as written otherwise): how a command or a daemon finds its
+/// own node among cluster.toml's nodes.
+pub fn same_dir(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
 /// The names of the files in a data directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DataDir {

@@ -28,8 +28,8 @@ pub mod server;
 
 pub use client::{ClientError, ControlClient};
 pub use cluster::{
-    default_data_dir, default_mountpoint, ClusterConfig, ClusterError, DataDir, DiskDef, FsDef,
-    NodeDef, CLUSTER_KEY_FILE_NAME, DISK_USAGES,
+    default_data_dir, default_mountpoint, same_dir, ClusterConfig, ClusterError, DataDir, DiskDef,
+    FsDef, NodeDef, CLUSTER_KEY_FILE_NAME, DISK_USAGES,
 };
 pub use protocol::{
     ClusterDiskView, ClusterFsView, ClusterView, ConfigRowView, DaemonStatus, DiskCountersView,

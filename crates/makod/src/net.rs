@@ -35,7 +35,7 @@
 
 use anyhow::{bail, Context, Result};
 use mako_config::EffectiveConfig;
-use mako_control::{ClusterConfig, DataDir, DiskDef, NodeDef};
+use mako_control::{same_dir, ClusterConfig, DataDir, DiskDef, NodeDef};
 use mako_disk::{Disk, DiskError, FileDisk, LocalNsd};
 use mako_fs::env::NodeEnv;
 use mako_nsd::{DiskRoute, NsdServer, RemoteDisk, RemoteOptions};
@@ -45,7 +45,6 @@ use mako_token::{
     ManagerMap, ManagerReply, ManagerRequest, ManagerService, TokenManager, TokenManagerLimits,
 };
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -146,13 +145,6 @@ pub fn read_key(dir: &DataDir, cluster_name: &str) -> Result<ClusterKey> {
             path.display()
         )
     })
-}
-
-fn same_dir(a: &Path, b: &Path) -> bool {
-    match (a.canonicalize(), b.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => a == b,
-    }
 }
 
 impl NetNode {
