@@ -474,14 +474,95 @@ fn read_header_with(r: &LogReader<'_>, node: u32) -> FsResult<(LogHeader, usize,
 /// during replay. Damage in the middle of the log is refused before anything is
 /// written: the error names the LSN, `disk:sector` and `mako fsck -y`.
 pub fn replay(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayReport> {
-    replay_with(nsd, desc, node, false)
+    replay_with(nsd, desc, node, false, false)
+}
+
+/// `replay` by a survivor of failed node `node` (`recover_failed_node`): the log is
+/// then also marked clean — empty and not in use — as a clean unmount leaves it, until
+/// `node` mounts again.
+pub fn replay_failed(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayReport> {
+    replay_with(nsd, desc, node, false, true)
+}
+
+/// What a survivor's recovery of a failed node did (`recover_failed_node`).
+#[derive(Debug, Clone)]
+pub struct NodeRecoveryReport {
+    /// The failed node.
+    pub failed: u32,
+    /// The node that recovered it.
+    pub by: u32,
+    /// The replay of the failed node's log (empty when it was replayed before).
+    pub replay: ReplayReport,
+}
+
+impl NodeRecoveryReport {
+    /// One line for the daemon log.
+    pub fn summary(&self) -> String {
+        format!(
+            "node {} recovered failed node {}: {}; its tokens, metanode roles, regions and inode-map segments released",
+            self.by,
+            self.failed,
+            self.replay.summary()
+        )
+    }
+}
+
+/// Recovery of failed node `failed` by a survivor (issue 14, docs/coherence.md
+/// "Recovery of a failed node"), on disks both share. The caller must know that
+/// `failed` writes nothing more (it stopped, or is fenced: expelled with its lease
+/// expired and its NSD requests refused); this function cannot check that.
+///
+/// 1. Replay `failed`'s recovery log onto the disks (`replay`: only what its log may
+///    still replay — images it wrote in place before a token left it were revoked in
+///    its log, docs/coherence.md section 7). Every structure it held dirty is covered
+///    by a token it still holds, so nobody else changed those since. The log is then
+///    empty (tail = head) and marked clean, synced (`replay_failed`): `failed`, when
+///    it mounts again, replays nothing of what was replayed here, and a second
+///    recovery replays nothing either.
+/// 2. Release every token `failed` held, in every token manager shard
+///    (`TokenClient::release_failed_node`). Acquires of other nodes that wait for it
+///    (they could not revoke it: `holder_down_wait_ms`) then proceed; metanode roles
+///    it had go with its tokens, to whichever node asks next; its allocation regions
+///    and inode-map segments become unowned, and the next node that needs space takes
+///    them, reading their maps from disk — as the replay left them, with the frees
+///    committed in its log applied.
+///
+/// Operations that need none of `failed`'s tokens never wait for any of this.
+/// Not covered: frees `failed` made in other nodes' space after their transaction
+/// was checkpointed but before it delivered them (`ownership::deliver_frees`) are
+/// lost with its memory: those blocks leak until fsck reclaims them.
+pub fn recover_failed_node(
+    core: &crate::core::Core,
+    failed: u32,
+) -> crate::error::FsResult<NodeRecoveryReport> {
+    if failed == core.node {
+        return Err(FsError::Invalid(format!(
+            "node {failed} cannot recover itself: a node replays its own log when it mounts"
+        )));
+    }
+    let desc = core.desc.lock().clone();
+    if failed >= desc.metadata_inodes.log_count {
+        return Err(node_out_of_range(&desc, failed));
+    }
+    let replay = replay_failed(core.nsd.as_ref(), &desc, failed)?;
+    core.tokens
+        .client()
+        .release_failed_node(mako_rt::NodeId(failed))
+        .map_err(crate::coherence::token_error)?;
+    let report = NodeRecoveryReport {
+        failed,
+        by: core.node,
+        replay,
+    };
+    tracing::info!("{}", report.summary());
+    Ok(report)
 }
 
 /// Replay every valid transaction of `node`'s log, on both sides of damaged ones
 /// (`mako fsck -y`): what the lost transactions changed is gone, and the caller
 /// repairs what they left inconsistent. The lost ranges are in the report.
 pub fn replay_around_damage(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<ReplayReport> {
-    replay_with(nsd, desc, node, true)
+    replay_with(nsd, desc, node, true, false)
 }
 
 /// The error a mount gives for damage in the middle of the log.
@@ -514,6 +595,7 @@ fn replay_with(
     desc: &Descriptor,
     node: u32,
     around_damage: bool,
+    mark_clean: bool,
 ) -> FsResult<ReplayReport> {
     let started = Instant::now();
     let Some(log) = find_log(nsd, desc, node)? else {
@@ -581,13 +663,14 @@ fn replay_with(
         || report.header_problem.is_some()
         || report.torn_tail.is_some()
         || !report.lost.is_empty()
+        || (mark_clean && !header.clean)
     {
         let h = LogHeader {
             node,
             log_bytes: desc.log_bytes,
             tail_lsn: lsn,
             head_lsn: lsn,
-            clean: header.clean,
+            clean: header.clean || mark_clean,
         };
         let bytes = h.encode();
         for off in LOG_HEADER_OFFSETS {

@@ -12,6 +12,7 @@ use crate::rng::SimRng;
 use mako_disk::{Disk, DiskError};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Latency of each kind of I/O, drawn uniformly per I/O; with probability
@@ -117,6 +118,15 @@ impl SimDisk {
         mako_diag::sched::sleep(Duration::from_nanos(d));
     }
 
+    /// The bytes of a write reach the disk.
+    fn land(&self, buf: &[u8], offset: u64) {
+        let mut data = self.data.lock();
+        data[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.write_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+    }
+
     fn check(&self, op: &'static str, offset: u64, len: usize) -> Result<(), DiskError> {
         match offset.checked_add(len as u64) {
             Some(end) if end <= self.size_bytes => Ok(()),
@@ -151,17 +161,60 @@ impl Disk for SimDisk {
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
         self.check("write", offset, buf.len())?;
         self.take_time(self.latency.write);
-        let mut data = self.data.lock();
-        data[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.write_bytes
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.land(buf, offset);
         Ok(())
     }
     fn sync(&self) -> Result<(), DiskError> {
         self.take_time(self.latency.sync);
         self.syncs.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+/// One node's view of a shared `SimDisk`: once the node crashes (`fence` set), none
+/// of its I/O reaches the disk, not even a write already under way (the crash comes
+/// before it lands) — what fencing guarantees a real cluster.
+pub struct NodeDisk {
+    pub disk: Arc<SimDisk>,
+    pub fence: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl NodeDisk {
+    fn fenced(&self, op: &str) -> Result<(), DiskError> {
+        if self.fence.load(Ordering::SeqCst) {
+            return Err(DiskError::Injected {
+                disk: self.disk.name.clone(),
+                what: format!("{op} after this node crashed"),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Disk for NodeDisk {
+    fn name(&self) -> &str {
+        &self.disk.name
+    }
+    fn size_bytes(&self) -> u64 {
+        self.disk.size_bytes
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
+        self.fenced("read")?;
+        self.disk.read_at(buf, offset)?;
+        self.fenced("read")
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
+        self.fenced("write")?;
+        self.disk.check("write", offset, buf.len())?;
+        self.disk.take_time(self.disk.latency.write);
+        self.fenced("write")?;
+        self.disk.land(buf, offset);
+        Ok(())
+    }
+    fn sync(&self) -> Result<(), DiskError> {
+        self.fenced("sync")?;
+        self.disk.sync()?;
+        self.fenced("sync")
     }
 }
 

@@ -64,6 +64,9 @@ pub struct SimNet {
     registry: Arc<Registry>,
     rng: Mutex<SimRng>,
     stats: Mutex<NetStats>,
+    /// Per node: its epoch (a transport made before the node's last crash belongs to
+    /// an older one and reaches nobody), and whether it is down (crashed).
+    nodes: Mutex<std::collections::BTreeMap<NodeId, (u64, bool)>>,
 }
 
 impl SimNet {
@@ -74,7 +77,41 @@ impl SimNet {
             config,
             registry: Registry::new(),
             stats: Mutex::new(NetStats::default()),
+            nodes: Mutex::new(Default::default()),
         })
+    }
+
+    /// `node` crashed: from now on nothing it sends arrives and nothing sent to it is
+    /// answered (a call in flight to or from it loses its reply).
+    pub fn crash(&self, node: NodeId) {
+        self.nodes.lock().entry(node).or_default().1 = true;
+    }
+
+    /// `node` comes back with a new epoch: transports made before stay cut off.
+    pub fn rejoin(&self, node: NodeId) {
+        let mut nodes = self.nodes.lock();
+        let e = nodes.entry(node).or_default();
+        *e = (e.0 + 1, false);
+    }
+
+    /// Whether a call between `from` (a transport of epoch `epoch`) and `to` gets
+    /// through.
+    fn reaches(&self, from: NodeId, epoch: u64, to: NodeId) -> Result<(), TransportError> {
+        let nodes = self.nodes.lock();
+        let (e, down) = nodes.get(&from).copied().unwrap_or_default();
+        if down || e != epoch {
+            return Err(TransportError::Unreachable {
+                node: to,
+                reason: format!("the sender, {from}, has crashed"),
+            });
+        }
+        if nodes.get(&to).is_some_and(|(_, down)| *down) {
+            return Err(TransportError::Unreachable {
+                node: to,
+                reason: "it has crashed".into(),
+            });
+        }
+        Ok(())
     }
 
     pub fn registry(&self) -> &Arc<Registry> {
@@ -85,6 +122,7 @@ impl SimNet {
     pub fn transport(self: &Arc<Self>, node: NodeId) -> Arc<SimTransport> {
         Arc::new(SimTransport {
             me: node,
+            epoch: self.nodes.lock().get(&node).map_or(0, |n| n.0),
             net: self.clone(),
         })
     }
@@ -182,6 +220,7 @@ fn token_label(service: ServiceId, request: &[u8]) -> Option<String> {
 /// One node's end of the simulated network.
 pub struct SimTransport {
     me: NodeId,
+    epoch: u64,
     net: Arc<SimNet>,
 }
 
@@ -205,6 +244,7 @@ impl Transport for SimTransport {
             token_label(service, &request),
         );
         mako_diag::sched::sleep(net.latency());
+        net.reaches(self.me, self.epoch, to)?;
         let handler = net
             .registry
             .service(to, service)
@@ -212,6 +252,8 @@ impl Transport for SimTransport {
         let reply = handler.handle(self.me, &request);
         net.count(to, None, reply.len());
         mako_diag::sched::sleep(net.latency());
+        // A node that crashed meanwhile sends no reply (and gets none).
+        net.reaches(self.me, self.epoch, to)?;
         Ok(reply)
     }
 
@@ -234,6 +276,7 @@ impl Transport for SimTransport {
             let results = results.clone();
             let t = SimTransport {
                 me: self.me,
+                epoch: self.epoch,
                 net: self.net.clone(),
             };
             self.net

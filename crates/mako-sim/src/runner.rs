@@ -6,7 +6,7 @@
 //! Everything is a function of the seed: `SeedReport::trace` (the scheduler's hash of
 //! every decision) and `SeedReport::digest` (every outcome) are equal for two runs.
 
-use crate::cluster::{Background, ClusterConfig, SimCluster, Thief};
+use crate::cluster::{Background, ClusterConfig, RecoveryFault, SimCluster, Thief};
 use crate::invariants::Checks;
 use crate::model::{nanos, Kind, Model, Window};
 use crate::ops::{self, show_outcome, Op, Outcome, Value};
@@ -58,6 +58,12 @@ pub struct SeedConfig {
     pub verify: bool,
     /// TEST ONLY: a broken revoke to inject in every node (the checker's own test).
     pub revoke_fault: RevokeFault,
+    /// Crash a node (not node 0, which hosts the token manager) at a random point of
+    /// a random step; a survivor recovers it; it may rejoin a few steps later
+    /// (`CrashPlan`). `MAKO_SIM_CRASH=1` turns it on for any run.
+    pub crash: bool,
+    /// TEST ONLY: a broken recovery (the checker's own test).
+    pub recovery_fault: RecoveryFault,
 }
 
 impl SeedConfig {
@@ -74,7 +80,55 @@ impl SeedConfig {
             checks: Checks::from_env(),
             verify: !env_flag("MAKO_SIM_NO_CHECKS"),
             revoke_fault: RevokeFault::None,
+            crash: env_flag("MAKO_SIM_CRASH"),
+            recovery_fault: RecoveryFault::None,
         }
+    }
+}
+
+/// The crash of one seed (`SeedConfig::crash`), drawn from its own stream.
+///
+/// What the model knows: node `node` syncs everything at the end of step `step - 1`
+/// (as fsync would), so all its operations before step `step` are durable and must
+/// all be there after the crash. Its operations of step `step` may be lost (they run
+/// when it crashes, `delay_micros` into the step): after the recovery each runs again
+/// on node `by` and is accepted whether or not it had taken effect before the crash
+/// (`check_uncertain`). Operations of the other nodes in that step, including those
+/// that need the crashed node's tokens and wait for its recovery, are checked as
+/// usual.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CrashPlan {
+    pub node: u32,
+    pub step: u32,
+    pub delay_micros: u64,
+    /// The survivor that recovers it and runs its uncertain operations again.
+    pub by: u32,
+    /// The step at whose start the crashed node mounts again (None: it stays down).
+    pub rejoin: Option<u32>,
+}
+
+impl CrashPlan {
+    pub fn draw(config: &SeedConfig) -> Option<CrashPlan> {
+        let nodes = config.cluster.nodes;
+        if !config.crash || nodes < 2 || config.steps < 6 {
+            return None;
+        }
+        let mut rng = SimRng::new(config.seed ^ 0x4352_4153_4850_4c4e);
+        let node = 1 + rng.below(nodes as u64 - 1) as u32;
+        let step = 2 + rng.below(config.steps as u64 - 5) as u32;
+        let delay_micros = rng.below(400);
+        let by = (node + 1 + rng.below(nodes as u64 - 1) as u32) % nodes;
+        let rejoin = rng
+            .chance(0.5)
+            .then(|| step + 1 + rng.below(3) as u32)
+            .filter(|s| *s <= config.steps);
+        Some(CrashPlan {
+            node,
+            step,
+            delay_micros,
+            by,
+            rejoin,
+        })
     }
 }
 
@@ -258,7 +312,9 @@ pub fn run_seed(config: &SeedConfig) -> Result<SeedReport, SeedFailure> {
     if let Some((step, msg)) = &s.failure {
         return Err(fail(*step, msg.clone()));
     }
-    if config.verify {
+    if config.verify && CrashPlan::draw(config).is_some() {
+        cluster.fsck_after_crash().map_err(|e| fail(None, e))?;
+    } else if config.verify {
         cluster.fsck().map_err(|e| fail(None, e))?;
     }
     if env_flag("MAKO_SIM_TIMING") {
@@ -323,8 +379,36 @@ fn drive(
     );
     let mut workload = Workload::new(config.seed, nodes);
     let mut background_rng = SimRng::new(config.seed ^ 0x4241_434b_4752_4f55);
+    let crash = CrashPlan::draw(config);
+    // The crashed node while it is down, and the survivor that takes its work.
+    let mut down: Option<(u32, u32)> = None;
     for step in 0..=config.steps + 1 {
-        let plan = if step == 0 {
+        if let Some(c) = crash.filter(|c| c.rejoin == Some(step)) {
+            state.lock().context = format!("step {step}: node {} rejoins", c.node);
+            let report = cluster.rejoin(c.node).map_err(|e| {
+                (
+                    Some(step),
+                    format!(
+                        "node {} could not mount again after its recovery: {e}",
+                        c.node
+                    ),
+                )
+            })?;
+            // Its log was replayed by the survivor: nothing of it may replay again.
+            if report.transactions > 0 && config.recovery_fault == RecoveryFault::None {
+                return Err((
+                    Some(step),
+                    format!(
+                        "node {} replayed its own log again when it rejoined, after node {} had recovered it: {}",
+                        c.node,
+                        c.by,
+                        report.summary()
+                    ),
+                ));
+            }
+            down = None;
+        }
+        let mut plan = if step == 0 {
             workload.setup()
         } else if step == config.steps + 1 {
             read_back(&model, nodes)
@@ -339,20 +423,55 @@ fn drive(
         };
         // Work that must not overlap operations yet (see `concurrent_release` and
         // `steal_concurrent`) goes after them.
-        let (background, after): (Vec<_>, Vec<_>) =
+        let (mut background, mut after): (Vec<_>, Vec<_>) =
             background.into_iter().partition(|(_, w, _)| match w {
                 Background::Evict | Background::ReleaseTokens => config.concurrent_release,
                 Background::Steal { .. } => config.steal_concurrent,
                 _ => true,
             });
+        let mut step_crash = None;
+        if let Some((dead, by)) = down {
+            // The crashed node's share of the work goes to a survivor.
+            if step == config.steps + 1 {
+                plan.retain(|p| p.node != dead);
+            }
+            for p in &mut plan {
+                if p.node == dead {
+                    p.node = by;
+                }
+            }
+            background.retain(|(n, w, _)| *n != dead || matches!(w, Background::Steal { .. }));
+            after.retain(|(n, w, _)| *n != dead || matches!(w, Background::Steal { .. }));
+        }
+        if let Some(c) = crash {
+            if step + 1 == c.step {
+                // Everything the node did so far is made durable (as fsync would).
+                after.push((c.node, Background::Sync, 0));
+            } else if step == c.step {
+                // Observers race one change; the crashed node's changes are checked
+                // only after its recovery, so none here. An exchange run twice undoes
+                // itself: the crashed node does not do one in this step.
+                plan.retain(|p| !p.observer);
+                for p in &mut plan {
+                    if p.node == c.node
+                        && matches!(p.op, Op::Rename { flags, .. } if flags & crate::ops::RENAME_EXCHANGE != 0)
+                    {
+                        p.node = c.by;
+                    }
+                }
+                after.retain(|(n, w, _)| *n != c.node || matches!(w, Background::Steal { .. }));
+                step_crash = Some(c);
+                down = Some((c.node, c.by));
+            }
+        }
         run_step(
             cluster,
-            config.checks,
-            config.verify,
+            config,
             step,
             &plan,
             &background,
             &after,
+            step_crash,
             &mut model,
             state,
         )?;
@@ -362,7 +481,7 @@ fn drive(
         replay_orders_agree(cluster, nodes).map_err(|e| (None, e))?;
     }
     state.lock().context = "unmounting".into();
-    for n in 0..nodes {
+    for n in (0..nodes).filter(|n| cluster.is_mounted(*n)) {
         cluster
             .unmount(n)
             .map_err(|e| (None, format!("unmount of node {n} failed: {e}")))?;
@@ -538,16 +657,19 @@ fn verbose() -> bool {
 #[allow(clippy::too_many_arguments)]
 fn run_step(
     cluster: &Arc<SimCluster>,
-    checks: Checks,
-    verify: bool,
+    config: &SeedConfig,
     step: u32,
     plan: &[Planned],
     background: &[(u32, Background, u64)],
     after: &[(u32, Background, u64)],
+    crash: Option<CrashPlan>,
     model: &mut Model,
     state: &Mutex<DriverState>,
 ) -> DriveResult {
+    let (checks, verify) = (config.checks, config.verify);
     let sim = crate::sched::current().expect("the driver runs in the simulation");
+    let step_start = now(cluster);
+    let crashed = crash.map(|c| c.node);
     {
         let mut s = state.lock();
         s.step = Some(step);
@@ -575,7 +697,26 @@ fn run_step(
     }
     let results: Arc<Mutex<Vec<Slot>>> = Arc::new(Mutex::new(vec![None; plan.len()]));
     let bg_errors: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
-    let pending = Arc::new(AtomicU64::new((plan.len() + background.len()) as u64));
+    let pending = Arc::new(AtomicU64::new(
+        (plan.len() + background.len() + crash.is_some() as usize) as u64,
+    ));
+    // The crash, then (after a detection delay) the recovery by a survivor.
+    let recovery: Arc<Mutex<Option<Result<String, String>>>> = Arc::new(Mutex::new(None));
+    if let Some(c) = crash {
+        let (cluster, pending, recovery) = (cluster.clone(), pending.clone(), recovery.clone());
+        let fault = config.recovery_fault;
+        sim.spawn(format!("s{step}-crash-n{}", c.node), move || {
+            mako_diag::sched::sleep(Duration::from_micros(c.delay_micros));
+            cluster.crash(c.node);
+            mako_diag::sched::sleep(CRASH_DETECTION);
+            let r = cluster
+                .recover(c.by, c.node, fault)
+                .map(|r| r.map_or_else(|| format!("broken recovery {fault:?}"), |r| r.summary()))
+                .map_err(|e| format!("node {} could not recover node {}: {e}", c.by, c.node));
+            *recovery.lock() = Some(r);
+            pending.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
     for (i, p) in plan.iter().enumerate() {
         let Some(fs) = cluster.fs(p.node) else {
             return Err((Some(step), format!("node {} is not mounted", p.node)));
@@ -596,9 +737,13 @@ fn run_step(
         sim.spawn(format!("s{step}-n{node}-{work:?}"), move || {
             mako_diag::sched::sleep(Duration::from_micros(delay));
             if let Err(e) = cluster.background(node, work) {
-                errors
-                    .lock()
-                    .push(format!("node {node}: background {work:?} failed: {e}"));
+                // The crashed node's work fails once it has crashed: what it did not
+                // finish is lost with it.
+                if crashed != Some(node) || matches!(work, Background::Steal { .. }) {
+                    errors
+                        .lock()
+                        .push(format!("node {node}: background {work:?} failed: {e}"));
+                }
             }
             pending.fetch_sub(1, Ordering::SeqCst);
         });
@@ -619,6 +764,17 @@ fn run_step(
     if let Some(e) = bg_errors.lock().first() {
         return Err((Some(step), e.clone()));
     }
+    if crash.is_some() {
+        match recovery.lock().take() {
+            Some(Ok(summary)) => {
+                if verbose() {
+                    eprintln!("  step {step}: {summary}");
+                }
+            }
+            Some(Err(e)) => return Err((Some(step), e)),
+            None => return Err((Some(step), "the recovery never finished".into())),
+        }
+    }
     // Observers are checked against the state before the step and after it; the
     // others, which commute, against the model as it goes.
     let before = plan.iter().any(|p| p.observer).then(|| model.clone());
@@ -626,7 +782,9 @@ fn run_step(
     let results = std::mem::take(&mut *results.lock());
     // The operations of a step commute, so any order of checking is right; creations
     // go last, because a new inode may reuse the number of one freed in this step.
-    let mut order: Vec<usize> = (0..plan.len()).filter(|i| !plan[*i].observer).collect();
+    let mut order: Vec<usize> = (0..plan.len())
+        .filter(|i| !plan[*i].observer && Some(plan[*i].node) != crashed)
+        .collect();
     order.sort_by_key(|i| {
         matches!(
             plan[*i].op,
@@ -686,6 +844,40 @@ fn run_step(
         }
     }
     drop(s);
+    // The crashed node's operations of this step may or may not have taken effect:
+    // each runs again on the survivor, checked by `check_uncertain`.
+    if let Some(c) = crash {
+        for (i, p) in plan.iter().enumerate().filter(|(_, p)| p.node == c.node) {
+            state.lock().context = format!(
+                "step {step}: node {} runs again what crashed node {} was doing: {}",
+                c.by, c.node, p.op
+            );
+            let fs = cluster
+                .fs(c.by)
+                .ok_or_else(|| (Some(step), format!("node {} is not mounted", c.by)))?;
+            let lo = results[i]
+                .as_ref()
+                .and_then(|r| r.as_ref())
+                .map_or(step_start, |(_, start, _)| *start);
+            let lo = if nanos(lo) < nanos(step_start) {
+                lo
+            } else {
+                step_start
+            };
+            let r = check_uncertain(cluster, &fs, &p.op, lo, model);
+            let mut s = state.lock();
+            s.operations += 1;
+            if let (Err(why), true) = (r, verify) {
+                return Err((
+                    Some(step),
+                    format!(
+                        "node {} crashed during {}; run again on node {} after the recovery: {why}",
+                        c.node, p.op, c.by
+                    ),
+                ));
+            }
+        }
+    }
     let violations = if verify {
         crate::invariants::check(cluster, checks)
     } else {
@@ -702,6 +894,71 @@ fn run_step(
         ));
     }
     Ok(())
+}
+
+/// Simulated time between a node's crash and its recovery by a survivor (the real
+/// cluster's failure detection and expel; issue 14 items 1 and 2).
+const CRASH_DETECTION: Duration = Duration::from_millis(2);
+
+/// Check `op`, which a crashed node was running when it crashed (it may or may not
+/// have taken effect, durably), by running it again on survivor `fs` after the
+/// recovery, and apply it to the model. Run again, an operation that had taken effect
+/// either does the same again (a write, a truncate, a chmod: the outcome is checked
+/// as usual) or fails because it had (a create, a link, a mkdir or a symlink finds its
+/// name: EEXIST; an unlink, rmdir or rename no longer finds its source: ENOENT); in
+/// the second case its success is what the model takes, with the attributes the
+/// survivor now sees. Either way the model then matches the disks exactly, and every
+/// later step and the final read-back check everything else, durable state included.
+fn check_uncertain(
+    cluster: &SimCluster,
+    fs: &mako_fs::fs::FileSystem,
+    op: &Op,
+    lo: Timestamp,
+    model: &mut Model,
+) -> Result<(), String> {
+    let outcome = ops::exec(fs, op);
+    let window = Window {
+        lo: nanos(lo),
+        hi: nanos(now(cluster)),
+    };
+    let mut again = model.clone();
+    let first = match again.check_and_apply(op, &outcome, window) {
+        Ok(()) => {
+            *model = again;
+            return Ok(());
+        }
+        Err(why) => why,
+    };
+    if outcome.is_ok() {
+        return Err(first);
+    }
+    // Had it taken effect before the crash? Then it succeeded, with these attributes.
+    let named = match op {
+        Op::Create { parent, name, .. }
+        | Op::Mkdir { parent, name, .. }
+        | Op::Symlink { parent, name, .. }
+        | Op::Link { parent, name, .. } => {
+            let mut path = parent.clone();
+            path.push(name.clone());
+            Some(path)
+        }
+        _ => None,
+    };
+    let success = match named {
+        Some(path) => ops::exec(fs, &Op::Stat { path }),
+        None => Ok(Value::Unit),
+    };
+    let mut took_effect = model.clone();
+    match took_effect.check_and_apply(op, &success, window) {
+        Ok(()) => {
+            *model = took_effect;
+            Ok(())
+        }
+        Err(why) => Err(format!(
+            "{} again: {first}; nor had it taken effect before the crash: {why}",
+            show_outcome(&outcome)
+        )),
+    }
 }
 
 /// Seeds to run, from the environment: `MAKO_SIM_SEEDS` (how many), `MAKO_SIM_SEED_BASE`
@@ -810,6 +1067,11 @@ pub fn run_seeds(
 /// The command that replays `seed` of the test `test` in `tests/cluster.rs`, with the
 /// `MAKO_SIM_*` settings of this run that change what a seed does.
 pub fn replay_command(test: &str, nodes: u32, seed: u64, ignored: bool) -> String {
+    replay_command_in("cluster", test, nodes, seed, ignored)
+}
+
+/// `replay_command` for test `test` of the test file `file` (`tests/<file>.rs`).
+pub fn replay_command_in(file: &str, test: &str, nodes: u32, seed: u64, ignored: bool) -> String {
     let mut env = String::new();
     for name in [
         "MAKO_SIM_THIEF",
@@ -818,13 +1080,15 @@ pub fn replay_command(test: &str, nodes: u32, seed: u64, ignored: bool) -> Strin
         "MAKO_SIM_CONCURRENT_RELEASE",
         "MAKO_SIM_STEAL_CONCURRENT",
         "MAKO_SIM_NO_CHECKS",
+        "MAKO_SIM_CRASH",
+        "MAKO_SIM_STEPS",
     ] {
         if let Ok(v) = std::env::var(name) {
             env.push_str(&format!("{name}={v} "));
         }
     }
     format!(
-        "{env}MAKO_SIM_NODES={nodes} MAKO_SIM_SEED_BASE={seed} MAKO_SIM_SEEDS=1 MAKO_SIM_JOBS=1 cargo test --release -p mako-sim --test cluster -- --exact {test} --nocapture{}",
+        "{env}MAKO_SIM_NODES={nodes} MAKO_SIM_SEED_BASE={seed} MAKO_SIM_SEEDS=1 MAKO_SIM_JOBS=1 cargo test --release -p mako-sim --test {file} -- --exact {test} --nocapture{}",
         if ignored { " --ignored" } else { "" }
     )
 }

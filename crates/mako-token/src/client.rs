@@ -108,6 +108,12 @@ pub struct TokenClientLimits {
     pub acquire_attempts_max: u32,
     /// Deadline of each request to the manager or a holder.
     pub call_deadline_ms: u64,
+    /// How long an acquire waits, in all, for holders that do not answer its revoke
+    /// (a failed node: its tokens stay in the manager's table until a survivor
+    /// recovers it and releases them, `release_failed_node`), retrying every
+    /// `holder_down_retry_ms`. Past it the acquire fails with `RevokeFailed`.
+    pub holder_down_wait_ms: u64,
+    pub holder_down_retry_ms: u64,
 }
 
 impl Default for TokenClientLimits {
@@ -115,6 +121,8 @@ impl Default for TokenClientLimits {
         TokenClientLimits {
             acquire_attempts_max: 64,
             call_deadline_ms: 60_000,
+            holder_down_wait_ms: 600_000,
+            holder_down_retry_ms: 10,
         }
     }
 }
@@ -214,6 +222,15 @@ struct ClientInner {
     hold_misses: AtomicU64,
     /// Ticks at every grant from the manager (`TokenClient::grant_clock`).
     grant_clock: AtomicU64,
+}
+
+/// Let `d` pass: simulated time in the simulation, real time otherwise.
+fn pause(d: Duration) {
+    if mako_diag::sched::active() {
+        mako_diag::sched::sleep(d);
+    } else {
+        std::thread::sleep(d);
+    }
 }
 
 static CLIENT_IDS: AtomicUsize = AtomicUsize::new(1);
@@ -680,7 +697,11 @@ impl TokenClient {
         validate_request(&req)?;
         let (lock, cv) = inner.shard(&resource);
         let mut last_copyset: Vec<Holder> = Vec::new();
-        for _attempt in 0..inner.limits.acquire_attempts_max {
+        // Time spent waiting for holders that did not answer (`holder_down_wait_ms`).
+        let mut waited_down = Duration::ZERO;
+        let mut attempt = 0;
+        while attempt < inner.limits.acquire_attempts_max {
+            attempt += 1;
             // 1. Covered already (and not being revoked)?
             let shard = lock.lock();
             // A replacing grant must not take a promise from this node's own holds.
@@ -791,13 +812,19 @@ impl TokenClient {
                     inner.options(),
                 ));
             }
+            let mut unreachable = None;
             for (h, answer) in copyset.iter().zip(answers) {
-                let answer = answer
-                    .map_err(|e| TokenError::Transport(e.to_string()))
-                    .and_then(|b| {
-                        mako_rt::decode::<ClientReply>("revoke reply", &b)
-                            .map_err(|e| TokenError::Transport(e.to_string()))
-                    });
+                let answer = match answer {
+                    // The holder did not answer: it may have failed. Its tokens stay
+                    // in the manager's table until it is recovered (a survivor
+                    // replays its log, then releases them); wait for that.
+                    Err(e) => {
+                        unreachable.get_or_insert((h.clone(), e.to_string()));
+                        continue;
+                    }
+                    Ok(b) => mako_rt::decode::<ClientReply>("revoke reply", &b)
+                        .map_err(|e| TokenError::Transport(e.to_string())),
+                };
                 match answer {
                     Ok(ClientReply::Revoked) => {}
                     Ok(ClientReply::Failed(e)) | Err(e) => {
@@ -809,6 +836,25 @@ impl TokenClient {
                         })
                     }
                 }
+            }
+            if let Some((h, why)) = unreachable {
+                let retry = Duration::from_millis(inner.limits.holder_down_retry_ms.max(1));
+                if waited_down >= Duration::from_millis(inner.limits.holder_down_wait_ms) {
+                    return Err(TokenError::RevokeFailed {
+                        node: h.node,
+                        resource,
+                        range: h.range,
+                        source: Box::new(TokenError::Transport(format!(
+                            "{why}; waited {waited_down:?} for it to answer or be recovered"
+                        ))),
+                    });
+                }
+                pause(retry);
+                waited_down += retry;
+                // Waiting for a failed holder is not an attempt.
+                attempt -= 1;
+                last_copyset = copyset;
+                continue;
             }
             // 4. Retry, forwarding how many answered.
             req.revoke_answers = u32::try_from(copyset.len()).unwrap_or(u32::MAX);
@@ -1021,6 +1067,32 @@ impl TokenClient {
             .inner
             .ask_manager(&any, ManagerRequest::ReleaseNode(self.inner.node));
         result.and(reply.and_then(ClientInner::expect_done))
+    }
+
+    /// Recovery of a failed node (issue 14): drop every token `node` holds, in every
+    /// manager shard, so that acquires waiting for it (see `holder_down_wait_ms`)
+    /// proceed. Call only once what `node` held dirty is safe: its recovery log
+    /// replayed (`mako_fs::recovery::recover_failed_node`).
+    pub fn release_failed_node(&self, node: NodeId) -> Result<(), TokenError> {
+        let mut managers = self.inner.managers.nodes.clone();
+        managers.sort();
+        managers.dedup();
+        if managers.is_empty() {
+            managers.push(NodeId(0));
+        }
+        let mut result = Ok(());
+        for m in managers {
+            let reply = mako_rt::call(
+                &*self.inner.transport,
+                m,
+                ServiceId::TokenManager,
+                &ManagerRequest::ReleaseNode(node),
+                self.inner.options(),
+            )
+            .map_err(|e| TokenError::Transport(e.to_string()));
+            result = result.and(reply.and_then(ClientInner::expect_done));
+        }
+        result
     }
 
     /// The metanode of inode resource `resource`; with `become_if_none` this node
