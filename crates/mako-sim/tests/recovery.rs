@@ -99,3 +99,143 @@ fn a_recovery_without_token_release_is_caught() {
     run_seed(&config(seed, 2, RecoveryFault::None))
         .unwrap_or_else(|f| panic!("seed {seed} fails without the fault too: {f}"));
 }
+
+/// A survivor replays a full log: node 1 fills its log (transactions of 50 creates
+/// with an xattr each, every directory fsynced, no checkpoint), creates one more
+/// file it never syncs, and crashes. Before the recovery, node 0 lists one of node 1's
+/// directories (it needs node 1's token: it waits) and creates a file in its own
+/// directory (it needs nothing of node 1's: it does not wait). Node 0 then recovers
+/// node 1: the listing completes with every fsynced name, nothing unsynced appears,
+/// and node 1, mounting again, replays nothing. Prints the replay's figures
+/// (simulated time, log size).
+#[test]
+fn a_survivor_replays_a_full_log() {
+    use mako_fs::fs::{Ctx, ROOT_INO};
+    use mako_sim::{ClusterConfig, Sim, SimCluster, SimConfig};
+    use parking_lot::Mutex;
+    use std::sync::Arc;
+    use std::time::Duration;
+    const C: Ctx = Ctx {
+        uid: 0,
+        gid: 0,
+        pid: 1,
+    };
+    let sim = Sim::new(1, SimConfig::default());
+    let mut cc = ClusterConfig::small(2);
+    cc.thief = mako_sim::Thief::Off;
+    let cluster = SimCluster::new(&sim, cc).expect("cluster");
+    let out: Arc<Mutex<Option<Result<String, String>>>> = Arc::new(Mutex::new(None));
+    {
+        let (cluster, out) = (cluster.clone(), out.clone());
+        sim.spawn_task("driver", move || {
+            let r = (|| -> Result<String, String> {
+                let e = |w: &'static str| move |x: mako_fs::error::FsError| format!("{w}: {x}");
+                cluster.mount(0).map_err(e("mount 0"))?;
+                cluster.mount(1).map_err(e("mount 1"))?;
+                let (fs0, fs1) = (cluster.fs(0).unwrap(), cluster.fs(1).unwrap());
+                let mine = fs0.mkdir(C, ROOT_INO, b"zero", 0o755, 0).map_err(e("mkdir"))?;
+                fs0.fsync(mine.ino, false).map_err(e("fsync"))?;
+                let core = fs1.core.clone();
+                let cap = core.journal.capacity();
+                let checkpoints = || {
+                    core.journal
+                        .stats
+                        .checkpoints
+                        .load(std::sync::atomic::Ordering::Relaxed)
+                };
+                let mut dirs = Vec::new();
+                while core.journal.used_bytes() < cap * 8 / 10 && checkpoints() == 0 {
+                    let n = dirs.len();
+                    let d = fs1
+                        .mkdir(C, ROOT_INO, format!("d{n}").as_bytes(), 0o755, 0)
+                        .map_err(e("mkdir"))?;
+                    for k in 0..50u32 {
+                        let a = fs1
+                            .create(C, d.ino, format!("f{k}").as_bytes(), 0o644, 0, true)
+                            .map_err(e("create"))?;
+                        fs1.setxattr(a.ino, b"user.k", &k.to_le_bytes(), 0)
+                            .map_err(e("setxattr"))?;
+                    }
+                    fs1.fsync(d.ino, false).map_err(e("fsync"))?;
+                    dirs.push(d.ino);
+                }
+                if checkpoints() > 0 {
+                    return Err("the log checkpointed before it was full".into());
+                }
+                let used = core.journal.used_bytes();
+                // Never synced: may be lost (it is: the crash comes first).
+                fs1.create(C, dirs[0], b"unsynced", 0o644, 0, true)
+                    .map_err(e("create"))?;
+                cluster.crash(1);
+                let t = |c: &SimCluster| mako_rt::Clock::monotonic(c.clock.as_ref());
+                let crashed_at = t(&cluster);
+                // Node 0, before the recovery: a listing of node 1's directory waits
+                // for it; a create in its own directory does not.
+                let listing: Arc<Mutex<Option<(Duration, usize)>>> = Arc::new(Mutex::new(None));
+                {
+                    let (cluster, listing, d) = (cluster.clone(), listing.clone(), dirs[0]);
+                    let fs0 = fs0.clone();
+                    mako_sim::current().unwrap().spawn("listing", move || {
+                        let n = fs0.readdir(d, 0, 1000).map(|v| v.len()).unwrap_or(0);
+                        *listing.lock() = Some((t(&cluster), n));
+                    });
+                }
+                fs0.create(C, mine.ino, b"own", 0o644, 0, true)
+                    .map_err(e("create in node 0's own directory"))?;
+                let own_done = t(&cluster);
+                mako_diag::sched::sleep(Duration::from_millis(5));
+                if listing.lock().is_some() {
+                    return Err("node 0's listing of node 1's directory did not wait for the recovery".into());
+                }
+                let started = t(&cluster);
+                let rep = mako_fs::recovery::recover_failed_node(&fs0.core, 1)
+                    .map_err(e("recovery"))?;
+                let recovered = t(&cluster);
+                mako_diag::sched::wait_until("listing", || listing.lock().is_some());
+                let (listed_at, names) = listing.lock().unwrap();
+                // ".", ".." and the 50 fsynced names; not the unsynced one.
+                if names != 52 {
+                    return Err(format!("node 0 listed {names} entries of d0 after the recovery, not 52"));
+                }
+                if own_done >= started || listed_at < recovered {
+                    return Err(format!(
+                        "the create in node 0's own directory ended at {own_done:?} (recovery began {started:?}), \
+                         the listing of node 1's directory at {listed_at:?} (recovery ended {recovered:?})"
+                    ));
+                }
+                for (n, d) in dirs.iter().enumerate() {
+                    let got = fs0.readdir(*d, 0, 1000).map_err(e("readdir"))?.len();
+                    if got != 52 {
+                        return Err(format!("d{n}: {got} entries after the recovery, not 52"));
+                    }
+                }
+                let again = cluster.rejoin(1).map_err(e("rejoin"))?;
+                if again.transactions > 0 {
+                    return Err(format!("node 1 replayed its log again: {}", again.summary()));
+                }
+                cluster.unmount(1).map_err(e("unmount 1"))?;
+                cluster.unmount(0).map_err(e("unmount 0"))?;
+                Ok(format!(
+                    "node 0 replayed node 1's full log ({:.2} of {:.2} MiB in use, {} transactions, {} images, {:.2} MiB written in place) \
+                     in {:?} simulated ({} ms real); crash to recovery start {:?} (the test's detection delay)",
+                    used as f64 / (1 << 20) as f64,
+                    cap as f64 / (1 << 20) as f64,
+                    rep.replay.transactions,
+                    rep.replay.images,
+                    rep.replay.image_bytes as f64 / (1 << 20) as f64,
+                    recovered - started,
+                    rep.replay.duration.as_millis(),
+                    started - crashed_at,
+                ))
+            })();
+            *out.lock() = Some(r);
+        });
+    }
+    sim.run().unwrap_or_else(|f| panic!("{}", f.message));
+    let r = out.lock().take().expect("the driver finished");
+    match r {
+        Ok(line) => eprintln!("{line}"),
+        Err(e) => panic!("{e}"),
+    }
+    cluster.fsck().unwrap_or_else(|e| panic!("{e}"));
+}
