@@ -501,6 +501,10 @@ pub fn call_node(core: &Core, to: NodeId, req: &FsRequest) -> FsResult<FsReply> 
 }
 
 fn call(core: &Core, to: NodeId, req: &FsRequest) -> FsResult<FsReply> {
+    call_raw(core, to, req).map_err(|e| FsError::Token(e.to_string()))
+}
+
+fn call_raw(core: &Core, to: NodeId, req: &FsRequest) -> Result<FsReply, mako_rt::TransportError> {
     core.stats.metanode_sent.fetch_add(1, Ordering::Relaxed);
     mako_rt::call(
         &*core.env.transport,
@@ -509,7 +513,6 @@ fn call(core: &Core, to: NodeId, req: &FsRequest) -> FsResult<FsReply> {
         req,
         CallOptions::default(),
     )
-    .map_err(|e| FsError::Token(e.to_string()))
 }
 
 /// Send `req` to the file's metanode, locating it again (with a short pause while it
@@ -529,7 +532,30 @@ fn to_metanode(core: &Core, h: &InodeHandle, req: &FsRequest) -> FsResult<Option
             locate(core, h)?;
             continue;
         };
-        match call(core, to, req)? {
+        let reply = match call_raw(core, to, req) {
+            Ok(r) => r,
+            // The metanode does not answer: it may have failed. Its role goes with
+            // its tokens when a survivor recovers it (docs/coherence.md section 7a);
+            // then another node (maybe this one) becomes the metanode. Wait for that.
+            Err(
+                e @ (mako_rt::TransportError::Unreachable { .. }
+                | mako_rt::TransportError::Timeout { .. }),
+            ) => {
+                if attempt + 1 == LOCATE_ATTEMPTS_MAX {
+                    return Err(FsError::Token(format!(
+                        "metanode {to} of inode {}: {e}",
+                        h.ino
+                    )));
+                }
+                if let Some(s) = h.state.write().shared.as_mut() {
+                    s.metanode = None;
+                }
+                core.env.clock.sleep(Duration::from_millis(10));
+                continue;
+            }
+            Err(e) => return Err(FsError::Token(e.to_string())),
+        };
+        match reply {
             FsReply::NotMetanode => {
                 if let Some(s) = h.state.write().shared.as_mut() {
                     s.metanode = None;
