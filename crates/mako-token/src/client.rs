@@ -819,7 +819,7 @@ impl TokenClient {
                     // in the manager's table until it is recovered (a survivor
                     // replays its log, then releases them); wait for that.
                     Err(e) => {
-                        unreachable.get_or_insert((h.clone(), e.to_string()));
+                        unreachable.get_or_insert((*h, e.to_string()));
                         continue;
                     }
                     Ok(b) => mako_rt::decode::<ClientReply>("revoke reply", &b)
