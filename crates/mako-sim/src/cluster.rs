@@ -326,8 +326,7 @@ impl SimCluster {
                 mako_fs::recovery::recover_failed_node(&fs.core, failed).map(Some)
             }
             RecoveryFault::SkipReplay => {
-                let dropped = self.manager.release_node(NodeId(failed));
-                let _ = dropped;
+                self.manager.release_node(NodeId(failed));
                 Ok(None)
             }
             RecoveryFault::SkipTokenRelease => {
