@@ -104,7 +104,7 @@ pub enum Fenced {
     Unleased,
     #[error("this node's lease (epoch {epoch}) ran out {ago:?} ago: it could not renew it with the cluster manager within failureDetectionTime, so the cluster may consider it failed")]
     Expired { epoch: u64, ago: Duration },
-    #[error("this node was expelled from the cluster by node {by} (lease epoch {epoch}): {reason}; unmount and mount again once it rejoined")]
+    #[error("this node was expelled from the cluster by {by} (lease epoch {epoch}): {reason}; unmount and mount again once it rejoined")]
     Expelled {
         epoch: u64,
         by: NodeId,

@@ -693,7 +693,7 @@ impl ClusterConfig {
                 if let Some(e) = &lease.expelled {
                     return Err(ConfigError::BadExpel {
                         problem: format!(
-                            "{} is already expelled (by node {}: {})",
+                            "{} is already expelled (by {}: {})",
                             self.node_label(*node),
                             e.by,
                             e.reason

@@ -214,6 +214,7 @@ impl RemoteDisk {
                 }
             ))),
             Ok(Err(Failure::BadRequest(why))) => Err(refused(why)),
+            Ok(Err(Failure::Fenced(why))) => Err(refused(format!("fenced: {why}"))),
             Ok(Err(Failure::Disk(e))) => Err(Attempt::Final(e.into_error(&server.to_string()))),
             Err(why) => Err(refused(why)),
         }

@@ -288,6 +288,18 @@ impl Daemon {
         let (disks, access) = net
             .open_disks(&cluster, &names)
             .with_context(|| format!("opening the disks of {name}"))?;
+        let lease = self.member()?.leases.lease.clone();
+        let epoch = wait_for_lease(&lease)?;
+        let disks: Vec<Arc<dyn mako_disk::Disk>> = disks
+            .into_iter()
+            .map(|inner| {
+                Arc::new(crate::lease::FencedDisk {
+                    inner,
+                    lease: lease.clone(),
+                    epoch,
+                }) as Arc<dyn mako_disk::Disk>
+            })
+            .collect();
         let mounted =
             mako_fs::mount::mount_node(disks, fs_config(cfg), net.env(0)).with_context(|| {
                 format!(
@@ -1146,7 +1158,12 @@ pub fn run(root: &Path) -> Result<()> {
     });
     if let Some(net) = &daemon.net {
         let transport: Arc<dyn mako_rt::Transport> = net.transport.clone();
-        let member = crate::member::Member::start(&dir, &cluster, transport, net.registry.clone())?;
+        let times = mako_cluster::lease::LeaseTimes::from_config(&daemon.config.read());
+        let member =
+            crate::member::Member::start(&dir, &cluster, transport, net.registry.clone(), times)?;
+        if let Some(nsd) = &net.nsd {
+            nsd.set_fence(Arc::new(crate::lease::LeaseFence(member.quorum())));
+        }
         let weak = Arc::downgrade(&daemon);
         member.start_applier(
             &dir,
@@ -1261,5 +1278,20 @@ impl mako_fsck::MetadataReader for OnlineReader<'_> {
         )?;
         self.core.journal.overlay(da, buf);
         Ok(())
+    }
+}
+
+/// Waits until this node holds a lease (its first renewal, or a rejoin after an expel)
+/// and returns its epoch: a file system is mounted at one epoch and fenced after it.
+fn wait_for_lease(lease: &mako_cluster::lease::NodeLease) -> Result<u64> {
+    let deadline = Instant::now() + crate::net::manager_wait();
+    loop {
+        match lease.check() {
+            Ok(epoch) => return Ok(epoch),
+            Err(why) if Instant::now() >= deadline => {
+                bail!("no lease from the cluster manager, so no disk I/O: {why}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
     }
 }
