@@ -95,6 +95,8 @@ pub struct NodeLease {
     clock: Arc<dyn Clock>,
     times: LeaseTimes,
     state: parking_lot::Mutex<LeaseState>,
+    /// When this node started (its start-up grace is measured from here).
+    started: Duration,
 }
 
 /// Why this node may not do I/O now.
@@ -114,10 +116,12 @@ pub enum Fenced {
 
 impl NodeLease {
     pub fn new(clock: Arc<dyn Clock>, times: LeaseTimes) -> NodeLease {
+        let started = clock.monotonic();
         NodeLease {
             clock,
             times,
             state: parking_lot::Mutex::new(LeaseState::Unleased),
+            started,
         }
     }
 
@@ -170,6 +174,15 @@ impl NodeLease {
             LeaseState::Unleased => 0,
             LeaseState::Held { epoch, .. } | LeaseState::Expelled { epoch, .. } => *epoch,
         }
+    }
+
+    /// Never granted a lease yet, within `failureDetectionTime` of the start: the
+    /// start-up grace in which a mount may do I/O before a cluster manager is elected
+    /// (the quorum nodes start one after another; docs/cluster.md says what this
+    /// leaves open).
+    pub fn in_startup_grace(&self) -> bool {
+        matches!(*self.state.lock(), LeaseState::Unleased)
+            && self.clock.monotonic() < self.started + self.times.lease
     }
 
     /// May this node do disk I/O now? `Ok(epoch)` while the lease holds.
@@ -340,10 +353,12 @@ mod tests {
         let clock = Arc::new(FakeClock(Mutex::new(s(100))));
         let lease = NodeLease::new(clock.clone(), times());
         assert_eq!(lease.check(), Err(Fenced::Unleased));
+        assert!(lease.in_startup_grace());
         let sent = lease.now();
         clock.advance(s(1)); // the reply takes a second
         lease.granted(7, sent);
         assert_eq!(lease.check(), Ok(7));
+        assert!(!lease.in_startup_grace());
         // Measured from the send time: 10 s after sending, not after the reply.
         clock.advance(s(8));
         assert_eq!(lease.check(), Ok(7));
@@ -361,6 +376,16 @@ mod tests {
         lease.granted(7, early - s(5));
         clock.advance(s(9));
         assert_eq!(lease.check(), Ok(7));
+    }
+
+    #[test]
+    fn the_start_up_grace_ends_after_one_lease() {
+        let clock = Arc::new(FakeClock(Mutex::new(s(3))));
+        let lease = NodeLease::new(clock.clone(), times());
+        clock.advance(s(9));
+        assert!(lease.in_startup_grace());
+        clock.advance(s(1));
+        assert!(!lease.in_startup_grace());
     }
 
     #[test]

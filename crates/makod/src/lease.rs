@@ -7,7 +7,7 @@
 //!   request was *sent*.
 //! - **The fence.** Every disk a mounted file system uses is wrapped in [`FencedDisk`]:
 //!   each read, write and sync first asks the lease and is refused
-//!   (`DiskError::Refused`, so EIO to the application) once the lease ran out, the
+//!   (`DiskError::Fenced`, so EIO to the application) once the lease ran out, the
 //!   node was expelled, or the node holds a newer epoch than the mount was made at. For
 //!   a directly attached disk that is the whole fence; an NSD server also refuses an
 //!   expelled node's requests itself ([`LeaseFence`]).
@@ -157,8 +157,18 @@ impl Leases {
             .quorum
             .propose_within(command, self.times().renew_interval())
         {
-            Ok(_) => {
-                let new = self.quorum.read_local().lease_of(self.me).epoch;
+            Ok(config_epoch) => {
+                // The learner's copy may not have applied its own change yet.
+                let new = match self
+                    .quorum
+                    .wait_epoch(config_epoch, self.times().renew_interval())
+                {
+                    Ok(config) => config.lease_of(self.me).epoch,
+                    Err(e) => {
+                        tracing::warn!("rejoined, but the new lease epoch is not known yet: {e}");
+                        return;
+                    }
+                };
                 tracing::warn!(
                     "this node, {}, rejoined the cluster at lease epoch {new}; file systems \
                      mounted before the expel stay fenced until mounted again",
@@ -319,22 +329,37 @@ impl Service for LeaseService {
 pub struct FencedDisk {
     pub inner: Arc<dyn Disk>,
     pub lease: Arc<NodeLease>,
-    pub epoch: u64,
+    /// The lease epoch of the mount; 0 for a mount made in the start-up grace, which
+    /// takes the first epoch granted.
+    pub epoch: std::sync::atomic::AtomicU64,
 }
 
 impl FencedDisk {
     fn check(&self) -> Result<(), DiskError> {
-        let refuse = |reason: String| DiskError::Refused {
+        let mine = self.epoch.load(Ordering::SeqCst);
+        if mine == 0 && self.lease.in_startup_grace() {
+            return Ok(());
+        }
+        let refuse = |reason: String| DiskError::Fenced {
             disk: self.inner.name().to_string(),
-            server: "this node's lease".into(),
+            by: "this node's lease".into(),
             reason,
         };
         match self.lease.check() {
-            Ok(e) if e == self.epoch => Ok(()),
+            Ok(e) if e == mine => Ok(()),
+            Ok(e)
+                if mine == 0
+                    && self
+                        .epoch
+                        .compare_exchange(0, e, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok() =>
+            {
+                Ok(())
+            }
             Ok(e) => Err(refuse(format!(
                 "this file system was mounted at lease epoch {}, and the node was expelled \
                  and rejoined at epoch {e} since; unmount and mount it again",
-                self.epoch
+                self.epoch.load(Ordering::SeqCst)
             ))),
             Err(f) => Err(refuse(f.to_string())),
         }

@@ -371,20 +371,19 @@ impl Member {
                 };
                 let lease = config.lease_of(id);
                 let (state, answers, term, epoch) = match states.get(&id) {
-                    Some(Ok(_)) | Some(Err(_)) if lease.expelled.is_some() => {
+                    Some(found) if lease.expelled.is_some() => {
                         let e = lease.expelled.as_ref().expect("checked");
-                        let answers = matches!(states.get(&id), Some(Ok(_)));
-                        (
-                            format!(
-                                "expelled by {} (lease epoch {}): {}",
-                                name_of(e.by),
-                                lease.epoch,
-                                e.reason
-                            ),
-                            answers,
-                            0,
-                            0,
-                        )
+                        let expel = format!(
+                            "expelled by {} (lease epoch {}): {}",
+                            name_of(e.by),
+                            lease.epoch,
+                            e.reason
+                        );
+                        match found {
+                            Ok(_) => (expel, true, 0, 0),
+                            // Keeps "down: …" first: a down node is also expelled.
+                            Err(why) => (format!("{why}; {expel}"), false, 0, 0),
+                        }
                     }
                     Some(Ok(s)) if self.leases.arbitrating(id) => (
                         format!(
