@@ -385,6 +385,9 @@ impl Disk for FencedDisk {
         self.check()?;
         self.inner.sync()
     }
+    fn sync_in_parallel(&self) -> bool {
+        self.inner.sync_in_parallel()
+    }
     fn read_tagged(&self, buf: &mut [u8], offset: u64, tag: IoTag) -> Result<(), DiskError> {
         self.check()?;
         self.inner.read_tagged(buf, offset, tag)
