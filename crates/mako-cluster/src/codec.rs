@@ -10,8 +10,12 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 const MAGIC: [u8; 4] = *b"MKCL";
-/// The current layout of every kind.
-pub const VERSION: u16 = 1;
+/// The current layout of every kind. Version 2: the configuration gained its lease
+/// records (`ClusterConfig::leases`); log entries of version 1 still decode (commands
+/// were only added after the last), applied states and snapshots of version 1 do not.
+pub const VERSION: u16 = 2;
+/// The oldest version of the kinds that hold a whole configuration.
+const STATE_VERSION_MIN: u16 = 2;
 const HEADER_BYTES: usize = 16;
 const CRC_OFFSET: usize = 12;
 
@@ -42,6 +46,8 @@ pub enum CodecError {
     },
     #[error("{what}: format version {found} is newer than this Mako understands ({VERSION}); upgrade Mako on this node")]
     NewerVersion { what: String, found: u16 },
+    #[error("{what}: format version {found} was written by a Mako before leases (version {STATE_VERSION_MIN}); this pre-release store cannot be upgraded: make the cluster again (`mako cluster create`)")]
+    OlderVersion { what: String, found: u16 },
     #[error("{what}: stored as kind {found}, expected {expected:?}")]
     WrongKind {
         what: String,
@@ -123,6 +129,13 @@ pub fn decode<T: DeserializeOwned>(kind: Kind, what: &str, bytes: &[u8]) -> Resu
             what: what.to_string(),
             found: found_kind,
             expected: kind,
+        });
+    }
+    if version < STATE_VERSION_MIN && matches!(kind, Kind::Applied | Kind::Snapshot | Kind::Config)
+    {
+        return Err(CodecError::OlderVersion {
+            what: what.to_string(),
+            found: version,
         });
     }
     let stated = le32(8);

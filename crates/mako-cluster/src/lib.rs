@@ -20,13 +20,15 @@
 //! never do.
 
 pub mod codec;
+pub mod lease;
 pub mod model;
 pub mod network;
 pub mod quorum;
 pub mod store;
 
 pub use model::{
-    parse_address, ClusterConfig, Command, ConfigError, DiskEntry, FsEntry, NodeEntry, Role, Scope,
+    parse_address, ClusterConfig, Command, ConfigError, DiskEntry, Expel, FsEntry, NodeEntry,
+    NodeLease, Role, Scope, FIRST_LEASE_EPOCH,
 };
 pub use quorum::{Quorum, QuorumError, QuorumOptions};
 

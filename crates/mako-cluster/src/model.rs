@@ -127,6 +127,41 @@ pub struct ClusterConfig {
     pub params: BTreeMap<String, String>,
     /// Per-node overrides, which win over the cluster-wide value on that node.
     pub node_params: BTreeMap<NodeId, BTreeMap<String, String>>,
+    /// Lease epochs and expels (docs/cluster.md "Leases, expel and fencing"); a node
+    /// missing here holds epoch [`FIRST_LEASE_EPOCH`] and was never expelled.
+    pub leases: BTreeMap<NodeId, NodeLease>,
+}
+
+/// The lease epoch of a node that was never expelled.
+pub const FIRST_LEASE_EPOCH: u64 = 1;
+
+/// A node's lease record in the configuration: replicated, so a new cluster manager
+/// after a leader change knows every expel.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeLease {
+    /// Grows by one each time the node rejoins after an expel; NSD servers refuse a
+    /// request carrying an older one.
+    pub epoch: u64,
+    /// Set while the node is expelled.
+    pub expelled: Option<Expel>,
+}
+
+impl Default for NodeLease {
+    fn default() -> Self {
+        NodeLease {
+            epoch: FIRST_LEASE_EPOCH,
+            expelled: None,
+        }
+    }
+}
+
+/// Who expelled a node, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Expel {
+    pub by: NodeId,
+    pub reason: String,
+    /// The configuration epoch the expel was applied at.
+    pub config_epoch: u64,
 }
 
 /// A change to the configuration: one raft log entry.
@@ -174,8 +209,22 @@ pub enum Command {
     /// Several changes applied as one: all of them, in order, or none (one epoch).
     /// `mako cluster create` creates a cluster with its nodes, disks and file systems
     /// in one batch, so that a configuration is never seen half made. Batches do not
-    /// nest. (Last in this enum: the log's encoding numbers variants in order.)
+    /// nest. (The log's encoding numbers variants in order: new ones go after the
+    /// last, never between.)
     Batch(Vec<Command>),
+    /// The cluster manager `by` declares `node` failed at lease epoch `epoch`
+    /// (refused when the node's epoch moved on or it is already expelled).
+    Expel {
+        node: NodeId,
+        epoch: u64,
+        by: NodeId,
+        reason: String,
+    },
+    /// An expelled node comes back: a new lease epoch, no longer expelled.
+    Rejoin {
+        node: NodeId,
+        epoch: u64,
+    },
 }
 
 impl Command {
@@ -194,6 +243,8 @@ impl Command {
             Command::SetParam { .. } => "set parameter",
             Command::UnsetParam { .. } => "unset parameter",
             Command::Batch(_) => "batch of changes",
+            Command::Expel { .. } => "expel node",
+            Command::Rejoin { .. } => "rejoin node",
         }
     }
 
@@ -216,7 +267,16 @@ impl Command {
                 check_addresses(&node.name, &node.addresses)?;
                 check_roles(&node.name, &node.roles)
             }
-            Command::RemoveNode { .. } => Ok(()),
+            Command::RemoveNode { .. } | Command::Rejoin { .. } => Ok(()),
+            Command::Expel { reason, .. } => {
+                if reason.is_empty() || reason.len() > 1024 {
+                    Err(ConfigError::BadExpel {
+                        problem: "the reason must be 1 to 1024 bytes".into(),
+                    })
+                } else {
+                    Ok(())
+                }
+            }
             Command::SetRoles { node, roles } => check_roles(&node.to_string(), roles),
             Command::SetAddresses { node, addresses } => {
                 check_addresses(&node.to_string(), addresses)
@@ -618,6 +678,47 @@ impl ClusterConfig {
                     }
                 }
             }
+            Command::Expel { node, epoch, .. } => {
+                self.require_node(*node)?;
+                let lease = self.lease_of(*node);
+                if lease.epoch != *epoch {
+                    return Err(ConfigError::BadExpel {
+                        problem: format!(
+                            "{} holds lease epoch {}, not {epoch}: it rejoined since",
+                            self.node_label(*node),
+                            lease.epoch
+                        ),
+                    });
+                }
+                if let Some(e) = &lease.expelled {
+                    return Err(ConfigError::BadExpel {
+                        problem: format!(
+                            "{} is already expelled (by {}: {})",
+                            self.node_label(*node),
+                            e.by,
+                            e.reason
+                        ),
+                    });
+                }
+            }
+            Command::Rejoin { node, epoch } => {
+                self.require_node(*node)?;
+                let lease = self.lease_of(*node);
+                if lease.expelled.is_none() || lease.epoch != *epoch {
+                    return Err(ConfigError::BadExpel {
+                        problem: format!(
+                            "{} is not expelled at lease epoch {epoch} (it holds epoch {}{})",
+                            self.node_label(*node),
+                            lease.epoch,
+                            if lease.expelled.is_some() {
+                                ", expelled"
+                            } else {
+                                ""
+                            }
+                        ),
+                    });
+                }
+            }
             // Checked whole at the top.
             Command::Batch(_) => {}
         }
@@ -639,6 +740,11 @@ impl ClusterConfig {
         Ok(())
     }
 
+    /// `node`'s lease record (the first epoch, not expelled, when it has none).
+    pub fn lease_of(&self, node: NodeId) -> NodeLease {
+        self.leases.get(&node).cloned().unwrap_or_default()
+    }
+
     /// Applies a command `check` accepted.
     fn change(&mut self, command: &Command) {
         match command {
@@ -657,6 +763,22 @@ impl ClusterConfig {
             Command::RemoveNode { node } => {
                 self.nodes.remove(node);
                 self.node_params.remove(node);
+                self.leases.remove(node);
+            }
+            Command::Expel {
+                node, by, reason, ..
+            } => {
+                let config_epoch = self.epoch + 1;
+                self.leases.entry(*node).or_default().expelled = Some(Expel {
+                    by: *by,
+                    reason: reason.clone(),
+                    config_epoch,
+                });
+            }
+            Command::Rejoin { node, .. } => {
+                let lease = self.leases.entry(*node).or_default();
+                lease.epoch += 1;
+                lease.expelled = None;
             }
             Command::SetRoles { node, roles } => {
                 if let Some(n) = self.nodes.get_mut(node) {
@@ -756,6 +878,8 @@ pub enum ConfigError {
     BadParameter { name: String, reason: String },
     #[error("a batch of changes holds another batch; batches do not nest")]
     NestedBatch,
+    #[error("expel or rejoin refused: {problem}")]
+    BadExpel { problem: String },
 }
 
 #[cfg(test)]
@@ -769,6 +893,67 @@ mod tests {
             addresses: vec![SocketAddr::from(([10, 0, 0, id as u8], port))],
             roles: roles.iter().copied().collect(),
         }
+    }
+
+    #[test]
+    fn an_expel_is_recorded_once_and_a_rejoin_gives_a_new_epoch() {
+        let mut c = ClusterConfig::default();
+        c.apply(&Command::CreateCluster {
+            name: "c".into(),
+            uuid: [1; 16],
+        })
+        .unwrap();
+        c.apply(&Command::AddNode(node(1, "n1", 1191, &[Role::Quorum])))
+            .unwrap();
+        c.apply(&Command::AddNode(node(2, "n2", 1191, &[Role::Client])))
+            .unwrap();
+        assert_eq!(c.lease_of(NodeId(2)), NodeLease::default());
+        let expel = Command::Expel {
+            node: NodeId(2),
+            epoch: FIRST_LEASE_EPOCH,
+            by: NodeId(1),
+            reason: "lease expired".into(),
+        };
+        expel.check_input().unwrap();
+        let at = c.apply(&expel).unwrap();
+        let lease = c.lease_of(NodeId(2));
+        assert_eq!(lease.epoch, FIRST_LEASE_EPOCH);
+        assert_eq!(
+            lease.expelled,
+            Some(Expel {
+                by: NodeId(1),
+                reason: "lease expired".into(),
+                config_epoch: at
+            })
+        );
+        // A second expel (a new manager that saw the same silence) changes nothing.
+        let before = c.clone();
+        assert!(matches!(c.apply(&expel), Err(ConfigError::BadExpel { .. })));
+        assert_eq!(c, before);
+        // Rejoin at the expelled epoch: a new epoch; a stale rejoin is refused.
+        c.apply(&Command::Rejoin {
+            node: NodeId(2),
+            epoch: FIRST_LEASE_EPOCH,
+        })
+        .unwrap();
+        assert_eq!(c.lease_of(NodeId(2)).epoch, FIRST_LEASE_EPOCH + 1);
+        assert!(c.lease_of(NodeId(2)).expelled.is_none());
+        assert!(c
+            .apply(&Command::Rejoin {
+                node: NodeId(2),
+                epoch: FIRST_LEASE_EPOCH,
+            })
+            .is_err());
+        // An expel naming the old epoch (decided before the rejoin) is refused.
+        assert!(c.apply(&expel).is_err());
+        assert!(c
+            .apply(&Command::Expel {
+                node: NodeId(9),
+                epoch: 1,
+                by: NodeId(1),
+                reason: "x".into()
+            })
+            .is_err());
     }
 
     #[test]

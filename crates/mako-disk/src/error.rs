@@ -55,6 +55,15 @@ pub enum DiskError {
         op: &'static str,
         crash: String,
     },
+    /// This node may not do disk I/O: its lease from the cluster manager ran out, or
+    /// it was expelled (docs/cluster.md "Leases, expel and fencing"); `by` says who
+    /// refused (this node's lease, or an NSD server).
+    #[error("disk {disk}: I/O refused by {by}: {reason}")]
+    Fenced {
+        disk: String,
+        by: String,
+        reason: String,
+    },
 }
 
 impl DiskError {

@@ -214,6 +214,11 @@ impl RemoteDisk {
                 }
             ))),
             Ok(Err(Failure::BadRequest(why))) => Err(refused(why)),
+            Ok(Err(Failure::Fenced(reason))) => Err(Attempt::Final(DiskError::Fenced {
+                disk: self.name.clone(),
+                by: format!("NSD server {server}"),
+                reason,
+            })),
             Ok(Err(Failure::Disk(e))) => Err(Attempt::Final(e.into_error(&server.to_string()))),
             Err(why) => Err(refused(why)),
         }

@@ -250,6 +250,9 @@ pub enum Failure {
     BadRequest(String),
     /// The disk itself failed (or refused the range).
     Disk(WireDiskError),
+    /// The server's fence refused the sender (expelled from the cluster, or at an old
+    /// lease epoch): nothing was read or written. (Last: postcard numbers variants.)
+    Fenced(String),
 }
 
 /// A `DiskError` as it travels: enough to rebuild the same variant on the client.

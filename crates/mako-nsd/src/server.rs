@@ -18,6 +18,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+/// Decides whether a node's requests are served at all (makod: refuses a node the
+/// replicated configuration lists as expelled, docs/nsd.md "Fencing").
+pub trait Fence: Send + Sync {
+    /// `Err(reason)` refuses every request of `from` but the list of disks.
+    fn admit(&self, from: NodeId) -> Result<(), String>;
+}
+
 /// Largest read or write a server accepts by default: the largest block size.
 pub const MAX_IO_BYTES_DEFAULT: usize = 16 << 20;
 
@@ -32,6 +39,7 @@ pub struct NsdServer {
     boot: u64,
     refused: AtomicU64,
     served: AtomicU64,
+    fence: parking_lot::RwLock<Option<Arc<dyn Fence>>>,
 }
 
 impl NsdServer {
@@ -63,7 +71,13 @@ impl NsdServer {
             boot: boot_id(),
             refused: AtomicU64::new(0),
             served: AtomicU64::new(0),
+            fence: parking_lot::RwLock::new(None),
         })
+    }
+
+    /// From now on, every request but the list of disks asks `fence` first.
+    pub fn set_fence(&self, fence: Arc<dyn Fence>) {
+        *self.fence.write() = Some(fence);
     }
 
     /// This server's boot id.
@@ -114,6 +128,11 @@ impl NsdServer {
                 }
             }
             return protocol::encode_list(self.boot, &disks);
+        }
+        if let Some(fence) = self.fence.read().clone() {
+            if let Err(why) = fence.admit(from) {
+                return self.refuse(from, Failure::Fenced(why));
+            }
         }
         let Some(&index) = self.names.get(req.disk) else {
             let f = Failure::UnknownDisk {

@@ -33,13 +33,14 @@ pub(crate) const READ_BUFFER_BYTES: usize = 64 << 10;
 
 /// The service a wire number names, if this build knows it.
 pub fn service_from_wire(n: u16) -> Option<ServiceId> {
-    const ALL: [ServiceId; 6] = [
+    const ALL: [ServiceId; 7] = [
         ServiceId::TokenManager,
         ServiceId::TokenClient,
         ServiceId::FileSystem,
         ServiceId::FsManager,
         ServiceId::Cluster,
         ServiceId::Nsd,
+        ServiceId::Lease,
     ];
     // A new ServiceId variant makes this match fail to compile: add it to ALL too.
     const fn _every_service_is_listed(s: ServiceId) {
@@ -49,7 +50,8 @@ pub fn service_from_wire(n: u16) -> Option<ServiceId> {
             | ServiceId::FileSystem
             | ServiceId::FsManager
             | ServiceId::Cluster
-            | ServiceId::Nsd => {}
+            | ServiceId::Nsd
+            | ServiceId::Lease => {}
         }
     }
     ALL.into_iter().find(|s| *s as u16 == n)

@@ -42,6 +42,9 @@ pub enum ServiceId {
     /// An NSD server: block I/O on the disks this node serves to nodes without local
     /// access to them (mako-nsd).
     Nsd = 6,
+    /// The cluster manager's lease service (mako-cluster's `lease`): renewals from
+    /// every node, and the manager's pings of a node whose lease ran out.
+    Lease = 7,
 }
 
 /// Priority class of a request: small metadata messages must never queue behind bulk

@@ -41,6 +41,10 @@ pub struct NetClusterOptions {
     /// primary first; the others reach the disks through them (empty: every node opens
     /// the disk files itself).
     pub nsd_servers: Vec<u32>,
+    /// Parameters written into the overview's config.toml before the cluster is made
+    /// (every node's config.toml starts as a copy), e.g. `("failureDetectionTime",
+    /// "10")`.
+    pub config: Vec<(String, String)>,
 }
 
 impl Default for NetClusterOptions {
@@ -53,6 +57,7 @@ impl Default for NetClusterOptions {
             block_size: "1M".into(),
             create_args: None,
             nsd_servers: Vec::new(),
+            config: Vec::new(),
         }
     }
 }
@@ -95,6 +100,15 @@ impl NetCluster {
             pids: Vec::new(),
             up: false,
         };
+        if !opts.config.is_empty() {
+            std::fs::create_dir_all(&c.data).context("create the data directory")?;
+            let text: String = opts
+                .config
+                .iter()
+                .map(|(k, v)| format!("{k} = \"{v}\"\n"))
+                .collect();
+            std::fs::write(c.data.join("config.toml"), text).context("write config.toml")?;
+        }
         let fs = c.root_path.join("fs");
         let nodes = opts.nodes.to_string();
         let disks = opts.disks.to_string();
@@ -195,6 +209,23 @@ impl NetCluster {
                 bail!("node {i}'s makod pid {pid} outlived SIGKILL for 60 s");
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// Sends `signal` (SIGSTOP, SIGCONT) to node `i`'s makod. The cleanup sends
+    /// SIGCONT to every makod it saw before anything else, so a stopped node never
+    /// outlives a failed test.
+    pub fn signal(&mut self, i: u32, signal: libc::c_int) -> Result<()> {
+        self.note_pids();
+        let pid = self
+            .pid(i)
+            .with_context(|| format!("node {i} has no makod.pid"))?;
+        if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
+            bail!(
+                "signal {signal} to node {i}'s makod pid {pid}: {}",
+                std::io::Error::last_os_error()
+            );
         }
         Ok(())
     }
@@ -309,6 +340,9 @@ impl NetCluster {
     fn cleanup(&mut self) {
         let Some(root) = self.root.take() else { return };
         self.note_pids();
+        for &p in &self.pids {
+            unsafe { libc::kill(p as libc::pid_t, libc::SIGCONT) };
+        }
         if std::thread::panicking() {
             // What each node said before the test failed: on CI this is all there is.
             eprintln!(

@@ -288,6 +288,20 @@ impl Daemon {
         let (disks, access) = net
             .open_disks(&cluster, &names)
             .with_context(|| format!("opening the disks of {name}"))?;
+        let member = self.member()?;
+        let lease = member.leases.lease.clone();
+        let quorum = member.quorum();
+        let epoch = wait_for_lease(&lease, &|| quorum.leader().is_some())?;
+        let disks: Vec<Arc<dyn mako_disk::Disk>> = disks
+            .into_iter()
+            .map(|inner| {
+                Arc::new(crate::lease::FencedDisk {
+                    inner,
+                    lease: lease.clone(),
+                    epoch: std::sync::atomic::AtomicU64::new(epoch),
+                }) as Arc<dyn mako_disk::Disk>
+            })
+            .collect();
         let mounted =
             mako_fs::mount::mount_node(disks, fs_config(cfg), net.env(0)).with_context(|| {
                 format!(
@@ -1146,7 +1160,12 @@ pub fn run(root: &Path) -> Result<()> {
     });
     if let Some(net) = &daemon.net {
         let transport: Arc<dyn mako_rt::Transport> = net.transport.clone();
-        let member = crate::member::Member::start(&dir, &cluster, transport, net.registry.clone())?;
+        let times = mako_cluster::lease::LeaseTimes::from_config(&daemon.config.read());
+        let member =
+            crate::member::Member::start(&dir, &cluster, transport, net.registry.clone(), times)?;
+        if let Some(nsd) = &net.nsd {
+            nsd.set_fence(Arc::new(crate::lease::LeaseFence(member.quorum())));
+        }
         let weak = Arc::downgrade(&daemon);
         member.start_applier(
             &dir,
@@ -1261,5 +1280,36 @@ impl mako_fsck::MetadataReader for OnlineReader<'_> {
         )?;
         self.core.journal.overlay(da, buf);
         Ok(())
+    }
+}
+
+/// Waits until this node holds a lease and returns its epoch: a file system is
+/// mounted at one epoch and fenced after it. While no cluster manager is known (after
+/// 2 s) and within the start-up grace — the quorum nodes start one after another and
+/// the first mounts before the others run — it mounts at epoch 0, which takes the
+/// first epoch granted; with a manager known it waits up to two renewal intervals.
+fn wait_for_lease(
+    lease: &mako_cluster::lease::NodeLease,
+    leader_known: &dyn Fn() -> bool,
+) -> Result<u64> {
+    let start = Instant::now();
+    let deadline = start + lease.times().renew_interval() * 2;
+    loop {
+        let no_manager = !leader_known() && start.elapsed() >= Duration::from_secs(2);
+        match lease.check() {
+            Ok(epoch) => return Ok(epoch),
+            Err(_) if (no_manager || Instant::now() >= deadline) && lease.in_startup_grace() => {
+                tracing::warn!(
+                    "mounting before this node holds a lease (no cluster manager answers yet): \
+                     its disk I/O is allowed for failureDetectionTime after makod started, \
+                     then only with a lease"
+                );
+                return Ok(0);
+            }
+            Err(why) if Instant::now() >= deadline => {
+                bail!("no lease from the cluster manager, so no disk I/O: {why}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
     }
 }

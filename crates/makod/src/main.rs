@@ -4,6 +4,7 @@
 //! SIGINT), when it writes everything back and unmounts cleanly.
 
 mod daemon;
+mod lease;
 mod local_nodes;
 mod member;
 mod metrics;

@@ -60,6 +60,8 @@ pub struct Member {
     nodes: Vec<NodeDef>,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// This node's lease and, on the cluster manager, the watch of the others.
+    pub leases: Arc<crate::lease::Leases>,
 }
 
 fn member_of(n: &NodeDef) -> RaftMember {
@@ -77,25 +79,39 @@ impl Member {
         cluster: &ClusterConfig,
         transport: Arc<dyn Transport>,
         registry: Arc<Registry>,
+        times: mako_cluster::lease::LeaseTimes,
     ) -> Result<Arc<Member>> {
         let me = cluster
             .node(cluster.node_id)
             .context("this node is not in cluster.toml's node list")?
             .clone();
-        let quorum = Quorum::start(
+        let quorum = Arc::new(
+            Quorum::start(
+                NodeId(me.id),
+                &dir.root,
+                transport.clone(),
+                registry.clone(),
+                QuorumOptions::default(),
+            )
+            .map_err(|e| anyhow!("node {} ({}): the quorum member: {e}", me.id, me.name))?,
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let (leases, lease_threads) = crate::lease::Leases::start(
             NodeId(me.id),
-            &dir.root,
+            quorum.clone(),
             transport,
-            registry,
-            QuorumOptions::default(),
+            &registry,
+            times,
+            stop.clone(),
         )
-        .map_err(|e| anyhow!("node {} ({}): the quorum member: {e}", me.id, me.name))?;
+        .context("starting the lease threads")?;
         let member = Arc::new(Member {
-            quorum: Arc::new(quorum),
+            quorum,
             me,
             nodes: cluster.nodes.clone(),
-            stop: Arc::new(AtomicBool::new(false)),
-            threads: Mutex::new(Vec::new()),
+            stop,
+            threads: Mutex::new(lease_threads),
+            leases,
         });
         let steward = {
             let m = member.clone();
@@ -353,7 +369,39 @@ impl Member {
                         .collect::<Vec<_>>()
                         .join(","),
                 };
+                let lease = config.lease_of(id);
                 let (state, answers, term, epoch) = match states.get(&id) {
+                    Some(found) if lease.expelled.is_some() => {
+                        let e = lease.expelled.as_ref().expect("checked");
+                        let expel = format!(
+                            "expelled by {} (lease epoch {}): {}",
+                            name_of(e.by),
+                            lease.epoch,
+                            e.reason
+                        );
+                        match found {
+                            Ok(_) => (expel, true, 0, 0),
+                            // Keeps "down: …" first: a down node is also expelled.
+                            Err(why) => (format!("{why}; {expel}"), false, 0, 0),
+                        }
+                    }
+                    Some(Ok(s)) if self.leases.arbitrating(id) => (
+                        format!(
+                            "arbitrating: lease expired, pinged by the cluster manager ({})",
+                            s.state
+                        ),
+                        true,
+                        s.term,
+                        s.epoch,
+                    ),
+                    Some(Err(why)) if self.leases.arbitrating(id) => (
+                        format!(
+                            "arbitrating: lease expired, pinged by the cluster manager ({why})"
+                        ),
+                        false,
+                        0,
+                        0,
+                    ),
                     Some(Ok(s)) => (s.state.clone(), true, s.term, s.epoch),
                     Some(Err(why)) => (why.clone(), false, 0, 0),
                     None => (
@@ -512,6 +560,11 @@ impl Member {
             )),
             Err(e) => Err(anyhow!("{e}")),
         }
+    }
+
+    /// The quorum handle (the NSD server's fence reads the configuration through it).
+    pub fn quorum(&self) -> Arc<Quorum> {
+        self.quorum.clone()
     }
 
     /// Stops the threads and the member (before the transport closes).

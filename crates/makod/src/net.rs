@@ -55,7 +55,7 @@ const MANAGER_WAIT: Duration = Duration::from_secs(60);
 const PROBE_DEADLINE: Duration = Duration::from_secs(2);
 
 /// How long a node waits for the manager node, or for a disk's NSD servers, at mount.
-fn manager_wait() -> Duration {
+pub fn manager_wait() -> Duration {
     std::env::var("MAKO_MANAGER_WAIT_SECS")
         .ok()
         .and_then(|s| s.parse::<u64>().ok())

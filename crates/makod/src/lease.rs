@@ -1,0 +1,415 @@
+//! Leases, expel and the lease fence in makod (docs/cluster.md "Leases, expel and
+//! fencing"; the state machines are `mako_cluster::lease`).
+//!
+//! - **Renewal.** Every node's `lease-renew` thread sends `LeaseRequest::Renew` to the
+//!   cluster manager (the raft leader) every `failureDetectionTime / 5` on a small
+//!   lane; a grant extends the node's lease to `failureDetectionTime` after the
+//!   request was *sent*.
+//! - **The fence.** Every disk a mounted file system uses is wrapped in [`FencedDisk`]:
+//!   each read, write and sync first asks the lease and is refused
+//!   (`DiskError::Fenced`, so EIO to the application) once the lease ran out, the
+//!   node was expelled, or the node holds a newer epoch than the mount was made at. For
+//!   a directly attached disk that is the whole fence; an NSD server also refuses an
+//!   expelled node's requests itself ([`LeaseFence`]).
+//! - **Expel.** On the cluster manager, the `lease-watch` thread keeps a
+//!   `LeaseMonitor` of every node; a node whose lease ran out is pinged (state
+//!   "arbitrating"), and after `minMissedPingTimeout` of unanswered pings it is
+//!   expelled: a `Command::Expel` through raft (so a new manager knows it), logged as
+//!   `node X expelled by Y: reason`, then [`after_expel`] — the hook where recovery
+//!   (log replay by a survivor, token release) is to be called; it does nothing yet.
+//! - **Rejoin.** A node told it is expelled stops its I/O, proposes `Command::Rejoin`
+//!   (a new epoch) and holds a lease again; its mounts made before stay fenced until
+//!   they are unmounted and mounted again.
+
+use mako_cluster::lease::{
+    Fenced, LeaseMonitor, LeaseReply, LeaseRequest, LeaseTimes, NodeLease, Watch,
+};
+use mako_cluster::{Command, Quorum};
+use mako_disk::nsd::IoTag;
+use mako_disk::{Disk, DiskError};
+use mako_rt::{CallOptions, Clock, NodeId, Priority, Service, ServiceId, SystemClock, Transport};
+use parking_lot::Mutex;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// This node's lease, its renewal and (on the manager) the watch of the others.
+pub struct Leases {
+    me: NodeId,
+    quorum: Arc<Quorum>,
+    transport: Arc<dyn Transport>,
+    pub lease: Arc<NodeLease>,
+    monitor: Mutex<LeaseMonitor>,
+    /// Nodes the manager is pinging now (for `mako node show`).
+    arbitrating: Mutex<BTreeSet<NodeId>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Leases {
+    /// Registers the lease service and starts the renewal and watch threads.
+    pub fn start(
+        me: NodeId,
+        quorum: Arc<Quorum>,
+        transport: Arc<dyn Transport>,
+        registry: &mako_rt::Registry,
+        times: LeaseTimes,
+        stop: Arc<AtomicBool>,
+    ) -> std::io::Result<(Arc<Leases>, Vec<JoinHandle<()>>)> {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+        let leases = Arc::new(Leases {
+            me,
+            quorum,
+            transport,
+            lease: Arc::new(NodeLease::new(clock.clone(), times)),
+            monitor: Mutex::new(LeaseMonitor::new(clock, times)),
+            arbitrating: Mutex::new(BTreeSet::new()),
+            stop,
+        });
+        registry.register(me, ServiceId::Lease, Arc::new(LeaseService(leases.clone())));
+        let renew = {
+            let l = leases.clone();
+            std::thread::Builder::new()
+                .name("lease-renew".into())
+                .spawn(move || l.renew_loop())?
+        };
+        let watch = {
+            let l = leases.clone();
+            std::thread::Builder::new()
+                .name("lease-watch".into())
+                .spawn(move || l.watch_loop())?
+        };
+        Ok((leases, vec![renew, watch]))
+    }
+
+    fn times(&self) -> LeaseTimes {
+        self.lease.times()
+    }
+
+    fn sleep(&self, d: Duration) {
+        let end = std::time::Instant::now() + d;
+        while !self.stop.load(Ordering::SeqCst) {
+            let now = std::time::Instant::now();
+            if now >= end {
+                return;
+            }
+            std::thread::sleep((end - now).min(Duration::from_millis(50)));
+        }
+    }
+
+    fn call(&self, to: NodeId, request: &LeaseRequest) -> Result<LeaseReply, String> {
+        mako_rt::transport::call(
+            &*self.transport,
+            to,
+            ServiceId::Lease,
+            request,
+            CallOptions {
+                priority: Priority::Small,
+                deadline: self.times().renew_interval(),
+            },
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    /// Renews this node's lease every renewal interval, for as long as makod runs.
+    fn renew_loop(&self) {
+        while !self.stop.load(Ordering::SeqCst) {
+            self.renew_once();
+            self.sleep(self.times().renew_interval());
+        }
+    }
+
+    fn renew_once(&self) {
+        let Some((leader, _)) = self.quorum.leader() else {
+            return;
+        };
+        let sent = self.lease.now();
+        let epoch = self.lease.epoch();
+        match self.call(leader, &LeaseRequest::Renew { epoch }) {
+            Ok(LeaseReply::Granted { epoch }) => self.lease.granted(epoch, sent),
+            Ok(LeaseReply::Expelled { epoch, by, reason }) => {
+                if !matches!(self.lease.check(), Err(Fenced::Expelled { .. })) {
+                    tracing::error!(
+                        "this node, {}, was expelled by {by} (lease epoch {epoch}): {reason}; \
+                         its disk I/O is stopped, its mounts return EIO until they are mounted \
+                         again",
+                        self.me
+                    );
+                }
+                self.lease.expelled(epoch, by, reason);
+                self.rejoin(epoch);
+            }
+            Ok(LeaseReply::NotManager { .. }) | Ok(LeaseReply::Pong) => {}
+            Err(e) => tracing::debug!("lease renewal with {leader} failed: {e}"),
+        }
+    }
+
+    /// Asks for a new epoch after an expel; the lease holds again on success (old
+    /// mounts stay fenced: they were made at the old epoch).
+    fn rejoin(&self, epoch: u64) {
+        let sent = self.lease.now();
+        let command = Command::Rejoin {
+            node: self.me,
+            epoch,
+        };
+        match self
+            .quorum
+            .propose_within(command, self.times().renew_interval())
+        {
+            Ok(config_epoch) => {
+                // The learner's copy may not have applied its own change yet.
+                let new = match self
+                    .quorum
+                    .wait_epoch(config_epoch, self.times().renew_interval())
+                {
+                    Ok(config) => config.lease_of(self.me).epoch,
+                    Err(e) => {
+                        tracing::warn!("rejoined, but the new lease epoch is not known yet: {e}");
+                        return;
+                    }
+                };
+                tracing::warn!(
+                    "this node, {}, rejoined the cluster at lease epoch {new}; file systems \
+                     mounted before the expel stay fenced until mounted again",
+                    self.me
+                );
+                self.lease.rejoined(new, sent);
+            }
+            Err(e) => tracing::warn!("rejoining the cluster after an expel failed: {e}"),
+        }
+    }
+
+    fn is_manager(&self) -> bool {
+        matches!(self.quorum.leader(), Some((id, _)) if id == self.me)
+    }
+
+    /// On the cluster manager: watches every node's lease and expels the failed.
+    fn watch_loop(&self) {
+        let mut was_manager = false;
+        while !self.stop.load(Ordering::SeqCst) {
+            let manager = self.is_manager();
+            if manager && !was_manager {
+                // A new manager gives every node a whole lease from now.
+                let config = self.quorum.read_local();
+                let mut m = self.monitor.lock();
+                for id in config.nodes.keys().filter(|id| **id != self.me) {
+                    if config.lease_of(*id).expelled.is_none() {
+                        m.watch(*id);
+                    }
+                }
+            }
+            if !manager && was_manager {
+                *self.monitor.lock() =
+                    LeaseMonitor::new(Arc::new(SystemClock::new()) as Arc<dyn Clock>, self.times());
+                self.arbitrating.lock().clear();
+            }
+            was_manager = manager;
+            if manager {
+                self.watch_once();
+            }
+            self.sleep(self.times().renew_interval() / 2);
+        }
+    }
+
+    fn watch_once(&self) {
+        let config = self.quorum.read_local();
+        let watched = self.monitor.lock().watched();
+        for node in watched {
+            let lease = config.lease_of(node);
+            if lease.expelled.is_some() || !config.nodes.contains_key(&node) {
+                self.monitor.lock().forget(node);
+                self.arbitrating.lock().remove(&node);
+                continue;
+            }
+            let step = self.monitor.lock().step(node);
+            match step {
+                Watch::Active => {
+                    self.arbitrating.lock().remove(&node);
+                }
+                Watch::Arbitrating => {
+                    self.arbitrating.lock().insert(node);
+                    let answered =
+                        matches!(self.call(node, &LeaseRequest::Ping), Ok(LeaseReply::Pong));
+                    self.monitor.lock().pinged(node, answered);
+                }
+                Watch::Expel => {
+                    let silent = self.monitor.lock().silent_for(node).unwrap_or_default();
+                    let times = self.times();
+                    let reason = format!(
+                        "no lease renewal for {:.1} s (failureDetectionTime {} s) and no answer \
+                         to pings for minMissedPingTimeout {} s",
+                        silent.as_secs_f64(),
+                        times.lease.as_secs(),
+                        times.missed_ping.as_secs()
+                    );
+                    let command = Command::Expel {
+                        node,
+                        epoch: lease.epoch,
+                        by: self.me,
+                        reason: reason.clone(),
+                    };
+                    match self.quorum.propose_within(command, times.renew_interval()) {
+                        Ok(_) => {
+                            tracing::warn!("{node} expelled by {}: {reason}", self.me);
+                            self.monitor.lock().forget(node);
+                            self.arbitrating.lock().remove(&node);
+                            after_expel(node, lease.epoch);
+                        }
+                        Err(e) => tracing::warn!("expelling {node} failed: {e}"),
+                    }
+                }
+            }
+        }
+        // Nodes that rejoined (or were added) are watched again.
+        let mut m = self.monitor.lock();
+        let watched: BTreeSet<NodeId> = m.watched().into_iter().collect();
+        for id in config.nodes.keys() {
+            if *id != self.me && !watched.contains(id) && config.lease_of(*id).expelled.is_none() {
+                m.watch(*id);
+            }
+        }
+    }
+
+    /// The manager's lease state of `node` for `mako node show`: `Some("arbitrating")`
+    /// while it pings it.
+    pub fn arbitrating(&self, node: NodeId) -> bool {
+        self.arbitrating.lock().contains(&node)
+    }
+}
+
+/// Where recovery of an expelled node starts (log replay by a survivor, release of
+/// its tokens: issue 14 item 3, built separately). Until it exists the expelled node's
+/// tokens stay with the token manager and operations that need them fail with the
+/// token client's revoke error after its deadline.
+pub fn after_expel(node: NodeId, epoch: u64) {
+    tracing::info!(
+        "recovery of {node} (lease epoch {epoch}) after its expel: not yet built; its \
+         tokens stay held until it mounts again"
+    );
+}
+
+struct LeaseService(Arc<Leases>);
+
+impl Service for LeaseService {
+    fn handle(&self, from: NodeId, request: &[u8]) -> Vec<u8> {
+        let l = &self.0;
+        let reply = match mako_rt::transport::decode::<LeaseRequest>("lease request", request) {
+            Ok(LeaseRequest::Ping) => LeaseReply::Pong,
+            Ok(LeaseRequest::Renew { .. }) => {
+                if !l.is_manager() {
+                    LeaseReply::NotManager {
+                        leader: l.quorum.leader().map(|(id, _)| id),
+                    }
+                } else {
+                    let lease = l.quorum.read_local().lease_of(from);
+                    match lease.expelled {
+                        Some(e) => LeaseReply::Expelled {
+                            epoch: lease.epoch,
+                            by: e.by,
+                            reason: e.reason,
+                        },
+                        None => {
+                            l.monitor.lock().renewed(from);
+                            LeaseReply::Granted { epoch: lease.epoch }
+                        }
+                    }
+                }
+            }
+            // An undecodable request gets no lease.
+            Err(_) => LeaseReply::NotManager { leader: None },
+        };
+        mako_rt::transport::encode("lease reply", &reply).unwrap_or_default()
+    }
+}
+
+/// A disk of a mounted file system behind this node's lease: every I/O is refused
+/// once the lease ran out, the node was expelled, or it rejoined at a newer epoch
+/// than `epoch` (the one the mount was made at).
+pub struct FencedDisk {
+    pub inner: Arc<dyn Disk>,
+    pub lease: Arc<NodeLease>,
+    /// The lease epoch of the mount; 0 for a mount made in the start-up grace, which
+    /// takes the first epoch granted.
+    pub epoch: std::sync::atomic::AtomicU64,
+}
+
+impl FencedDisk {
+    fn check(&self) -> Result<(), DiskError> {
+        let mine = self.epoch.load(Ordering::SeqCst);
+        if mine == 0 && self.lease.in_startup_grace() {
+            return Ok(());
+        }
+        let refuse = |reason: String| DiskError::Fenced {
+            disk: self.inner.name().to_string(),
+            by: "this node's lease".into(),
+            reason,
+        };
+        match self.lease.check() {
+            Ok(e) if e == mine => Ok(()),
+            Ok(e)
+                if mine == 0
+                    && self
+                        .epoch
+                        .compare_exchange(0, e, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok() =>
+            {
+                Ok(())
+            }
+            Ok(e) => Err(refuse(format!(
+                "this file system was mounted at lease epoch {}, and the node was expelled \
+                 and rejoined at epoch {e} since; unmount and mount it again",
+                self.epoch.load(Ordering::SeqCst)
+            ))),
+            Err(f) => Err(refuse(f.to_string())),
+        }
+    }
+}
+
+impl Disk for FencedDisk {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
+        self.check()?;
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
+        self.check()?;
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> Result<(), DiskError> {
+        self.check()?;
+        self.inner.sync()
+    }
+    fn sync_in_parallel(&self) -> bool {
+        self.inner.sync_in_parallel()
+    }
+    fn read_tagged(&self, buf: &mut [u8], offset: u64, tag: IoTag) -> Result<(), DiskError> {
+        self.check()?;
+        self.inner.read_tagged(buf, offset, tag)
+    }
+    fn write_tagged(&self, buf: &[u8], offset: u64, tag: IoTag) -> Result<(), DiskError> {
+        self.check()?;
+        self.inner.write_tagged(buf, offset, tag)
+    }
+}
+
+/// An NSD server's fence: refuses requests from a node the replicated configuration
+/// lists as expelled.
+pub struct LeaseFence(pub Arc<Quorum>);
+
+impl mako_nsd::server::Fence for LeaseFence {
+    fn admit(&self, from: NodeId) -> Result<(), String> {
+        match self.0.read_local().lease_of(from).expelled {
+            Some(e) => Err(format!(
+                "{from} was expelled by {}: {}; it must rejoin and mount again",
+                e.by, e.reason
+            )),
+            None => Ok(()),
+        }
+    }
+}
