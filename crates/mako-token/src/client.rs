@@ -102,12 +102,18 @@ pub struct AcquireOptions {
 /// Limits of one token client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenClientLimits {
-    /// Manager round trips per acquire before giving up with
-    /// `TokenError::AttemptsExhausted`. More than one is needed when a revoked holder
-    /// re-acquires, or a third node gets in, before the retry arrives.
+    /// Revoke rounds per acquire before giving up with
+    /// `TokenError::AttemptsExhausted`. Waiting in the manager's queue behind older
+    /// requests is not counted (it is bounded by `queue_wait_max_ms`): once a request
+    /// is the oldest in the way, what it revokes cannot come back before it is served,
+    /// so a round or two suffice and running out means the protocol is broken.
     pub acquire_attempts_max: u32,
     /// Deadline of each request to the manager or a holder.
     pub call_deadline_ms: u64,
+    /// Longest wait in the manager's queue behind the same older requests before
+    /// giving up with `TokenError::QueueTimeout`. A hang guard only: a dead node's
+    /// request leaves the queue after `TokenManagerLimits::waiter_lease_ms`.
+    pub queue_wait_max_ms: u64,
 }
 
 impl Default for TokenClientLimits {
@@ -115,9 +121,30 @@ impl Default for TokenClientLimits {
         TokenClientLimits {
             acquire_attempts_max: 64,
             call_deadline_ms: 60_000,
+            queue_wait_max_ms: 600_000,
         }
     }
 }
+
+/// Time for queue waits: simulated under a simulation, real otherwise.
+fn monotonic_now() -> Duration {
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    match mako_diag::sched::current() {
+        Some(s) => s.now(),
+        None => START.get_or_init(std::time::Instant::now).elapsed(),
+    }
+}
+
+/// First and longest pause between asks of a request queued behind older ones.
+const QUEUE_POLL_FIRST: Duration = Duration::from_micros(200);
+const QUEUE_POLL_MAX: Duration = Duration::from_millis(8);
+/// How long an acquire waits behind the same older requests before it asks their
+/// nodes whether they are there (`ClientRequest::Ping`), and again each time this
+/// much more passed: a killed node's requests would otherwise hold the queue for the
+/// manager's whole waiter lease. Long against a revoke round of a live cluster, so
+/// that probes are rare; short against the RPC deadline, within which a live node's
+/// request to a dead node's resource is answered (with an error) as before queues.
+const QUEUE_PROBE_AFTER: Duration = Duration::from_secs(1);
 
 /// Counters of one client.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,6 +157,14 @@ pub struct TokenClientStats {
     pub revokes_sent: u64,
     /// Revokes this node answered for others.
     pub revokes_answered: u64,
+    /// Asks refused because an older request of another node waits (fairness).
+    pub queued: u64,
+    /// `Ping`s sent to nodes whose queued requests an acquire waited behind for
+    /// `QUEUE_PROBE_AFTER`.
+    pub probes_sent: u64,
+    /// Calls to other nodes (revokes, pings) that failed, reported to the manager so
+    /// that their queued requests stop holding others (`ManagerRequest::DropWaiters`).
+    pub peers_unreachable: u64,
     /// Holds refused because the token was missing or being revoked.
     pub hold_misses: u64,
 }
@@ -212,6 +247,11 @@ struct ClientInner {
     revokes_sent: AtomicU64,
     revokes_answered: AtomicU64,
     hold_misses: AtomicU64,
+    queued: AtomicU64,
+    probes_sent: AtomicU64,
+    peers_unreachable: AtomicU64,
+    /// Ids of this node's acquires (`AcquireRequest::waiter`).
+    acquire_ids: AtomicU64,
     /// Ticks at every grant from the manager (`TokenClient::grant_clock`).
     grant_clock: AtomicU64,
 }
@@ -336,6 +376,39 @@ impl ClientInner {
             self.options(),
         )
         .map_err(|e| TokenError::Transport(e.to_string()))
+    }
+
+    /// A call to `node` failed: its queued requests must not hold the queue of the
+    /// manager of `resource` until their lease ends (a killed node's would hold every
+    /// other node's request behind it for `TokenManagerLimits::waiter_lease_ms`).
+    /// Best effort: if the manager is unreachable too, the lease drops them.
+    fn report_unreachable(&self, resource: &ResourceId, node: NodeId) {
+        self.peers_unreachable.fetch_add(1, Ordering::Relaxed);
+        let _ = self.ask_manager(resource, ManagerRequest::DropWaiters(node));
+    }
+
+    /// Asks each of `nodes` (whose queued requests on `resource` an acquire waits
+    /// behind) whether it is there, and reports those that do not answer.
+    fn probe_waiters(&self, resource: &ResourceId, nodes: &[NodeId]) {
+        let ping = mako_rt::encode("ping", &ClientRequest::Ping).unwrap_or_default();
+        let calls = nodes
+            .iter()
+            .map(|n| (*n, ServiceId::TokenClient, ping.clone()))
+            .collect();
+        self.probes_sent
+            .fetch_add(nodes.len() as u64, Ordering::Relaxed);
+        let answers = self.transport.call_many(calls, self.options());
+        for (node, answer) in nodes.iter().zip(answers) {
+            let alive = answer.is_ok_and(|b| {
+                matches!(
+                    mako_rt::decode::<ClientReply>("ping reply", &b),
+                    Ok(ClientReply::Alive)
+                )
+            });
+            if !alive {
+                self.report_unreachable(resource, *node);
+            }
+        }
     }
 
     fn expect_done(reply: ManagerReply) -> Result<(), TokenError> {
@@ -515,6 +588,10 @@ impl TokenClient {
                 revokes_sent: AtomicU64::new(0),
                 revokes_answered: AtomicU64::new(0),
                 hold_misses: AtomicU64::new(0),
+                queued: AtomicU64::new(0),
+                probes_sent: AtomicU64::new(0),
+                peers_unreachable: AtomicU64::new(0),
+                acquire_ids: AtomicU64::new(1),
                 grant_clock: AtomicU64::new(0),
             }),
         }
@@ -677,10 +754,56 @@ impl TokenClient {
         req.replace = replace;
         req.upgrade_to = upgrade_to;
         req.alt_mode = alt_mode;
+        // A try-acquire never waits in the manager's queue.
+        req.waiter = (!no_revoke).then(|| inner.acquire_ids.fetch_add(1, Ordering::Relaxed));
         validate_request(&req)?;
+        let mut left_queued = false;
+        let result = self.acquire_rounds(req, options, &mut left_queued);
+        if let (true, Some(waiter)) = (result.is_err() || left_queued, req.waiter) {
+            // Out of the queue, so as not to stand in anyone's way until the lease ends.
+            // Best effort: if the manager is unreachable the lease drops it.
+            let _ = inner.ask_manager(
+                &resource,
+                ManagerRequest::Cancel {
+                    node: inner.node,
+                    resource,
+                    waiter,
+                },
+            );
+        }
+        result
+    }
+
+    /// The rounds of `acquire_full`: ask the manager; on a conflict revoke the holders
+    /// and ask again; behind older requests wait for them to be served.
+    fn acquire_rounds(
+        &self,
+        mut req: AcquireRequest,
+        options: AcquireOptions,
+        left_queued: &mut bool,
+    ) -> Result<(), TokenError> {
+        let AcquireOptions {
+            replace,
+            alt_mode,
+            no_revoke,
+            ..
+        } = options;
+        let AcquireRequest {
+            resource,
+            mode,
+            required,
+            desired,
+            ..
+        } = req;
+        let inner = &self.inner;
         let (lock, cv) = inner.shard(&resource);
-        let mut last_copyset: Vec<Holder> = Vec::new();
-        for _attempt in 0..inner.limits.acquire_attempts_max {
+        let mut attempts = 0u32;
+        // Waiting in the queue: behind whom, since when, and the next pause.
+        let mut queued: Option<(Vec<NodeId>, Duration)> = None;
+        let mut pause = QUEUE_POLL_FIRST;
+        // When the nodes ahead were last asked whether they are there.
+        let mut probed: Option<Duration> = None;
+        loop {
             // 1. Covered already (and not being revoked)?
             let shard = lock.lock();
             // A replacing grant must not take a promise from this node's own holds.
@@ -696,6 +819,9 @@ impl TokenClient {
                 || alt_mode.is_some_and(|a| st.covers(required, Some(a)));
             if covered && !st.revoking_overlaps(&required) {
                 inner.covered.fetch_add(1, Ordering::Relaxed);
+                // Granted to another acquire of this node meanwhile: a request this
+                // one left in the manager's queue must not stand in anyone's way.
+                *left_queued = attempts > 0 || queued.is_some();
                 return Ok(());
             }
             st.busy = true;
@@ -727,6 +853,65 @@ impl TokenClient {
                     metanode,
                     ..
                 })) => (copyset, mode, required, metanode),
+                // Older requests of other nodes are in the way: they go first (their
+                // requesters revoke); ask again after a pause, without revoking.
+                Ok(ManagerReply::Failed(TokenError::Queued {
+                    ahead,
+                    mode: wanted,
+                    required: effective_required,
+                    copyset,
+                    ..
+                })) => {
+                    inner.queued.fetch_add(1, Ordering::Relaxed);
+                    if no_revoke {
+                        if st.is_idle() {
+                            shard.res.remove(&resource);
+                        }
+                        return Err(TokenError::Conflict {
+                            resource,
+                            mode: wanted,
+                            required: effective_required,
+                            copyset,
+                            metanode: None,
+                        });
+                    }
+                    let now = monotonic_now();
+                    match &queued {
+                        Some((before, _)) if *before == ahead => {}
+                        // Someone ahead was served (or the request is new): progress.
+                        _ => {
+                            queued = Some((ahead.clone(), now));
+                            pause = QUEUE_POLL_FIRST;
+                            probed = None;
+                        }
+                    }
+                    let since = queued.as_ref().map_or(now, |q| q.1);
+                    let waited = now.saturating_sub(since);
+                    if now.saturating_sub(probed.unwrap_or(since)) >= QUEUE_PROBE_AFTER {
+                        // Still behind the same requests: are their nodes there? Those
+                        // that are not leave the queue, and the next ask revokes what
+                        // they hold (failing as it would have without queues).
+                        probed = Some(now);
+                        drop(shard);
+                        inner.probe_waiters(&resource, &ahead);
+                        req.revoke_answers = 0;
+                        continue;
+                    }
+                    if waited > Duration::from_millis(inner.limits.queue_wait_max_ms) {
+                        return Err(TokenError::QueueTimeout {
+                            node: inner.node,
+                            resource,
+                            mode: wanted,
+                            required: effective_required,
+                            waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                            ahead,
+                        });
+                    }
+                    cv.wait_for(&mut shard, pause);
+                    pause = (pause * 2).min(QUEUE_POLL_MAX);
+                    req.revoke_answers = 0;
+                    continue;
+                }
                 Ok(ManagerReply::Failed(e)) => {
                     if st.is_idle() {
                         shard.res.remove(&resource);
@@ -792,36 +977,47 @@ impl TokenClient {
                 ));
             }
             for (h, answer) in copyset.iter().zip(answers) {
+                if answer.is_err() {
+                    // The holder is unreachable: what it holds stays in the way (this
+                    // acquire fails, as it always did), but its queued requests, if
+                    // any, must not hold others.
+                    inner.report_unreachable(&resource, h.node);
+                }
                 let answer = answer
                     .map_err(|e| TokenError::Transport(e.to_string()))
                     .and_then(|b| {
                         mako_rt::decode::<ClientReply>("revoke reply", &b)
                             .map_err(|e| TokenError::Transport(e.to_string()))
                     });
-                match answer {
-                    Ok(ClientReply::Revoked) => {}
-                    Ok(ClientReply::Failed(e)) | Err(e) => {
-                        return Err(TokenError::RevokeFailed {
-                            node: h.node,
-                            resource,
-                            range: h.range,
-                            source: Box::new(e),
-                        })
+                let e = match answer {
+                    Ok(ClientReply::Revoked) => continue,
+                    Ok(ClientReply::Failed(e)) | Err(e) => e,
+                    Ok(other) => {
+                        TokenError::Transport(format!("unexpected revoke reply {other:?}"))
                     }
-                }
+                };
+                return Err(TokenError::RevokeFailed {
+                    node: h.node,
+                    resource,
+                    range: h.range,
+                    source: Box::new(e),
+                });
             }
             // 4. Retry, forwarding how many answered.
             req.revoke_answers = u32::try_from(copyset.len()).unwrap_or(u32::MAX);
-            last_copyset = copyset;
+            queued = None;
+            attempts += 1;
+            if attempts >= inner.limits.acquire_attempts_max {
+                return Err(TokenError::AttemptsExhausted {
+                    node: inner.node,
+                    resource,
+                    mode,
+                    required,
+                    attempts,
+                    last_copyset: copyset,
+                });
+            }
         }
-        Err(TokenError::AttemptsExhausted {
-            node: inner.node,
-            resource,
-            mode,
-            required,
-            attempts: inner.limits.acquire_attempts_max,
-            last_copyset,
-        })
     }
 
     /// Whole-resource acquire (inode, allocation region, inode-map segment).
@@ -1131,6 +1327,9 @@ impl TokenClient {
             manager_calls: s.manager_calls.load(Ordering::Relaxed),
             revokes_sent: s.revokes_sent.load(Ordering::Relaxed),
             revokes_answered: s.revokes_answered.load(Ordering::Relaxed),
+            queued: s.queued.load(Ordering::Relaxed),
+            probes_sent: s.probes_sent.load(Ordering::Relaxed),
+            peers_unreachable: s.peers_unreachable.load(Ordering::Relaxed),
             hold_misses: s.hold_misses.load(Ordering::Relaxed),
         }
     }
@@ -1151,6 +1350,7 @@ impl mako_rt::Service for ClientService {
                 ClientReply::Failed(TokenError::Transport("the token client has stopped".into()))
             }
             (_, Err(e)) => ClientReply::Failed(TokenError::Transport(e.to_string())),
+            (Some(_), Ok(ClientRequest::Ping)) => ClientReply::Alive,
             (
                 Some(inner),
                 Ok(ClientRequest::Revoke {
@@ -1388,5 +1588,100 @@ mod tests {
         assert_eq!(b.locate_metanode(ino, true).expect("locate"), Some(B));
         b.resign_metanode(ino).expect("resign");
         assert_eq!(b.locate_metanode(ino, false).expect("locate"), None);
+    }
+}
+
+#[cfg(test)]
+mod unreachable_waiter_tests {
+    use super::*;
+    use crate::manager::TokenManager;
+    use crate::protocol::ManagerService;
+    use crate::resource::ResourceKind;
+    use mako_rt::{InProcessTransport, Registry};
+    use TokenMode::*;
+
+    /// A node that died (kill -9) with a request queued: it offers no service, so
+    /// any call to it fails, as a call to a killed makod does.
+    const DEAD: NodeId = NodeId(3);
+
+    fn inode(n: u64) -> ResourceId {
+        ResourceId::new(1, ResourceKind::Inode, n)
+    }
+
+    fn setup() -> (Arc<TokenManager>, Arc<Registry>) {
+        let registry = Registry::new();
+        let manager = Arc::new(TokenManager::default());
+        registry.register(
+            NodeId(0),
+            ServiceId::TokenManager,
+            Arc::new(ManagerService {
+                manager: manager.clone(),
+            }),
+        );
+        (manager, registry)
+    }
+
+    fn client(registry: &Arc<Registry>, node: NodeId) -> TokenClient {
+        let c = TokenClient::new(
+            node,
+            Arc::new(InProcessTransport::new(node, registry.clone())),
+            ManagerMap::single(NodeId(0)),
+            TokenClientLimits::default(),
+        );
+        registry.register(node, ServiceId::TokenClient, c.service());
+        c
+    }
+
+    /// The dead node's request, older than everyone's, is queued on `resource`.
+    fn dead_waits(m: &TokenManager, resource: ResourceId) {
+        let mut req = AcquireRequest::whole(DEAD, resource, Xw);
+        req.waiter = Some(1);
+        assert!(matches!(
+            m.acquire(req),
+            Err(TokenError::Conflict { .. })
+        ));
+        assert_eq!(m.waiters(resource), vec![DEAD]);
+    }
+
+    /// Without `Ping` and `DropWaiters`, the live node's acquire waited behind the
+    /// dead node's request for the manager's whole waiter lease (180 s; the netcluster
+    /// kill -9 test gives up after 150 s).
+    #[test]
+    fn a_dead_nodes_queued_request_does_not_hold_the_others() {
+        let (m, registry) = setup();
+        let a = client(&registry, NodeId(1));
+        let b = client(&registry, NodeId(2));
+        a.acquire_whole(inode(7), Xw).expect("a holds");
+        dead_waits(&m, inode(7));
+        // B is behind the dead node's request; after QUEUE_PROBE_AFTER it pings the
+        // dead node, which does not answer, and the manager drops its request: B
+        // revokes A and is served.
+        b.acquire_whole(inode(7), Xw)
+            .expect("served once the dead node's request is dropped");
+        assert!(b.stats().probes_sent >= 1, "{:?}", b.stats());
+        assert_eq!(m.stats().waiters_dropped, 1, "{:?}", m.stats());
+        assert!(m.waiters(inode(7)).is_empty());
+    }
+
+    /// A revoke that cannot reach a holder fails the acquire, as before queues, and
+    /// the holder's queued requests elsewhere are dropped.
+    #[test]
+    fn a_failed_revoke_drops_the_holders_queued_requests() {
+        let (m, registry) = setup();
+        let a = client(&registry, NodeId(1));
+        let b = client(&registry, NodeId(2));
+        m.acquire(AcquireRequest::whole(DEAD, inode(8), Ro))
+            .expect("the dead node held a token");
+        a.acquire_whole(inode(9), Xw).expect("a holds");
+        dead_waits(&m, inode(9));
+        let e = b.acquire_whole(inode(8), Xw).expect_err("the holder is dead");
+        assert!(matches!(e, TokenError::RevokeFailed { node: DEAD, .. }), "{e}");
+        assert_eq!(b.stats().peers_unreachable, 1, "{:?}", b.stats());
+        assert!(m.waiters(inode(9)).is_empty(), "dropped with the failed revoke");
+        // What the dead node holds stays until recovery releases it.
+        assert_eq!(m.holders(inode(8)).len(), 1);
+        b.acquire_whole(inode(9), Xw)
+            .expect("nobody ahead: revokes a and is served");
+        assert_eq!(b.stats().probes_sent, 0, "{:?}", b.stats());
     }
 }

@@ -182,6 +182,7 @@ impl mako_rt::Service for RawHandler {
                 Ok(()) => ClientReply::Revoked,
                 Err(e) => ClientReply::Failed(e),
             },
+            Ok(ClientRequest::Ping) => ClientReply::Alive,
             Err(e) => ClientReply::Failed(TokenError::Transport(e.to_string())),
         };
         mako_rt::encode("revoke reply", &reply).expect("encode")
