@@ -204,3 +204,54 @@ fn two_writers_of_one_file_through_the_metanode() {
     }
     c.finish();
 }
+
+/// The manager names the first node granted a shared write token of an inode its
+/// metanode, and says so in the grant. The node's operation that asked for the token
+/// may not reach the inode for a while (it may wait for another token, held by the
+/// very operation that asks it as metanode): it must serve as metanode from the grant
+/// on (`metanode::serve` takes over). Before, it answered "not metanode" until its own
+/// operation got there, and the asker gave up with EIO ("the metanode kept changing
+/// hands"; three-node seeds 7 and 211 with the fair token manager).
+#[test]
+fn a_node_named_metanode_by_its_grant_serves_before_its_operation_gets_there() {
+    use mako_token::{ByteRange, TokenMode};
+    use std::sync::atomic::Ordering;
+    let c = TwoNodes::new(2);
+    let (a, b) = (c.fs(0), c.fs(1));
+    let bb = 64 * 1024u64;
+    let f = a
+        .create(CTX, ROOT_INO, b"named", 0o644, 0, true)
+        .unwrap()
+        .ino;
+    a.write(f, 0, &pattern(1, bb as usize), false).unwrap();
+    // B caches the inode as a reader, then is granted `rw` with nobody writing (as an
+    // operation's acquire is, between its attempts): the manager names it metanode.
+    assert_eq!(b.getattr(f).unwrap().size, bb);
+    let core_a = &c.nodes[0].fs.core;
+    let core_b = &c.nodes[1].fs.core;
+    let res = core_b.tokens.inode(f);
+    core_b
+        .tokens
+        .client()
+        .acquire(res, TokenMode::Rw, ByteRange::WHOLE, ByteRange::WHOLE)
+        .unwrap();
+    assert!(core_b.tokens.client().named_metanode(res));
+    // A writes a record of a new block as a shared writer: it asks B for block
+    // addresses and reports the new size and pointer to B, which no operation of B's
+    // has touched since the grant.
+    a.write(f, 2 * bb, &pattern(2, 47_008), false).unwrap();
+    assert_eq!(core_a.tokens.inode_mode(f), Some(TokenMode::Rw));
+    assert!(core_a.stats.metanode_sent.load(Ordering::Relaxed) >= 1);
+    assert_eq!(core_b.stats.metanode_named.load(Ordering::Relaxed), 1);
+    let size = 2 * bb + 47_008;
+    for fs in [a, b] {
+        assert_eq!(fs.getattr(f).unwrap().size, size);
+        assert_eq!(fs.read(f, 0, bb as u32).unwrap(), pattern(1, bb as usize));
+        assert_eq!(fs.read(f, 2 * bb, 47_008).unwrap(), pattern(2, 47_008));
+        assert!(fs.read(f, bb, bb as u32).unwrap().iter().all(|&x| x == 0));
+    }
+    for n in 0..2 {
+        c.fs(n).fsync(f, false).unwrap();
+    }
+    c.finish();
+}

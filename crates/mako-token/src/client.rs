@@ -135,9 +135,22 @@ fn monotonic_now() -> Duration {
     }
 }
 
-/// First and longest pause between asks of a request queued behind older ones.
+/// Pauses between asks of a request queued behind older ones: after each change of
+/// who is ahead, about `QUEUE_POLL_FIRST` per request ahead (each is served in about a
+/// revoke round), doubling while nobody ahead is served, up to `QUEUE_POLL_MAX` (or
+/// the first pause, if longer, up to `QUEUE_POLL_LONGEST`). A pause that started over
+/// at the first at every change made a waiter behind k others ask about k times while
+/// the queue drained: messages per create grew with the number of nodes (64 nodes
+/// creating in one directory: 238 manager requests per create).
 const QUEUE_POLL_FIRST: Duration = Duration::from_micros(200);
 const QUEUE_POLL_MAX: Duration = Duration::from_millis(8);
+const QUEUE_POLL_LONGEST: Duration = Duration::from_millis(64);
+
+/// The first pause of a request queued behind `ahead` older ones.
+fn queue_pause(ahead: usize) -> Duration {
+    let n = u32::try_from(ahead.max(1)).unwrap_or(u32::MAX);
+    QUEUE_POLL_FIRST.saturating_mul(n).min(QUEUE_POLL_LONGEST)
+}
 /// How long an acquire waits behind the same older requests before it asks their
 /// nodes whether they are there (`ClientRequest::Ping`), and again each time this
 /// much more passed: a killed node's requests would otherwise hold the queue for the
@@ -184,6 +197,9 @@ struct ResState {
     /// `ClientInner::grant_clock` when the manager last granted this node something
     /// of the resource (`TokenClient::granted_at`).
     granted_at: u64,
+    /// The manager named this node the resource's metanode (with a grant or a
+    /// locate) and it has held a write mode since (`TokenClient::named_metanode`).
+    metanode: bool,
     held: HeldRanges,
     holds: Vec<HoldEntry>,
     revoking: Vec<ByteRange>,
@@ -541,6 +557,15 @@ impl ClientInner {
                 st.held.grant(r, k);
             }
         }
+        // The manager keeps a metanode only while it holds a write mode.
+        if !st
+            .held
+            .pieces()
+            .iter()
+            .any(|(_, m)| covers(*m, TokenMode::Rw))
+        {
+            st.metanode = false;
+        }
         st.busy = false;
         if st.is_idle() {
             shard.res.remove(&resource);
@@ -842,6 +867,7 @@ impl TokenClient {
                     st.held.grant(g.range, g.mode);
                     st.version = st.version.max(g.version);
                     st.granted_at = inner.grant_clock.fetch_add(1, Ordering::SeqCst) + 1;
+                    st.metanode = g.metanode;
                     return Ok(());
                 }
                 // The manager answers for the request it considered (a conditional
@@ -881,7 +907,7 @@ impl TokenClient {
                         // Someone ahead was served (or the request is new): progress.
                         _ => {
                             queued = Some((ahead.clone(), now));
-                            pause = QUEUE_POLL_FIRST;
+                            pause = queue_pause(ahead.len());
                             probed = None;
                         }
                     }
@@ -908,7 +934,7 @@ impl TokenClient {
                         });
                     }
                     cv.wait_for(&mut shard, pause);
-                    pause = (pause * 2).min(QUEUE_POLL_MAX);
+                    pause = (pause * 2).min(QUEUE_POLL_MAX.max(pause));
                     req.revoke_answers = 0;
                     continue;
                 }
@@ -1234,7 +1260,15 @@ impl TokenClient {
                 become_if_none,
             },
         )? {
-            ManagerReply::Metanode(m) => Ok(m),
+            ManagerReply::Metanode(m) => {
+                if m == Some(self.inner.node) {
+                    let (lock, _) = self.inner.shard(&resource);
+                    if let Some(st) = lock.lock().res.get_mut(&resource) {
+                        st.metanode = !st.held.is_empty();
+                    }
+                }
+                Ok(m)
+            }
             ManagerReply::Failed(e) => Err(e),
             other => Err(TokenError::Transport(format!(
                 "unexpected manager reply {other:?}"
@@ -1242,7 +1276,23 @@ impl TokenClient {
         }
     }
 
+    /// Whether the manager named this node the metanode of `resource` (told with the
+    /// grant, or by a locate) and it still holds a write mode there. A node named so
+    /// serves metanode requests from then on, even before its own operation that
+    /// asked for the token gets to the inode (docs/coherence.md section 4).
+    pub fn named_metanode(&self, resource: ResourceId) -> bool {
+        let (lock, _) = self.inner.shard(&resource);
+        let shard = lock.lock();
+        shard.res.get(&resource).is_some_and(|st| st.metanode)
+    }
+
     pub fn resign_metanode(&self, resource: ResourceId) -> Result<(), TokenError> {
+        {
+            let (lock, _) = self.inner.shard(&resource);
+            if let Some(st) = lock.lock().res.get_mut(&resource) {
+                st.metanode = false;
+            }
+        }
         self.inner
             .ask_manager(
                 &resource,
@@ -1636,10 +1686,7 @@ mod unreachable_waiter_tests {
     fn dead_waits(m: &TokenManager, resource: ResourceId) {
         let mut req = AcquireRequest::whole(DEAD, resource, Xw);
         req.waiter = Some(1);
-        assert!(matches!(
-            m.acquire(req),
-            Err(TokenError::Conflict { .. })
-        ));
+        assert!(matches!(m.acquire(req), Err(TokenError::Conflict { .. })));
         assert_eq!(m.waiters(resource), vec![DEAD]);
     }
 
@@ -1674,10 +1721,18 @@ mod unreachable_waiter_tests {
             .expect("the dead node held a token");
         a.acquire_whole(inode(9), Xw).expect("a holds");
         dead_waits(&m, inode(9));
-        let e = b.acquire_whole(inode(8), Xw).expect_err("the holder is dead");
-        assert!(matches!(e, TokenError::RevokeFailed { node: DEAD, .. }), "{e}");
+        let e = b
+            .acquire_whole(inode(8), Xw)
+            .expect_err("the holder is dead");
+        assert!(
+            matches!(e, TokenError::RevokeFailed { node: DEAD, .. }),
+            "{e}"
+        );
         assert_eq!(b.stats().peers_unreachable, 1, "{:?}", b.stats());
-        assert!(m.waiters(inode(9)).is_empty(), "dropped with the failed revoke");
+        assert!(
+            m.waiters(inode(9)).is_empty(),
+            "dropped with the failed revoke"
+        );
         // What the dead node holds stays until recovery releases it.
         assert_eq!(m.holders(inode(8)).len(), 1);
         b.acquire_whole(inode(9), Xw)

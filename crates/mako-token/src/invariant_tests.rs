@@ -356,6 +356,7 @@ impl World {
                     mode: spec.mode,
                     range: required,
                     version: 0,
+                    metanode: false,
                 };
                 self.check_grant(&grant, required, desired)?;
                 prop_assert!(c.try_hold(resource, spec.mode, required).is_some());
