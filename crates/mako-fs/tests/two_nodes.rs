@@ -236,13 +236,16 @@ fn a_node_named_metanode_by_its_grant_serves_before_its_operation_gets_there() {
         .acquire(res, TokenMode::Rw, ByteRange::WHOLE, ByteRange::WHOLE)
         .unwrap();
     assert!(core_b.tokens.client().named_metanode(res));
-    // A writes a record of a new block as a shared writer: it asks B for block
-    // addresses and reports the new size and pointer to B, which no operation of B's
-    // has touched since the grant.
-    a.write(f, 2 * bb, &pattern(2, 47_008), false).unwrap();
+    // A caches the inode: it shares B's `rw` and asks B, the metanode, for the
+    // attributes. No operation of B's has touched the inode since the grant (without
+    // the takeover in `serve`, B answers "not metanode" and A's stat fails with EIO
+    // after 1000 attempts).
+    assert_eq!(a.getattr(f).unwrap().size, bb);
     assert_eq!(core_a.tokens.inode_mode(f), Some(TokenMode::Rw));
     assert!(core_a.stats.metanode_sent.load(Ordering::Relaxed) >= 1);
     assert_eq!(core_b.stats.metanode_named.load(Ordering::Relaxed), 1);
+    // And the file goes on as usual.
+    a.write(f, 2 * bb, &pattern(2, 47_008), false).unwrap();
     let size = 2 * bb + 47_008;
     for fs in [a, b] {
         assert_eq!(fs.getattr(f).unwrap().size, size);
