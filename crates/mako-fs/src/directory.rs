@@ -431,6 +431,35 @@ pub fn insert(core: &Core, st: &mut InodeState, name: &[u8], ino: u64, kind: u8)
     Ok(cookie)
 }
 
+/// Before an operation changes anything for an insert of `name`: if the block the
+/// entry goes to is full, the insert will change the directory's shape, which needs
+/// the inode in `xw` (`cover_structure`); asking for it only in `place`, after the new
+/// inode was allocated, turned the mount read-only (three nodes creating in one
+/// directory: a change, then a missing token). Entries in the inode are covered by
+/// `need_parent` already.
+pub fn prepare_insert(core: &Core, st: &InodeState, name: &[u8], kind: u8) -> FsResult<()> {
+    if is_inline(st) {
+        return Ok(());
+    }
+    let cookie = match probe(core, st, name)? {
+        Ok(_) => return Ok(()),
+        Err(c) => c,
+    };
+    let len = DirEntry {
+        cookie,
+        ino: 0,
+        kind,
+        name: name.to_vec(),
+    }
+    .encoded_len();
+    let idx = locate(core, st, cookie)?;
+    let room = st.dir_blocks.lock()[&idx].has_room(cookie, len);
+    if !room {
+        cover_structure(core, st)?;
+    }
+    Ok(())
+}
+
 /// Put `entry` at its cookie (free), in the inode or in the block that covers it,
 /// splitting or growing the directory until it fits.
 fn place(core: &Core, st: &mut InodeState, entry: DirEntry) -> FsResult<()> {

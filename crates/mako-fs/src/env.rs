@@ -31,6 +31,7 @@ impl NodeEnv {
         let registry = Registry::new();
         let manager = Arc::new(TokenManager::new(TokenManagerLimits {
             tokens_max: 10_000_000,
+            ..TokenManagerLimits::default()
         }));
         registry.register(
             NodeId(node),
@@ -56,6 +57,7 @@ impl NodeEnv {
         let registry = Registry::new();
         let manager = Arc::new(TokenManager::new(TokenManagerLimits {
             tokens_max: 10_000_000,
+            ..TokenManagerLimits::default()
         }));
         registry.register(
             NodeId(0),

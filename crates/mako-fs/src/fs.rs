@@ -583,6 +583,8 @@ impl FileSystem {
         if is_dir_mode(mode) && pst.inode.nlink >= LINKS_MAX {
             return Err(FsError::TooManyLinks(format!("directory inode {parent}")));
         }
+        // Whatever the insert needs is held before the first change.
+        directory::prepare_insert(&self.core, pst, name, dtype(mode))?;
         let ino = self.core.allocate_reserved_inode(reservation)?;
         let (mut inode, xattrs) = self.new_inode(ctx, pst, mode, umask, rdev, ino)?;
         inode.xattrs = xattrs;

@@ -196,7 +196,18 @@ fn serve(core: &Arc<Core>, req: FsRequest) -> FsResult<FsReply> {
         return Ok(FsReply::NotMetanode);
     };
     if !h.state.read().metanode {
-        return Ok(FsReply::NotMetanode);
+        // The manager named this node the metanode when it granted the write token
+        // (the grant said so), but no operation of this node has used the inode since:
+        // take over now. Waiting for its own operation to get there could wait for
+        // a token the asker's operation holds (docs/coherence.md section 4).
+        if !core.tokens.client().named_metanode(core.tokens.inode(ino)) {
+            return Ok(FsReply::NotMetanode);
+        }
+        let st = h.state.write();
+        if !st.metanode {
+            core.stats.metanode_named.fetch_add(1, Ordering::Relaxed);
+            take_over(core, &h, st)?;
+        }
     }
     match req {
         FsRequest::GetAttr { .. } => {
@@ -450,8 +461,15 @@ fn reload(core: &Core, st: &mut InodeState) -> FsResult<()> {
     crate::cache_flush::drop_inode_chunk(core, st.inode.ino);
     st.inode = core.read_inode(st.inode.ino)?;
     st.indirect.lock().clear();
-    st.dir_blocks.lock().clear();
+    // Directory blocks with pages this node changed and has not committed stay: the
+    // pages are its own (under its name tokens) and exist nowhere else yet; blocks do
+    // not move while this node holds the inode in `rw`. Dropping them lost a name
+    // this node had just inserted (its own unlink then found ENOENT).
+    st.dir_blocks.lock().retain(|_, n| n.dirty_pages != 0);
     st.shared = None;
+    // Read from disk just now: `Core::get` must not read it again over what this node
+    // merges from here on (a takeover in `serve` may find a handle marked stale).
+    st.stale = false;
     Ok(())
 }
 

@@ -71,9 +71,23 @@ pub fn run<T>(core: &Core, mut f: impl FnMut() -> FsResult<T>) -> FsResult<T> {
                 let granted_anew = core.tokens.client().stats().manager_calls != calls;
                 // (An inode-file chunk read before an inode was granted is dropped when
                 // that inode is read from it: `Core::read_inode`, by the grant clock.)
-                if missing.resource.kind == mako_token::ResourceKind::DirBucket && granted_anew {
+                let kind = missing.resource.kind;
+                if kind == mako_token::ResourceKind::DirBucket && granted_anew {
                     // Names newly granted: pages cached before, outside any token this
                     // node held, may be stale. Read the directory's blocks again.
+                    if let Some(h) = core.cached_handle(missing.resource.id) {
+                        crate::directory::refresh_cached(core, &h)?;
+                    }
+                } else if kind == mako_token::ResourceKind::Inode
+                    && granted_anew
+                    && core.tokens.inode_mode(missing.resource.id) == Some(TokenMode::Xw)
+                {
+                    // A directory's inode newly granted in `xw` (after `rw`): an
+                    // operation under it reads entries without name tokens (a split
+                    // moves whole blocks), and pages cached under `rw` may miss names
+                    // other writers inserted under theirs (three nodes creating in one
+                    // directory lost names). Read the directory's blocks again.
+                    // (A file has no cached directory blocks: nothing to do.)
                     if let Some(h) = core.cached_handle(missing.resource.id) {
                         crate::directory::refresh_cached(core, &h)?;
                     }

@@ -37,6 +37,9 @@ pub struct FsStats {
     /// Requests this node served as metanode, and sent to other metanodes.
     pub metanode_served: AtomicU64,
     pub metanode_sent: AtomicU64,
+    /// Takeovers by a node the manager named metanode (with its grant) when another
+    /// node asked it before any operation of its own used the inode.
+    pub metanode_named: AtomicU64,
     /// Allocation regions this node took beyond its share at mount (its space ran out).
     pub regions_acquired: AtomicU64,
     /// Frees in other nodes' space this node sent to them, and served for them.
@@ -74,6 +77,7 @@ impl FsStats {
             f("revokes_dir", &self.revokes_dir),
             f("metanode_served", &self.metanode_served),
             f("metanode_sent", &self.metanode_sent),
+            f("metanode_named", &self.metanode_named),
             f("regions_acquired", &self.regions_acquired),
             f("foreign_frees_sent", &self.foreign_frees_sent),
             f("foreign_frees_served", &self.foreign_frees_served),

@@ -49,6 +49,8 @@ const NAME_LOG_KEEP: Duration = Duration::from_secs(2 * 3600 + 60);
 /// Most names one session remembers. Past it, names not yet recorded are handed to
 /// the kernel with a zero timeout, so memory stays bounded (about 100 bytes a name).
 const NAME_LOG_MAX: usize = 1 << 20;
+/// Longest wait of a revoke for its kernel name invalidations (`invalidate_names`).
+const NAME_INVAL_WAIT: Duration = Duration::from_millis(250);
 /// Least time between two sweeps of expired names.
 const NAME_LOG_SWEEP: Duration = Duration::from_secs(10);
 /// Longest name a directory holds: only such names are looked up under a name token
@@ -303,15 +305,70 @@ impl KernelInvalidator for Sessions {
     }
     fn invalidate_names(&self, dir: u64) {
         // Every name of `dir` the kernel may still trust (recorded and not expired),
-        // then the directory's own attributes and listing.
-        for (id, n, names) in self.snapshot().iter() {
-            for name in names.take(dir) {
-                if let Err(e) = n.inval_entry(INodeNo(dir), OsStr::from_bytes(&name)) {
-                    tracing::debug!("inval_entry {dir} in session {id}: {e}");
+        // then the directory's own attributes and listing. Taken from the logs now;
+        // sent from a thread of their own, waited for at most `NAME_INVAL_WAIT`: the
+        // kernel takes the directory's lock for each, which a lookup or create in the
+        // directory holds while it waits for makod — possibly for the very token this
+        // revoke is giving up (docs/coherence.md section 8, kernel locks). Past the
+        // wait the revoke goes on; the notifications follow as soon as that operation
+        // is answered, so a dentry it installs is dropped after all.
+        type Work = Vec<(u64, Arc<Notifier>, Vec<Vec<u8>>)>;
+        let work: Work = self
+            .snapshot()
+            .iter()
+            .map(|(id, n, names)| (*id, n.clone(), names.take(dir)))
+            .collect();
+        fn send(dir: u64, work: Work) {
+            for (id, n, names) in work {
+                for name in names {
+                    if let Err(e) = n.inval_entry(INodeNo(dir), OsStr::from_bytes(&name)) {
+                        tracing::debug!("inval_entry {dir} in session {id}: {e}");
+                    }
+                }
+                if let Err(e) = n.inval_inode(INodeNo(dir), 0, 0) {
+                    tracing::debug!("inval_inode {dir} in session {id}: {e}");
                 }
             }
         }
-        self.inval_inode(None, dir, 0, 0);
+        // The work is handed over through a slot, so that if no thread can be had it
+        // is taken back and sent here (unbounded, as before the thread).
+        let slot: Arc<Mutex<Option<Work>>> = Arc::new(Mutex::new(Some(work)));
+        let done = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let signal = done.clone();
+        let theirs = slot.clone();
+        let job = move || {
+            let work = theirs.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(work) = work {
+                send(dir, work);
+            }
+            let (lock, cv) = &*signal;
+            *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            cv.notify_all();
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("mako-inval".into())
+            .spawn(job)
+        {
+            // No thread to be had (the closure was dropped unrun): send them here,
+            // unbounded, as before the thread.
+            tracing::warn!("no thread for name invalidations of {dir}: {e}; sending them inline");
+            let work = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(work) = work {
+                send(dir, work);
+            }
+            return;
+        }
+        let (lock, cv) = &*done;
+        let sent = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let (sent, wait) = cv
+            .wait_timeout_while(sent, NAME_INVAL_WAIT, |sent| !*sent)
+            .unwrap_or_else(|e| e.into_inner());
+        if wait.timed_out() && !*sent {
+            tracing::debug!(
+                "name invalidations of directory {dir} still waiting for the kernel's \
+                 directory lock after {NAME_INVAL_WAIT:?}; the revoke goes on"
+            );
+        }
     }
 }
 

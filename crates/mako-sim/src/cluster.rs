@@ -212,6 +212,7 @@ impl SimCluster {
         let net = SimNet::new(sim, config.net);
         let manager = Arc::new(TokenManager::new(TokenManagerLimits {
             tokens_max: 10_000_000,
+            ..TokenManagerLimits::default()
         }));
         net.registry().register(
             NodeId(0),

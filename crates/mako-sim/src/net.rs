@@ -211,6 +211,7 @@ fn token_label(service: ServiceId, request: &[u8]) -> Option<String> {
                 ClientRequest::Revoke {
                     resource, wanted, ..
                 } => format!("revoke {} to {wanted:?}", resource.kind.as_str()),
+                ClientRequest::Ping => "ping".into(),
             })
         }
         _ => None,

@@ -51,10 +51,14 @@ fn three_nodes() {
 /// to an inline directory: `Core::read_inode` checks the grant clock) and 227 (a
 /// shared writer found a block address missing after its write had begun: EROFS;
 /// `file_io::shared_write_ready` checks them all first), 266 (taking over as
-/// metanode inside an unlink counted as the unlink's change: EROFS at its restart).
+/// metanode inside an unlink counted as the unlink's change: EROFS at its restart);
+/// 7 and 211 again with the fair queue (EIO, "the metanode kept changing hands": a
+/// node the manager named metanode with its `rw` grant answered "not metanode" until
+/// its own operation reached the inode; the grant now says so and `metanode::serve`
+/// takes over).
 #[test]
 fn three_node_seeds_that_once_failed() {
-    for seed in [19, 22, 88, 105, 211, 227, 266] {
+    for seed in [7, 19, 22, 88, 105, 211, 227, 266] {
         if let Err(f) = run_seed(&SeedConfig::new(seed, 3)) {
             panic!(
                 "{f}\n\nreplay: {}",

@@ -338,6 +338,10 @@ impl NetCluster {
     }
 
     fn cleanup(&mut self) {
+        if std::thread::panicking() && self.root.is_some() {
+            // A failed test: what the nodes said is the first thing to read.
+            eprintln!("{}", self.logs_tail(60));
+        }
         let Some(root) = self.root.take() else { return };
         self.note_pids();
         for &p in &self.pids {

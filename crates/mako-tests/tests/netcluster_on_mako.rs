@@ -124,10 +124,6 @@ fn shared_dir_round(c: &NetCluster, dir: &str, nodes: u32, per_node: u32) -> Dur
 }
 
 #[test]
-#[ignore = "known bug, not fixed yet: with three processes creating in one directory at once, \
-            a node stops answering revokes of the directory's name tokens (`revoke of \
-            fs0:dirbucket:… on node 2 failed: … did not answer a TokenClient request within \
-            60s`), and creates on the others fail with EIO; see docs/cluster.md"]
 fn creates_stats_unlinks_in_one_directory_from_three_nodes() {
     if !require_fuse("creates_stats_unlinks_in_one_directory_from_three_nodes") {
         return;
@@ -163,7 +159,7 @@ fn creates_stats_unlinks_in_one_directory_from_three_nodes() {
 /// with a stat of another node's name, and every other file unlinked again). A
 /// measurement, not a check: run with `--ignored --nocapture`.
 #[test]
-#[ignore = "a measurement (and blocked by the bug of creates_stats_unlinks_in_one_directory_from_three_nodes): \
+#[ignore = "a measurement: \
             cargo test --release -p mako-tests --test netcluster_on_mako -- --ignored --nocapture shared_directory_create_rates"]
 fn shared_directory_create_rates() {
     if !require_fuse("shared_directory_create_rates") {

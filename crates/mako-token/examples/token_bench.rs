@@ -23,6 +23,7 @@ fn main() {
     // Room for one token per uncovered acquire in both loops below.
     let limits = TokenManagerLimits {
         tokens_max: (iterations as usize).saturating_mul(3).max(1024),
+        ..TokenManagerLimits::default()
     };
     let manager = Arc::new(TokenManager::new(limits));
     let registry = Registry::new();

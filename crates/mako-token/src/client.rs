@@ -102,9 +102,11 @@ pub struct AcquireOptions {
 /// Limits of one token client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenClientLimits {
-    /// Manager round trips per acquire before giving up with
-    /// `TokenError::AttemptsExhausted`. More than one is needed when a revoked holder
-    /// re-acquires, or a third node gets in, before the retry arrives.
+    /// Revoke rounds per acquire before giving up with
+    /// `TokenError::AttemptsExhausted`. Waiting in the manager's queue behind older
+    /// requests is not counted (it is bounded by `queue_wait_max_ms`): once a request
+    /// is the oldest in the way, what it revokes cannot come back before it is served,
+    /// so a round or two suffice and running out means the protocol is broken.
     pub acquire_attempts_max: u32,
     /// Deadline of each request to the manager or a holder.
     pub call_deadline_ms: u64,
@@ -114,6 +116,10 @@ pub struct TokenClientLimits {
     /// `holder_down_retry_ms`. Past it the acquire fails with `RevokeFailed`.
     pub holder_down_wait_ms: u64,
     pub holder_down_retry_ms: u64,
+    /// Longest wait in the manager's queue behind the same older requests before
+    /// giving up with `TokenError::QueueTimeout`. A hang guard only: a dead node's
+    /// request leaves the queue after `TokenManagerLimits::waiter_lease_ms`.
+    pub queue_wait_max_ms: u64,
 }
 
 impl Default for TokenClientLimits {
@@ -123,9 +129,43 @@ impl Default for TokenClientLimits {
             call_deadline_ms: 60_000,
             holder_down_wait_ms: 600_000,
             holder_down_retry_ms: 10,
+            queue_wait_max_ms: 600_000,
         }
     }
 }
+
+/// Time for queue waits: simulated under a simulation, real otherwise.
+fn monotonic_now() -> Duration {
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    match mako_diag::sched::current() {
+        Some(s) => s.now(),
+        None => START.get_or_init(std::time::Instant::now).elapsed(),
+    }
+}
+
+/// Pauses between asks of a request queued behind older ones: after each change of
+/// who is ahead, about `QUEUE_POLL_FIRST` per request ahead (each is served in about a
+/// revoke round), doubling while nobody ahead is served, up to `QUEUE_POLL_MAX` (or
+/// the first pause, if longer, up to `QUEUE_POLL_LONGEST`). A pause that started over
+/// at the first at every change made a waiter behind k others ask about k times while
+/// the queue drained: messages per create grew with the number of nodes (64 nodes
+/// creating in one directory: 238 manager requests per create).
+const QUEUE_POLL_FIRST: Duration = Duration::from_micros(200);
+const QUEUE_POLL_MAX: Duration = Duration::from_millis(8);
+const QUEUE_POLL_LONGEST: Duration = Duration::from_millis(64);
+
+/// The first pause of a request queued behind `ahead` older ones.
+fn queue_pause(ahead: usize) -> Duration {
+    let n = u32::try_from(ahead.max(1)).unwrap_or(u32::MAX);
+    QUEUE_POLL_FIRST.saturating_mul(n).min(QUEUE_POLL_LONGEST)
+}
+/// How long an acquire waits behind the same older requests before it asks their
+/// nodes whether they are there (`ClientRequest::Ping`), and again each time this
+/// much more passed: a killed node's requests would otherwise hold the queue for the
+/// manager's whole waiter lease. Long against a revoke round of a live cluster, so
+/// that probes are rare; short against the RPC deadline, within which a live node's
+/// request to a dead node's resource is answered (with an error) as before queues.
+const QUEUE_PROBE_AFTER: Duration = Duration::from_secs(1);
 
 /// Counters of one client.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,6 +178,14 @@ pub struct TokenClientStats {
     pub revokes_sent: u64,
     /// Revokes this node answered for others.
     pub revokes_answered: u64,
+    /// Asks refused because an older request of another node waits (fairness).
+    pub queued: u64,
+    /// `Ping`s sent to nodes whose queued requests an acquire waited behind for
+    /// `QUEUE_PROBE_AFTER`.
+    pub probes_sent: u64,
+    /// Calls to other nodes (revokes, pings) that failed, reported to the manager so
+    /// that their queued requests stop holding others (`ManagerRequest::DropWaiters`).
+    pub peers_unreachable: u64,
     /// Holds refused because the token was missing or being revoked.
     pub hold_misses: u64,
 }
@@ -157,6 +205,9 @@ struct ResState {
     /// `ClientInner::grant_clock` when the manager last granted this node something
     /// of the resource (`TokenClient::granted_at`).
     granted_at: u64,
+    /// The manager named this node the resource's metanode (with a grant or a
+    /// locate) and it has held a write mode since (`TokenClient::named_metanode`).
+    metanode: bool,
     held: HeldRanges,
     holds: Vec<HoldEntry>,
     revoking: Vec<ByteRange>,
@@ -220,6 +271,11 @@ struct ClientInner {
     revokes_sent: AtomicU64,
     revokes_answered: AtomicU64,
     hold_misses: AtomicU64,
+    queued: AtomicU64,
+    probes_sent: AtomicU64,
+    peers_unreachable: AtomicU64,
+    /// Ids of this node's acquires (`AcquireRequest::waiter`).
+    acquire_ids: AtomicU64,
     /// Ticks at every grant from the manager (`TokenClient::grant_clock`).
     grant_clock: AtomicU64,
 }
@@ -355,6 +411,39 @@ impl ClientInner {
         .map_err(|e| TokenError::Transport(e.to_string()))
     }
 
+    /// A call to `node` failed: its queued requests must not hold the queue of the
+    /// manager of `resource` until their lease ends (a killed node's would hold every
+    /// other node's request behind it for `TokenManagerLimits::waiter_lease_ms`).
+    /// Best effort: if the manager is unreachable too, the lease drops them.
+    fn report_unreachable(&self, resource: &ResourceId, node: NodeId) {
+        self.peers_unreachable.fetch_add(1, Ordering::Relaxed);
+        let _ = self.ask_manager(resource, ManagerRequest::DropWaiters(node));
+    }
+
+    /// Asks each of `nodes` (whose queued requests on `resource` an acquire waits
+    /// behind) whether it is there, and reports those that do not answer.
+    fn probe_waiters(&self, resource: &ResourceId, nodes: &[NodeId]) {
+        let ping = mako_rt::encode("ping", &ClientRequest::Ping).unwrap_or_default();
+        let calls = nodes
+            .iter()
+            .map(|n| (*n, ServiceId::TokenClient, ping.clone()))
+            .collect();
+        self.probes_sent
+            .fetch_add(nodes.len() as u64, Ordering::Relaxed);
+        let answers = self.transport.call_many(calls, self.options());
+        for (node, answer) in nodes.iter().zip(answers) {
+            let alive = answer.is_ok_and(|b| {
+                matches!(
+                    mako_rt::decode::<ClientReply>("ping reply", &b),
+                    Ok(ClientReply::Alive)
+                )
+            });
+            if !alive {
+                self.report_unreachable(resource, *node);
+            }
+        }
+    }
+
     fn expect_done(reply: ManagerReply) -> Result<(), TokenError> {
         match reply {
             ManagerReply::Done => Ok(()),
@@ -485,6 +574,15 @@ impl ClientInner {
                 st.held.grant(r, k);
             }
         }
+        // The manager keeps a metanode only while it holds a write mode.
+        if !st
+            .held
+            .pieces()
+            .iter()
+            .any(|(_, m)| covers(*m, TokenMode::Rw))
+        {
+            st.metanode = false;
+        }
         st.busy = false;
         if st.is_idle() {
             shard.res.remove(&resource);
@@ -532,6 +630,10 @@ impl TokenClient {
                 revokes_sent: AtomicU64::new(0),
                 revokes_answered: AtomicU64::new(0),
                 hold_misses: AtomicU64::new(0),
+                queued: AtomicU64::new(0),
+                probes_sent: AtomicU64::new(0),
+                peers_unreachable: AtomicU64::new(0),
+                acquire_ids: AtomicU64::new(1),
                 grant_clock: AtomicU64::new(0),
             }),
         }
@@ -694,14 +796,58 @@ impl TokenClient {
         req.replace = replace;
         req.upgrade_to = upgrade_to;
         req.alt_mode = alt_mode;
+        // A try-acquire never waits in the manager's queue.
+        req.waiter = (!no_revoke).then(|| inner.acquire_ids.fetch_add(1, Ordering::Relaxed));
         validate_request(&req)?;
+        let mut left_queued = false;
+        let result = self.acquire_rounds(req, options, &mut left_queued);
+        if let (true, Some(waiter)) = (result.is_err() || left_queued, req.waiter) {
+            // Out of the queue, so as not to stand in anyone's way until the lease ends.
+            // Best effort: if the manager is unreachable the lease drops it.
+            let _ = inner.ask_manager(
+                &resource,
+                ManagerRequest::Cancel {
+                    node: inner.node,
+                    resource,
+                    waiter,
+                },
+            );
+        }
+        result
+    }
+
+    /// The rounds of `acquire_full`: ask the manager; on a conflict revoke the holders
+    /// and ask again; behind older requests wait for them to be served.
+    fn acquire_rounds(
+        &self,
+        mut req: AcquireRequest,
+        options: AcquireOptions,
+        left_queued: &mut bool,
+    ) -> Result<(), TokenError> {
+        let AcquireOptions {
+            replace,
+            alt_mode,
+            no_revoke,
+            ..
+        } = options;
+        let AcquireRequest {
+            resource,
+            mode,
+            required,
+            desired,
+            ..
+        } = req;
+        let inner = &self.inner;
         let (lock, cv) = inner.shard(&resource);
-        let mut last_copyset: Vec<Holder> = Vec::new();
         // Time spent waiting for holders that did not answer (`holder_down_wait_ms`).
         let mut waited_down = Duration::ZERO;
-        let mut attempt = 0;
-        while attempt < inner.limits.acquire_attempts_max {
-            attempt += 1;
+        let mut attempts = 0u32;
+        // Waiting in the queue: behind whom, since when, and the next pause.
+        let mut queued: Option<(Vec<NodeId>, Duration)> = None;
+        let mut pause = QUEUE_POLL_FIRST;
+        // When the nodes ahead were last asked whether they are there.
+        let mut probed: Option<Duration> = None;
+        loop {
             // 1. Covered already (and not being revoked)?
             let shard = lock.lock();
             // A replacing grant must not take a promise from this node's own holds.
@@ -717,6 +863,9 @@ impl TokenClient {
                 || alt_mode.is_some_and(|a| st.covers(required, Some(a)));
             if covered && !st.revoking_overlaps(&required) {
                 inner.covered.fetch_add(1, Ordering::Relaxed);
+                // Granted to another acquire of this node meanwhile: a request this
+                // one left in the manager's queue must not stand in anyone's way.
+                *left_queued = attempts > 0 || queued.is_some();
                 return Ok(());
             }
             st.busy = true;
@@ -737,6 +886,7 @@ impl TokenClient {
                     st.held.grant(g.range, g.mode);
                     st.version = st.version.max(g.version);
                     st.granted_at = inner.grant_clock.fetch_add(1, Ordering::SeqCst) + 1;
+                    st.metanode = g.metanode;
                     return Ok(());
                 }
                 // The manager answers for the request it considered (a conditional
@@ -748,6 +898,65 @@ impl TokenClient {
                     metanode,
                     ..
                 })) => (copyset, mode, required, metanode),
+                // Older requests of other nodes are in the way: they go first (their
+                // requesters revoke); ask again after a pause, without revoking.
+                Ok(ManagerReply::Failed(TokenError::Queued {
+                    ahead,
+                    mode: wanted,
+                    required: effective_required,
+                    copyset,
+                    ..
+                })) => {
+                    inner.queued.fetch_add(1, Ordering::Relaxed);
+                    if no_revoke {
+                        if st.is_idle() {
+                            shard.res.remove(&resource);
+                        }
+                        return Err(TokenError::Conflict {
+                            resource,
+                            mode: wanted,
+                            required: effective_required,
+                            copyset,
+                            metanode: None,
+                        });
+                    }
+                    let now = monotonic_now();
+                    match &queued {
+                        Some((before, _)) if *before == ahead => {}
+                        // Someone ahead was served (or the request is new): progress.
+                        _ => {
+                            queued = Some((ahead.clone(), now));
+                            pause = queue_pause(ahead.len());
+                            probed = None;
+                        }
+                    }
+                    let since = queued.as_ref().map_or(now, |q| q.1);
+                    let waited = now.saturating_sub(since);
+                    if now.saturating_sub(probed.unwrap_or(since)) >= QUEUE_PROBE_AFTER {
+                        // Still behind the same requests: are their nodes there? Those
+                        // that are not leave the queue, and the next ask revokes what
+                        // they hold (failing as it would have without queues).
+                        probed = Some(now);
+                        drop(shard);
+                        inner.probe_waiters(&resource, &ahead);
+                        req.revoke_answers = 0;
+                        continue;
+                    }
+                    if waited > Duration::from_millis(inner.limits.queue_wait_max_ms) {
+                        return Err(TokenError::QueueTimeout {
+                            node: inner.node,
+                            resource,
+                            mode: wanted,
+                            required: effective_required,
+                            waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                            ahead,
+                        });
+                    }
+                    cv.wait_for(&mut shard, pause);
+                    pause = (pause * 2).min(QUEUE_POLL_MAX.max(pause));
+                    req.revoke_answers = 0;
+                    continue;
+                }
                 Ok(ManagerReply::Failed(e)) => {
                     if st.is_idle() {
                         shard.res.remove(&resource);
@@ -815,27 +1024,31 @@ impl TokenClient {
             let mut unreachable = None;
             for (h, answer) in copyset.iter().zip(answers) {
                 let answer = match answer {
-                    // The holder did not answer: it may have failed. Its tokens stay
-                    // in the manager's table until it is recovered (a survivor
-                    // replays its log, then releases them); wait for that.
+                    // The holder did not answer: it may have failed. Its queued
+                    // requests, if any, must not hold others; its tokens stay in the
+                    // manager's table until it is recovered (a survivor replays its
+                    // log, then releases them): wait for that.
                     Err(e) => {
+                        inner.report_unreachable(&resource, h.node);
                         unreachable.get_or_insert((*h, e.to_string()));
                         continue;
                     }
                     Ok(b) => mako_rt::decode::<ClientReply>("revoke reply", &b)
                         .map_err(|e| TokenError::Transport(e.to_string())),
                 };
-                match answer {
-                    Ok(ClientReply::Revoked) => {}
-                    Ok(ClientReply::Failed(e)) | Err(e) => {
-                        return Err(TokenError::RevokeFailed {
-                            node: h.node,
-                            resource,
-                            range: h.range,
-                            source: Box::new(e),
-                        })
+                let e = match answer {
+                    Ok(ClientReply::Revoked) => continue,
+                    Ok(ClientReply::Failed(e)) | Err(e) => e,
+                    Ok(other) => {
+                        TokenError::Transport(format!("unexpected revoke reply {other:?}"))
                     }
-                }
+                };
+                return Err(TokenError::RevokeFailed {
+                    node: h.node,
+                    resource,
+                    range: h.range,
+                    source: Box::new(e),
+                });
             }
             if let Some((h, why)) = unreachable {
                 let retry = Duration::from_millis(inner.limits.holder_down_retry_ms.max(1));
@@ -849,25 +1062,28 @@ impl TokenClient {
                         ))),
                     });
                 }
-                pause(retry);
+                self::pause(retry);
                 waited_down += retry;
                 // Waiting for a failed holder is not an attempt.
-                attempt -= 1;
-                last_copyset = copyset;
+                req.revoke_answers = 0;
+                queued = None;
                 continue;
             }
             // 4. Retry, forwarding how many answered.
             req.revoke_answers = u32::try_from(copyset.len()).unwrap_or(u32::MAX);
-            last_copyset = copyset;
+            queued = None;
+            attempts += 1;
+            if attempts >= inner.limits.acquire_attempts_max {
+                return Err(TokenError::AttemptsExhausted {
+                    node: inner.node,
+                    resource,
+                    mode,
+                    required,
+                    attempts,
+                    last_copyset: copyset,
+                });
+            }
         }
-        Err(TokenError::AttemptsExhausted {
-            node: inner.node,
-            resource,
-            mode,
-            required,
-            attempts: inner.limits.acquire_attempts_max,
-            last_copyset,
-        })
     }
 
     /// Whole-resource acquire (inode, allocation region, inode-map segment).
@@ -1110,7 +1326,15 @@ impl TokenClient {
                 become_if_none,
             },
         )? {
-            ManagerReply::Metanode(m) => Ok(m),
+            ManagerReply::Metanode(m) => {
+                if m == Some(self.inner.node) {
+                    let (lock, _) = self.inner.shard(&resource);
+                    if let Some(st) = lock.lock().res.get_mut(&resource) {
+                        st.metanode = !st.held.is_empty();
+                    }
+                }
+                Ok(m)
+            }
             ManagerReply::Failed(e) => Err(e),
             other => Err(TokenError::Transport(format!(
                 "unexpected manager reply {other:?}"
@@ -1118,7 +1342,23 @@ impl TokenClient {
         }
     }
 
+    /// Whether the manager named this node the metanode of `resource` (told with the
+    /// grant, or by a locate) and it still holds a write mode there. A node named so
+    /// serves metanode requests from then on, even before its own operation that
+    /// asked for the token gets to the inode (docs/coherence.md section 4).
+    pub fn named_metanode(&self, resource: ResourceId) -> bool {
+        let (lock, _) = self.inner.shard(&resource);
+        let shard = lock.lock();
+        shard.res.get(&resource).is_some_and(|st| st.metanode)
+    }
+
     pub fn resign_metanode(&self, resource: ResourceId) -> Result<(), TokenError> {
+        {
+            let (lock, _) = self.inner.shard(&resource);
+            if let Some(st) = lock.lock().res.get_mut(&resource) {
+                st.metanode = false;
+            }
+        }
         self.inner
             .ask_manager(
                 &resource,
@@ -1203,6 +1443,9 @@ impl TokenClient {
             manager_calls: s.manager_calls.load(Ordering::Relaxed),
             revokes_sent: s.revokes_sent.load(Ordering::Relaxed),
             revokes_answered: s.revokes_answered.load(Ordering::Relaxed),
+            queued: s.queued.load(Ordering::Relaxed),
+            probes_sent: s.probes_sent.load(Ordering::Relaxed),
+            peers_unreachable: s.peers_unreachable.load(Ordering::Relaxed),
             hold_misses: s.hold_misses.load(Ordering::Relaxed),
         }
     }
@@ -1223,6 +1466,7 @@ impl mako_rt::Service for ClientService {
                 ClientReply::Failed(TokenError::Transport("the token client has stopped".into()))
             }
             (_, Err(e)) => ClientReply::Failed(TokenError::Transport(e.to_string())),
+            (Some(_), Ok(ClientRequest::Ping)) => ClientReply::Alive,
             (
                 Some(inner),
                 Ok(ClientRequest::Revoke {
@@ -1460,5 +1704,105 @@ mod tests {
         assert_eq!(b.locate_metanode(ino, true).expect("locate"), Some(B));
         b.resign_metanode(ino).expect("resign");
         assert_eq!(b.locate_metanode(ino, false).expect("locate"), None);
+    }
+}
+
+#[cfg(test)]
+mod unreachable_waiter_tests {
+    use super::*;
+    use crate::manager::TokenManager;
+    use crate::protocol::ManagerService;
+    use crate::resource::ResourceKind;
+    use mako_rt::{InProcessTransport, Registry};
+    use TokenMode::*;
+
+    /// A node that died (kill -9) with a request queued: it offers no service, so
+    /// any call to it fails, as a call to a killed makod does.
+    const DEAD: NodeId = NodeId(3);
+
+    fn inode(n: u64) -> ResourceId {
+        ResourceId::new(1, ResourceKind::Inode, n)
+    }
+
+    fn setup() -> (Arc<TokenManager>, Arc<Registry>) {
+        let registry = Registry::new();
+        let manager = Arc::new(TokenManager::default());
+        registry.register(
+            NodeId(0),
+            ServiceId::TokenManager,
+            Arc::new(ManagerService {
+                manager: manager.clone(),
+            }),
+        );
+        (manager, registry)
+    }
+
+    fn client(registry: &Arc<Registry>, node: NodeId) -> TokenClient {
+        let c = TokenClient::new(
+            node,
+            Arc::new(InProcessTransport::new(node, registry.clone())),
+            ManagerMap::single(NodeId(0)),
+            TokenClientLimits::default(),
+        );
+        registry.register(node, ServiceId::TokenClient, c.service());
+        c
+    }
+
+    /// The dead node's request, older than everyone's, is queued on `resource`.
+    fn dead_waits(m: &TokenManager, resource: ResourceId) {
+        let mut req = AcquireRequest::whole(DEAD, resource, Xw);
+        req.waiter = Some(1);
+        assert!(matches!(m.acquire(req), Err(TokenError::Conflict { .. })));
+        assert_eq!(m.waiters(resource), vec![DEAD]);
+    }
+
+    /// Without `Ping` and `DropWaiters`, the live node's acquire waited behind the
+    /// dead node's request for the manager's whole waiter lease (180 s; the netcluster
+    /// kill -9 test gives up after 150 s).
+    #[test]
+    fn a_dead_nodes_queued_request_does_not_hold_the_others() {
+        let (m, registry) = setup();
+        let a = client(&registry, NodeId(1));
+        let b = client(&registry, NodeId(2));
+        a.acquire_whole(inode(7), Xw).expect("a holds");
+        dead_waits(&m, inode(7));
+        // B is behind the dead node's request; after QUEUE_PROBE_AFTER it pings the
+        // dead node, which does not answer, and the manager drops its request: B
+        // revokes A and is served.
+        b.acquire_whole(inode(7), Xw)
+            .expect("served once the dead node's request is dropped");
+        assert!(b.stats().probes_sent >= 1, "{:?}", b.stats());
+        assert_eq!(m.stats().waiters_dropped, 1, "{:?}", m.stats());
+        assert!(m.waiters(inode(7)).is_empty());
+    }
+
+    /// A revoke that cannot reach a holder fails the acquire, as before queues, and
+    /// the holder's queued requests elsewhere are dropped.
+    #[test]
+    fn a_failed_revoke_drops_the_holders_queued_requests() {
+        let (m, registry) = setup();
+        let a = client(&registry, NodeId(1));
+        let b = client(&registry, NodeId(2));
+        m.acquire(AcquireRequest::whole(DEAD, inode(8), Ro))
+            .expect("the dead node held a token");
+        a.acquire_whole(inode(9), Xw).expect("a holds");
+        dead_waits(&m, inode(9));
+        let e = b
+            .acquire_whole(inode(8), Xw)
+            .expect_err("the holder is dead");
+        assert!(
+            matches!(e, TokenError::RevokeFailed { node: DEAD, .. }),
+            "{e}"
+        );
+        assert_eq!(b.stats().peers_unreachable, 1, "{:?}", b.stats());
+        assert!(
+            m.waiters(inode(9)).is_empty(),
+            "dropped with the failed revoke"
+        );
+        // What the dead node holds stays until recovery releases it.
+        assert_eq!(m.holders(inode(8)).len(), 1);
+        b.acquire_whole(inode(9), Xw)
+            .expect("nobody ahead: revokes a and is served");
+        assert_eq!(b.stats().probes_sent, 0, "{:?}", b.stats());
     }
 }

@@ -64,6 +64,41 @@ pub enum TokenError {
         metanode: Option<NodeId>,
     },
 
+    /// An older request of another node for a conflicting mode waits on the resource:
+    /// it is served first (fairness). The requester waits and asks again; it does not
+    /// revoke (the older request's requester does). `TokenClient` does this itself.
+    #[error(
+        "{mode} token on {resource} {required} waits behind older requests of {}; \
+         ask again once they are served",
+        nodes_text(ahead)
+    )]
+    Queued {
+        resource: ResourceId,
+        mode: TokenMode,
+        required: ByteRange,
+        /// The nodes whose older conflicting requests are in the way.
+        ahead: Vec<NodeId>,
+        /// The holders in the way as well (for diagnostics).
+        copyset: Vec<Holder>,
+    },
+
+    /// An acquire waited in the manager's queue for longer than any live cluster
+    /// takes: the nodes ahead keep their requests alive but are never served.
+    #[error(
+        "{node} waited {waited_ms} ms for {mode} on {resource} {required} behind older \
+         requests of {} without being served (TokenClientLimits::queue_wait_max_ms); \
+         check that those nodes and the token manager are alive and answering",
+        nodes_text(ahead)
+    )]
+    QueueTimeout {
+        node: NodeId,
+        resource: ResourceId,
+        mode: TokenMode,
+        required: ByteRange,
+        waited_ms: u64,
+        ahead: Vec<NodeId>,
+    },
+
     /// Granting would take the table past `TokenManagerLimits::tokens_max`.
     #[error(
         "token table full: {tokens_max} tokens held (TokenManagerLimits::tokens_max) while \
@@ -113,11 +148,14 @@ pub enum TokenError {
         reason: String,
     },
 
-    /// Revokes kept being overtaken by new holders.
+    /// Revoke rounds kept being overtaken by new holders. Requests are served oldest
+    /// first, so this means holders came back ahead of the oldest request: a bug in
+    /// the token protocol, not contention.
     #[error(
-        "{node} gave up acquiring {mode} on {resource} {required} after {attempts} attempts \
-         (TokenClientLimits::acquire_attempts_max); last conflicting holders: {}; \
-         the resource is heavily contended, retry later or raise acquire_attempts_max",
+        "{node} gave up acquiring {mode} on {resource} {required} after {attempts} revoke \
+         rounds (TokenClientLimits::acquire_attempts_max); last conflicting holders: {}; \
+         they kept holding it although this request was the oldest in the way: a token \
+         protocol bug, please report it",
         holders_text(last_copyset)
     )]
     AttemptsExhausted {
@@ -128,6 +166,11 @@ pub enum TokenError {
         attempts: u32,
         last_copyset: Vec<Holder>,
     },
+}
+
+fn nodes_text(nodes: &[NodeId]) -> String {
+    let parts: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
+    parts.join(", ")
 }
 
 fn holders_text(holders: &[Holder]) -> String {

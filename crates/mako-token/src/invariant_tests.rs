@@ -182,6 +182,7 @@ impl mako_rt::Service for RawHandler {
                 Ok(()) => ClientReply::Revoked,
                 Err(e) => ClientReply::Failed(e),
             },
+            Ok(ClientRequest::Ping) => ClientReply::Alive,
             Err(e) => ClientReply::Failed(TokenError::Transport(e.to_string())),
         };
         mako_rt::encode("revoke reply", &reply).expect("encode")
@@ -355,6 +356,7 @@ impl World {
                     mode: spec.mode,
                     range: required,
                     version: 0,
+                    metanode: false,
                 };
                 self.check_grant(&grant, required, desired)?;
                 prop_assert!(c.try_hold(resource, spec.mode, required).is_some());

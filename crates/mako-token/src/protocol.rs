@@ -26,6 +26,17 @@ pub enum ManagerRequest {
         range: ByteRange,
         to: TokenMode,
     },
+    /// The requester of queued request `waiter` stopped waiting.
+    Cancel {
+        node: NodeId,
+        resource: ResourceId,
+        waiter: u64,
+    },
+    /// A call to `node` failed (it is unreachable, or its token client stopped): its
+    /// queued requests on this manager stand in nobody's way any more. What it holds
+    /// stays (only recovery may take that from it); if it lives and still waits, it
+    /// is queued again, at the back, when it asks again.
+    DropWaiters(NodeId),
     /// Drop everything a node holds (it unmounted, or recovery released it).
     ReleaseNode(NodeId),
     LocateMetanode {
@@ -67,11 +78,17 @@ pub enum ClientRequest {
         range: ByteRange,
         wanted: TokenMode,
     },
+    /// Are you there? Asked of the nodes whose queued requests an acquire has waited
+    /// behind for a while: if one does not answer, its requests are dropped from the
+    /// manager's queue (`ManagerRequest::DropWaiters`).
+    Ping,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum ClientReply {
     Revoked,
+    /// The answer to `Ping`.
+    Alive,
     Failed(TokenError),
 }
 
@@ -105,6 +122,18 @@ impl ManagerService {
                 Ok(()) => ManagerReply::Done,
                 Err(e) => ManagerReply::Failed(e),
             },
+            ManagerRequest::Cancel {
+                node,
+                resource,
+                waiter,
+            } => {
+                m.cancel(node, resource, waiter);
+                ManagerReply::Done
+            }
+            ManagerRequest::DropWaiters(node) => {
+                m.drop_waiters(node);
+                ManagerReply::Done
+            }
             ManagerRequest::ReleaseNode(node) => {
                 m.release_node(node);
                 ManagerReply::Done

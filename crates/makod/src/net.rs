@@ -201,6 +201,7 @@ impl NetNode {
         if me.manager {
             let manager = Arc::new(TokenManager::new(TokenManagerLimits {
                 tokens_max: 10_000_000,
+                ..TokenManagerLimits::default()
             }));
             registry.register(
                 NodeId(me.id),
