@@ -138,6 +138,14 @@ where
         );
         return Err(refuse(w, version, reason).await);
     }
+    if inner.removed.read().contains(&NodeId(hello.node)) {
+        let reason = format!(
+            "node {} was removed from the cluster (`mako node remove`): it cannot join \
+             again under that number; add it again with `mako node add`",
+            hello.node
+        );
+        return Err(refuse(w, version, reason).await);
+    }
     let transcript = Transcript {
         version,
         client_node: hello.node,
