@@ -308,6 +308,10 @@ async fn serve(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
                     tracing::warn!(%peer, node = %session.node, reason = %e, "closing connection: bad frame");
                     break;
                 }
+                if inner.removed.read().contains(&session.node) {
+                    tracing::warn!(%peer, node = %session.node, "closing connection: the node was removed from the cluster");
+                    break;
+                }
                 let received = Instant::now();
                 // Waiting here for a free handler holds back this connection's
                 // reading only (TCP flow control), never another connection's.
