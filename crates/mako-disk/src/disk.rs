@@ -11,6 +11,13 @@ pub trait Disk: Send + Sync {
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError>;
     /// Make every completed write durable.
     fn sync(&self) -> Result<(), DiskError>;
+    /// True if this disk's `sync` may run on another thread at the same time as other
+    /// disks' syncs (`Nsd::sync_all` then waits for the slowest instead of the sum). False
+    /// by default: test disks (crash, simulated) count their syncs in one order, so a
+    /// crash point or a seed replays exactly.
+    fn sync_in_parallel(&self) -> bool {
+        false
+    }
     /// `read_at` with what the I/O carries: a disk behind an NSD server passes the tag
     /// on, so the server's I/O history says what it read. Others ignore it.
     fn read_tagged(&self, buf: &mut [u8], offset: u64, tag: IoTag) -> Result<(), DiskError> {

@@ -290,6 +290,10 @@ impl Disk for FileDisk {
         let f = self.direct.as_ref().unwrap_or(&self.file);
         f.sync_data().map_err(io_err(&self.name, "sync", 0, 0))
     }
+    /// A host `fdatasync` of its own file: independent of the other disks' files.
+    fn sync_in_parallel(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

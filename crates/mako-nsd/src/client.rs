@@ -430,6 +430,11 @@ impl Disk for RemoteDisk {
     }
     /// Syncs on every server that acknowledged writes since the last sync (see the
     /// module comment); with none, there is nothing to make durable.
+    /// A round trip to its servers, independent of other disks' (each `RemoteDisk` keeps
+    /// its own record of the writes a sync must confirm).
+    fn sync_in_parallel(&self) -> bool {
+        true
+    }
     fn sync(&self) -> Result<(), DiskError> {
         let pending = std::mem::take(&mut *self.unsynced.lock());
         let mut failed: Vec<(NodeId, String)> = Vec::new();

@@ -113,7 +113,7 @@ fn run_seed(seed: u64, ops: u64, direct_io: bool) -> bool {
         Ok(stats) => {
             println!("fsx: seed {seed}: {stats}");
             assert!(
-                stats.remounts >= ops / REMOUNT_EVERY - 1,
+                stats.remounts >= (ops / REMOUNT_EVERY).saturating_sub(1),
                 "seed {seed}: expected remounts, got {}",
                 stats.remounts
             );

@@ -395,6 +395,11 @@ pub struct FsxStats {
     /// Count per operation kind (indexed like [`OpKind::ALL`]); no-ops (e.g. mmap of an empty
     /// file) are counted too.
     pub op_counts: [u64; OpKind::COUNT],
+    /// Wall-clock time spent per operation kind (the operation and the size check after it),
+    /// to see where a slow run spends its time.
+    pub op_time: [Duration; OpKind::COUNT],
+    /// Wall-clock time spent in periodic and final full-file verifies.
+    pub verify_time: Duration,
     /// Operation kinds disabled because the file system does not support them, with the reason.
     pub disabled: Vec<(OpKind, String)>,
     /// How many times an unsupported error (EOPNOTSUPP/ENOSYS/ENODEV) was returned.
@@ -431,6 +436,17 @@ impl fmt::Display for FsxStats {
             .map(|k| format!("{}={}", k.name(), self.op_counts[k.idx()]))
             .collect();
         writeln!(f, "fsx: ops by kind: {}", counts.join(" "))?;
+        let times: Vec<String> = OpKind::ALL
+            .iter()
+            .filter(|k| self.op_counts[k.idx()] > 0)
+            .map(|k| format!("{}={:.1}s", k.name(), self.op_time[k.idx()].as_secs_f64()))
+            .collect();
+        writeln!(
+            f,
+            "fsx: time by kind: {} verify={:.1}s",
+            times.join(" "),
+            self.verify_time.as_secs_f64()
+        )?;
         writeln!(
             f,
             "fsx: {} full verifies, {} remounts, final sizes {:?}",
@@ -659,6 +675,8 @@ pub fn run_fsx(opts: &mut FsxOptions) -> Result<FsxStats, FsxFailure> {
             ops: 0,
             elapsed: Duration::ZERO,
             op_counts: [0; OpKind::COUNT],
+            op_time: [Duration::ZERO; OpKind::COUNT],
+            verify_time: Duration::ZERO,
             disabled: Vec::new(),
             unsupported_errors: 0,
             verifies: 0,
@@ -858,13 +876,17 @@ impl Runner<'_> {
                 note: "",
             };
             self.stats.op_counts[kind.idx()] += 1;
+            let started = Instant::now();
             self.do_op(kind, file)?;
             self.cur.size_after = self.files[file].model.len() as u64;
             self.push_log();
             self.check_size(file)?;
+            self.stats.op_time[kind.idx()] += started.elapsed();
             self.stats.ops = n;
             if self.o.verify_every > 0 && n % self.o.verify_every == 0 {
+                let started = Instant::now();
                 self.verify_all()?;
+                self.stats.verify_time += started.elapsed();
             }
             if self.o.verbose && n % 10_000 == 0 {
                 eprintln!("fsx: {n} ops");
