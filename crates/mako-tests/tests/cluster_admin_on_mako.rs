@@ -562,6 +562,18 @@ fn a_node_added_to_a_running_cluster_mounts_and_a_removed_one_cannot_rejoin() {
         "{out}"
     );
 
+    // Each running node refuses the removed number once its applier took the epoch in.
+    for i in 0..2 {
+        wait_for(&c, &format!("node{i} to forget node2"), || {
+            let log = std::fs::read_to_string(c.node_dir(i).join("makod.log"))
+                .map_err(|e| e.to_string())?;
+            if log.contains("node 2 is no longer in the cluster's configuration") {
+                Ok(())
+            } else {
+                Err(c.log_tail(i, 10))
+            }
+        });
+    }
     // With its key put back and started by hand, the others refuse its number.
     let dir = c.data_dir().join("node2");
     std::fs::copy(c.data_dir().join("cluster.key"), dir.join("cluster.key")).unwrap();
