@@ -169,7 +169,9 @@ impl ControlHandler for Fake {
             Request::ClusterShow
             | Request::ClusterParam { .. }
             | Request::ClusterDeleteDisk { .. }
-            | Request::ClusterDeleteFs { .. } => {
+            | Request::ClusterDeleteFs { .. }
+            | Request::ClusterAddNode { .. }
+            | Request::ClusterRemoveNode { .. } => {
                 Response::error("the fake makod is the whole cluster: no replicated configuration")
             }
         }

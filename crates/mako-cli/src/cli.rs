@@ -118,6 +118,25 @@ pub enum NodeCommand {
     /// Every node with its roles and state, asked over the network (like mmgetstate
     /// -a): active, the cluster manager, or why it does not answer.
     Show,
+    /// Add a node to the cluster (like mmaddnode): into the replicated configuration,
+    /// with a data directory `<cluster data dir>/NAME` to start it from (`mako startup
+    /// -N NAME`). Run in the cluster's overview data directory.
+    Add {
+        /// The new node's name
+        name: String,
+        /// Its address, IP:port
+        #[arg(long, value_name = "IP:PORT")]
+        address: String,
+        /// Its roles (only `client` for now: quorum and manager roles are refused)
+        #[arg(long, value_name = "ROLES", value_delimiter = ',')]
+        roles: Vec<String>,
+    },
+    /// Remove a node from the cluster (like mmdelnode): refused while it runs, mounts a
+    /// file system, serves a disk or is a quorum node; it cannot join again afterwards.
+    Remove {
+        /// The node's name
+        name: String,
+    },
 }
 
 /// Which nodes `mako startup|shutdown` acts on.
@@ -163,6 +182,10 @@ pub struct UpArgs {
     /// them (first time only) [default: every node opens the disk files itself]
     #[arg(long = "nsd-servers", value_name = "NODES", value_delimiter = ',')]
     pub nsd_servers: Vec<u32>,
+    /// With --nodes: room for this many nodes in all (recovery logs of the file system),
+    /// so `mako node add` can add nodes later (first time only) [default: --nodes]
+    #[arg(long = "max-nodes", value_name = "N")]
+    pub max_nodes: Option<u32>,
 }
 
 // The command line is parsed once; the size difference between variants is irrelevant.
@@ -507,6 +530,14 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             crate::nodes_cmd::cluster_create(&context, &args)
         }
         Command::Node(NodeCommand::Show) => cluster_cmd::node_show(&context),
+        Command::Node(NodeCommand::Add {
+            name,
+            address,
+            roles,
+        }) => crate::nodes_cmd::node_add(&context, &name, &address, &roles),
+        Command::Node(NodeCommand::Remove { name }) => {
+            crate::nodes_cmd::node_remove(&context, &name)
+        }
         Command::Startup(sel) => cluster_cmd::startup(&context, &sel),
         Command::Shutdown(sel) => cluster_cmd::shutdown(&context, &sel),
         Command::Fs(FsCommand::Create(args)) => fs_cmd::create(&context, &args),

@@ -72,7 +72,7 @@ pub fn call_cluster(context: &Context, request: &Request) -> Result<(String, Res
 }
 
 /// The cluster.toml of this data directory, which must describe several nodes.
-fn multi(context: &Context) -> Result<ClusterConfig> {
+pub(crate) fn multi(context: &Context) -> Result<ClusterConfig> {
     let cluster = context.cluster()?;
     if cluster.nodes.is_empty() {
         bail!(

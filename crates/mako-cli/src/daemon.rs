@@ -503,7 +503,7 @@ pub(crate) fn create_cluster(data: &DataDir, args: &UpArgs, nodes: u32) -> Resul
         let params = mako_fs::mkfs::MkfsParams {
             name: DEFAULT_FS.into(),
             block_bytes,
-            log_count: nodes,
+            log_count: nodes.max(args.max_nodes.unwrap_or(0)),
             ..Default::default()
         };
         let specs = crate::fs_cmd::disk_specs(&cluster.disks)?;

@@ -589,7 +589,7 @@ fn mounted_text(
 }
 
 /// Reads the descriptor of a file system from its disks.
-fn read_descriptor(cluster: &ClusterConfig, fs: &FsDef) -> Result<Descriptor> {
+pub(crate) fn read_descriptor(cluster: &ClusterConfig, fs: &FsDef) -> Result<Descriptor> {
     let disks: Vec<DiskDef> = cluster.disks_of(fs).into_iter().cloned().collect();
     let specs = disk_specs(&disks)?;
     mako_fs::mount::read_descriptor(&specs).map_err(|e| {
@@ -1008,7 +1008,7 @@ fn cluster_files(context: &Context, cluster: &ClusterConfig) -> Vec<PathBuf> {
 }
 
 /// Applies `edit` to every cluster.toml of [`cluster_files`].
-fn edit_cluster_files(
+pub(crate) fn edit_cluster_files(
     context: &Context,
     cluster: &ClusterConfig,
     edit: impl Fn(&mut ClusterConfig),

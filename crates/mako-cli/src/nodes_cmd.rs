@@ -186,6 +186,11 @@ fn create(
     }
     // Checked before anything is created.
     let quorum = quorum_ids(n, quorum_names)?;
+    if let Some(m) = args.max_nodes {
+        if m < n || m > NODES_MAX {
+            bail!("--max-nodes {m}: give {n} (--nodes) to {NODES_MAX}");
+        }
+    }
     let mut cluster = create_cluster(data, args, n)?;
     if let Some(name) = name {
         cluster.cluster_name = name.to_string();
@@ -525,6 +530,192 @@ pub fn stop_nodes(mut order: Vec<&NodeDef>) -> Result<ExitCode> {
     }
     if !failed.is_empty() {
         bail!("could not stop {}; see above", failed.join(", "));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The overview data directory of a cluster of several makod processes on this
+/// machine (where `mako cluster create` put every node's directory) and its
+/// cluster.toml: `mako node add|remove` are run there.
+fn overview(context: &Context) -> Result<(DataDir, ClusterConfig)> {
+    let cluster = crate::cluster_cmd::multi(context)?;
+    let own = cluster.node(cluster.node_id);
+    if own.is_some_and(|n| same_dir(&n.data_dir, &context.data.root)) {
+        bail!(
+            "{} is node {}'s own data directory; run this in the cluster's overview data \
+             directory (the --data-dir given to `mako cluster create`)",
+            context.data.root.display(),
+            cluster.node_name
+        );
+    }
+    Ok((context.data.clone(), cluster))
+}
+
+/// `mako node add NAME --address IP:PORT [--roles client]` (like mmaddnode): adds the
+/// node to the replicated configuration through the cluster manager, then creates its
+/// data directory `<overview>/NAME` (cluster key, config.toml, its cluster.toml) and
+/// lists it in every cluster.toml of the cluster on this machine. Everything that can
+/// refuse is checked before the configuration changes.
+pub fn node_add(
+    context: &Context,
+    name: &str,
+    address: &str,
+    roles: &[String],
+) -> Result<ExitCode> {
+    let (data, cluster) = overview(context)?;
+    mako_control::cluster::validate_name("node name", name).map_err(|p| anyhow!(p))?;
+    let addr: std::net::SocketAddr = address
+        .parse()
+        .map_err(|e| anyhow!("--address {address}: not IP:port ({e})"))?;
+    if let Some(n) = cluster.nodes.iter().find(|n| n.name == name) {
+        bail!("node {name} exists already (id {}, {})", n.id, n.address);
+    }
+    if let Some(n) = cluster
+        .nodes
+        .iter()
+        .find(|n| n.address.parse::<std::net::SocketAddr>().ok() == Some(addr))
+    {
+        bail!("--address {address}: node {} has it already", n.name);
+    }
+    let id = cluster.nodes.iter().map(|n| n.id + 1).max().unwrap_or(0);
+    // A node mounts only with a recovery log of its own: its number must be below each
+    // file system's log count.
+    for fs in &cluster.filesystems {
+        let desc = crate::fs_cmd::read_descriptor(&cluster, fs)?;
+        let logs = desc.metadata_inodes.log_count;
+        if id >= logs {
+            bail!(
+                "file system {} has recovery logs for {logs} nodes (numbers 0 to {}), so a \
+                 node numbered {id} could not mount it; nothing was added. A cluster that is \
+                 to grow is created with room for it: `mako cluster create --nodes N \
+                 --max-nodes M`",
+                fs.name,
+                logs - 1
+            );
+        }
+    }
+    let dir = DataDir::new(crate::daemon::absolute(&data.root.join(name))?);
+    if dir.root.exists() {
+        bail!(
+            "{} exists already; move it away, or give the node another name",
+            dir.root.display()
+        );
+    }
+    let key = fs::read_to_string(data.key_file())
+        .with_context(|| format!("reading the cluster key {}", data.key_file().display()))?;
+    let serves_all = cluster.disks.iter().any(|d| !d.servers.is_empty());
+    let node = NodeDef {
+        id,
+        name: name.to_string(),
+        address: addr.to_string(),
+        data_dir: dir.root.clone(),
+        manager: false,
+        quorum: false,
+        // With NSD servers the disks are reached through them; without, every node
+        // opens the shared disk files.
+        local_disks: serves_all.then(Vec::new),
+    };
+    let request = mako_control::Request::ClusterAddNode {
+        id,
+        name: name.to_string(),
+        address: addr.to_string(),
+        roles: roles.to_vec(),
+    };
+    crate::cluster_cmd::change(context, &request, "; nothing was added")?;
+    // The configuration has the node now: its directory and every cluster.toml.
+    let files = (|| -> Result<()> {
+        fs::create_dir_all(&dir.root)
+            .with_context(|| format!("cannot create {}", dir.root.display()))?;
+        write_key(&dir.key_file(), key.trim())?;
+        let config = fs::read_to_string(data.config_file()).unwrap_or_default();
+        if !config.is_empty() {
+            fs::write(dir.config_file(), &config)?;
+        }
+        let mut store = mako_config::ConfigStore::load_or_default(dir.config_file())?;
+        store
+            .set("prometheusPort", &(9370 + id).to_string())
+            .map_err(|e| anyhow!("prometheusPort: {e}"))?;
+        store.save()?;
+        let mut after = cluster.clone();
+        after.nodes.push(node.clone());
+        node_cluster(&after, &node).save(&dir.root)?;
+        crate::fs_cmd::edit_cluster_files(context, &cluster, |c| {
+            if !c.nodes.iter().any(|n| n.id == id) {
+                c.nodes.push(node.clone());
+            }
+        })?;
+        Ok(())
+    })();
+    if let Err(e) = files {
+        bail!(
+            "node {name} is in the cluster's configuration, but its files could not be \
+             written: {e:#}. Fix that and run `mako node remove {name}`, then add it again"
+        );
+    }
+    println!("  data dir     {}", dir.root.display());
+    println!("Next:         `mako startup -N {name}` starts it; it mounts the file systems set to mount at start");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `mako node remove NAME` (like mmdelnode): refused while the node's makod runs or a
+/// file system is mounted at its mount points (its makod checks the rest: a quorum
+/// node, an NSD server, a node that answers); then removed from the replicated
+/// configuration and from every cluster.toml on this machine, and its cluster key
+/// deleted, so it cannot start again. The rest of its data directory stays.
+pub fn node_remove(context: &Context, name: &str) -> Result<ExitCode> {
+    let (_, cluster) = overview(context)?;
+    let Some(node) = cluster.nodes.iter().find(|n| n.name == name).cloned() else {
+        bail!(
+            "{name}: no such node; the nodes are {}",
+            cluster
+                .nodes
+                .iter()
+                .map(|n| n.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    };
+    let dir = DataDir::new(&node.data_dir);
+    if let Ok(Some(s)) = query_status(&dir) {
+        bail!(
+            "{name} is up (makod pid {}): stop it first (`mako shutdown -N {name}`), then run \
+             `mako node remove {name}` again; nothing was removed",
+            s.pid
+        );
+    }
+    if let Ok(own) = ClusterConfig::load(&dir.root) {
+        for fs in &own.filesystems {
+            if mako_control::mount_table::is_mako_mount_of(&fs.mountpoint, &fs.name) {
+                bail!(
+                    "{name} still has {} mounted on {} although its makod is not running; \
+                     unmount it (`fusermount3 -u {}`), then run `mako node remove {name}` \
+                     again; nothing was removed",
+                    fs.name,
+                    fs.mountpoint.display(),
+                    fs.mountpoint.display()
+                );
+            }
+        }
+    }
+    let request = mako_control::Request::ClusterRemoveNode {
+        name: name.to_string(),
+    };
+    crate::cluster_cmd::change(context, &request, "; nothing was removed")?;
+    crate::fs_cmd::edit_cluster_files(context, &cluster, |c| {
+        if c.node_id != node.id {
+            c.nodes.retain(|n| n.id != node.id);
+        }
+    })?;
+    match fs::remove_file(dir.key_file()) {
+        Ok(()) => println!(
+            "  {} deleted: the node cannot join again (the others refuse its number too)",
+            dir.key_file().display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => eprintln!(
+            "warning: cannot delete {}: {e}; delete it by hand",
+            dir.key_file().display()
+        ),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -417,6 +417,32 @@ impl Quorum {
         })?
     }
 
+    /// Drops learners `nodes` from raft's membership (nodes removed from the
+    /// configuration); a voter among them is refused. Only on the cluster manager.
+    pub fn remove_learners(
+        &self,
+        nodes: &BTreeSet<NodeId>,
+        deadline: Duration,
+    ) -> Result<(), QuorumError> {
+        let ids: BTreeSet<RaftNodeId> = nodes.iter().map(|n| raft_id(*n)).collect();
+        let inner = self.inner.clone();
+        let end = Instant::now() + deadline;
+        self.block(deadline, "removing learners", async move {
+            inner.require_leader()?;
+            let write = inner
+                .raft
+                .change_membership(ChangeMembers::RemoveNodes(ids), true);
+            match tokio::time::timeout(remaining(end), write).await {
+                Ok(result) => inner.membership_result(result.map(|_| ())),
+                Err(_) => Err(QuorumError::Timeout {
+                    what: "removing learners".into(),
+                    deadline,
+                    outcome_unknown: true,
+                }),
+            }
+        })?
+    }
+
     /// Makes `voters` the quorum nodes (each must already be a voter or a learner);
     /// voters left out stay as learners. Only on the cluster manager.
     pub fn change_membership(

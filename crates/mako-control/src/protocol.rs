@@ -94,6 +94,17 @@ pub enum Request {
     /// Deletes a file system from the replicated configuration (`mako fs delete`; the
     /// CLI has checked that no node mounts it) → `Ok`/`Error`, `Ok` if it is not there.
     ClusterDeleteFs { name: String },
+    /// Adds node `id` (`mako node add`) to the replicated configuration with `roles`
+    /// (`client`, `manager`; a quorum role is refused) → `Ok`/`Error`.
+    ClusterAddNode {
+        id: u32,
+        name: String,
+        address: String,
+        roles: Vec<String>,
+    },
+    /// Removes a node that is down, serves no disk and is no quorum node from the
+    /// replicated configuration (`mako node remove`) → `Ok`/`Error`.
+    ClusterRemoveNode { name: String },
 }
 
 impl Request {
@@ -118,6 +129,8 @@ impl Request {
             Request::ClusterParam { .. } => "cluster_param",
             Request::ClusterDeleteDisk { .. } => "cluster_delete_disk",
             Request::ClusterDeleteFs { .. } => "cluster_delete_fs",
+            Request::ClusterAddNode { .. } => "cluster_add_node",
+            Request::ClusterRemoveNode { .. } => "cluster_remove_node",
         }
     }
 }

@@ -140,6 +140,14 @@ where
         );
         return Err(refuse(w, version, reason).await);
     }
+    if inner.removed.read().contains(&NodeId(hello.node)) {
+        let reason = format!(
+            "node {} was removed from the cluster (`mako node remove`): it cannot join \
+             again under that number; add it again with `mako node add`",
+            hello.node
+        );
+        return Err(refuse(w, version, reason).await);
+    }
     let transcript = Transcript {
         version,
         client_node: hello.node,
@@ -300,6 +308,10 @@ async fn serve(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
                 if let Some(e) = bad {
                     Counters::add(&inner.stats.bad_frames);
                     tracing::warn!(%peer, node = %session.node, reason = %e, "closing connection: bad frame");
+                    break;
+                }
+                if inner.removed.read().contains(&session.node) {
+                    tracing::warn!(%peer, node = %session.node, "closing connection: the node was removed from the cluster");
                     break;
                 }
                 let received = Instant::now();

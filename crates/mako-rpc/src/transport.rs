@@ -60,6 +60,8 @@ pub(crate) struct Inner {
     /// Open incoming (served) connections.
     pub inbound: AtomicUsize,
     peers: RwLock<BTreeMap<NodeId, SocketAddr>>,
+    /// Nodes removed from the cluster: their handshakes are refused, even with the key.
+    pub removed: RwLock<std::collections::BTreeSet<NodeId>>,
     lanes: Mutex<HashMap<NodeId, Arc<[Arc<Lane>]>>>,
     /// Lane indices a small message may use, and those a large one may use.
     small_lanes: Vec<usize>,
@@ -833,6 +835,7 @@ impl TcpTransport {
             bulk_handlers: Arc::new(Semaphore::new(config.handler_threads)),
             inbound: AtomicUsize::new(0),
             peers: RwLock::new(config.peers.clone()),
+            removed: RwLock::new(Default::default()),
             lanes: Mutex::new(HashMap::new()),
             small_lanes,
             bulk_lanes,
@@ -875,6 +878,7 @@ impl TcpTransport {
     /// Sets or changes `node`'s address. Connections to its old address are closed;
     /// with `allToAllConnection`, connections to the new one are started.
     pub fn set_peer(&self, node: NodeId, addr: SocketAddr) {
+        self.inner.removed.write().remove(&node);
         let old = self.inner.peers.write().insert(node, addr);
         if old.is_some_and(|old| old != addr) {
             self.inner.close_node(node, "the node's address changed");
@@ -888,6 +892,18 @@ impl TcpTransport {
     pub fn remove_peer(&self, node: NodeId) {
         self.inner.peers.write().remove(&node);
         self.inner.close_node(node, "the node left the node map");
+    }
+
+    /// Forgets `node` and refuses its handshakes from now on, even with the cluster
+    /// key (`mako node remove`), until [`TcpTransport::set_peer`] names it again.
+    pub fn remove_member(&self, node: NodeId) {
+        self.inner.removed.write().insert(node);
+        self.remove_peer(node);
+    }
+
+    /// The peers and their addresses.
+    pub fn peers(&self) -> BTreeMap<NodeId, SocketAddr> {
+        self.inner.peers.read().clone()
     }
 
     /// A call whose request and reply are `Bytes`: a block payload goes out from its

@@ -381,3 +381,46 @@ fn an_unknown_service_number_is_answered_not_fatal() {
     assert_eq!(body, echo_reply("2", NodeId(5), b"ok"));
     assert_eq!(nodes[1].transport.stats().bad_frames, 0);
 }
+
+/// A node removed from the cluster (`remove_member`) is refused although it proves
+/// the key, its open connections close, and `set_peer` admits it again.
+#[test]
+fn a_removed_member_is_refused_even_with_the_key() {
+    let (_key, nodes) = cluster(2, |_| {});
+    let echo2 = Echo::new("2");
+    nodes[1].register(ServiceId::FileSystem, echo2.clone());
+    nodes[0]
+        .transport
+        .call(NodeId(2), ServiceId::FileSystem, vec![1], options())
+        .unwrap();
+    assert_eq!(echo2.calls(), 1);
+    nodes[1].transport.remove_member(NodeId(1));
+    // A connection it still had is closed at its next request; a new one is refused.
+    let mut refused = false;
+    for _ in 0..3 {
+        match nodes[0]
+            .transport
+            .call(NodeId(2), ServiceId::FileSystem, vec![2], options())
+        {
+            Err(TransportError::Unreachable { reason, .. }) => {
+                if reason.contains("was removed from the cluster") {
+                    refused = true;
+                    break;
+                }
+            }
+            other => panic!("a removed node's call got {other:?}"),
+        }
+    }
+    assert!(refused, "the removed node was never told it was removed");
+    assert_eq!(
+        echo2.calls(),
+        1,
+        "no request of the removed node was dispatched"
+    );
+    nodes[1].transport.set_peer(NodeId(1), nodes[0].addr());
+    nodes[0]
+        .transport
+        .call(NodeId(2), ServiceId::FileSystem, vec![3], options())
+        .unwrap();
+    assert_eq!(echo2.calls(), 2);
+}

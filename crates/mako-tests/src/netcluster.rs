@@ -185,6 +185,13 @@ impl NetCluster {
         &self.data
     }
 
+    /// Tells the fixture the cluster has `n` nodes now (`mako node add`): the added
+    /// node's makod is then watched and stopped like the others.
+    pub fn set_nodes(&mut self, n: u32) {
+        self.nodes = n;
+        self.note_pids();
+    }
+
     pub fn nodes(&self) -> u32 {
         self.nodes
     }

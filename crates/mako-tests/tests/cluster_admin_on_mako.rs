@@ -442,3 +442,171 @@ fn cluster_create_makes_a_cluster_that_startup_starts_with_the_quorum_nodes_name
     assert!(!other.join("cluster.toml").exists());
     c.finish().expect("down and fsck clean");
 }
+
+/// Kills a makod this test started by hand, if it still runs when the test ends.
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// `mako node add|remove` (issue 13 item 5): a node added to a running cluster of two
+/// starts from the directory the command made, mounts and reads a file node0 wrote;
+/// its removal is refused while it runs, done once it is stopped; `mako node show`
+/// follows each step; the removed node cannot join again, even with the key restored.
+#[test]
+fn a_node_added_to_a_running_cluster_mounts_and_a_removed_one_cannot_rejoin() {
+    if !require_fuse("a_node_added_to_a_running_cluster_mounts_and_a_removed_one_cannot_rejoin") {
+        return;
+    }
+    let mut c = NetCluster::up(NetClusterOptions {
+        nodes: 2,
+        disk_size: "1G".into(),
+        create_args: Some(vec!["--max-nodes".into(), "3".into()]),
+        ..NetClusterOptions::default()
+    })
+    .expect("two nodes up");
+    wait_active(&c, 2);
+    std::fs::write(c.mount(0).join("from-node0"), b"written on node0\n").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let address = format!("127.0.0.1:{port}");
+
+    // Refusals change nothing.
+    let out = c
+        .mako(&[
+            "node",
+            "add",
+            "nq",
+            "--address",
+            "127.0.0.1:1",
+            "--roles",
+            "quorum",
+        ])
+        .unwrap();
+    assert!(
+        !out.success() && out.stderr.contains("cannot be a quorum node"),
+        "{out}"
+    );
+    let out = c
+        .mako(&["node", "add", "node1", "--address", &address])
+        .unwrap();
+    assert!(
+        !out.success() && out.stderr.contains("exists already"),
+        "{out}"
+    );
+    assert!(!c.data_dir().join("nq").exists());
+
+    ok(&c, &["node", "add", "node2", "--address", &address]);
+    let show = ok(&c, &["node", "show"]).stdout;
+    assert!(node_line(&show, "node2").contains("client"), "{show}");
+    assert!(show.contains("2 of 3 nodes active"), "{show}");
+    let status = ok(&c, &["status"]).stdout;
+    assert!(status.contains("node2"), "{status}");
+
+    ok(&c, &["startup", "-N", "node2"]);
+    c.set_nodes(3);
+    assert!(is_mounted(&c.mount(2)));
+    assert_eq!(
+        std::fs::read(c.mount(2).join("from-node0")).unwrap(),
+        b"written on node0\n"
+    );
+    std::fs::write(c.mount(2).join("from-node2"), b"written on node2\n").unwrap();
+    assert_eq!(
+        std::fs::read(c.mount(0).join("from-node2")).unwrap(),
+        b"written on node2\n"
+    );
+    let show = wait_for(&c, "node2 active as a learner", || {
+        let out = c.mako(&["node", "show"]).map_err(|e| e.to_string())?;
+        if out.success() && node_line(&out.stdout, "node2").contains("active (learner)") {
+            Ok(out.stdout)
+        } else {
+            Err(format!("{out}"))
+        }
+    });
+    assert!(show.contains("3 of 3 nodes active"), "{show}");
+
+    // Refused while it runs (and for a quorum node), then done once it is stopped.
+    let out = c.mako(&["node", "remove", "node2"]).unwrap();
+    assert!(
+        !out.success() && out.stderr.contains("mako shutdown -N node2"),
+        "{out}"
+    );
+    let out = c.mako(&["node", "remove", "node0"]).unwrap();
+    assert!(
+        !out.success() && out.stderr.contains("nothing was removed"),
+        "{out}"
+    );
+    ok(&c, &["shutdown", "-N", "node2"]);
+    assert!(!is_mounted(&c.mount(2)));
+    ok(&c, &["node", "remove", "node2"]);
+    let show = ok(&c, &["node", "show"]).stdout;
+    assert!(
+        !show
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some("node2")),
+        "{show}"
+    );
+    assert!(show.contains("2 of 2 nodes active"), "{show}");
+    let out = c.mako(&["startup", "-N", "node2"]).unwrap();
+    assert!(
+        !out.success() && out.stderr.contains("no such node"),
+        "{out}"
+    );
+
+    // Each running node refuses the removed number once its applier took the epoch in.
+    for i in 0..2 {
+        wait_for(&c, &format!("node{i} to forget node2"), || {
+            let log = std::fs::read_to_string(c.node_dir(i).join("makod.log"))
+                .map_err(|e| e.to_string())?;
+            if log.contains("node 2 is no longer in the cluster's configuration") {
+                Ok(())
+            } else {
+                Err(c.log_tail(i, 10))
+            }
+        });
+    }
+    // With its key put back and started by hand, the others refuse its number.
+    let dir = c.data_dir().join("node2");
+    std::fs::copy(c.data_dir().join("cluster.key"), dir.join("cluster.key")).unwrap();
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(dir.join("makod.log"))
+        .unwrap();
+    let mut child = ChildGuard(
+        std::process::Command::new(c.makod_binary())
+            .arg("--data-dir")
+            .arg(&dir)
+            .env("MAKO_MANAGER_WAIT_SECS", "120")
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let code = wait_for(&c, "the removed node's makod to give up", || {
+        match child.0.try_wait() {
+            Ok(Some(code)) => Ok(code),
+            Ok(None) => Err("still running".into()),
+            Err(e) => panic!("{e}"),
+        }
+    });
+    assert!(!code.success());
+    let text = std::fs::read_to_string(dir.join("makod.log")).unwrap();
+    assert!(text.contains("was removed from the cluster"), "{text}");
+    assert!(!is_mounted(&c.mount(2)));
+    assert_eq!(
+        std::fs::read(c.mount(1).join("from-node2")).unwrap(),
+        b"written on node2\n"
+    );
+    c.finish().unwrap();
+}

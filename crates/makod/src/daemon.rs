@@ -1086,6 +1086,15 @@ impl ControlHandler for Daemon {
                 Request::ClusterDeleteFs { name } => {
                     Response::ok(self.member()?.delete(&name, true)?)
                 }
+                Request::ClusterAddNode {
+                    id,
+                    name,
+                    address,
+                    roles,
+                } => Response::ok(self.member()?.add_node(id, &name, &address, &roles)?),
+                Request::ClusterRemoveNode { name } => {
+                    Response::ok(self.member()?.remove_node(&name)?)
+                }
                 Request::DiagConfig => Response::Config(
                     self.config
                         .read()
@@ -1167,6 +1176,8 @@ pub fn run(root: &Path) -> Result<()> {
             nsd.set_fence(Arc::new(crate::lease::LeaseFence(member.quorum())));
         }
         let weak = Arc::downgrade(&daemon);
+        let tcp = net.transport.clone();
+        let me = mako_rt::NodeId(net.me.id);
         member.start_applier(
             &dir,
             Box::new(
@@ -1175,6 +1186,28 @@ pub fn run(root: &Path) -> Result<()> {
                     None => Ok("makod is stopping".to_string()),
                 },
             ),
+            // Peers follow the configuration's node list: a node added is reachable
+            // (revokes, raft), a node removed is forgotten and refused.
+            Box::new(move |nodes| {
+                for (id, e) in nodes {
+                    if let Some(addr) = e.addresses.first() {
+                        if *id != me && tcp.peers().get(id) != Some(addr) {
+                            tracing::info!("node {} ({}) is a peer at {addr}", id.0, e.name);
+                            tcp.set_peer(*id, *addr);
+                        }
+                    }
+                }
+                for id in tcp.peers().keys() {
+                    if !nodes.contains_key(id) && *id != me {
+                        tracing::info!(
+                            "node {} is no longer in the cluster's configuration: its \
+                             connections are closed and refused",
+                            id.0
+                        );
+                        tcp.remove_member(*id);
+                    }
+                }
+            }),
         )?;
         *daemon.member.lock() = Some(member);
     }

@@ -53,6 +53,10 @@ const APPLIED_PARAMS_FILE: &str = "cluster-params";
 /// (`None`: unset), after the applier saved it in config.toml.
 pub type ApplyParam = Box<dyn Fn(&str, Option<&str>) -> Result<String> + Send + Sync>;
 
+/// Told the nodes of the replicated configuration at each new epoch (makod gives
+/// its transport their addresses and refuses nodes that were removed).
+pub type NodesChanged = Box<dyn Fn(&BTreeMap<NodeId, NodeEntry>) + Send + Sync>;
+
 /// This node's member of the quorum and its two threads.
 pub struct Member {
     quorum: Arc<Quorum>,
@@ -126,12 +130,17 @@ impl Member {
     }
 
     /// Starts the applier, which gives this node's parameter values to `apply`.
-    pub fn start_applier(self: &Arc<Self>, dir: &DataDir, apply: ApplyParam) -> Result<()> {
+    pub fn start_applier(
+        self: &Arc<Self>,
+        dir: &DataDir,
+        apply: ApplyParam,
+        nodes_changed: NodesChanged,
+    ) -> Result<()> {
         let m = self.clone();
         let dir = dir.clone();
         let t = std::thread::Builder::new()
             .name("cluster-applier".into())
-            .spawn(move || m.applier(&dir, apply))
+            .spawn(move || m.applier(&dir, apply, nodes_changed))
             .context("starting the cluster applier")?;
         self.threads.lock().push(t);
         Ok(())
@@ -229,7 +238,16 @@ impl Member {
             .chain(status.learners.iter())
             .copied()
             .collect();
-        for n in &self.nodes {
+        // The learners: every node of the configuration (cluster.toml's list only until
+        // it is created) that is not a voter; a learner the configuration no longer has
+        // (`mako node remove`) leaves raft's membership.
+        let config = self.quorum.read_local();
+        let wanted: Vec<NodeDef> = if config.is_created() {
+            config_defs(&config)
+        } else {
+            self.nodes.clone()
+        };
+        for n in &wanted {
             if quorum_ids.contains(&n.id) || members.contains(&NodeId(n.id)) || self.stopped() {
                 continue;
             }
@@ -238,14 +256,39 @@ impl Member {
                 .map_err(|e| anyhow!("adding {} as a learner: {e}", n.name))?;
             tracing::info!("cluster configuration: {} follows as a learner", n.name);
         }
+        if config.is_created() {
+            let gone: BTreeSet<NodeId> = status
+                .learners
+                .iter()
+                .filter(|id| !config.nodes.contains_key(id))
+                .copied()
+                .collect();
+            if !gone.is_empty() && !self.stopped() {
+                self.quorum
+                    .remove_learners(&gone, STEWARD_DEADLINE)
+                    .map_err(|e| anyhow!("removing learners {gone:?}: {e}"))?;
+                tracing::info!(
+                    "cluster configuration: nodes {} removed from the quorum's learners",
+                    gone.iter()
+                        .map(|n| n.0.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+        }
         Ok(())
     }
 
-    fn applier(&self, dir: &DataDir, apply: ApplyParam) {
+    fn applier(&self, dir: &DataDir, apply: ApplyParam, nodes_changed: NodesChanged) {
         let mut applied_epoch = None;
+        let mut nodes_epoch = None;
         let mut last_problem = String::new();
         while !self.stopped() {
             let config = self.quorum.read_local();
+            if config.is_created() && nodes_epoch != Some(config.epoch) {
+                nodes_changed(&config.nodes);
+                nodes_epoch = Some(config.epoch);
+            }
             if config.is_created() && applied_epoch != Some(config.epoch) {
                 match self.apply_params(dir, &config, &apply) {
                     Ok(()) => {
@@ -351,8 +394,14 @@ impl Member {
                 .unwrap_or_else(|| format!("node {}", id.0))
         };
         let quorum_ids: BTreeSet<u32> = self.quorum_defs().iter().map(|n| n.id).collect();
-        let nodes = self
-            .nodes
+        // The configuration's nodes once it is created (nodes added and removed since
+        // start included), else cluster.toml's.
+        let listed: Vec<NodeDef> = if config.is_created() {
+            config_defs(&config)
+        } else {
+            self.nodes.clone()
+        };
+        let nodes = listed
             .iter()
             .map(|n| {
                 let id = NodeId(n.id);
@@ -567,6 +616,123 @@ impl Member {
         self.quorum.clone()
     }
 
+    /// Adds node `id` to the replicated configuration (`mako node add`) as a client:
+    /// the cluster manager's steward then makes it a raft learner and every node's
+    /// applier gives its transport the new peer. A quorum or manager role is refused
+    /// (see docs/cluster.md "Adding and removing nodes").
+    pub fn add_node(&self, id: u32, name: &str, address: &str, roles: &[String]) -> Result<String> {
+        let config = self.quorum.read_local();
+        if !config.is_created() {
+            bail!(
+                "the cluster's configuration is not created yet (the cluster manager creates \
+                 it once a majority of the quorum nodes runs): see `mako node show`"
+            );
+        }
+        let mut set = BTreeSet::new();
+        for r in roles {
+            set.insert(Role::parse(r).map_err(|e| anyhow!("{e}"))?);
+        }
+        if set.contains(&Role::Quorum) {
+            bail!(
+                "{name}: a new node cannot be a quorum node: raft's voters go from 1 to 3 or \
+                 from 3 to 5, never to an even number, and `mako node add` adds one node at a \
+                 time, so nothing was added. Add it as a client (without --roles), or create \
+                 the cluster with the quorum nodes it needs (`mako cluster create \
+                 --quorum-nodes`)"
+            );
+        }
+        if set.contains(&Role::Manager) {
+            bail!(
+                "{name}: a new node cannot be a manager node yet: the token and file-system \
+                 managers run on the node marked manager in cluster.toml and do not move or \
+                 shard to added nodes, so nothing was added. Add it as a client (without \
+                 --roles)"
+            );
+        }
+        set.insert(Role::Client);
+        let addr: SocketAddr =
+            mako_cluster::model::parse_address(name, address).map_err(|e| anyhow!("{e}"))?;
+        let epoch = self
+            .quorum
+            .propose(Command::AddNode(NodeEntry {
+                id: NodeId(id),
+                name: name.to_string(),
+                addresses: vec![addr],
+                roles: set,
+            }))
+            .map_err(|e| anyhow!("{e}"))?;
+        Ok(format!(
+            "node {name} (id {id}, {address}, client) added to the cluster's configuration \
+             (epoch {epoch}); every node learns its address, and it follows the quorum as a \
+             learner once it runs"
+        ))
+    }
+
+    /// Removes node `name` from the replicated configuration (`mako node remove`):
+    /// refused while it answers (it may mount a file system), while it is a quorum node
+    /// or an NSD server. Its raft membership goes with the cluster manager's steward,
+    /// and every node refuses its connections from then on.
+    pub fn remove_node(&self, name: &str) -> Result<String> {
+        let config = self.quorum.read_local();
+        let Some(entry) = config.node_by_name(name).cloned() else {
+            bail!(
+                "{name}: no such node in the cluster's configuration; the nodes are {}",
+                config
+                    .nodes
+                    .values()
+                    .map(|e| e.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        };
+        if entry.roles.contains(&Role::Quorum) {
+            let quorum = config.quorum_nodes().len();
+            bail!(
+                "{name} is a quorum node ({quorum} of {quorum}{}): removing one would change \
+                 the quorum, which `mako node remove` does not do; nothing was removed",
+                if quorum == 1 { ", the last one" } else { "" }
+            );
+        }
+        if let Some(d) = config
+            .disks
+            .values()
+            .find(|d| d.servers.contains(&entry.id))
+        {
+            bail!(
+                "{name} is an NSD server of disk {}: the disk's other nodes reach it through \
+                 {name}. Give the disk other servers first (the disk's `servers` in \
+                 cluster.toml; `mako disk change` does not exist yet), then remove it; \
+                 nothing was removed",
+                d.name
+            );
+        }
+        if entry.id.0 == self.me.id {
+            bail!(
+                "{name} is the node that answered this request, so it is up: stop it first \
+                 (`mako shutdown -N {name}`), then run `mako node remove {name}` again; nothing was removed"
+            );
+        }
+        let states = self.quorum.node_states();
+        if let Some((_, Ok(s))) = states.iter().find(|(id, _)| *id == entry.id) {
+            bail!(
+                "{name} is up ({}, epoch {}), and may mount file systems: stop it first \
+                 (`mako shutdown -N {name}`), then run `mako node remove {name}` again; \
+                 nothing was removed",
+                s.state,
+                s.epoch
+            );
+        }
+        let epoch = self
+            .quorum
+            .propose(Command::RemoveNode { node: entry.id })
+            .map_err(|e| anyhow!("{e}"))?;
+        Ok(format!(
+            "node {name} (id {}) removed from the cluster's configuration (epoch {epoch}); \
+             the other nodes refuse its connections from now on",
+            entry.id.0
+        ))
+    }
+
     /// Stops the threads and the member (before the transport closes).
     pub fn shutdown(&self) {
         self.stop.store(true, Ordering::SeqCst);
@@ -575,6 +741,28 @@ impl Member {
         }
         self.quorum.shutdown();
     }
+}
+
+/// The nodes of the replicated configuration as node definitions (no data directory:
+/// that is each node's own).
+fn config_defs(config: &Replicated) -> Vec<NodeDef> {
+    config
+        .nodes
+        .values()
+        .map(|e| NodeDef {
+            id: e.id.0,
+            name: e.name.clone(),
+            address: e
+                .addresses
+                .first()
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
+            data_dir: Default::default(),
+            manager: e.roles.contains(&Role::Manager),
+            quorum: e.roles.contains(&Role::Quorum),
+            local_disks: None,
+        })
+        .collect()
 }
 
 /// The roles of a node of cluster.toml.

@@ -425,6 +425,14 @@ impl NetNode {
                 },
                 Err(e) => {
                     let text = e.to_string();
+                    if text.contains("was removed from the cluster") {
+                        bail!(
+                            "node {} ({}) cannot join cluster {}: {text}",
+                            self.me.id,
+                            self.me.name,
+                            self.cluster_name
+                        );
+                    }
                     // The transport's own words for a failed handshake: no point in
                     // waiting, the other side will never accept this node's key.
                     if text.contains("cluster key")
