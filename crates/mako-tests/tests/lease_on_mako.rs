@@ -1,6 +1,7 @@
 //! Leases, expel and fencing with real processes (docs/cluster.md "Leases, expel and
 //! fencing"): a client node without disk access of its own is paused (SIGSTOP) for
-//! longer than its lease; the cluster manager expels it; resumed (SIGCONT), it cannot
+//! longer than its lease; the cluster manager expels it and recovers it (node 0 reads
+//! what it fsynced while it is still paused); resumed (SIGCONT), it cannot
 //! write — its mount returns EIO (or EROFS) and nothing it wrote after the expel reaches the
 //! disks —, and once restarted it rejoins at a new lease epoch and works again.
 //!
@@ -95,6 +96,21 @@ fn a_paused_node_is_expelled_cannot_write_and_rejoins() {
             .any(|l| l.contains("node 1 expelled by node 0") && l.contains("no lease renewal")),
         "node0's makod.log does not say who expelled node 1 and why:\n{}",
         c.log_tail(0, 30)
+    );
+    // The manager recovers node 1 (its log replayed, its tokens released) while node 1
+    // is still paused: node 0 then reads what node 1 fsynced, without node 1.
+    wait_for(&c, "node 0 recovers node 1", || {
+        std::fs::read_to_string(c.node_dir(0).join("makod.log"))
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains("node 1 (lease epoch") && l.contains("recovered in"))
+    });
+    let read0 = std::fs::read(c.mount(0).join("f")).expect("node 0 reads f after the recovery");
+    assert!(
+        read0 == first,
+        "node 0 reads {} bytes in f after node 1's recovery, not the 200,000 'A's node 1 \
+         fsynced before its pause",
+        read0.len()
     );
     c.signal(1, libc::SIGCONT).expect("SIGCONT node 1");
 

@@ -935,6 +935,40 @@ impl Daemon {
         }
     }
 
+    /// Recovery of an expelled node by this node (the cluster manager, after the expel
+    /// is committed): on every file system mounted here, the node's recovery log is
+    /// replayed and its tokens released (`mako_fs::recovery::recover_failed_node`), so
+    /// operations of other nodes that wait for its tokens go on. Logged either way: a
+    /// file system this node does not mount is not recovered here.
+    pub(crate) fn recover_expelled(&self, node: mako_rt::NodeId, epoch: u64) {
+        let cores: Vec<(String, Arc<mako_fs::core::Core>)> = self
+            .mounts
+            .lock()
+            .values()
+            .map(|m| (m.name.clone(), m.mounted.core().clone()))
+            .collect();
+        if cores.is_empty() {
+            tracing::warn!(
+                "{node} (lease epoch {epoch}) expelled, but this node mounts no file system,                  so it cannot replay its log: its tokens stay held until it mounts again"
+            );
+            return;
+        }
+        for (name, core) in cores {
+            let started = Instant::now();
+            match mako_fs::recovery::recover_failed_node(&core, node.0) {
+                Ok(report) => tracing::warn!(
+                    "{name}: {node} (lease epoch {epoch}) recovered in {} ms: {}",
+                    started.elapsed().as_millis(),
+                    report.summary()
+                ),
+                Err(e) => tracing::error!(
+                    "{name}: recovery of {node} (lease epoch {epoch}) failed: {e}; its tokens \
+                     stay held until it mounts again (its log is replayed then)"
+                ),
+            }
+        }
+    }
+
     fn member(&self) -> Result<Arc<crate::member::Member>> {
         self.member.lock().clone().ok_or_else(|| {
             anyhow::anyhow!(
@@ -1209,6 +1243,12 @@ pub fn run(root: &Path) -> Result<()> {
                 }
             }),
         )?;
+        let weak = Arc::downgrade(&daemon);
+        member.leases.set_on_expel(Arc::new(move |node, epoch| {
+            if let Some(d) = weak.upgrade() {
+                d.recover_expelled(node, epoch);
+            }
+        }));
         *daemon.member.lock() = Some(member);
     }
     tracing::info!(

@@ -15,8 +15,10 @@
 //!   `LeaseMonitor` of every node; a node whose lease ran out is pinged (state
 //!   "arbitrating"), and after `minMissedPingTimeout` of unanswered pings it is
 //!   expelled: a `Command::Expel` through raft (so a new manager knows it), logged as
-//!   `node X expelled by Y: reason`, then [`after_expel`] — the hook where recovery
-//!   (log replay by a survivor, token release) is to be called; it does nothing yet.
+//!   `node X expelled by Y: reason`, then the expel hook on a thread of its own: the
+//!   daemon's `recover_expelled`, which recovers the node on every file system this
+//!   node mounts (`mako_fs::recovery::recover_failed_node`: its log replayed, its
+//!   tokens released, its regions and inode-map segments freed for others).
 //! - **Rejoin.** A node told it is expelled stops its I/O, proposes `Command::Rejoin`
 //!   (a new epoch) and holds a lease again; its mounts made before stay fenced until
 //!   they are unmounted and mounted again.
@@ -44,8 +46,14 @@ pub struct Leases {
     monitor: Mutex<LeaseMonitor>,
     /// Nodes the manager is pinging now (for `mako node show`).
     arbitrating: Mutex<BTreeSet<NodeId>>,
+    /// What runs after an expel (the daemon's recovery of the node on the file systems
+    /// this node mounts), on its own thread.
+    on_expel: Mutex<Option<ExpelHook>>,
     stop: Arc<AtomicBool>,
 }
+
+/// Called with the expelled node and its lease epoch once the expel is committed.
+pub type ExpelHook = Arc<dyn Fn(NodeId, u64) + Send + Sync>;
 
 impl Leases {
     /// Registers the lease service and starts the renewal and watch threads.
@@ -65,6 +73,7 @@ impl Leases {
             lease: Arc::new(NodeLease::new(clock.clone(), times)),
             monitor: Mutex::new(LeaseMonitor::new(clock, times)),
             arbitrating: Mutex::new(BTreeSet::new()),
+            on_expel: Mutex::new(None),
             stop,
         });
         registry.register(me, ServiceId::Lease, Arc::new(LeaseService(leases.clone())));
@@ -254,7 +263,7 @@ impl Leases {
                             tracing::warn!("{node} expelled by {}: {reason}", self.me);
                             self.monitor.lock().forget(node);
                             self.arbitrating.lock().remove(&node);
-                            after_expel(node, lease.epoch);
+                            self.after_expel(node, lease.epoch);
                         }
                         Err(e) => tracing::warn!("expelling {node} failed: {e}"),
                     }
@@ -271,22 +280,37 @@ impl Leases {
         }
     }
 
+    /// Sets what runs after each expel (`Daemon::recover_expelled`).
+    pub fn set_on_expel(&self, hook: ExpelHook) {
+        *self.on_expel.lock() = Some(hook);
+    }
+
+    /// Where recovery of an expelled node starts (log replay by a survivor, release of
+    /// its tokens: `mako_fs::recovery::recover_failed_node`), on a thread of its own so
+    /// the watch of the other nodes goes on. The expel is committed and the node's
+    /// lease ended before it (the lease invariant), so it no longer writes.
+    fn after_expel(&self, node: NodeId, epoch: u64) {
+        let Some(hook) = self.on_expel.lock().clone() else {
+            tracing::warn!(
+                "{node} (lease epoch {epoch}) expelled, but nothing on this node recovers it:                  its tokens stay held until it mounts again"
+            );
+            return;
+        };
+        let spawned = std::thread::Builder::new()
+            .name(format!("recover-{}", node.0))
+            .spawn(move || hook(node, epoch));
+        if let Err(e) = spawned {
+            tracing::error!(
+                "{node} (lease epoch {epoch}) expelled, but no thread could be had to recover                  it ({e}): its tokens stay held until it mounts again"
+            );
+        }
+    }
+
     /// The manager's lease state of `node` for `mako node show`: `Some("arbitrating")`
     /// while it pings it.
     pub fn arbitrating(&self, node: NodeId) -> bool {
         self.arbitrating.lock().contains(&node)
     }
-}
-
-/// Where recovery of an expelled node starts (log replay by a survivor, release of
-/// its tokens: issue 14 item 3, built separately). Until it exists the expelled node's
-/// tokens stay with the token manager and operations that need them fail with the
-/// token client's revoke error after its deadline.
-pub fn after_expel(node: NodeId, epoch: u64) {
-    tracing::info!(
-        "recovery of {node} (lease epoch {epoch}) after its expel: not yet built; its \
-         tokens stay held until it mounts again"
-    );
 }
 
 struct LeaseService(Arc<Leases>);
