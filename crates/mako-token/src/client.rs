@@ -1738,11 +1738,19 @@ mod unreachable_waiter_tests {
     }
 
     fn client(registry: &Arc<Registry>, node: NodeId) -> TokenClient {
+        client_with(registry, node, TokenClientLimits::default())
+    }
+
+    fn client_with(
+        registry: &Arc<Registry>,
+        node: NodeId,
+        limits: TokenClientLimits,
+    ) -> TokenClient {
         let c = TokenClient::new(
             node,
             Arc::new(InProcessTransport::new(node, registry.clone())),
             ManagerMap::single(NodeId(0)),
-            TokenClientLimits::default(),
+            limits,
         );
         registry.register(node, ServiceId::TokenClient, c.service());
         c
@@ -1776,13 +1784,21 @@ mod unreachable_waiter_tests {
         assert!(m.waiters(inode(7)).is_empty());
     }
 
-    /// A revoke that cannot reach a holder fails the acquire, as before queues, and
-    /// the holder's queued requests elsewhere are dropped.
+    /// A revoke that cannot reach a holder fails the acquire once the wait for the
+    /// holder's recovery is over (none here: `holder_down_wait_ms` 0), and the
+    /// holder's queued requests elsewhere are dropped.
     #[test]
     fn a_failed_revoke_drops_the_holders_queued_requests() {
         let (m, registry) = setup();
         let a = client(&registry, NodeId(1));
-        let b = client(&registry, NodeId(2));
+        let b = client_with(
+            &registry,
+            NodeId(2),
+            TokenClientLimits {
+                holder_down_wait_ms: 0,
+                ..TokenClientLimits::default()
+            },
+        );
         m.acquire(AcquireRequest::whole(DEAD, inode(8), Ro))
             .expect("the dead node held a token");
         a.acquire_whole(inode(9), Xw).expect("a holds");
