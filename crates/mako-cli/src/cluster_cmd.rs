@@ -25,6 +25,12 @@ const CLUSTER_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs
 
 /// The nodes in the order the CLI asks them: this directory's own node, the quorum
 /// nodes, the others.
+/// The nodes' names in cluster.toml, comma-separated, for an error about an unknown node.
+pub fn node_names(cluster: &ClusterConfig) -> String {
+    let names: Vec<&str> = cluster.nodes.iter().map(|n| n.name.as_str()).collect();
+    names.join(", ")
+}
+
 fn ask_order<'a>(cluster: &'a ClusterConfig, data: &DataDir) -> Vec<&'a NodeDef> {
     let mut order: Vec<&NodeDef> = cluster.nodes.iter().collect();
     let quorum: Vec<u32> = cluster.quorum_nodes().iter().map(|n| n.id).collect();
@@ -270,12 +276,7 @@ fn selected<'a>(cluster: &'a ClusterConfig, sel: &NodeSelection) -> Result<Vec<&
             Some(n) => out.push(n),
             None => bail!(
                 "-N {name}: no such node; the nodes are {}",
-                cluster
-                    .nodes
-                    .iter()
-                    .map(|n| n.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                node_names(cluster)
             ),
         }
     }

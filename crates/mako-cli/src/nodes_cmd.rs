@@ -667,12 +667,7 @@ pub fn node_remove(context: &Context, name: &str) -> Result<ExitCode> {
     let Some(node) = cluster.nodes.iter().find(|n| n.name == name).cloned() else {
         bail!(
             "{name}: no such node; the nodes are {}",
-            cluster
-                .nodes
-                .iter()
-                .map(|n| n.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            crate::cluster_cmd::node_names(&cluster)
         );
     };
     let dir = DataDir::new(&node.data_dir);

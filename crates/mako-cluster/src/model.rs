@@ -491,6 +491,12 @@ impl ClusterConfig {
         self.nodes.values().find(|n| n.name == name)
     }
 
+    /// The nodes' names, comma-separated, for an error about an unknown node.
+    pub fn node_names(&self) -> String {
+        let names: Vec<&str> = self.nodes.values().map(|e| e.name.as_str()).collect();
+        names.join(", ")
+    }
+
     /// The quorum nodes' ids (the raft voters should be exactly these).
     pub fn quorum_nodes(&self) -> BTreeSet<NodeId> {
         self.nodes

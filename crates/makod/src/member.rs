@@ -530,12 +530,7 @@ impl Member {
                 let Some(e) = config.node_by_name(n) else {
                     bail!(
                         "-N {n}: no such node; the nodes are {}",
-                        config
-                            .nodes
-                            .values()
-                            .map(|e| e.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        config.node_names()
                     );
                 };
                 ids.push(e.id);
@@ -677,12 +672,7 @@ impl Member {
         let Some(entry) = config.node_by_name(name).cloned() else {
             bail!(
                 "{name}: no such node in the cluster's configuration; the nodes are {}",
-                config
-                    .nodes
-                    .values()
-                    .map(|e| e.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                config.node_names()
             );
         };
         if entry.roles.contains(&Role::Quorum) {
