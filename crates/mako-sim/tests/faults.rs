@@ -44,6 +44,11 @@ fn config(seed: u64, nodes: u32, kinds: &[FaultKind], fence: bool) -> SeedConfig
     c.fault_kinds = kinds.to_vec();
     c.cluster.leases = Some(TIMES);
     c.cluster.lease_fence = fence;
+    // The cheap mode: small disks (a seed's end copies them to replay every log in
+    // two orders, and fsck reads them).
+    c.cluster.disk_bytes = std::env::var("MAKO_SIM_DISK_MIB").ok().map_or(8, |v| {
+        v.parse::<u64>().expect("MAKO_SIM_DISK_MIB is a number")
+    }) << 20;
     c
 }
 
@@ -67,22 +72,24 @@ fn run(test: &str, plan: SeedPlan, kinds: &[FaultKind]) {
     assert_eq!(summary.seeds, plan.count, "every seed ran");
 }
 
-/// A node paused for longer than its lease.
+/// A node paused for longer than its lease (24 seeds, about 15 s on a loaded 2-core
+/// machine).
 #[test]
 fn pause_past_the_lease() {
     run(
         "pause_past_the_lease",
-        SeedPlan::from_env(20, 2),
+        SeedPlan::from_env(24, 2),
         &[FaultKind::Pause],
     );
 }
 
-/// A node cut off from the others by a partition, healed after its recovery.
+/// A node cut off from the others by a partition, healed after its recovery (24
+/// seeds).
 #[test]
 fn partition_of_one_node() {
     run(
         "partition_of_one_node",
-        SeedPlan::from_env(20, 2),
+        SeedPlan::from_env(24, 2),
         &[FaultKind::Partition],
     );
 }
