@@ -1045,6 +1045,12 @@ fn run_step(
                 .ok_or_else(|| (Some(step), format!("node {} is not mounted", c.by)))?;
             // It may have taken effect at any time since the step began.
             let r = check_uncertain(cluster, &fs, &p.op, step_start, model);
+            if verbose() {
+                eprintln!(
+                    "  step {step} [node {}] again for failed node {}: {} -> {r:?}",
+                    c.by, c.node, p.op
+                );
+            }
             let mut s = state.lock();
             s.operations += 1;
             if let (Err(why), true) = (r, verify) {
