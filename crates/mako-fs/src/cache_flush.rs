@@ -5,7 +5,7 @@
 //! the thread of whoever asked for the token; it holds no hold of its own.
 
 use crate::core::{Core, INODE_CACHE_KEY};
-use crate::error::FsResult;
+use crate::error::{FsError, FsResult};
 use crate::file_io;
 use mako_token::{ByteRange, NodeId, ResourceId, ResourceKind, TokenError, TokenMode};
 use std::sync::atomic::Ordering;
@@ -67,11 +67,26 @@ impl mako_token::CacheFlush for FsCacheFlush {
             // Covers no cached state: the loop check of a rename reads under it.
             ResourceKind::RenameLock => Ok(()),
         };
-        r.map_err(|e| TokenError::FlushFailed {
-            node: NodeId(core.node),
-            resource,
-            range,
-            reason: e.to_string(),
+        r.map_err(|e| {
+            // Fenced (its lease ran out, it was expelled): this node can no longer
+            // give what it holds; its recovery by a survivor will (its log replayed,
+            // its tokens released). The requester waits for that, as for a holder
+            // that does not answer.
+            let fenced = matches!(e, FsError::Disk(mako_disk::DiskError::Fenced { .. }))
+                || core.check_fence().is_err();
+            if fenced {
+                TokenError::HolderFenced {
+                    node: NodeId(core.node),
+                    reason: e.to_string(),
+                }
+            } else {
+                TokenError::FlushFailed {
+                    node: NodeId(core.node),
+                    resource,
+                    range,
+                    reason: e.to_string(),
+                }
+            }
         })
     }
 }

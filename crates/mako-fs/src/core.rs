@@ -413,6 +413,9 @@ pub trait KernelInvalidator: Send + Sync {
     fn invalidate_names(&self, dir: u64);
 }
 
+/// See `Core::mount_fence`.
+pub type MountFence = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
 pub struct Core {
     pub nsd: Arc<dyn Nsd>,
     pub desc: CountedMutex<Descriptor>,
@@ -441,6 +444,12 @@ pub struct Core {
     /// Where integrity failures are reported (`Core::integrity`).
     pub damage: DamageSink,
     pub shutting_down: AtomicBool,
+    /// The mount's fence, when the node runs under a lease (makod's lease, the
+    /// simulation's lease model): Err once this node may no longer act for the cluster
+    /// (its lease ran out, it was expelled, it rejoined since the mount). Every
+    /// operation checks it when it starts and before it returns (`op::run`): an
+    /// expelled node's mount answers nothing from its cache, whose tokens are gone.
+    pub mount_fence: std::sync::OnceLock<MountFence>,
     pub use_tick: AtomicU64,
     pub generation: AtomicU32,
     pub node: u32,
@@ -558,6 +567,7 @@ impl Core {
             damage,
             shutting_down: AtomicBool::new(false),
             use_tick: AtomicU64::new(0),
+            mount_fence: std::sync::OnceLock::new(),
             generation: AtomicU32::new(seed),
             node,
             stat_cache: CountedMutex::new(
@@ -792,6 +802,18 @@ impl Core {
             return Err(FsError::ReadOnly(self.read_only.reason()));
         }
         Ok(())
+    }
+
+    /// Refuse the operation once the mount's fence is up (`mount_fence`): EIO.
+    pub fn check_fence(&self) -> FsResult<()> {
+        match self.mount_fence.get().map(|f| f()) {
+            Some(Err(reason)) => Err(FsError::Disk(mako_disk::DiskError::Fenced {
+                disk: "(every disk of this mount)".into(),
+                by: "this node's lease".into(),
+                reason,
+            })),
+            _ => Ok(()),
+        }
     }
 
     /// Turn this mount read-only: continuing could persist damage.

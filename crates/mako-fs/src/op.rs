@@ -46,6 +46,7 @@ pub fn run<T>(core: &Core, mut f: impl FnMut() -> FsResult<T>) -> FsResult<T> {
     }
     let mut last = String::new();
     for _ in 0..OP_RESTARTS_MAX {
+        core.check_fence()?;
         FRAMES.with(|fr| {
             fr.borrow_mut().push(Frame {
                 core: id,
@@ -135,6 +136,11 @@ pub fn run<T>(core: &Core, mut f: impl FnMut() -> FsResult<T>) -> FsResult<T> {
                             result = Err(e);
                         }
                     }
+                }
+                // Still under its holds: a node fenced meanwhile (a pause past its
+                // lease) may have lost the tokens behind what it read or changed.
+                if result.is_ok() {
+                    core.check_fence()?;
                 }
                 drop(frame.holds);
                 return result;

@@ -42,6 +42,12 @@ pub struct ClusterConfig {
     /// data tokens away from the nodes as another node's write would, and gives them
     /// back at once. It makes revokes happen even with one node.
     pub thief: Thief,
+    /// Leases and the lease fence (`crate::lease`): every node renews a lease with the
+    /// manager on node 0, which expels a node that stops renewing; every mount's disks
+    /// are behind its node's lease. None: no leases (a crash is detected by the test).
+    pub leases: Option<mako_cluster::lease::LeaseTimes>,
+    /// TEST ONLY: false turns the nodes' own lease fence off (the checker's test).
+    pub lease_fence: bool,
 }
 
 /// What the token thief steals.
@@ -93,6 +99,8 @@ impl ClusterConfig {
             // block without its data token (setxattr, seed 1664 with
             // MAKO_SIM_THIEF=whole) fails the buffer check.
             thief: Thief::from_env(Thief::Large),
+            leases: None,
+            lease_fence: true,
         }
     }
 
@@ -181,6 +189,14 @@ pub struct SimCluster {
     /// Crashed mounts, kept until the end (their tasks may still be running into
     /// their fences).
     crashed: Mutex<Vec<Mounted>>,
+    /// Leases (`ClusterConfig::leases`).
+    pub leases: Option<Arc<crate::lease::SimLeases>>,
+    /// Mounts of expelled nodes (paused or partitioned past their lease), by node,
+    /// until they rejoin: what a node that comes back from a pause still has.
+    zombies: Mutex<Vec<Option<Mounted>>>,
+    /// Each expel the lease manager made, in order: the node, and how its recovery by
+    /// a survivor went (the runner's expel hook fills it).
+    pub expels: Mutex<Vec<(u32, Result<String, String>)>>,
 }
 
 impl SimCluster {
@@ -222,6 +238,7 @@ impl SimCluster {
             }),
         );
         let nodes = config.nodes as usize;
+        let leases_times = config.leases;
         let thief = (config.thief != Thief::Off).then(|| {
             let id = NodeId(config.nodes);
             let client = TokenClient::new(
@@ -238,7 +255,6 @@ impl SimCluster {
             sim: sim.clone(),
             clock: Arc::new(SimClock::new(sim)),
             config,
-            net,
             disks,
             manager,
             thief,
@@ -249,6 +265,18 @@ impl SimCluster {
                     .collect(),
             ),
             crashed: Mutex::new(Vec::new()),
+            leases: leases_times.map(|times| {
+                crate::lease::SimLeases::new(
+                    sim,
+                    Arc::new(SimClock::new(sim)),
+                    net.clone(),
+                    nodes as u32,
+                    times,
+                )
+            }),
+            zombies: Mutex::new((0..nodes).map(|_| None).collect()),
+            expels: Mutex::new(Vec::new()),
+            net,
         }))
     }
 
@@ -275,12 +303,19 @@ impl SimCluster {
     /// Node `node`'s view of the disks: cut off when it crashes.
     fn node_disks(&self, node: u32) -> Vec<Arc<dyn Disk>> {
         let fence = self.fences.lock()[node as usize].clone();
+        let lease = self.leases.as_ref().map(|l| crate::lease::MountLease {
+            leases: l.clone(),
+            node,
+            epoch: l.record(node).epoch,
+            enforce: self.config.lease_fence,
+        });
         self.disks
             .iter()
             .map(|d| {
                 Arc::new(NodeDisk {
                     disk: d.clone(),
                     fence: fence.clone(),
+                    lease: lease.clone(),
                 }) as Arc<dyn Disk>
             })
             .collect()
@@ -293,6 +328,18 @@ impl SimCluster {
             self.config.fs_config(),
             self.env(node),
         )?;
+        if let Some(l) = &self.leases {
+            // Every operation of the mount is behind the node's lease too.
+            let lease = crate::lease::MountLease {
+                leases: l.clone(),
+                node,
+                epoch: l.record(node).epoch,
+                enforce: self.config.lease_fence,
+            };
+            let fence: mako_fs::core::MountFence =
+                Arc::new(move || lease.check("(mount)").map_err(|e| e.to_string()));
+            let _ = m.core().mount_fence.set(fence);
+        }
         self.mounted.lock()[node as usize] = Some(m);
         Ok(())
     }
@@ -307,6 +354,42 @@ impl SimCluster {
         if let Some(m) = self.mounted.lock()[node as usize].take() {
             self.crashed.lock().push(m);
         }
+    }
+
+    /// Node `node`'s process stops (SIGSTOP): none of its tasks runs, messages to it
+    /// wait (and time out), its lease is not renewed; I/O it submitted still lands.
+    pub fn pause(&self, node: u32) {
+        self.sim.pause_group(node);
+    }
+
+    /// Node `node`'s process runs again (SIGCONT).
+    pub fn resume(&self, node: u32) {
+        self.sim.resume_group(node);
+    }
+
+    /// Node `node` is cut off from every other node.
+    pub fn partition(&self, node: u32) {
+        self.net.partition(NodeId(node));
+    }
+
+    /// The partition of node `node` heals.
+    pub fn heal(&self, node: u32) {
+        self.net.heal(NodeId(node));
+    }
+
+    /// Node `node` was expelled: its mount is no longer the cluster's (operations go
+    /// to survivors), but the node still has it (`zombie`) until it rejoins.
+    pub fn expelled(&self, node: u32) {
+        if let Some(m) = self.mounted.lock()[node as usize].take() {
+            self.zombies.lock()[node as usize] = Some(m);
+        }
+    }
+
+    /// The file system as expelled node `node` still sees it (before it rejoins).
+    pub fn zombie(&self, node: u32) -> Option<FileSystem> {
+        self.zombies.lock()[node as usize]
+            .as_ref()
+            .map(|m| m.fs.clone())
     }
 
     /// Node `by` recovers crashed node `failed` (`mako_fs::recovery::recover_failed_node`),
@@ -341,6 +424,16 @@ impl SimCluster {
     /// Crashed node `node` mounts again (a new epoch: its old transport stays cut off),
     /// replaying what its log still holds (nothing, once a survivor recovered it).
     pub fn rejoin(&self, node: u32) -> FsResult<mako_fs::recovery::ReplayReport> {
+        // The expelled mount is dropped without unmounting (it is fenced).
+        if let Some(m) = self.zombies.lock()[node as usize].take() {
+            self.fences.lock()[node as usize].store(true, Ordering::SeqCst);
+            self.crashed.lock().push(m);
+        }
+        if let Some(l) = &self.leases {
+            if l.record(node).expelled.is_some() {
+                l.rejoin(node);
+            }
+        }
         self.fences.lock()[node as usize] = Arc::new(AtomicBool::new(false));
         self.net.rejoin(NodeId(node));
         self.mount(node)?;
@@ -390,6 +483,11 @@ impl SimCluster {
         drop(all);
         let crashed: Vec<Mounted> = std::mem::take(&mut *self.crashed.lock());
         drop(crashed);
+        let zombies: Vec<Option<Mounted>> = std::mem::take(&mut *self.zombies.lock());
+        drop(zombies);
+        if let Some(l) = &self.leases {
+            l.stop();
+        }
     }
 
     /// Do one piece of background work on `node`.

@@ -174,9 +174,17 @@ impl Disk for SimDisk {
 /// One node's view of a shared `SimDisk`: once the node crashes (`fence` set), none
 /// of its I/O reaches the disk, not even a write already under way (the crash comes
 /// before it lands) — what fencing guarantees a real cluster.
+///
+/// With leases (`lease`), the mount's disks are also behind its node's lease, as
+/// makod's `FencedDisk`: an I/O is refused (`DiskError::Fenced`) once the lease ran
+/// out, and a write that lands after the mount's epoch was expelled is kept off the
+/// disk and recorded (`SimLeases::fenced_writes`: the fence failed). A write's
+/// latency is spent in a `kernel_section`: submitted, it lands at its time even if the
+/// node is paused meanwhile.
 pub struct NodeDisk {
     pub disk: Arc<SimDisk>,
     pub fence: Arc<std::sync::atomic::AtomicBool>,
+    pub lease: Option<crate::lease::MountLease>,
 }
 
 impl NodeDisk {
@@ -189,6 +197,13 @@ impl NodeDisk {
         }
         Ok(())
     }
+
+    fn leased(&self) -> Result<(), DiskError> {
+        match &self.lease {
+            Some(l) => l.check(&self.disk.name),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Disk for NodeDisk {
@@ -200,20 +215,40 @@ impl Disk for NodeDisk {
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
         self.fenced("read")?;
-        self.disk.read_at(buf, offset)?;
+        self.leased()?;
+        crate::sched::kernel_section(|| self.disk.read_at(buf, offset))?;
         self.fenced("read")
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
         self.fenced("write")?;
+        self.leased()?;
         self.disk.check("write", offset, buf.len())?;
-        self.disk.take_time(self.disk.latency.write);
-        self.fenced("write")?;
-        self.disk.land(buf, offset);
-        Ok(())
+        crate::sched::kernel_section(|| {
+            self.disk.take_time(self.disk.latency.write);
+            self.fenced("write")?;
+            if let Some(l) = &self.lease {
+                if !l
+                    .leases
+                    .admit_write(l.node, l.epoch, &self.disk.name, offset, buf.len())
+                {
+                    return Err(DiskError::Fenced {
+                        disk: self.disk.name.clone(),
+                        by: "the simulation's oracle".into(),
+                        reason: format!(
+                            "node {}'s lease epoch {} was expelled before this write landed",
+                            l.node, l.epoch
+                        ),
+                    });
+                }
+            }
+            self.disk.land(buf, offset);
+            Ok(())
+        })
     }
     fn sync(&self) -> Result<(), DiskError> {
         self.fenced("sync")?;
-        self.disk.sync()?;
+        self.leased()?;
+        crate::sched::kernel_section(|| self.disk.sync())?;
         self.fenced("sync")
     }
 }

@@ -67,6 +67,9 @@ pub struct SimNet {
     /// Per node: its epoch (a transport made before the node's last crash belongs to
     /// an older one and reaches nobody), and whether it is down (crashed).
     nodes: Mutex<std::collections::BTreeMap<NodeId, (u64, bool)>>,
+    /// Nodes cut off from every other node (a network partition of one node): nothing
+    /// it sends arrives, nothing sent to it arrives, until the partition heals.
+    cut: Mutex<std::collections::BTreeSet<NodeId>>,
 }
 
 impl SimNet {
@@ -78,7 +81,55 @@ impl SimNet {
             registry: Registry::new(),
             stats: Mutex::new(NetStats::default()),
             nodes: Mutex::new(Default::default()),
+            cut: Mutex::new(Default::default()),
         })
+    }
+
+    /// Cut `node` off from every other node (a partition of one node).
+    pub fn partition(&self, node: NodeId) {
+        self.cut.lock().insert(node);
+    }
+
+    /// The partition of `node` heals.
+    pub fn heal(&self, node: NodeId) {
+        self.cut.lock().remove(&node);
+    }
+
+    /// A message between `from` and `to` crosses a cut link: it is lost.
+    fn crosses_cut(&self, from: NodeId, to: NodeId) -> Result<(), TransportError> {
+        let cut = self.cut.lock();
+        if from != to && (cut.contains(&from) || cut.contains(&to)) {
+            return Err(TransportError::Unreachable {
+                node: to,
+                reason: format!("the network between {from} and {to} is partitioned"),
+            });
+        }
+        Ok(())
+    }
+
+    /// A message for `to`, a node whose process is stopped (`Sim::pause_group`), waits
+    /// in its socket until it runs again, or until the caller's deadline (from
+    /// `since`) passes: then the call times out.
+    fn wait_while_paused(
+        &self,
+        to: NodeId,
+        service: ServiceId,
+        since: Duration,
+        deadline: Duration,
+    ) -> Result<(), TransportError> {
+        while self.sim.is_paused(to.0) {
+            let now = mako_diag::sched::current().map_or(since, |s| s.now());
+            let waited = now.saturating_sub(since);
+            if waited >= deadline {
+                return Err(TransportError::Timeout {
+                    node: to,
+                    service,
+                    deadline,
+                });
+            }
+            mako_diag::sched::sleep((deadline - waited).min(Duration::from_millis(2)));
+        }
+        Ok(())
     }
 
     /// `node` crashed: from now on nothing it sends arrives and nothing sent to it is
@@ -235,9 +286,10 @@ impl Transport for SimTransport {
         to: NodeId,
         service: ServiceId,
         request: Vec<u8>,
-        _options: CallOptions,
+        options: CallOptions,
     ) -> Result<Vec<u8>, TransportError> {
         let net = &self.net;
+        let since = mako_diag::sched::current().map_or(Duration::ZERO, |s| s.now());
         net.count_request(
             self.me,
             Some(service),
@@ -246,15 +298,24 @@ impl Transport for SimTransport {
         );
         mako_diag::sched::sleep(net.latency());
         net.reaches(self.me, self.epoch, to)?;
+        net.crosses_cut(self.me, to)?;
+        if to != self.me {
+            net.wait_while_paused(to, service, since, options.deadline)?;
+        }
         let handler = net
             .registry
             .service(to, service)
             .ok_or(TransportError::NoService { node: to, service })?;
         let reply = handler.handle(self.me, &request);
+        // A node stopped while it handled the request answers once it runs again.
+        if to != self.me {
+            net.wait_while_paused(to, service, since, options.deadline)?;
+        }
         net.count(to, None, reply.len());
         mako_diag::sched::sleep(net.latency());
         // A node that crashed meanwhile sends no reply (and gets none).
         net.reaches(self.me, self.epoch, to)?;
+        net.crosses_cut(to, self.me)?;
         Ok(reply)
     }
 

@@ -64,6 +64,29 @@ pub struct SeedConfig {
     pub crash: bool,
     /// TEST ONLY: a broken recovery (the checker's own test).
     pub recovery_fault: RecoveryFault,
+    /// What the fault of a seed with `crash` may be (one drawn per seed).
+    pub fault_kinds: Vec<FaultKind>,
+}
+
+/// The kinds of fault a seed may have (`SeedConfig::crash`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The node stops at once; a survivor recovers it after a fixed detection delay.
+    Crash,
+    /// The node's process stops (SIGSTOP) for longer than its lease: the manager
+    /// expels it, a survivor recovers it, then it runs again and must neither write
+    /// nor answer any operation until it rejoins (needs leases).
+    Pause,
+    /// The node is cut off from every other node until it was expelled and
+    /// recovered; then the partition heals (needs leases).
+    Partition,
+}
+
+impl FaultKind {
+    /// Needs the lease model (detection by lease expiry and expel).
+    pub fn needs_leases(self) -> bool {
+        self != FaultKind::Crash
+    }
 }
 
 impl SeedConfig {
@@ -82,6 +105,7 @@ impl SeedConfig {
             revoke_fault: RevokeFault::None,
             crash: env_flag("MAKO_SIM_CRASH"),
             recovery_fault: RecoveryFault::None,
+            fault_kinds: vec![FaultKind::Crash],
         }
     }
 }
@@ -105,29 +129,37 @@ pub struct CrashPlan {
     pub by: u32,
     /// The step at whose start the crashed node mounts again (None: it stays down).
     pub rejoin: Option<u32>,
+    pub kind: FaultKind,
 }
 
 impl CrashPlan {
     pub fn draw(config: &SeedConfig) -> Option<CrashPlan> {
         let nodes = config.cluster.nodes;
-        if !config.crash || nodes < 2 || config.steps < 6 {
+        if !config.crash || nodes < 2 || config.steps < 4 {
             return None;
         }
         let mut rng = SimRng::new(config.seed ^ 0x4352_4153_4850_4c4e);
         let node = 1 + rng.below(nodes as u64 - 1) as u32;
-        let step = 2 + rng.below(config.steps as u64 - 5) as u32;
+        let step = 2 + rng.below(config.steps.saturating_sub(5).max(1) as u64) as u32;
         let delay_micros = rng.below(400);
         let by = (node + 1 + rng.below(nodes as u64 - 1) as u32) % nodes;
         let rejoin = rng
             .chance(0.5)
             .then(|| step + 1 + rng.below(3) as u32)
             .filter(|s| *s <= config.steps);
+        let kinds = &config.fault_kinds;
+        let kind = match kinds.len() {
+            0 => return None,
+            1 => kinds[0],
+            n => kinds[rng.below(n as u64) as usize],
+        };
         Some(CrashPlan {
             node,
             step,
             delay_micros,
             by,
             rejoin,
+            kind,
         })
     }
 }
@@ -352,6 +384,28 @@ fn drive(
     state: &Mutex<DriverState>,
 ) -> DriveResult {
     let nodes = config.cluster.nodes;
+    // Leases first: a mount does I/O, which needs one.
+    let crash = CrashPlan::draw(config);
+    if let Some(leases) = &cluster.leases {
+        let (cl, fault) = (cluster.clone(), config.recovery_fault);
+        leases.set_on_expel(Arc::new(move |n, epoch| {
+            let r = match crash.filter(|c| c.node == n && c.kind.needs_leases()) {
+                None => Err(format!(
+                    "node {n} (lease epoch {epoch}) was expelled, but no fault was planned for it: a live node lost its lease"
+                )),
+                Some(c) => {
+                    cl.expelled(n);
+                    cl.recover(c.by, n, fault)
+                        .map(|r| {
+                            r.map_or_else(|| format!("broken recovery {fault:?}"), |r| r.summary())
+                        })
+                        .map_err(|e| format!("node {} could not recover node {n}: {e}", c.by))
+                }
+            };
+            cl.expels.lock().push((n, r));
+        }));
+        leases.start();
+    }
     state.lock().context = "mounting".into();
     for n in 0..nodes {
         cluster
@@ -379,10 +433,17 @@ fn drive(
     );
     let mut workload = Workload::new(config.seed, nodes);
     let mut background_rng = SimRng::new(config.seed ^ 0x4241_434b_4752_4f55);
-    let crash = CrashPlan::draw(config);
     // The crashed node while it is down, and the survivor that takes its work.
     let mut down: Option<(u32, u32)> = None;
+    let mut probe_rng = SimRng::new(config.seed ^ 0x5a4f_4d42_4945_5052);
     for step in 0..=config.steps + 1 {
+        if let (Some((dead, _)), Some(c)) = (down, crash) {
+            if c.kind.needs_leases() && c.rejoin != Some(step) {
+                state.lock().context =
+                    format!("step {step}: expelled node {dead} is asked before it rejoins");
+                probe_zombie(cluster, &model, dead, &mut probe_rng).map_err(|e| (Some(step), e))?;
+            }
+        }
         if let Some(c) = crash.filter(|c| c.rejoin == Some(step)) {
             state.lock().context = format!("step {step}: node {} rejoins", c.node);
             let report = cluster.rejoin(c.node).map_err(|e| {
@@ -475,6 +536,17 @@ fn drive(
             &mut model,
             state,
         )?;
+        if let Some(leases) = &cluster.leases {
+            if let Some(w) = leases.fenced_writes().first() {
+                return Err((
+                    Some(step),
+                    format!(
+                        "a write of fenced node {} (lease epoch {}, expelled at {:?}) reached disk {} at {:?} (offset {}, {} bytes): the lease fence let it through",
+                        w.node, w.epoch, w.expelled_at, w.disk, w.at, w.offset, w.len
+                    ),
+                ));
+            }
+        }
     }
     if config.verify && nodes > 1 {
         state.lock().context = "replaying the logs of a whole-cluster crash".into();
@@ -486,7 +558,65 @@ fn drive(
             .unmount(n)
             .map_err(|e| (None, format!("unmount of node {n} failed: {e}")))?;
     }
+    if let Some(leases) = &cluster.leases {
+        leases.stop();
+        if let Some(w) = leases.fenced_writes().first() {
+            return Err((
+                None,
+                format!(
+                    "a write of fenced node {} (lease epoch {}) reached disk {} at {:?}: the lease fence let it through",
+                    w.node, w.epoch, w.disk, w.at
+                ),
+            ));
+        }
+        let expels = cluster.expels.lock();
+        if let Some((n, Err(e))) = expels.iter().find(|(_, r)| r.is_err()) {
+            return Err((None, format!("expel of node {n}: {e}")));
+        }
+    }
     state.lock().context = "done".into();
+    Ok(())
+}
+
+/// An expelled node, back from its pause or partition and not yet rejoined, must
+/// refuse every operation (its mount returns errors until it mounts again): a read it
+/// answered from its cache could be stale (its tokens were released by its recovery),
+/// a write could not reach the disks. A few operations on paths the model knows.
+fn probe_zombie(
+    cluster: &SimCluster,
+    model: &Model,
+    node: u32,
+    rng: &mut SimRng,
+) -> Result<(), String> {
+    let Some(fs) = cluster.zombie(node) else {
+        return Ok(());
+    };
+    let paths = model.all_paths();
+    for _ in 0..3 {
+        let (path, i) = &paths[rng.below(paths.len() as u64) as usize];
+        let m = model.get(*i);
+        let op = match m.kind {
+            Kind::Dir => Op::Readdir { path: path.clone() },
+            Kind::File => Op::Read {
+                path: path.clone(),
+                offset: 0,
+                len: m.size().max(1),
+            },
+            Kind::Symlink => Op::Readlink { path: path.clone() },
+        };
+        for op in [op, Op::Stat { path: path.clone() }] {
+            if op == (Op::Stat { path: Vec::new() }) {
+                continue;
+            }
+            let outcome = ops::exec(&fs, &op);
+            if outcome.is_ok() {
+                return Err(format!(
+                    "node {node} was expelled and has not rejoined, yet its mount answered {op}: {}; an expelled node's mount must refuse every operation (its tokens were released: what it answers from its cache may be stale)",
+                    show_outcome(&outcome)
+                ));
+            }
+        }
+    }
     Ok(())
 }
 
@@ -702,7 +832,33 @@ fn run_step(
     ));
     // The crash, then (after a detection delay) the recovery by a survivor.
     let recovery: Arc<Mutex<Option<Result<String, String>>>> = Arc::new(Mutex::new(None));
-    if let Some(c) = crash {
+    if let Some(c) = crash.filter(|c| c.kind.needs_leases()) {
+        let (cluster, pending, recovery) = (cluster.clone(), pending.clone(), recovery.clone());
+        sim.spawn(format!("s{step}-{:?}-n{}", c.kind, c.node), move || {
+            mako_diag::sched::sleep(Duration::from_micros(c.delay_micros));
+            match c.kind {
+                FaultKind::Pause => cluster.pause(c.node),
+                _ => cluster.partition(c.node),
+            }
+            // The manager notices, expels it and has a survivor recover it (the expel
+            // hook); only then does it run again, or its partition heal.
+            let expelled = |cl: &SimCluster| cl.expels.lock().iter().any(|(n, _)| *n == c.node);
+            mako_diag::sched::wait_until("expel and recovery", || expelled(&cluster));
+            match c.kind {
+                FaultKind::Pause => cluster.resume(c.node),
+                _ => cluster.heal(c.node),
+            }
+            let r = cluster
+                .expels
+                .lock()
+                .iter()
+                .find(|(n, _)| *n == c.node)
+                .map(|(_, r)| r.clone());
+            *recovery.lock() = r;
+            pending.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+    if let Some(c) = crash.filter(|c| c.kind == FaultKind::Crash) {
         let (cluster, pending, recovery) = (cluster.clone(), pending.clone(), recovery.clone());
         let fault = config.recovery_fault;
         sim.spawn(format!("s{step}-crash-n{}", c.node), move || {
@@ -723,18 +879,23 @@ fn run_step(
         };
         let (cluster, results, pending, p) =
             (cluster.clone(), results.clone(), pending.clone(), p.clone());
-        sim.spawn(format!("s{step}-n{}-op{i}", p.node), move || {
-            mako_diag::sched::sleep(Duration::from_micros(p.delay_micros));
-            let start = now(&cluster);
-            let outcome = ops::exec(&fs, &p.op);
-            let end = now(&cluster);
-            results.lock()[i] = Some((outcome, start, end));
-            pending.fetch_sub(1, Ordering::SeqCst);
-        });
+        sim.spawn_in(
+            Some(p.node),
+            format!("s{step}-n{}-op{i}", p.node),
+            move || {
+                mako_diag::sched::sleep(Duration::from_micros(p.delay_micros));
+                let start = now(&cluster);
+                let outcome = ops::exec(&fs, &p.op);
+                let end = now(&cluster);
+                results.lock()[i] = Some((outcome, start, end));
+                pending.fetch_sub(1, Ordering::SeqCst);
+            },
+        );
     }
     for (node, work, delay) in background.iter().copied() {
         let (cluster, errors, pending) = (cluster.clone(), bg_errors.clone(), pending.clone());
-        sim.spawn(format!("s{step}-n{node}-{work:?}"), move || {
+        let group = (!matches!(work, Background::Steal { .. })).then_some(node);
+        sim.spawn_in(group, format!("s{step}-n{node}-{work:?}"), move || {
             mako_diag::sched::sleep(Duration::from_micros(delay));
             if let Err(e) = cluster.background(node, work) {
                 // The crashed node's work fails once it has crashed: what it did not
@@ -793,6 +954,33 @@ fn run_step(
     });
     let observers: Vec<usize> = (0..plan.len()).filter(|i| plan[*i].observer).collect();
     order.extend(&observers);
+    // A paused or partitioned node's operations that ended after it was expelled must
+    // have failed: it no longer held its tokens, nor could it write.
+    if let Some(c) = crash.filter(|c| c.kind.needs_leases()) {
+        let expelled_at = cluster
+            .leases
+            .as_ref()
+            .and_then(|l| l.record(c.node).expelled.map(|(at, _)| at));
+        if let Some(at) = expelled_at {
+            let at = nanos(mako_fs::core::timestamp(crate::SIM_EPOCH + at));
+            for (p, r) in plan.iter().zip(&results) {
+                if let (true, Some((outcome @ Ok(_), _, end))) = (p.node == c.node, r) {
+                    if nanos(*end) > at && verify {
+                        return Err((
+                            Some(step),
+                            format!(
+                                "node {} was expelled ({:?}) during {}, which then succeeded after the expel: {}",
+                                c.node,
+                                c.kind,
+                                p.op,
+                                show_outcome(outcome)
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+    }
     let mut results: Vec<Option<Slot>> = results.into_iter().map(Some).collect();
     let mut s = state.lock();
     for i in order {
@@ -857,6 +1045,12 @@ fn run_step(
                 .ok_or_else(|| (Some(step), format!("node {} is not mounted", c.by)))?;
             // It may have taken effect at any time since the step began.
             let r = check_uncertain(cluster, &fs, &p.op, step_start, model);
+            if verbose() {
+                eprintln!(
+                    "  step {step} [node {}] again for failed node {}: {} -> {r:?}",
+                    c.by, c.node, p.op
+                );
+            }
             let mut s = state.lock();
             s.operations += 1;
             if let (Err(why), true) = (r, verify) {

@@ -88,6 +88,12 @@ struct Task {
     /// of the task would only block it again, and the scheduler does that in its place.
     /// Set only while the task is blocked in that call (whose frame owns the closure).
     watch: Option<&'static (dyn Fn() -> bool + Sync)>,
+    /// The simulated node the task belongs to (None: the driver, the cluster's own
+    /// machinery). A paused group's tasks are not chosen (`Sim::pause_group`).
+    group: Option<u32>,
+    /// In a `kernel_section`: work the operating system finishes for the task (an I/O
+    /// it submitted) goes on while its group is paused.
+    kernel: bool,
 }
 
 /// A timer: wake `task` at `at` (ties broken by `seq`, the order timers were set).
@@ -128,6 +134,8 @@ struct State {
     failure: Option<String>,
     finished: bool,
     last_decision: Instant,
+    /// Groups (simulated nodes) whose tasks do not run now: a stopped process.
+    paused: std::collections::BTreeSet<u32>,
 }
 
 pub(crate) struct Inner {
@@ -204,6 +212,7 @@ impl Sim {
                     failure: None,
                     finished: false,
                     last_decision: Instant::now(),
+                    paused: Default::default(),
                 }),
                 driver: Condvar::new(),
                 config,
@@ -242,8 +251,24 @@ impl Sim {
         self.inner.lock().rng.fork()
     }
 
-    /// Start a task. From the driver before `run`, or from a running task.
+    /// Start a task. From the driver before `run`, or from a running task (the new
+    /// task belongs to the spawning task's group).
     pub fn spawn(&self, name: impl Into<String>, f: impl FnOnce() + Send + 'static) -> TaskId {
+        let group = {
+            let st = self.inner.lock();
+            st.running.and_then(|t| st.tasks[t.0].group)
+        };
+        self.spawn_in(group, name, f)
+    }
+
+    /// Start a task of simulated node `group` (None: of no node): it does not run
+    /// while its group is paused.
+    pub fn spawn_in(
+        &self,
+        group: Option<u32>,
+        name: impl Into<String>,
+        f: impl FnOnce() + Send + 'static,
+    ) -> TaskId {
         let name = name.into();
         let baton = Arc::new(Baton {
             go: Mutex::new(false),
@@ -258,8 +283,11 @@ impl Sim {
                 baton: baton.clone(),
                 blocked_at: None,
                 watch: None,
+                group,
+                kernel: false,
             });
-            st.eligible.set(id.0, true);
+            let eligible = st.is_eligible(id.0);
+            st.eligible.set(id.0, eligible);
             st.bump_progress();
             id
         };
@@ -272,6 +300,7 @@ impl Sim {
             .name(format!("sim:{name}"))
             .stack_size(inner.config.stack_bytes)
             .spawn(move || {
+                CURRENT_TASK.with(|c| *c.borrow_mut() = Some((inner.clone(), id)));
                 wait_for_turn(&baton);
                 mako_diag::sched::install(handle.clone());
                 let result = std::panic::catch_unwind(AssertUnwindSafe(f));
@@ -296,6 +325,27 @@ impl Sim {
                 .get_or_insert_with(|| format!("could not start a thread for task '{name}': {e}"));
         }
         id
+    }
+
+    /// Stop every task of `group` (a simulated node's process is stopped: SIGSTOP):
+    /// none is chosen until `resume_group`. Its timers still fire (simulated time goes
+    /// on); a task whose timer fired runs once the group resumes.
+    pub fn pause_group(&self, group: u32) {
+        let mut st = self.inner.lock();
+        st.paused.insert(group);
+        st.refresh_group(group);
+    }
+
+    /// The tasks of `group` run again.
+    pub fn resume_group(&self, group: u32) {
+        let mut st = self.inner.lock();
+        st.paused.remove(&group);
+        st.refresh_group(group);
+        st.bump_progress();
+    }
+
+    pub fn is_paused(&self, group: u32) -> bool {
+        self.inner.lock().paused.contains(&group)
     }
 
     /// Run until every task has finished (or the run fails). Call from a thread that
@@ -374,9 +424,15 @@ fn give_turn(baton: &Baton) {
 }
 
 impl State {
-    /// Whether the scheduler may pick a task in `state` now.
-    fn is_eligible(&self, state: TaskState) -> bool {
-        match state {
+    /// Whether the scheduler may pick task `i` now.
+    fn is_eligible(&self, i: usize) -> bool {
+        let t = &self.tasks[i];
+        if let (Some(g), false) = (t.group, t.kernel) {
+            if !self.paused.is_empty() && self.paused.contains(&g) {
+                return false;
+            }
+        }
+        match t.state {
             TaskState::Runnable => true,
             TaskState::Blocked { since, .. } => since < self.progress,
             _ => false,
@@ -386,7 +442,7 @@ impl State {
     /// Set a task's state, keeping the eligible set in step.
     fn set_state(&mut self, id: TaskId, state: TaskState) {
         self.tasks[id.0].state = state;
-        let eligible = self.is_eligible(state);
+        let eligible = self.is_eligible(id.0);
         self.eligible.set(id.0, eligible);
         if matches!(state, TaskState::Blocked { .. }) && !eligible {
             self.blocked_now.push(id.0);
@@ -397,8 +453,21 @@ impl State {
     fn bump_progress(&mut self) {
         self.progress += 1;
         for i in std::mem::take(&mut self.blocked_now) {
-            let eligible = self.is_eligible(self.tasks[i].state);
+            let eligible = self.is_eligible(i);
             self.eligible.set(i, eligible);
+        }
+    }
+
+    /// A group was paused or resumed: its tasks' eligibility follows.
+    fn refresh_group(&mut self, group: u32) {
+        for i in 0..self.tasks.len() {
+            if self.tasks[i].group == Some(group) {
+                let eligible = self.is_eligible(i);
+                self.eligible.set(i, eligible);
+                if matches!(self.tasks[i].state, TaskState::Blocked { .. }) && !eligible {
+                    self.blocked_now.push(i);
+                }
+            }
         }
     }
 }
@@ -425,7 +494,7 @@ impl Inner {
         loop {
             debug_assert_eq!(
                 st.eligible.len(),
-                st.tasks.iter().filter(|t| st.is_eligible(t.state)).count()
+                (0..st.tasks.len()).filter(|i| st.is_eligible(*i)).count()
             );
             let count = st.eligible.len();
             if count > 0 {
@@ -611,12 +680,42 @@ impl TaskHandle {
     }
 }
 
+/// Run `f` (on the current task) as the operating system's work for it: an I/O
+/// already submitted completes at its time even if the task's node is paused
+/// meanwhile (a stopped process's disk writes still land). Once `f` returns, a paused
+/// task stops until its node resumes. Outside a task, just `f()`.
+pub fn kernel_section<T>(f: impl FnOnce() -> T) -> T {
+    let Some((inner, me)) = CURRENT_TASK.with(|c| c.borrow().clone()) else {
+        return f();
+    };
+    {
+        let mut st = inner.lock();
+        st.tasks[me.0].kernel = true;
+        let eligible = st.is_eligible(me.0);
+        st.eligible.set(me.0, eligible);
+    }
+    let out = f();
+    let mut st = inner.lock();
+    st.tasks[me.0].kernel = false;
+    let paused = st.tasks[me.0].group.is_some_and(|g| st.paused.contains(&g));
+    if paused {
+        // Back in the process, which is stopped: wait for the resume.
+        st.set_state(me, TaskState::Runnable);
+        inner.dispatch(st, me);
+    } else {
+        let eligible = st.is_eligible(me.0);
+        st.eligible.set(me.0, eligible);
+    }
+    out
+}
+
 /// The simulation the current thread runs in, if it is a simulated task.
 pub fn current() -> Option<Sim> {
     CURRENT_SIM.with(|c| c.borrow().clone())
 }
 
 thread_local! {
+    static CURRENT_TASK: std::cell::RefCell<Option<(Arc<Inner>, TaskId)>> = const { std::cell::RefCell::new(None) };
     static CURRENT_SIM: std::cell::RefCell<Option<Sim>> = const { std::cell::RefCell::new(None) };
 }
 

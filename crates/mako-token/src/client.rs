@@ -1038,6 +1038,12 @@ impl TokenClient {
                 };
                 let e = match answer {
                     Ok(ClientReply::Revoked) => continue,
+                    // A fenced holder (a node back from a pause past its lease): wait
+                    // for its recovery as for one that does not answer.
+                    Ok(ClientReply::Failed(TokenError::HolderFenced { reason, .. })) => {
+                        unreachable.get_or_insert((*h, reason));
+                        continue;
+                    }
                     Ok(ClientReply::Failed(e)) | Err(e) => e,
                     Ok(other) => {
                         TokenError::Transport(format!("unexpected revoke reply {other:?}"))

@@ -139,6 +139,15 @@ pub enum TokenError {
         source: Box<TokenError>,
     },
 
+    /// A holder is fenced (its lease ran out, or it was expelled): it can no longer
+    /// give up what it holds; its recovery by a survivor does (its log replayed, its
+    /// tokens released). A requester waits for that, as for a holder that does not
+    /// answer (`TokenClientLimits::holder_down_wait_ms`).
+    #[error(
+        "{node} is fenced and cannot give up its tokens until a survivor recovers it: {reason}"
+    )]
+    HolderFenced { node: NodeId, reason: String },
+
     /// A holder's cache could not be flushed while giving up a token.
     #[error("{node} could not flush cached data of {resource} {range}: {reason}; check the disks behind {resource}")]
     FlushFailed {

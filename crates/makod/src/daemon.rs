@@ -292,15 +292,20 @@ impl Daemon {
         let lease = member.leases.lease.clone();
         let quorum = member.quorum();
         let epoch = wait_for_lease(&lease, &|| quorum.leader().is_some())?;
-        let disks: Vec<Arc<dyn mako_disk::Disk>> = disks
+        let fenced: Vec<Arc<crate::lease::FencedDisk>> = disks
             .into_iter()
             .map(|inner| {
                 Arc::new(crate::lease::FencedDisk {
                     inner,
                     lease: lease.clone(),
                     epoch: std::sync::atomic::AtomicU64::new(epoch),
-                }) as Arc<dyn mako_disk::Disk>
+                })
             })
+            .collect();
+        let first = fenced.first().cloned();
+        let disks: Vec<Arc<dyn mako_disk::Disk>> = fenced
+            .into_iter()
+            .map(|d| d as Arc<dyn mako_disk::Disk>)
             .collect();
         let mounted =
             mako_fs::mount::mount_node(disks, fs_config(cfg), net.env(0)).with_context(|| {
@@ -309,6 +314,13 @@ impl Daemon {
                     net.me.id, net.me.name
                 )
             })?;
+        // Every operation is behind the lease too, not only disk I/O: an expelled
+        // node must not answer from its cache (its tokens were released).
+        if let Some(d) = first {
+            let fence: mako_fs::core::MountFence =
+                Arc::new(move || d.check().map_err(|e| e.to_string()));
+            let _ = mounted.core().mount_fence.set(fence);
+        }
         Ok((mounted, access))
     }
 

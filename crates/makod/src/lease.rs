@@ -359,7 +359,8 @@ pub struct FencedDisk {
 }
 
 impl FencedDisk {
-    fn check(&self) -> Result<(), DiskError> {
+    /// May this mount do I/O now (and answer operations: `Core::mount_fence`)?
+    pub(crate) fn check(&self) -> Result<(), DiskError> {
         let mine = self.epoch.load(Ordering::SeqCst);
         if mine == 0 && self.lease.in_startup_grace() {
             return Ok(());

@@ -1,0 +1,152 @@
+//! Faults under leases (issue 14): in every seed one node (not node 0, which hosts
+//! the token and lease managers) is paused past its lease (its process stopped:
+//! none of its tasks runs, messages to it wait) or cut off from every other node by
+//! a partition, at a random point of a random step. The manager's lease watch
+//! (mako-cluster's `LeaseMonitor` on the simulated clock) expels it, a survivor
+//! recovers it (`recover_failed_node`), and only then does it run again (or its
+//! partition heal); in half the seeds it rejoins a few steps later with a new lease
+//! epoch and mounts again. Checked on top of the recovery seeds' checks
+//! (`tests/recovery.rs`): no write of the expelled node lands on a disk after its
+//! expel (`SimLeases::fenced_writes`, the oracle behind every mount's disks); its
+//! operations that end after the expel fail, and every operation its mount is asked
+//! before it rejoins fails; no live node is ever expelled; the survivors' operations
+//! (those that need the expelled node's tokens included) succeed once it is
+//! recovered; fsck is clean at the end.
+//!
+//! The cheap mode (the default: 2 nodes, 6 steps) is what a CI run covers;
+//! `MAKO_SIM_LONG=1` runs ten times the seeds, `MAKO_SIM_SEEDS`, `MAKO_SIM_SEED_BASE`,
+//! `MAKO_SIM_NODES`, `MAKO_SIM_JOBS`, `MAKO_SIM_STEPS` choose them; a failing seed
+//! prints the command that replays it.
+
+use mako_cluster::lease::LeaseTimes;
+use mako_sim::runner::{replay_command_in, run_seeds, CrashPlan, FaultKind, SeedPlan};
+use mako_sim::{run_seed, SeedConfig};
+use std::time::Duration;
+
+fn steps() -> u32 {
+    std::env::var("MAKO_SIM_STEPS")
+        .ok()
+        .map_or(6, |v| v.parse().expect("MAKO_SIM_STEPS is a number"))
+}
+
+/// Lease timings of the simulated cluster: short against a step's work, long against
+/// a disk's or a message's latency (at most a few ms), as 35 s is against the real
+/// ones.
+pub const TIMES: LeaseTimes = LeaseTimes {
+    lease: Duration::from_millis(40),
+    missed_ping: Duration::from_millis(10),
+};
+
+fn config(seed: u64, nodes: u32, kinds: &[FaultKind], fence: bool) -> SeedConfig {
+    let mut c = SeedConfig::new(seed, nodes);
+    c.steps = steps();
+    c.crash = true;
+    c.fault_kinds = kinds.to_vec();
+    c.cluster.leases = Some(TIMES);
+    c.cluster.lease_fence = fence;
+    // The cheap mode: small disks (a seed's end copies them to replay every log in
+    // two orders, and fsck reads them).
+    c.cluster.disk_bytes = std::env::var("MAKO_SIM_DISK_MIB").ok().map_or(8, |v| {
+        v.parse::<u64>().expect("MAKO_SIM_DISK_MIB is a number")
+    }) << 20;
+    c
+}
+
+fn run(test: &str, plan: SeedPlan, kinds: &[FaultKind]) {
+    let nodes = plan.nodes;
+    let summary = run_seeds(&plan, true, |seed| config(seed, nodes, kinds, true));
+    eprintln!(
+        "{test}: {} seeds of {nodes} nodes with a {kinds:?} fault each, {} operations, {:.1} s wall ({:.0} seeds/min), {:.2} s simulated",
+        summary.seeds,
+        summary.operations,
+        summary.wall.as_secs_f64(),
+        summary.seeds_per_minute(),
+        summary.simulated.as_secs_f64()
+    );
+    if let Some(f) = summary.failures.first() {
+        panic!(
+            "{f}\n\nreplay: {}",
+            replay_command_in("faults", test, nodes, f.seed, false)
+        );
+    }
+    assert_eq!(summary.seeds, plan.count, "every seed ran");
+}
+
+/// A node paused for longer than its lease (24 seeds, about 15 s on a loaded 2-core
+/// machine).
+#[test]
+fn pause_past_the_lease() {
+    run(
+        "pause_past_the_lease",
+        SeedPlan::from_env(24, 2),
+        &[FaultKind::Pause],
+    );
+}
+
+/// A node cut off from the others by a partition, healed after its recovery (24
+/// seeds).
+#[test]
+fn partition_of_one_node() {
+    run(
+        "partition_of_one_node",
+        SeedPlan::from_env(24, 2),
+        &[FaultKind::Partition],
+    );
+}
+
+/// A seed with a pause, an expel, a recovery and a rejoin is a function of its seed.
+#[test]
+fn a_fault_seed_replays_bit_for_bit() {
+    let kinds = [FaultKind::Pause];
+    let seed = (1..50)
+        .find(|s| CrashPlan::draw(&config(*s, 2, &kinds, true)).is_some_and(|c| c.rejoin.is_some()))
+        .expect("a seed whose paused node rejoins");
+    let a = run_seed(&config(seed, 2, &kinds, true)).unwrap_or_else(|f| panic!("{f}"));
+    let b = run_seed(&config(seed, 2, &kinds, true)).unwrap_or_else(|f| panic!("{f}"));
+    assert_eq!(a.trace(), b.trace(), "scheduler traces differ");
+    assert_eq!(a.digest, b.digest, "outcomes differ");
+    assert_eq!(a.net, b.net);
+}
+
+/// Seeds tried before the checker is declared blind to a broken fence.
+const SEEDS_MAX: u64 = 30;
+
+/// With the nodes' own lease fence off, a paused node that runs again after its expel
+/// writes to the disks (what it was doing when it stopped, its background work): the
+/// oracle behind the disks must catch it.
+#[test]
+fn a_broken_lease_fence_is_caught() {
+    let kinds = [FaultKind::Pause];
+    for seed in 1..=SEEDS_MAX {
+        if let Err(f) = run_seed(&config(seed, 2, &kinds, false)) {
+            eprintln!("caught at seed {seed}: {f}");
+            assert!(
+                f.message.contains("fence") || f.message.contains("expelled"),
+                "{f}"
+            );
+            assert!(!f.message.contains("panicked"), "{f}");
+            run_seed(&config(seed, 2, &kinds, true))
+                .unwrap_or_else(|f| panic!("seed {seed} fails with the fence too: {f}"));
+            return;
+        }
+    }
+    panic!("a broken lease fence was not caught in {SEEDS_MAX} seeds");
+}
+
+/// KNOWN BUG (found by this simulation, not fixed yet): seed 58 of
+/// `pause_past_the_lease` (2 nodes). Node 1 is paused during `rename /records
+/// /spool/f` after its log record was written; node 0 expels it, replays its log and
+/// runs the rename again (it succeeds); node 1 then runs again and, although every
+/// disk I/O and every operation of its mount is fenced, its messages still reach the
+/// token manager and node 0 (no token or metanode message carries the sender's lease
+/// epoch, and nothing refuses an expelled node's): two steps later node 0 no longer
+/// finds `/spool/f` (ENOENT). Cutting the expelled node's messages at its expel (what
+/// the fix must do: the token manager and every node's token service refusing a node
+/// the configuration lists as expelled, as an NSD server's `LeaseFence` does for disk
+/// requests) makes the seed pass. Run with `--ignored`; it fails until that is built.
+#[test]
+#[ignore]
+fn seed_58_an_expelled_nodes_messages_must_be_refused() {
+    let kinds = [FaultKind::Pause];
+    run_seed(&config(58, 2, &kinds, true)).unwrap_or_else(|f| panic!("{f}"));
+}
