@@ -599,8 +599,7 @@ pub fn write_direct(core: &Core, st: &mut InodeState, offset: u64, data: &[u8]) 
         core.nsd.write(da.offset_by(lo), src, tag(ino))?;
         b += 1;
     }
-    // Overwrites of allocated blocks only (`direct_eligible`).
-    core.journal.note_unordered_write();
+    core.journal.note_ordered_write();
     // Clean cached copies of these blocks are now stale.
     core.alloc.unreserve(
         core.pool
@@ -869,12 +868,7 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
         core.nsd
             .write(target.offset_by(alo as u64), &tmp, tag(ino))?;
     }
-    if blocks_change {
-        core.journal.note_ordered_write();
-    } else {
-        // An overwrite of the allocation the block map already names.
-        core.journal.note_unordered_write();
-    }
+    core.journal.note_ordered_write();
     // A loaded buffer now matches its disk copy (what the write skipped already did).
     buf.on_disk = buf.loaded;
     buf.dirty = None;

@@ -284,14 +284,8 @@ pub struct Journal {
     revokes: Mutex<Vec<LogRevoke>>,
     /// TEST ONLY (`set_revoke_fault`): `write_in_place` logs no revokes.
     revoke_fault: AtomicBool,
-    /// Data reached newly allocated blocks since the last barrier: the next commit
-    /// syncs before its log write (the log must never name a block whose data is not
-    /// on disk).
+    /// Data reached a disk since the last barrier: the next commit syncs first.
     ordered_writes: AtomicBool,
-    /// Data was overwritten in place (blocks whose pointers are already committed)
-    /// since the last barrier: the next commit must sync before it returns, but the
-    /// sync may come after its log write, so that one barrier covers both.
-    unsynced_writes: AtomicBool,
     /// Sequence number the running transaction will get.
     running_seq: AtomicU64,
     durable_seq: AtomicU64,
@@ -390,7 +384,6 @@ impl Journal {
             revokes: Mutex::new(Vec::new()),
             revoke_fault: AtomicBool::new(false),
             ordered_writes: AtomicBool::new(false),
-            unsynced_writes: AtomicBool::new(false),
             running_seq: AtomicU64::new(start.next_seq),
             durable_seq: AtomicU64::new(start.next_seq - 1),
             commit_lock: CountedMutex::new(&JOURNAL_COMMIT_LOCK, ()),
@@ -502,24 +495,9 @@ impl Journal {
         Tx { journal: self }
     }
 
-    /// Data reached newly allocated blocks: the next commit must sync before its log
-    /// write (ordered mode).
+    /// Data reached a disk: the next commit must sync before its log write (ordered mode).
     pub fn note_ordered_write(&self) {
         self.ordered_writes.store(true, Ordering::Release);
-    }
-
-    /// Data was overwritten in place, in blocks the committed log (or an earlier
-    /// `note_ordered_write` of the running transaction) already names: the next commit
-    /// must sync before it returns, but no log write has to wait for it. An fsync after
-    /// an overwrite then costs one barrier (log and data disks synced together), not a
-    /// data barrier followed by a log barrier. A crash before that barrier leaves each
-    /// block holding its old or new bytes, both of which belong to the file.
-    pub fn note_unordered_write(&self) {
-        self.unsynced_writes.store(true, Ordering::Release);
-    }
-
-    fn writes_to_sync(&self) -> bool {
-        self.ordered_writes.load(Ordering::Acquire) || self.unsynced_writes.load(Ordering::Acquire)
     }
 
     /// Add an image to the running transaction directly (a freed inode, whose handle
@@ -557,7 +535,7 @@ impl Journal {
     /// commit already covered it, else commits (group commit: callers queue on the
     /// commit lock, and one commit covers them all).
     pub fn commit_upto(&self, core: &Core, seq: u64) -> FsResult<()> {
-        if self.durable_seq() >= seq && !self.writes_to_sync() {
+        if self.durable_seq() >= seq && !self.ordered_writes.load(Ordering::Acquire) {
             return Ok(());
         }
         self.commit(core)
@@ -765,8 +743,7 @@ impl Journal {
     ) -> FsResult<()> {
         let ordered = self.ordered_writes.swap(false, Ordering::AcqRel);
         if images.is_empty() && revokes.is_empty() {
-            let unsynced = self.unsynced_writes.swap(false, Ordering::AcqRel);
-            if ordered || unsynced {
+            if ordered {
                 self.barrier(core)?;
             }
             self.durable_seq.fetch_max(seq, Ordering::AcqRel);
@@ -822,9 +799,6 @@ impl Journal {
             self.barrier(core)?;
         }
         self.write_log(core, lsn, &bytes)?;
-        // This barrier also makes the overwrites in place durable (`note_unordered_write`);
-        // one made after the flag is cleared leaves it set for the next commit.
-        self.unsynced_writes.store(false, Ordering::Release);
         self.barrier(core)?;
         {
             let mut s = self.state.lock();
