@@ -27,6 +27,9 @@ const DOWN_WAIT: Duration = Duration::from_secs(60);
 pub const MOUNT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Lines of makod.log shown when makod fails to start.
 const LOG_TAIL_LINES: usize = 25;
+/// How often `mako up` and `mako down` look whether makod is ready / gone: a status
+/// query or a look at /proc, cheap; every mount and unmount waits for the next look.
+const POLL: Duration = Duration::from_millis(20);
 
 /// Name of the default file system of `mako up`.
 const DEFAULT_FS: &str = "fs1";
@@ -698,7 +701,7 @@ pub(crate) fn start_and_wait(data: &DataDir, cluster: &ClusterConfig) -> Result<
             );
         }
         spinner.update(&waiting_for);
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(POLL);
     }
 }
 
@@ -850,7 +853,7 @@ pub(crate) fn down_data(data: &DataDir) -> Result<ExitCode> {
             );
         }
         spinner.update(&format!("waiting for makod (pid {pid}) to stop"));
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(POLL);
     }
 }
 

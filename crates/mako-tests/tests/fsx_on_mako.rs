@@ -1,22 +1,29 @@
 //! fsx (randomized model-based file exerciser) on a real Mako mount, with remounts.
 //!
-//! Proves: for several seeds, ≥100,000 random operations each (writes, reads, truncates,
-//! punch hole / zero range / fallocate, mmap reads and writes, fsync, close/reopen) leave file
-//! contents and sizes exactly equal to fsx's in-memory model — including across a full
-//! `mako down` / `mako up` (daemon restart, FUSE remount, pagepool dropped) every 25,000 ops,
-//! so everything written must have reached the disks. Every other seed runs with
-//! `fuseDirectIoFileSize=0`: reads and writes bypass the kernel page cache while mmap
-//! uses it, so the kernel's coherence between the two is checked too.
+//! Proves: for several seeds, tens of thousands of random operations each (writes, reads,
+//! truncates, punch hole / zero range / fallocate, mmap reads and writes, fsync,
+//! close/reopen) leave file contents and sizes exactly equal to fsx's in-memory model —
+//! including across a full `mako down` / `mako up` (daemon restart, FUSE remount,
+//! pagepool dropped) four times per seed, so everything written must have reached the
+//! disks. Every other seed runs with `fuseDirectIoFileSize=0`: reads and writes bypass
+//! the kernel page cache while mmap uses it, so the kernel's coherence between the two
+//! is checked too.
 //!
 //! Env: `MAKO_FSX_SEEDS` (comma-separated; default 3 fixed seeds + 1 random one, printed),
-//! `MAKO_FSX_OPS` (default 100000), `MAKO_FSX_PARALLEL` (seeds run at once, default 4). Each
-//! seed runs on its own fresh cluster; on failure the
-//! seed, failing op and a reproduction line are printed.
+//! `MAKO_FSX_OPS` (operations per seed, a remount after each quarter of them; default
+//! 40,000, and 100,000 with `MAKO_FSX_LONG=1`), `MAKO_FSX_PARALLEL` (seeds run at once,
+//! default 4). Each seed runs on its own fresh cluster; on failure the seed, failing op
+//! and a reproduction line are printed.
 
 use mako_tests::cluster::{require_fuse, ClusterOptions, TestCluster};
 use mako_tests::fsx::{run_fsx, FsxOptions};
 
-const REMOUNT_EVERY: u64 = 25_000;
+/// Remounts per seed (a remount every `ops / REMOUNTS` operations).
+const REMOUNTS: u64 = 4;
+
+fn long_mode() -> bool {
+    std::env::var("MAKO_FSX_LONG").is_ok_and(|v| v == "1")
+}
 
 fn seeds() -> Vec<u64> {
     if let Ok(s) = std::env::var("MAKO_FSX_SEEDS") {
@@ -46,7 +53,7 @@ fn fsx_with_remounts_on_mako() {
     let ops: u64 = std::env::var("MAKO_FSX_OPS")
         .ok()
         .map(|s| s.parse().expect("MAKO_FSX_OPS: integer"))
-        .unwrap_or(100_000);
+        .unwrap_or(if long_mode() { 100_000 } else { 40_000 });
     // Seeds run side by side, each on its own cluster (`MAKO_FSX_PARALLEL`, default 4):
     // fsx waits mostly on fsync, so runs overlap well on two cores. Measured with 30k
     // ops per seed: 2 at once 2 x ~220 ops/s, 4 at once 4 x ~125 ops/s.
@@ -85,12 +92,13 @@ fn fsx_with_remounts_on_mako() {
 /// One seed on a fresh cluster; false if fsx found a difference (printed). With
 /// `direct_io`, every open bypasses the kernel page cache (`fuseDirectIoFileSize=0`).
 fn run_seed(seed: u64, ops: u64, direct_io: bool) -> bool {
+    let remount_every = (ops / REMOUNTS).max(1);
     let mode = if direct_io {
         "page cache bypassed (fuseDirectIoFileSize=0)"
     } else {
         "through the page cache"
     };
-    println!("fsx: seed {seed}, {ops} ops, remount every {REMOUNT_EVERY}, {mode}");
+    println!("fsx: seed {seed}, {ops} ops, remount every {remount_every}, {mode}");
     let cluster = TestCluster::up(ClusterOptions::default()).expect("mako up");
     if direct_io {
         let out = cluster
@@ -107,13 +115,13 @@ fn run_seed(seed: u64, ops: u64, direct_io: bool) -> bool {
     let mut o = FsxOptions::new(&dir, seed, ops);
     o.remount = Some(cluster.remount_fn());
     o.remount_cmd = Some(cluster.remount_cmd_text());
-    o.remount_every = REMOUNT_EVERY;
+    o.remount_every = remount_every;
     o.keep_on_failure = false; // the cluster is removed anyway
     match run_fsx(&mut o) {
         Ok(stats) => {
             println!("fsx: seed {seed}: {stats}");
             assert!(
-                stats.remounts >= (ops / REMOUNT_EVERY).saturating_sub(1),
+                stats.remounts >= (ops / remount_every).saturating_sub(1),
                 "seed {seed}: expected remounts, got {}",
                 stats.remounts
             );

@@ -1307,9 +1307,15 @@ pub fn run(root: &Path) -> Result<()> {
         let _ = server.join();
         bail!("no file system could be mounted: {}", failed.join("; "));
     }
+    // The stop flag is looked at often (`mako down` waits for it); mounts ended from
+    // outside (umount) are looked for every 100 ms (that reads the mount table).
+    let mut tick = 0u32;
     while !stop.load(Ordering::SeqCst) {
-        daemon.release_ended_mounts();
-        std::thread::sleep(Duration::from_millis(100));
+        if tick % 5 == 0 {
+            daemon.release_ended_mounts();
+        }
+        tick = tick.wrapping_add(1);
+        std::thread::sleep(Duration::from_millis(20));
     }
     let names: Vec<String> = daemon.mounts.lock().keys().cloned().collect();
     let mut errors = Vec::new();
