@@ -276,6 +276,10 @@ struct ClientInner {
     peers_unreachable: AtomicU64,
     /// Ids of this node's acquires (`AcquireRequest::waiter`).
     acquire_ids: AtomicU64,
+    /// Resources whose last grant to this node said other nodes were waiting, with how
+    /// many (`Grant::contenders`, `TokenClient::contenders`); only those, so it holds
+    /// no more than the contended resources.
+    crowds: parking_lot::Mutex<crate::DetMap<ResourceId, u32>>,
     /// Ticks at every grant from the manager (`TokenClient::grant_clock`).
     grant_clock: AtomicU64,
 }
@@ -634,6 +638,7 @@ impl TokenClient {
                 probes_sent: AtomicU64::new(0),
                 peers_unreachable: AtomicU64::new(0),
                 acquire_ids: AtomicU64::new(1),
+                crowds: parking_lot::Mutex::new(Default::default()),
                 grant_clock: AtomicU64::new(0),
             }),
         }
@@ -887,6 +892,15 @@ impl TokenClient {
                     st.version = st.version.max(g.version);
                     st.granted_at = inner.grant_clock.fetch_add(1, Ordering::SeqCst) + 1;
                     st.metanode = g.metanode;
+                    // Not under a counted lock: a check of it is no preemption point
+                    // of the simulation (it never waits: nothing else is held under
+                    // it).
+                    let mut crowds = inner.crowds.lock();
+                    if g.contenders > 0 {
+                        crowds.insert(resource, g.contenders);
+                    } else {
+                        crowds.remove(&resource);
+                    }
                     return Ok(());
                 }
                 // The manager answers for the request it considered (a conditional
@@ -1356,6 +1370,18 @@ impl TokenClient {
         let (lock, _) = self.inner.shard(&resource);
         let shard = lock.lock();
         shard.res.get(&resource).is_some_and(|st| st.metanode)
+    }
+
+    /// How many other nodes were waiting for conflicting modes when the manager last
+    /// granted `resource` to this node (`Grant::contenders`). Meaningful while this
+    /// node holds what that grant gave.
+    pub fn contenders(&self, resource: ResourceId) -> u32 {
+        self.inner
+            .crowds
+            .lock()
+            .get(&resource)
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn resign_metanode(&self, resource: ResourceId) -> Result<(), TokenError> {

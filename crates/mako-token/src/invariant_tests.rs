@@ -357,6 +357,7 @@ impl World {
                     range: required,
                     version: 0,
                     metanode: false,
+                    contenders: 0,
                 };
                 self.check_grant(&grant, required, desired)?;
                 prop_assert!(c.try_hold(resource, spec.mode, required).is_some());

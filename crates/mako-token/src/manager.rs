@@ -144,6 +144,12 @@ pub struct Grant {
     /// grant tells it so, rather than leaving it to find out when its own operation
     /// gets that far while others already ask it (docs/coherence.md section 4).
     pub metanode: bool,
+    /// How many other nodes were waiting for modes that conflict with the grant when
+    /// it was made: the resource is contended. A holder that may do its work in a
+    /// way that shares (a directory that leaves its inode, so that creators need only
+    /// `rw` on it and their names' pages) does so when many wait, instead of passing
+    /// the exclusive token from node to node (docs/coherence.md section 4).
+    pub contenders: u32,
 }
 
 /// One node's token on one range of a resource, as reported in copysets and dumps.
@@ -641,6 +647,15 @@ impl TokenManager {
         entry.check_metanode();
         let version = entry.version;
         let metanode = entry.metanode == Some(node);
+        let mut waiting: Vec<NodeId> = entry
+            .waiters
+            .iter()
+            .filter(|w| w.node != node && w.conflicts(mode))
+            .map(|w| w.node)
+            .collect();
+        waiting.sort();
+        waiting.dedup();
+        let contenders = u32::try_from(waiting.len()).unwrap_or(u32::MAX);
         if let Some(bad) = entry
             .conflicting(node, mode)
             .find(|h| h.range.overlaps(&granted))
@@ -654,6 +669,7 @@ impl TokenManager {
             range: granted,
             version,
             metanode,
+            contenders,
         })
     }
 
