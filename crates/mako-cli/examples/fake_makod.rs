@@ -156,6 +156,7 @@ impl ControlHandler for Fake {
             }),
             Request::DiagTokens => Response::Tokens(vec![TokenView {
                 resource: "fs1 inode 101".into(),
+                manager: String::new(),
                 holders: vec![format!("{} wx", cluster.node_name)],
             }]),
             Request::DiagConfig => Response::Config(vec![ConfigRowView {

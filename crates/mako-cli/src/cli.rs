@@ -109,6 +109,10 @@ pub struct ClusterCreateArgs {
     /// first 1 (1-2 nodes), 3 (3-4) or 5 nodes]
     #[arg(long = "quorum-nodes", value_name = "NODES", value_delimiter = ',')]
     pub quorum_nodes: Vec<String>,
+    /// The manager nodes, comma-separated (names or numbers): the token manager is
+    /// sharded over them, and the first runs the file-system manager [default: node0]
+    #[arg(long = "manager-nodes", value_name = "NODES", value_delimiter = ',')]
+    pub manager_nodes: Vec<String>,
     #[command(flatten)]
     pub up: UpArgs,
 }

@@ -283,22 +283,22 @@ fn selected<'a>(cluster: &'a ClusterConfig, sel: &NodeSelection) -> Result<Vec<&
     Ok(out)
 }
 
-/// `mako startup -a|-N`: starts the selected nodes' makod (the manager node first; the
-/// others wait for it before they mount).
+/// `mako startup -a|-N`: starts the selected nodes' makod (the manager nodes and NSD
+/// servers together first; the others wait for them before they mount).
 pub fn startup(context: &Context, sel: &NodeSelection) -> Result<ExitCode> {
     let cluster = multi(context)?;
-    let mut nodes = selected(&cluster, sel)?;
-    nodes.sort_by_key(|n| (!n.manager, n.id));
-    for n in nodes {
+    let nodes = selected(&cluster, sel)?;
+    crate::nodes_cmd::start_in_order(&cluster, nodes, |n| {
         let dir = DataDir::new(&n.data_dir);
         if query_status(&dir).ok().flatten().is_some() {
             println!("{}: already running", n.name);
-            continue;
+            return Ok(());
         }
         let own = ClusterConfig::load(&dir.root)?;
         start_and_wait(&dir, &own).map_err(|e| anyhow::anyhow!("starting {}: {e:#}", n.name))?;
         println!("{}: started", n.name);
-    }
+        Ok(())
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -322,8 +322,8 @@ pub fn shutdown(context: &Context, sel: &NodeSelection) -> Result<ExitCode> {
             .collect();
         if !still.is_empty() {
             bail!(
-                "{} runs the token manager, and {} would go on without it (no file \
-                 operation could get a token). Stop those first (`mako shutdown -N {}`), or \
+                "{} runs a token manager shard, and {} would go on without it (no file \
+                 operation could get a token from it). Stop those first (`mako shutdown -N {}`), or \
                  every node with -a",
                 manager.name,
                 still.join(", "),

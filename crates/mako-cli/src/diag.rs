@@ -217,9 +217,21 @@ pub fn render_stats(stats: &StatsView) -> String {
 }
 
 pub fn render_tokens(tokens: &[TokenView]) -> String {
-    let mut table = Table::new(&["Resource", "Holders"]);
+    // The manager column only in a multi-process cluster (a lone makod is its own
+    // manager).
+    let sharded = tokens.iter().any(|t| !t.manager.is_empty());
+    let mut table = if sharded {
+        Table::new(&["Resource", "Manager", "Holders"])
+    } else {
+        Table::new(&["Resource", "Holders"])
+    };
     for t in tokens {
-        table.row(vec![t.resource.clone(), t.holders.join(", ")]);
+        let mut row = vec![t.resource.clone()];
+        if sharded {
+            row.push(t.manager.clone());
+        }
+        row.push(t.holders.join(", "));
+        table.row(row);
     }
     format!(
         "=== mmdiag: tokens ({} held) ===\n{}",
@@ -303,6 +315,7 @@ mod tests {
     fn json_is_the_payload() {
         let text = json_of(&Response::Tokens(vec![TokenView {
             resource: "r".into(),
+            manager: String::new(),
             holders: vec!["n1 rw".into()],
         }]));
         let value: serde_json::Value = serde_json::from_str(&text).unwrap();

@@ -7,8 +7,9 @@
 //! the disks, the file system and every node (`[[nodes]]`), and its `cluster.key` is
 //! the secret the nodes authenticate each other with. Each node's directory holds a
 //! copy of both with its own node number and mount point, its config.toml, makod.log,
-//! makod.pid and control socket. Node 0 runs the token and file-system managers; it
-//! starts first and stops last.
+//! makod.pid and control socket. The manager nodes (node 0 unless `mako cluster create
+//! --manager-nodes` names others) run the token manager's shards, the first of them the
+//! file-system manager; they start first, together with the NSD servers, and stop last.
 
 use std::fs;
 use std::io::Write;
@@ -63,28 +64,11 @@ pub fn is_multi(data: &DataDir, args: &UpArgs) -> Result<bool> {
     if !args.nsd_servers.is_empty() && args.nodes.unwrap_or(1) < 2 {
         bail!("--nsd-servers needs a cluster of several nodes: give --nodes 2 or more");
     }
-    if !args.nsd_servers.is_empty() && !args.nsd_servers.contains(&0) {
-        // Node 0 runs the managers and mounts first; the servers wait for it, so it
-        // cannot wait for them.
-        bail!(
-            "--nsd-servers {}: include node 0, which runs the managers and must reach the \
-             disks before the other nodes start (e.g. --nsd-servers {},0)",
-            join_ids(&args.nsd_servers),
-            join_ids(&args.nsd_servers)
-        );
-    }
     match args.nodes {
         None | Some(1) => Ok(false),
         Some(n) if (2..=NODES_MAX).contains(&n) => Ok(true),
         Some(n) => bail!("--nodes {n}: give 1 to {NODES_MAX} nodes"),
     }
-}
-
-fn join_ids(ids: &[u32]) -> String {
-    ids.iter()
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// A free TCP port on 127.0.0.1 (the system picks it; the node binds it again when
@@ -142,6 +126,27 @@ fn quorum_ids(n: u32, named: &[String]) -> Result<Vec<u32>> {
         };
         return Ok((0..count).collect());
     }
+    let ids = named_ids("--quorum-nodes", n, named)?;
+    if ids.len() > 7 {
+        bail!(
+            "--quorum-nodes: {} named; give at most 7 (1, 3 or 5 is usual: a majority must run)",
+            ids.len()
+        );
+    }
+    Ok(ids)
+}
+
+/// The manager nodes `--manager-nodes` names among `n` nodes; none named: node 0.
+fn manager_ids(n: u32, named: &[String]) -> Result<Vec<u32>> {
+    if named.is_empty() {
+        return Ok(vec![0]);
+    }
+    named_ids("--manager-nodes", n, named)
+}
+
+/// The node numbers that option `flag` names (node names like node3, or numbers) among
+/// `n` nodes, sorted; each at most once.
+fn named_ids(flag: &str, n: u32, named: &[String]) -> Result<Vec<u32>> {
     let mut ids = Vec::new();
     for name in named {
         let id = name
@@ -152,20 +157,14 @@ fn quorum_ids(n: u32, named: &[String]) -> Result<Vec<u32>> {
             .filter(|&i| i < n)
             .ok_or_else(|| {
                 anyhow!(
-                    "--quorum-nodes {name}: no such node; the nodes will be node0 to node{}",
+                    "{flag} {name}: no such node; the nodes will be node0 to node{}",
                     n - 1
                 )
             })?;
         if ids.contains(&id) {
-            bail!("--quorum-nodes: node{id} is named twice");
+            bail!("{flag}: node{id} is named twice");
         }
         ids.push(id);
-    }
-    if ids.len() > 7 {
-        bail!(
-            "--quorum-nodes: {} named; give at most 7 (1, 3 or 5 is usual: a majority must run)",
-            ids.len()
-        );
     }
     ids.sort_unstable();
     Ok(ids)
@@ -180,12 +179,14 @@ fn create(
     n: u32,
     name: Option<&str>,
     quorum_names: &[String],
+    manager_names: &[String],
 ) -> Result<ClusterConfig> {
     if let Some(name) = name {
         mako_control::cluster::validate_name("cluster name", name).map_err(|p| anyhow!(p))?;
     }
     // Checked before anything is created.
     let quorum = quorum_ids(n, quorum_names)?;
+    let managers = manager_ids(n, manager_names)?;
     if let Some(m) = args.max_nodes {
         if m < n || m > NODES_MAX {
             bail!("--max-nodes {m}: give {n} (--nodes) to {NODES_MAX}");
@@ -202,7 +203,7 @@ fn create(
             name: format!("node{i}"),
             address: format!("127.0.0.1:{}", free_port()?),
             data_dir: crate::daemon::absolute(&data.root.join(format!("node{i}")))?,
-            manager: i == 0,
+            manager: managers.contains(&i),
             quorum: quorum.contains(&i),
             local_disks: None,
         });
@@ -270,7 +271,14 @@ pub fn cluster_create(context: &Context, args: &ClusterCreateArgs) -> Result<Exi
         Some(n) => bail!("--nodes {n}: give 2 to {NODES_MAX} nodes (one node: `mako up`)"),
         None => bail!("--nodes N: how many nodes (makod processes) the cluster has"),
     };
-    let cluster = create(data, &args.up, n, args.name.as_deref(), &args.quorum_nodes)?;
+    let cluster = create(
+        data,
+        &args.up,
+        n,
+        args.name.as_deref(),
+        &args.quorum_nodes,
+        &args.manager_nodes,
+    )?;
     println!(
         "Cluster {} created: {n} nodes, not started.\n",
         cluster.cluster_name
@@ -296,7 +304,7 @@ pub fn cluster_create(context: &Context, args: &ClusterCreateArgs) -> Result<Exi
     }
     println!();
     print!("{}", t.render());
-    println!("\nNext:         `mako startup -a` starts every node (the manager first)");
+    println!("\nNext:         `mako startup -a` starts every node (the managers first)");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -324,18 +332,13 @@ pub fn up(context: &Context, args: &UpArgs) -> Result<ExitCode> {
         cluster
     } else {
         let n = args.nodes.unwrap_or(1);
-        create(data, args, n, None, &[])?
+        create(data, args, n, None, &[], &[])?
     };
-    // The manager first: the others wait for it before they mount. Then the NSD
-    // servers, which the nodes without local access wait for.
-    let mut order: Vec<&NodeDef> = cluster.nodes.iter().collect();
-    let serves = |n: &NodeDef| cluster.disks.iter().any(|d| d.servers.contains(&n.name));
-    order.sort_by_key(|n| (!n.manager, !serves(n), n.id));
-    for node in order {
+    start_in_order(&cluster, cluster.nodes.iter().collect(), |node| {
         let dir = DataDir::new(&node.data_dir);
         let own = ClusterConfig::load(&dir.root)?;
-        start_and_wait(&dir, &own).with_context(|| format!("starting node {}", node.name))?;
-    }
+        start_and_wait(&dir, &own).with_context(|| format!("starting node {}", node.name))
+    })?;
     println!("Mako is up: {} nodes.\n", cluster.nodes.len());
     println!("  cluster      {}", cluster.cluster_name);
     println!("  data dir     {}", data.root.display());
@@ -368,6 +371,45 @@ pub fn up(context: &Context, args: &UpArgs) -> Result<ExitCode> {
     }
     println!("Next:         `mako status` to see it, `mako down` to stop it");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Starts `nodes` with `start`: the manager nodes and the NSD servers together first,
+/// each in its own thread (a node's mount waits for every token manager shard and for
+/// its disks' servers, and a server's mount for the managers, so none of them can wait
+/// for the others one after another), then the other nodes in number order. Every
+/// failure of the first group is reported, not only the first one.
+pub fn start_in_order(
+    cluster: &ClusterConfig,
+    nodes: Vec<&NodeDef>,
+    start: impl Fn(&NodeDef) -> Result<()> + Sync,
+) -> Result<()> {
+    let serves = |n: &NodeDef| cluster.disks.iter().any(|d| d.servers.contains(&n.name));
+    let (mut first, mut rest): (Vec<&NodeDef>, Vec<&NodeDef>) =
+        nodes.into_iter().partition(|n| n.manager || serves(n));
+    first.sort_by_key(|n| n.id);
+    rest.sort_by_key(|n| n.id);
+    let start = &start;
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let running: Vec<_> = first
+            .iter()
+            .map(|&n| (n, s.spawn(move || start(n))))
+            .collect();
+        running
+            .into_iter()
+            .filter_map(|(n, t)| match t.join() {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(format!("{e:#}")),
+                Err(_) => Some(format!("starting {}: the starting thread panicked", n.name)),
+            })
+            .collect()
+    });
+    if !failures.is_empty() {
+        bail!("{}", failures.join("\n"));
+    }
+    for n in rest {
+        start(n)?;
+    }
+    Ok(())
 }
 
 /// The nodes table of `mako status` (and `mako up`): each node's makod, address and
@@ -520,8 +562,21 @@ pub fn down(context: &Context, cluster: &ClusterConfig) -> Result<ExitCode> {
 /// their tokens back to it as they unmount); says which could not be stopped.
 pub fn stop_nodes(mut order: Vec<&NodeDef>) -> Result<ExitCode> {
     order.sort_by_key(|n| (n.manager, std::cmp::Reverse(n.id)));
+    let managers: Vec<&NodeDef> = order.iter().copied().filter(|n| n.manager).collect();
     let mut failed = Vec::new();
-    for node in order {
+    let mut managers_unmounted = false;
+    for &node in &order {
+        if node.manager && managers.len() > 1 && !managers_unmounted {
+            // A manager node's unmount gives its tokens back to every shard, so each
+            // must unmount while every other manager still runs: unmount them all
+            // first, then stop them.
+            for m in &managers {
+                if let Err(e) = unmount_all_on(m) {
+                    println!("node {}: unmounting before the stop: {e:#}", m.name);
+                }
+            }
+            managers_unmounted = true;
+        }
         println!("node {} ({}):", node.name, node.data_dir.display());
         if let Err(e) = down_data(&DataDir::new(&node.data_dir)) {
             println!("  {e:#}");
@@ -532,6 +587,25 @@ pub fn stop_nodes(mut order: Vec<&NodeDef>) -> Result<ExitCode> {
         bail!("could not stop {}; see above", failed.join(", "));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Unmounts every file system node `n`'s makod has mounted (nothing if it does not
+/// run), without changing what it mounts at its next start.
+fn unmount_all_on(n: &NodeDef) -> Result<()> {
+    let dir = DataDir::new(&n.data_dir);
+    let Some(status) = query_status(&dir)? else {
+        return Ok(());
+    };
+    for f in status.filesystems.iter().filter(|f| f.mounted) {
+        let request = mako_control::Request::Unmount {
+            fs: f.name.clone(),
+            mountpoint: None,
+        };
+        let mut client = crate::daemon::connect(&dir)?;
+        client.set_timeout(crate::daemon::MOUNT_TIMEOUT);
+        crate::daemon::expect_ok(client.call(&request)?, &request)?;
+    }
+    Ok(())
 }
 
 /// The overview data directory of a cluster of several makod processes on this
@@ -713,4 +787,101 @@ pub fn node_remove(context: &Context, name: &str) -> Result<ExitCode> {
         ),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Condvar, Mutex};
+    use std::time::Duration;
+
+    fn cluster_of(managers: &[u32], servers: &[u32], n: u32) -> ClusterConfig {
+        let mut c = ClusterConfig::new("test", "node0", 0);
+        for i in 0..n {
+            c.nodes.push(NodeDef {
+                id: i,
+                name: format!("node{i}"),
+                address: format!("127.0.0.1:{}", 2000 + i),
+                data_dir: PathBuf::from(format!("/nonexistent/node{i}")),
+                manager: managers.contains(&i),
+                quorum: i == 0,
+                local_disks: None,
+            });
+        }
+        c.disks.push(mako_control::DiskDef {
+            name: "d1".into(),
+            path: PathBuf::from("/nonexistent/d1.img"),
+            size_bytes: 1 << 30,
+            pool: "system".into(),
+            failure_group: 1,
+            usage: "dataAndMetadata".into(),
+            fs: None,
+            servers: servers.iter().map(|i| format!("node{i}")).collect(),
+        });
+        c
+    }
+
+    /// The manager nodes and NSD servers start together: each one's start here waits
+    /// until all of them have begun (as a mount waits for every shard and server), which
+    /// one after another would never happen. The other nodes start after them.
+    #[test]
+    fn managers_and_servers_start_together_then_the_others() {
+        let c = cluster_of(&[0, 2], &[3], 5);
+        let begun = (Mutex::new(Vec::<u32>::new()), Condvar::new());
+        let result = start_in_order(&c, c.nodes.iter().collect(), |n| {
+            let (lock, cv) = &begun;
+            let mut b = lock.lock().unwrap();
+            b.push(n.id);
+            cv.notify_all();
+            if n.manager || n.id == 3 {
+                let (b, timeout) = cv
+                    .wait_timeout_while(b, Duration::from_secs(60), |b| b.len() < 3)
+                    .unwrap();
+                if timeout.timed_out() {
+                    bail!("node{} waited alone: {:?} had begun", n.id, *b);
+                }
+            }
+            Ok(())
+        });
+        result.unwrap();
+        let order = begun.0.lock().unwrap().clone();
+        let mut first: Vec<u32> = order[..3].to_vec();
+        first.sort_unstable();
+        assert_eq!(first, [0, 2, 3], "{order:?}");
+        assert_eq!(&order[3..], [1, 4], "{order:?}");
+    }
+
+    #[test]
+    fn a_failed_start_in_the_first_group_is_reported_and_stops_the_rest() {
+        let c = cluster_of(&[0, 1], &[], 3);
+        let started = Mutex::new(Vec::new());
+        let err = start_in_order(&c, c.nodes.iter().collect(), |n| {
+            started.lock().unwrap().push(n.id);
+            if n.id == 1 {
+                bail!("starting node1: boom");
+            }
+            Ok(())
+        })
+        .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("starting node1: boom"),
+            "{err:#}"
+        );
+        assert!(!started.lock().unwrap().contains(&2));
+    }
+
+    #[test]
+    fn manager_nodes_are_named_or_node0() {
+        assert_eq!(manager_ids(3, &[]).unwrap(), [0]);
+        let named = ["node2".to_string(), "0".to_string()];
+        assert_eq!(manager_ids(3, &named).unwrap(), [0, 2]);
+        let err = manager_ids(3, &["node7".to_string()]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("--manager-nodes node7: no such node"),
+            "{err}"
+        );
+        let err = manager_ids(3, &["node1".to_string(), "1".to_string()]).unwrap_err();
+        assert!(err.to_string().contains("named twice"), "{err}");
+    }
 }

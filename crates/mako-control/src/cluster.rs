@@ -459,14 +459,12 @@ impl ClusterConfig {
                 ));
             }
         }
-        match self.nodes.iter().filter(|n| n.manager).count() {
-            1 => {}
-            k => {
-                return Some(format!(
-                    "{k} nodes are marked `manager = true`; exactly one node runs the token \
-                     and file-system managers for now"
-                ))
-            }
+        if !self.nodes.iter().any(|n| n.manager) {
+            return Some(
+                "no node is marked `manager = true`; mark one or more nodes (the token \
+                 manager is sharded over them, and the first runs the file-system manager)"
+                    .to_string(),
+            );
         }
         match self.nodes.iter().filter(|n| n.quorum).count() {
             0 | 1 | 3 | 5 => {}
@@ -523,9 +521,18 @@ impl ClusterConfig {
         None
     }
 
-    /// The node that runs the token and file-system managers (multi-process clusters).
+    /// The node that runs the file-system manager: the manager node with the lowest
+    /// number (multi-process clusters).
     pub fn manager_node(&self) -> Option<&NodeDef> {
-        self.nodes.iter().find(|n| n.manager)
+        self.manager_nodes().into_iter().next()
+    }
+
+    /// The manager nodes in number order: the token manager is sharded over them (a
+    /// resource goes to `mako_token::ManagerMap`'s hash of it over this list).
+    pub fn manager_nodes(&self) -> Vec<&NodeDef> {
+        let mut m: Vec<&NodeDef> = self.nodes.iter().filter(|n| n.manager).collect();
+        m.sort_by_key(|n| n.id);
+        m
     }
 
     /// The nodes that keep the replicated configuration and vote in its quorum: those
@@ -792,17 +799,20 @@ mod tests {
             "{}",
             problem(&c)
         );
+        // Several manager nodes shard the token manager; the first (by number) runs
+        // the file-system manager. None is refused.
         let mut c = with_nodes(3);
-        c.nodes[1].manager = true;
-        assert!(
-            problem(&c).contains("2 nodes are marked"),
-            "{}",
-            problem(&c)
-        );
+        c.nodes[2].manager = true;
+        assert!(c.validate().is_ok(), "{}", problem(&c));
+        let ids: Vec<u32> = c.manager_nodes().iter().map(|n| n.id).collect();
+        assert_eq!(ids, [0, 2]);
+        assert_eq!(c.manager_node().unwrap().id, 0);
+        c.nodes[0].manager = false;
+        assert_eq!(c.manager_node().unwrap().id, 2);
         let mut c = with_nodes(3);
         c.nodes[0].manager = false;
         assert!(
-            problem(&c).contains("0 nodes are marked"),
+            problem(&c).contains("no node is marked `manager = true`"),
             "{}",
             problem(&c)
         );

@@ -394,6 +394,10 @@ pub struct DiskCountersView {
 pub struct TokenView {
     /// The resource, e.g. `fs1 inode 1234 bytes 0..4M`.
     pub resource: String,
+    /// The manager node whose token manager shard keeps it (its name; empty for a
+    /// makod that is the whole cluster).
+    #[serde(default)]
+    pub manager: String,
     /// Holders with their modes, e.g. `node1 rw`.
     pub holders: Vec<String>,
 }
@@ -628,6 +632,7 @@ mod tests {
             }),
             Response::Tokens(vec![TokenView {
                 resource: "fs1 inode 7".into(),
+                manager: "node0".into(),
                 holders: vec!["node1 rw".into()],
             }]),
             Response::Config(vec![ConfigRowView {

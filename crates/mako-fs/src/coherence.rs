@@ -182,14 +182,16 @@ impl Tokens {
             .map_err(token_error)
     }
 
-    /// The token table as the manager records it, for `mako diag tokens`.
-    pub fn dump(&self) -> Vec<(String, Vec<String>)> {
+    /// The tokens this node holds, for `mako diag tokens`: each resource, the manager
+    /// node whose shard keeps it, and the pieces held.
+    pub fn dump(&self) -> Vec<(String, u32, Vec<String>)> {
         self.client
             .held_all()
             .into_iter()
             .map(|(r, pieces)| {
                 (
                     r.to_string(),
+                    self.client.manager_of(&r).0,
                     pieces
                         .iter()
                         .map(|(range, mode)| format!("{} {mode} {range}", self.node()))

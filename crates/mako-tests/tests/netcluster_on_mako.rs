@@ -128,10 +128,35 @@ fn creates_stats_unlinks_in_one_directory_from_three_nodes() {
     if !require_fuse("creates_stats_unlinks_in_one_directory_from_three_nodes") {
         return;
     }
-    let c = up();
+    // Two manager nodes: the token manager is sharded over node0 and node2 (node0 also
+    // runs the file-system manager), and `mako cluster create` + `mako startup -a`
+    // start both before either mounts.
+    let c = NetCluster::up(NetClusterOptions {
+        create_args: Some(vec!["--manager-nodes".into(), "node0,node2".into()]),
+        ..NetClusterOptions::default()
+    })
+    .expect("three nodes up, two of them managers");
     let per_node = 300;
     std::fs::create_dir(c.mount(0).join("shared")).unwrap();
     shared_dir_round(&c, "shared", 3, per_node);
+    // Both shards granted tokens: `mako diag tokens` names each token's manager.
+    let mut managers = BTreeSet::new();
+    for i in 0..3 {
+        let out = c
+            .mako_in(&c.node_dir(i), &["diag", "tokens", "--json"])
+            .expect("mako diag tokens");
+        assert!(out.success(), "node {i}: mako diag tokens: {out}");
+        let v: serde_json::Value = serde_json::from_str(&out.stdout)
+            .unwrap_or_else(|e| panic!("node {i}: diag tokens JSON: {e}: {}", out.stdout));
+        let tokens = v
+            .as_array()
+            .unwrap_or_else(|| panic!("node {i}: no token list in {v}"));
+        for t in tokens {
+            managers.insert(t["manager"].as_str().unwrap_or_default().to_string());
+        }
+    }
+    let want_managers: BTreeSet<String> = ["node0", "node2"].map(String::from).into();
+    assert_eq!(managers, want_managers, "the shards that granted tokens");
     let want: BTreeSet<String> = (0..3)
         .flat_map(|n| {
             (0..per_node)

@@ -1421,6 +1421,11 @@ impl TokenClient {
             .unwrap_or_default()
     }
 
+    /// The manager node whose token manager shard keeps `resource`.
+    pub fn manager_of(&self, resource: &ResourceId) -> NodeId {
+        self.inner.managers.manager_for(resource)
+    }
+
     /// Every resource with cached tokens, with what is held on it.
     pub fn held_all(&self) -> Vec<(ResourceId, Vec<(ByteRange, TokenMode)>)> {
         let mut out = Vec::new();

@@ -1235,12 +1235,21 @@ impl ControlHandler for Daemon {
                 ),
                 Request::DiagStats => Response::Stats(self.stats_view()),
                 Request::DiagTokens => {
+                    let cluster = self.cluster.lock().clone();
+                    let manager_name = |id: u32| match (&self.net, cluster.node(id)) {
+                        (None, _) => String::new(),
+                        (Some(_), Some(n)) => n.name.clone(),
+                        (Some(_), None) => format!("node {id}"),
+                    };
                     let mut out = Vec::new();
                     for list in self.each_fs(None, |_, m| m.core().tokens.dump()) {
-                        out.extend(
-                            list.into_iter()
-                                .map(|(resource, holders)| TokenView { resource, holders }),
-                        );
+                        out.extend(list.into_iter().map(|(resource, manager, holders)| {
+                            TokenView {
+                                resource,
+                                manager: manager_name(manager),
+                                holders,
+                            }
+                        }));
                     }
                     Response::Tokens(out)
                 }

@@ -153,7 +153,13 @@ impl Member {
     fn quorum_defs(&self) -> Vec<&NodeDef> {
         let marked: Vec<&NodeDef> = self.nodes.iter().filter(|n| n.quorum).collect();
         if marked.is_empty() {
-            self.nodes.iter().filter(|n| n.manager).collect()
+            // As `ClusterConfig::quorum_nodes`: the first manager node alone.
+            self.nodes
+                .iter()
+                .filter(|n| n.manager)
+                .min_by_key(|n| n.id)
+                .into_iter()
+                .collect()
         } else {
             marked
         }

@@ -66,7 +66,10 @@ pub fn manager_wait() -> Duration {
 /// This node's place in a multi-process cluster.
 pub struct NetNode {
     pub me: NodeDef,
+    /// The file-system manager: the first of `managers`.
     pub manager: NodeDef,
+    /// The manager nodes in number order; the token manager is sharded over them.
+    pub managers: Vec<NodeDef>,
     pub cluster_name: String,
     pub transport: Arc<TcpTransport>,
     pub registry: Arc<Registry>,
@@ -180,8 +183,9 @@ impl NetNode {
                 me.data_dir.display()
             );
         }
-        let manager = cluster
-            .manager_node()
+        let managers: Vec<NodeDef> = cluster.manager_nodes().into_iter().cloned().collect();
+        let manager = managers
+            .first()
             .context("no node of cluster.toml is the manager")?
             .clone();
         let key = read_key(dir, &cluster.cluster_name)?;
@@ -212,18 +216,25 @@ impl NetNode {
         let transport = TcpTransport::start(rpc, registry.clone())
             .with_context(|| format!("node {} ({}): starting the network", me.id, me.name))?;
         tracing::info!(
-            "node {} ({}) of cluster {} listening on {}; manager: node {} ({}) at {}",
+            "node {} ({}) of cluster {} listening on {}; file-system manager: node {} ({}) \
+             at {}; token manager shards: {}",
             me.id,
             me.name,
             cluster.cluster_name,
             transport.local_addr(),
             manager.id,
             manager.name,
-            manager.address
+            manager.address,
+            managers
+                .iter()
+                .map(|n| n.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         Ok(Some(NetNode {
             me,
             manager,
+            managers,
             cluster_name: cluster.cluster_name.clone(),
             transport: Arc::new(transport),
             registry,
@@ -382,18 +393,27 @@ impl NetNode {
             fs_index,
             clock: Arc::new(SystemClock::new()),
             transport: self.transport.clone(),
-            managers: ManagerMap::single(NodeId(self.manager.id)),
+            managers: ManagerMap {
+                nodes: self.managers.iter().map(|n| NodeId(n.id)).collect(),
+            },
             fs_manager: NodeId(self.manager.id),
             registry: Some(self.registry.clone()),
         }
     }
 
-    /// Waits until the manager node's token service answers (at once on the manager).
-    /// A refusal (another cluster key) ends the wait at once.
+    /// Waits until every manager node's token service answers (this node's own at
+    /// once): a mount takes tokens from every shard. A refusal (another cluster key)
+    /// ends the wait at once.
     pub fn wait_for_manager(&self) -> Result<()> {
-        if self.me.manager {
-            return Ok(());
+        for manager in &self.managers {
+            if manager.id != self.me.id {
+                self.wait_for_one_manager(manager)?;
+            }
         }
+        Ok(())
+    }
+
+    fn wait_for_one_manager(&self, manager: &NodeDef) -> Result<()> {
         let limit = manager_wait();
         let started = Instant::now();
         let mut logged = false;
@@ -401,7 +421,7 @@ impl NetNode {
             let request = mako_rt::encode("token manager probe", &ManagerRequest::Stats)
                 .context("encoding a probe")?;
             let r = self.transport.call(
-                NodeId(self.manager.id),
+                NodeId(manager.id),
                 ServiceId::TokenManager,
                 request,
                 CallOptions {
@@ -414,8 +434,8 @@ impl NetNode {
                     Ok(ManagerReply::Stats(_)) => {
                         tracing::info!(
                             "the manager, node {} ({}), answers after {:.1} s",
-                            self.manager.id,
-                            self.manager.name,
+                            manager.id,
+                            manager.name,
                             started.elapsed().as_secs_f64()
                         );
                         return Ok(());
@@ -456,21 +476,21 @@ impl NetNode {
                 bail!(
                     "the manager, node {} ({}) at {}, did not answer within {} s ({why}); start \
                      its makod first (`mako startup -N {}`; `mako startup -a` starts every \
-                     node, the manager first), then this node again (`mako startup -N {}`)",
-                    self.manager.id,
-                    self.manager.name,
-                    self.manager.address,
+                     node, the manager nodes first), then this node again (`mako startup -N {}`)",
+                    manager.id,
+                    manager.name,
+                    manager.address,
                     limit.as_secs(),
-                    self.manager.name,
+                    manager.name,
                     self.me.name
                 );
             }
             if !logged {
                 tracing::info!(
                     "waiting for the manager, node {} ({}) at {}: {why}",
-                    self.manager.id,
-                    self.manager.name,
-                    self.manager.address
+                    manager.id,
+                    manager.name,
+                    manager.address
                 );
                 logged = true;
             }
