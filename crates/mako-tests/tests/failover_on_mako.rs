@@ -94,7 +94,11 @@ fn work(
     let shared = PathBuf::from("shared");
     while !stop.load(Ordering::SeqCst) {
         let n = seq.fetch_add(1, Ordering::SeqCst);
-        let dir = if n % 2 == 0 { &private } else { &shared };
+        let dir = if n.is_multiple_of(2) {
+            &private
+        } else {
+            &shared
+        };
         let name = |k: u64| dir.join(format!("s{node}_{k}"));
         // The operation: its post-state, then doing it.
         let existing: Vec<PathBuf> = {
