@@ -68,6 +68,15 @@ pub enum LeaseReply {
         by: NodeId,
         reason: String,
     },
+    /// The node was expelled and a survivor is still replaying its log: it must stay
+    /// fenced and ask again later; it may rejoin only once the answer is
+    /// [`LeaseReply::Expelled`] (a node that mounted again while its log was being
+    /// replayed by another would have two writers on one log).
+    Recovering {
+        epoch: u64,
+        by: NodeId,
+        reason: String,
+    },
     /// The node asked is not the cluster manager (the leader moved); ask `leader`.
     NotManager { leader: Option<NodeId> },
     /// Answer to [`LeaseRequest::Ping`].

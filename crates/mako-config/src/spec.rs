@@ -83,8 +83,14 @@ pub const PREFETCH_THREADS_DEFAULT: i64 = 32;
 pub const FAILURE_DETECTION_TIME_MS_DEFAULT: u64 = 35 * SEC_MS;
 /// Default `minMissedPingTimeout`.
 pub const MIN_MISSED_PING_TIMEOUT_MS_DEFAULT: u64 = 3 * SEC_MS;
-/// Smallest `failureDetectionTime`.
-pub const FAILURE_DETECTION_TIME_MS_MIN: u64 = 10 * SEC_MS;
+/// Smallest `failureDetectionTime`: 5 s. The lease invariant (a node's lease ends
+/// before the manager may expel it) holds for any duration; what bounds it from below
+/// is the cluster manager's own failover: a raft election takes up to 3 s (the
+/// largest election timeout) and a node renews every fifth of the lease, so a lease of
+/// 5 s still survives an election (3 s) plus a renewal interval (1 s) plus a second of
+/// slack without fencing healthy nodes. GPFS's minimum is 10 s; the short one is for
+/// tests (the kill -9 rounds of `failover_on_mako`) and small, quiet clusters.
+pub const FAILURE_DETECTION_TIME_MS_MIN: u64 = 5 * SEC_MS;
 /// Largest `minMissedPingTimeout`.
 pub const MIN_MISSED_PING_TIMEOUT_MS_MAX: u64 = 300 * SEC_MS;
 

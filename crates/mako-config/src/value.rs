@@ -639,10 +639,10 @@ mod tests {
             .to_string();
         assert!(message.contains("prefetchAggressivenessRead"), "{message}");
         assert!(message.contains("-1..3"), "{message}");
-        let message = parse("failureDetectionTime", "5").unwrap_err().to_string();
+        let message = parse("failureDetectionTime", "4").unwrap_err().to_string();
         assert_eq!(
             message,
-            "failureDetectionTime: 5 is below the minimum 10s (allowed 10s..5m)"
+            "failureDetectionTime: 4 is below the minimum 5s (allowed 5s..5m)"
         );
         let message = parse("waiterThresholdMillis", "2h")
             .unwrap_err()

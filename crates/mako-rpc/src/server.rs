@@ -33,7 +33,7 @@ pub(crate) const READ_BUFFER_BYTES: usize = 64 << 10;
 
 /// The service a wire number names, if this build knows it.
 pub fn service_from_wire(n: u16) -> Option<ServiceId> {
-    const ALL: [ServiceId; 7] = [
+    const ALL: [ServiceId; 8] = [
         ServiceId::TokenManager,
         ServiceId::TokenClient,
         ServiceId::FileSystem,
@@ -41,6 +41,7 @@ pub fn service_from_wire(n: u16) -> Option<ServiceId> {
         ServiceId::Cluster,
         ServiceId::Nsd,
         ServiceId::Lease,
+        ServiceId::Recovery,
     ];
     // A new ServiceId variant makes this match fail to compile: add it to ALL too.
     const fn _every_service_is_listed(s: ServiceId) {
@@ -51,7 +52,8 @@ pub fn service_from_wire(n: u16) -> Option<ServiceId> {
             | ServiceId::FsManager
             | ServiceId::Cluster
             | ServiceId::Nsd
-            | ServiceId::Lease => {}
+            | ServiceId::Lease
+            | ServiceId::Recovery => {}
         }
     }
     ALL.into_iter().find(|s| *s as u16 == n)

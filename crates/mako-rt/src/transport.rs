@@ -45,6 +45,9 @@ pub enum ServiceId {
     /// The cluster manager's lease service (mako-cluster's `lease`): renewals from
     /// every node, and the manager's pings of a node whose lease ran out.
     Lease = 7,
+    /// A node's recovery of failed nodes: the cluster manager asks a surviving node
+    /// that mounts a file system to replay an expelled node's log there (makod).
+    Recovery = 8,
 }
 
 /// Priority class of a request: small metadata messages must never queue behind bulk

@@ -266,6 +266,9 @@ struct ClientInner {
     cache_flush: OnceLock<Arc<dyn CacheFlush>>,
     shards: Box<[(CountedMutex<Shard>, Condvar)]>,
     limits: TokenClientLimits,
+    /// `limits.holder_down_wait_ms`, changeable after the client is made
+    /// (`TokenClient::set_holder_down_wait`: makod derives it from the lease times).
+    holder_down_wait_ms: AtomicU64,
     covered: AtomicU64,
     manager_calls: AtomicU64,
     revokes_sent: AtomicU64,
@@ -629,6 +632,7 @@ impl TokenClient {
                 cache_flush: OnceLock::new(),
                 shards,
                 limits,
+                holder_down_wait_ms: AtomicU64::new(limits.holder_down_wait_ms),
                 covered: AtomicU64::new(0),
                 manager_calls: AtomicU64::new(0),
                 revokes_sent: AtomicU64::new(0),
@@ -642,6 +646,16 @@ impl TokenClient {
                 grant_clock: AtomicU64::new(0),
             }),
         }
+    }
+
+    /// How long an acquire waits for holders that do not answer its revoke
+    /// (`TokenClientLimits::holder_down_wait_ms`), from now on. A cluster sets it from
+    /// its failure detection: long enough for a failed holder to be expelled and
+    /// recovered, so an acquire never fails while a recovery is under way, and no
+    /// longer, so it does not hang for the default 10 minutes when none comes.
+    pub fn set_holder_down_wait(&self, wait: Duration) {
+        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        self.inner.holder_down_wait_ms.store(ms, Ordering::Relaxed);
     }
 
     pub fn set_cache_flush(&self, flush: Arc<dyn CacheFlush>) {
@@ -1072,7 +1086,8 @@ impl TokenClient {
             }
             if let Some((h, why)) = unreachable {
                 let retry = Duration::from_millis(inner.limits.holder_down_retry_ms.max(1));
-                if waited_down >= Duration::from_millis(inner.limits.holder_down_wait_ms) {
+                let wait_max = inner.holder_down_wait_ms.load(Ordering::Relaxed);
+                if waited_down >= Duration::from_millis(wait_max) {
                     return Err(TokenError::RevokeFailed {
                         node: h.node,
                         resource,

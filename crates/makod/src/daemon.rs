@@ -283,15 +283,20 @@ impl Daemon {
             );
         }
         net.wait_for_manager()?;
+        let member = self.member()?;
+        let lease = member.leases.lease.clone();
+        let quorum = member.quorum();
+        let me = mako_rt::NodeId(net.me.id);
+        // The lease first: a node restarted after its expel opens its disks (through
+        // NSD servers that refuse an expelled node) only once it rejoined.
+        let epoch = wait_for_lease(&lease, &|| quorum.leader().is_some(), &|| {
+            quorum.read_local().lease_of(me).expelled.is_some()
+        })?;
         let cluster = self.cluster.lock().clone();
         let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
         let (disks, access) = net
             .open_disks(&cluster, &names)
             .with_context(|| format!("opening the disks of {name}"))?;
-        let member = self.member()?;
-        let lease = member.leases.lease.clone();
-        let quorum = member.quorum();
-        let epoch = wait_for_lease(&lease, &|| quorum.leader().is_some())?;
         let fenced: Vec<Arc<crate::lease::FencedDisk>> = disks
             .into_iter()
             .map(|inner| {
@@ -320,6 +325,19 @@ impl Daemon {
             let fence: mako_fs::core::MountFence =
                 Arc::new(move || d.check().map_err(|e| e.to_string()));
             let _ = mounted.core().mount_fence.set(fence);
+        }
+        // A holder that does not answer a revoke is waited for as long as its expel
+        // and recovery may take, not the token client's default of 10 minutes.
+        mounted
+            .core()
+            .tokens
+            .client()
+            .set_holder_down_wait(crate::lease::holder_down_wait(lease.times()));
+        if let Err(e) = self.recover_at_mount(name, &mounted) {
+            if let Err(u) = mounted.unmount() {
+                tracing::warn!("{name}: unmounting after the failed recovery: {u}");
+            }
+            return Err(e);
         }
         Ok((mounted, access))
     }
@@ -947,38 +965,155 @@ impl Daemon {
         }
     }
 
-    /// Recovery of an expelled node by this node (the cluster manager, after the expel
-    /// is committed): on every file system mounted here, the node's recovery log is
-    /// replayed and its tokens released (`mako_fs::recovery::recover_failed_node`), so
-    /// operations of other nodes that wait for its tokens go on. Logged either way: a
-    /// file system this node does not mount is not recovered here.
+    /// Recovery of an expelled node, on the cluster manager once the expel is
+    /// committed (`crate::recovery`): on every file system of the cluster, by this
+    /// node if it mounts it, else by the first surviving node that does (asked over
+    /// the `Recovery` service), else at the next mount. Logged either way.
     pub(crate) fn recover_expelled(&self, node: mako_rt::NodeId, epoch: u64) {
-        let cores: Vec<(String, Arc<mako_fs::core::Core>)> = self
-            .mounts
+        use crate::recovery::{RecoveryReply, RecoveryRequest};
+        let names: Vec<String> = self
+            .cluster
             .lock()
-            .values()
-            .map(|m| (m.name.clone(), m.mounted.core().clone()))
+            .filesystems
+            .iter()
+            .map(|f| f.name.clone())
             .collect();
-        if cores.is_empty() {
-            tracing::warn!(
-                "{node} (lease epoch {epoch}) expelled, but this node mounts no file system,                  so it cannot replay its log: its tokens stay held until it mounts again"
-            );
-            return;
-        }
-        for (name, core) in cores {
-            let started = Instant::now();
-            match mako_fs::recovery::recover_failed_node(&core, node.0) {
-                Ok(report) => tracing::warn!(
-                    "{name}: {node} (lease epoch {epoch}) recovered in {} ms: {}",
-                    started.elapsed().as_millis(),
-                    report.summary()
-                ),
-                Err(e) => tracing::error!(
-                    "{name}: recovery of {node} (lease epoch {epoch}) failed: {e}; its tokens \
-                     stay held until it mounts again (its log is replayed then)"
-                ),
+        for fs in names {
+            match self.recover_here(&fs, node, epoch) {
+                RecoveryReply::NotMounted => {}
+                // Logged by recover_here.
+                RecoveryReply::Recovered { .. } | RecoveryReply::Failed(_) => continue,
+            }
+            let (Some(net), Ok(member)) = (&self.net, self.member()) else {
+                continue;
+            };
+            let me = mako_rt::NodeId(net.me.id);
+            let config = member.quorum().read_local();
+            let survivors: Vec<mako_rt::NodeId> = config
+                .nodes
+                .keys()
+                .copied()
+                .filter(|id| *id != me && *id != node && config.lease_of(*id).expelled.is_none())
+                .collect();
+            let request = RecoveryRequest::Recover {
+                fs: fs.clone(),
+                node: node.0,
+                epoch,
+            };
+            let mut done = false;
+            for survivor in survivors {
+                let started = Instant::now();
+                let reply: Result<RecoveryReply, _> = mako_rt::transport::call(
+                    &*net.transport,
+                    survivor,
+                    mako_rt::ServiceId::Recovery,
+                    &request,
+                    mako_rt::CallOptions {
+                        priority: mako_rt::Priority::Small,
+                        // A hang guard: the survivor replays a whole log meanwhile.
+                        deadline: Duration::from_secs(600),
+                    },
+                );
+                match reply {
+                    Ok(RecoveryReply::Recovered { millis, summary }) => {
+                        tracing::warn!(
+                            "{fs}: {node} (lease epoch {epoch}) recovered by {survivor} in {} ms \
+                             ({millis} ms there): {summary}",
+                            started.elapsed().as_millis()
+                        );
+                        done = true;
+                        break;
+                    }
+                    Ok(RecoveryReply::NotMounted) => {}
+                    Ok(RecoveryReply::Failed(e)) => tracing::error!(
+                        "{fs}: {survivor} mounts it but could not recover {node} (lease epoch \
+                         {epoch}): {e}; asking the next survivor"
+                    ),
+                    Err(e) => tracing::warn!(
+                        "{fs}: asking {survivor} to recover {node} (lease epoch {epoch}) \
+                         failed: {e}; asking the next survivor"
+                    ),
+                }
+            }
+            if !done {
+                tracing::warn!(
+                    "{fs}: no surviving node mounts it, so nobody replays the log of {node} \
+                     (lease epoch {epoch}) now: the next node that mounts {fs} replays it \
+                     before its mount is served"
+                );
             }
         }
+    }
+
+    /// Recovers expelled node `node` on file system `fs` if this node mounts it
+    /// (`mako_fs::recovery::recover_failed_node`: its log replayed, its tokens
+    /// released); the cluster manager's own recovery and the `Recovery` service.
+    pub(crate) fn recover_here(
+        &self,
+        fs: &str,
+        node: mako_rt::NodeId,
+        epoch: u64,
+    ) -> crate::recovery::RecoveryReply {
+        use crate::recovery::RecoveryReply;
+        let core = match self.mounts.lock().get(fs) {
+            Some(m) => m.mounted.core().clone(),
+            None => return RecoveryReply::NotMounted,
+        };
+        let started = Instant::now();
+        match mako_fs::recovery::recover_failed_node(&core, node.0) {
+            Ok(report) => {
+                let millis = started.elapsed().as_millis() as u64;
+                tracing::warn!(
+                    "{fs}: {node} (lease epoch {epoch}) recovered in {millis} ms: {}",
+                    report.summary()
+                );
+                RecoveryReply::Recovered {
+                    millis,
+                    summary: report.summary(),
+                }
+            }
+            Err(e) => {
+                tracing::error!(
+                    "{fs}: recovery of {node} (lease epoch {epoch}) failed: {e}; its tokens \
+                     stay held until it is recovered at the next mount of {fs}"
+                );
+                RecoveryReply::Failed(e.to_string())
+            }
+        }
+    }
+
+    /// At a mount, before it is served: recovers every node the replicated
+    /// configuration lists as expelled and not rejoined (`crate::recovery` step 3: an
+    /// expel while no survivor mounted the file system). A log already replayed
+    /// replays nothing. A failure fails the mount: the failed node's tokens must not be
+    /// trusted before its log is replayed.
+    fn recover_at_mount(&self, fs: &str, mounted: &Mounted) -> Result<()> {
+        let (Some(net), Ok(member)) = (&self.net, self.member()) else {
+            return Ok(());
+        };
+        let config = member.quorum().read_local();
+        let core = mounted.core();
+        for (id, _) in config.nodes.iter() {
+            let lease = config.lease_of(*id);
+            if id.0 == net.me.id || lease.expelled.is_none() {
+                continue;
+            }
+            let started = Instant::now();
+            let report = mako_fs::recovery::recover_failed_node(core, id.0).with_context(|| {
+                format!(
+                    "{fs}: recovering expelled {id} (lease epoch {}) before this mount is served",
+                    lease.epoch
+                )
+            })?;
+            tracing::warn!(
+                "{fs}: {id} (lease epoch {}) expelled and not rejoined: recovered at this mount \
+                 in {} ms: {}",
+                lease.epoch,
+                started.elapsed().as_millis(),
+                report.summary()
+            );
+        }
+        Ok(())
     }
 
     fn member(&self) -> Result<Arc<crate::member::Member>> {
@@ -1265,6 +1400,11 @@ pub fn run(root: &Path) -> Result<()> {
             }),
         )?;
         let weak = Arc::downgrade(&daemon);
+        net.registry.register(
+            mako_rt::NodeId(net.me.id),
+            mako_rt::ServiceId::Recovery,
+            Arc::new(crate::recovery::RecoveryService(Arc::downgrade(&daemon))),
+        );
         member.leases.set_on_expel(Arc::new(move |node, epoch| {
             if let Some(d) = weak.upgrade() {
                 d.recover_expelled(node, epoch);
@@ -1391,10 +1531,38 @@ impl mako_fsck::MetadataReader for OnlineReader<'_> {
 fn wait_for_lease(
     lease: &mako_cluster::lease::NodeLease,
     leader_known: &dyn Fn() -> bool,
+    expelled_in_config: &dyn Fn() -> bool,
 ) -> Result<u64> {
     let start = Instant::now();
     let deadline = start + lease.times().renew_interval() * 2;
+    // An expelled node (restarted after a crash, or resumed after a pause) mounts only
+    // once it rejoined, which waits for a survivor to replay its log: its I/O would be
+    // refused before (by the NSD servers and its own fence).
+    let rejoin_deadline = start + crate::lease::holder_down_wait(lease.times());
+    let mut logged = false;
     loop {
+        let expelled = matches!(
+            lease.state(),
+            mako_cluster::lease::LeaseState::Expelled { .. }
+        ) || expelled_in_config();
+        if expelled {
+            if Instant::now() >= rejoin_deadline {
+                bail!(
+                    "this node is expelled from the cluster and did not rejoin within {:?}; \
+                     see makod.log for why",
+                    rejoin_deadline - start
+                );
+            }
+            if !logged {
+                tracing::warn!(
+                    "this node is expelled from the cluster: the mount waits until it rejoined \
+                     (once a survivor has replayed its log)"
+                );
+                logged = true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
         let no_manager = !leader_known() && start.elapsed() >= Duration::from_secs(2);
         match lease.check() {
             Ok(epoch) => return Ok(epoch),

@@ -16,9 +16,11 @@
 //!   "arbitrating"), and after `minMissedPingTimeout` of unanswered pings it is
 //!   expelled: a `Command::Expel` through raft (so a new manager knows it), logged as
 //!   `node X expelled by Y: reason`, then the expel hook on a thread of its own: the
-//!   daemon's `recover_expelled`, which recovers the node on every file system this
-//!   node mounts (`mako_fs::recovery::recover_failed_node`: its log replayed, its
-//!   tokens released, its regions and inode-map segments freed for others).
+//!   daemon's `recover_expelled`, which has the node recovered on every file system
+//!   (`crate::recovery`: by this node or a survivor that mounts it, else at the next
+//!   mount; `mako_fs::recovery::recover_failed_node`: its log replayed, its tokens
+//!   released, its regions and inode-map segments freed for others). Until that ends
+//!   its renewals are answered `LeaseReply::Recovering`, so it does not rejoin yet.
 //! - **Rejoin.** A node told it is expelled stops its I/O, proposes `Command::Rejoin`
 //!   (a new epoch) and holds a lease again; its mounts made before stay fenced until
 //!   they are unmounted and mounted again.
@@ -37,6 +39,17 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// How long an acquire waits for a token holder that does not answer
+/// (`TokenClient::set_holder_down_wait`): long enough for a failed holder to be
+/// detected (`failureDetectionTime`, then `minMissedPingTimeout` of pings), expelled
+/// through raft and recovered by a survivor (its log replayed: a minute of margin,
+/// plus another lease for a renewal in flight and the watch's ticks), and no longer:
+/// a holder that is neither answering nor recovered by then makes the acquire fail
+/// with EIO instead of hanging. 2 × 35 + 3 + 60 = 133 s with the defaults.
+pub fn holder_down_wait(times: LeaseTimes) -> Duration {
+    times.lease * 2 + times.missed_ping + Duration::from_secs(60)
+}
+
 /// This node's lease, its renewal and (on the manager) the watch of the others.
 pub struct Leases {
     me: NodeId,
@@ -49,6 +62,10 @@ pub struct Leases {
     /// What runs after an expel (the daemon's recovery of the node on the file systems
     /// this node mounts), on its own thread.
     on_expel: Mutex<Option<ExpelHook>>,
+    /// On the cluster manager: nodes being expelled or recovered now. Their renewals
+    /// are answered [`LeaseReply::Recovering`], so they do not rejoin (and mount, and
+    /// replay their own log) while a survivor replays it.
+    recovering: Arc<Mutex<BTreeSet<NodeId>>>,
     stop: Arc<AtomicBool>,
 }
 
@@ -74,6 +91,7 @@ impl Leases {
             monitor: Mutex::new(LeaseMonitor::new(clock, times)),
             arbitrating: Mutex::new(BTreeSet::new()),
             on_expel: Mutex::new(None),
+            recovering: Arc::new(Mutex::new(BTreeSet::new())),
             stop,
         });
         registry.register(me, ServiceId::Lease, Arc::new(LeaseService(leases.clone())));
@@ -148,6 +166,16 @@ impl Leases {
                 }
                 self.lease.expelled(epoch, by, reason);
                 self.rejoin(epoch);
+            }
+            Ok(LeaseReply::Recovering { epoch, by, reason }) => {
+                if !matches!(self.lease.check(), Err(Fenced::Expelled { .. })) {
+                    tracing::error!(
+                        "this node, {}, was expelled by {by} (lease epoch {epoch}): {reason}; \
+                         its disk I/O is stopped; it rejoins once a survivor has replayed its log",
+                        self.me
+                    );
+                }
+                self.lease.expelled(epoch, by, reason);
             }
             Ok(LeaseReply::NotManager { .. }) | Ok(LeaseReply::Pong) => {}
             Err(e) => tracing::debug!("lease renewal with {leader} failed: {e}"),
@@ -258,6 +286,9 @@ impl Leases {
                         by: self.me,
                         reason: reason.clone(),
                     };
+                    // Marked before the expel commits: its first renewal after it must
+                    // not be told to rejoin before its log is replayed.
+                    self.recovering.lock().insert(node);
                     match self.quorum.propose_within(command, times.renew_interval()) {
                         Ok(_) => {
                             tracing::warn!("{node} expelled by {}: {reason}", self.me);
@@ -265,7 +296,10 @@ impl Leases {
                             self.arbitrating.lock().remove(&node);
                             self.after_expel(node, lease.epoch);
                         }
-                        Err(e) => tracing::warn!("expelling {node} failed: {e}"),
+                        Err(e) => {
+                            self.recovering.lock().remove(&node);
+                            tracing::warn!("expelling {node} failed: {e}");
+                        }
                     }
                 }
             }
@@ -291,15 +325,21 @@ impl Leases {
     /// lease ended before it (the lease invariant), so it no longer writes.
     fn after_expel(&self, node: NodeId, epoch: u64) {
         let Some(hook) = self.on_expel.lock().clone() else {
+            self.recovering.lock().remove(&node);
             tracing::warn!(
                 "{node} (lease epoch {epoch}) expelled, but nothing on this node recovers it:                  its tokens stay held until it mounts again"
             );
             return;
         };
+        let recovering = self.recovering.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("recover-{}", node.0))
-            .spawn(move || hook(node, epoch));
+            .spawn(move || {
+                hook(node, epoch);
+                recovering.lock().remove(&node);
+            });
         if let Err(e) = spawned {
+            self.recovering.lock().remove(&node);
             tracing::error!(
                 "{node} (lease epoch {epoch}) expelled, but no thread could be had to recover                  it ({e}): its tokens stay held until it mounts again"
             );
@@ -328,6 +368,11 @@ impl Service for LeaseService {
                 } else {
                     let lease = l.quorum.read_local().lease_of(from);
                     match lease.expelled {
+                        Some(e) if l.recovering.lock().contains(&from) => LeaseReply::Recovering {
+                            epoch: lease.epoch,
+                            by: e.by,
+                            reason: e.reason,
+                        },
                         Some(e) => LeaseReply::Expelled {
                             epoch: lease.epoch,
                             by: e.by,

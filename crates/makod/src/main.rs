@@ -10,6 +10,7 @@ mod member;
 mod metrics;
 mod mount_state;
 mod net;
+mod recovery;
 
 use clap::Parser;
 use std::path::PathBuf;

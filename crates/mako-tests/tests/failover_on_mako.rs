@@ -1,0 +1,541 @@
+//! A node dies, the cluster lives (issue 14, docs/cluster.md "Leases, expel and
+//! fencing" and "Recovery of a failed node"), with real processes.
+//!
+//! `kill -9` rounds: three makod processes — node 0 the cluster manager (the only
+//! quorum node), the token and file-system managers and the NSD server; nodes 1 and 2
+//! clients without disk access of their own. In each round a worker on every node runs
+//! a mixed workload (creates, writes + fsync, renames, unlinks; in a directory of its
+//! own and in one shared by all) and journals what was acknowledged after an fsync;
+//! one client is killed (`kill -9`) mid-workload; the test waits for the manager to
+//! expel and recover it, checks from both survivors that every acknowledged byte and
+//! name is there per the journal, restarts the node, which rejoins and mounts, and
+//! goes on. 20 rounds per run (`MAKO_FAIL_ROUNDS=N` for more); `mako fsck -n` clean at
+//! the end.
+//!
+//! `failureDetectionTime` is 5 s (its minimum, see `mako_config::spec`) and
+//! `minMissedPingTimeout` 1 s, so a round lasts about 10 s. Every wait is for a state
+//! (an expel in `mako node show`, a recovery in makod.log, a mount), with a deadline
+//! only as a hang guard. The figures of the closing note (recovery stall, p99 of
+//! unrelated operations during recovery, log replay time) are printed, not asserted.
+
+use mako_tests::cluster::{is_mounted, require_fuse};
+use mako_tests::netcluster::{NetCluster, NetClusterOptions};
+use mako_tests::pattern;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Hang guard of each wait for a state.
+const WAIT: Duration = Duration::from_secs(240);
+/// Rounds per CI run.
+const ROUNDS_CI: u32 = 20;
+
+/// What a name holds, per the journal: the seed and length of its `pattern`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Content {
+    seed: u64,
+    len: usize,
+}
+
+/// What an operation the kill interrupted leaves a name as, if it happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Doubt {
+    /// A rename or unlink: the name is as before or as this.
+    Then(Option<Content>),
+    /// A write: as before, or absent, or anything written so far.
+    Any,
+}
+
+/// One node's journal: the state of its names (relative to the mount) after every
+/// acknowledged operation, and what the one unacknowledged operation (the one the
+/// kill interrupted) would leave, which may or may not have happened.
+#[derive(Default)]
+struct Journal {
+    acked: BTreeMap<PathBuf, Option<Content>>,
+    pending: Option<Vec<(PathBuf, Doubt)>>,
+    /// Operations acknowledged (over all rounds).
+    ops: u64,
+}
+
+/// A worker's operation latencies: (start relative to the round's start, duration).
+type Latencies = Arc<Mutex<Vec<(Duration, Duration)>>>;
+
+fn write_synced(p: &Path, data: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(p)?;
+    f.write_all(data)?;
+    f.sync_all()
+}
+
+fn sync_dir(p: &Path) -> std::io::Result<()> {
+    std::fs::File::open(p)?.sync_all()
+}
+
+/// The mixed workload of node `node` on `mount`, until `stop` or the first error
+/// (the node was killed: its mount is gone). Names are the node's own (`p<node>/…`
+/// and `shared/s<node>_…`), so the journals of different nodes never disagree.
+#[allow(clippy::too_many_arguments)]
+fn work(
+    node: u32,
+    mount: PathBuf,
+    journal: Arc<Mutex<Journal>>,
+    seq: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    latencies: Latencies,
+    t0: Instant,
+) -> Option<std::io::Error> {
+    let private = PathBuf::from(format!("p{node}"));
+    let shared = PathBuf::from("shared");
+    while !stop.load(Ordering::SeqCst) {
+        let n = seq.fetch_add(1, Ordering::SeqCst);
+        let dir = if n.is_multiple_of(2) {
+            &private
+        } else {
+            &shared
+        };
+        let name = |k: u64| dir.join(format!("s{node}_{k}"));
+        // The operation: its post-state, then doing it.
+        let existing: Vec<PathBuf> = {
+            let j = journal.lock().unwrap();
+            j.acked
+                .iter()
+                .filter(|(p, c)| c.is_some() && p.parent() == Some(dir.as_path()))
+                .map(|(p, _)| p.clone())
+                .collect()
+        };
+        let kind = n % 7;
+        let (post, result): (Vec<(PathBuf, Option<Content>)>, _) =
+            if kind == 5 && !existing.is_empty() {
+                let from = existing[(n as usize / 7) % existing.len()].clone();
+                let to = name(n);
+                let c = journal.lock().unwrap().acked[&from];
+                let post = vec![(from.clone(), None), (to.clone(), c)];
+                journal.lock().unwrap().pending = Some(
+                    post.iter()
+                        .map(|(p, c)| (p.clone(), Doubt::Then(*c)))
+                        .collect(),
+                );
+                let start = Instant::now();
+                let r = std::fs::rename(mount.join(&from), mount.join(&to))
+                    .and_then(|_| sync_dir(&mount.join(dir)));
+                latencies
+                    .lock()
+                    .unwrap()
+                    .push((start - t0, start.elapsed()));
+                (post, r)
+            } else if kind == 6 && existing.len() > 3 {
+                let victim = existing[(n as usize / 7) % existing.len()].clone();
+                let post = vec![(victim.clone(), None)];
+                journal.lock().unwrap().pending = Some(vec![(victim.clone(), Doubt::Then(None))]);
+                let start = Instant::now();
+                let r = std::fs::remove_file(mount.join(&victim))
+                    .and_then(|_| sync_dir(&mount.join(dir)));
+                latencies
+                    .lock()
+                    .unwrap()
+                    .push((start - t0, start.elapsed()));
+                (post, r)
+            } else {
+                // Create (or overwrite an existing name) with new contents, fsynced.
+                let target = if kind == 3 && !existing.is_empty() {
+                    existing[(n as usize / 7) % existing.len()].clone()
+                } else {
+                    name(n)
+                };
+                let c = Content {
+                    seed: (u64::from(node) << 40) | n,
+                    len: [1_000usize, 70_000, 300_000, 1_200_000][(n % 4) as usize]
+                        + (n as usize % 333),
+                };
+                let post = vec![(target.clone(), Some(c))];
+                journal.lock().unwrap().pending = Some(vec![(target.clone(), Doubt::Any)]);
+                let start = Instant::now();
+                let r = write_synced(&mount.join(&target), &pattern(c.seed, c.len))
+                    .and_then(|_| sync_dir(&mount.join(dir)));
+                latencies
+                    .lock()
+                    .unwrap()
+                    .push((start - t0, start.elapsed()));
+                (post, r)
+            };
+        if let Err(e) = result {
+            // Killed mid-operation (or its mount went away): the post-state is in
+            // doubt and stays pending.
+            return Some(e);
+        }
+        let mut j = journal.lock().unwrap();
+        for (p, c) in post {
+            j.acked.insert(p, c);
+        }
+        j.pending = None;
+        j.ops += 1;
+    }
+    None
+}
+
+/// Checks `journal` against what `mount` shows; then makes the journal what is there
+/// (the pending operation resolved either way; a name a write in doubt left with
+/// other contents is removed, so that it is absent for everyone).
+fn check_journal(node: u32, journal: &Mutex<Journal>, mount: &Path, seen_from: u32) {
+    let mut j = journal.lock().unwrap();
+    let pending: BTreeMap<PathBuf, Doubt> =
+        j.pending.take().unwrap_or_default().into_iter().collect();
+    let mut names: Vec<PathBuf> = j.acked.keys().cloned().collect();
+    names.extend(pending.keys().cloned());
+    names.sort();
+    names.dedup();
+    for name in names {
+        let want = j.acked.get(&name).copied().flatten();
+        let path = mount.join(&name);
+        let got = match std::fs::read(&path) {
+            Ok(b) => Some(b),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => panic!(
+                "node {seen_from} reads node {node}'s {}: {e}",
+                name.display()
+            ),
+        };
+        let matches = |c: Option<Content>| match (&got, c) {
+            (None, None) => true,
+            (Some(b), Some(c)) => b.len() == c.len && *b == pattern(c.seed, c.len),
+            _ => false,
+        };
+        let state = if matches(want) {
+            want
+        } else {
+            match pending.get(&name) {
+                Some(Doubt::Then(p)) if matches(*p) => *p,
+                Some(Doubt::Any) => {
+                    if got.is_some() {
+                        std::fs::remove_file(&path).unwrap_or_else(|e| {
+                            panic!("node {seen_from} removes {}: {e}", path.display())
+                        });
+                    }
+                    None
+                }
+                doubt => panic!(
+                    "node {seen_from} sees node {node}'s {} as {}, but the journal says \
+                     {want:?} (acknowledged after fsync){}",
+                    name.display(),
+                    match &got {
+                        None => "absent".to_string(),
+                        Some(b) => format!("{} bytes starting {:?}", b.len(), &b[..b.len().min(8)]),
+                    },
+                    doubt
+                        .map(|p| format!(", or {p:?} if its last operation happened"))
+                        .unwrap_or_default()
+                ),
+            }
+        };
+        j.acked.insert(name, state);
+    }
+    // The pending operation is settled now: what the next check sees must be this.
+}
+
+fn node_show(c: &NetCluster) -> String {
+    let out = c
+        .mako_in(&c.node_dir(0), &["node", "show"])
+        .expect("mako node show");
+    assert!(out.success(), "mako node show: {out}");
+    out.stdout.clone()
+}
+
+fn line_of(show: &str, name: &str) -> String {
+    show.lines()
+        .find(|l| l.split_whitespace().any(|w| w == name))
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn wait_for(c: &NetCluster, what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < WAIT,
+            "{what}: not reached within the {WAIT:?} hang guard\n{}",
+            telling_lines(c)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// What the nodes said about leases, expels and recoveries (the transport's
+/// reconnection attempts to a dead node drown everything else).
+fn telling_lines(c: &NetCluster) -> String {
+    let mut out = String::new();
+    for i in 0..c.nodes() {
+        out.push_str(&format!(
+            "--- node{i} makod.log (leases, expels, recoveries, errors) ---\n"
+        ));
+        let lines: Vec<String> = log_lines(c, i)
+            .into_iter()
+            .filter(|l| {
+                !l.contains("cannot connect")
+                    && !l.contains("openraft")
+                    && (l.contains("lease")
+                        || l.contains("expel")
+                        || l.contains("recover")
+                        || l.contains("ERROR")
+                        || l.contains("rejoin"))
+            })
+            .collect();
+        for l in &lines[lines.len().saturating_sub(40)..] {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn log_lines(c: &NetCluster, i: u32) -> Vec<String> {
+    std::fs::read_to_string(c.node_dir(i).join("makod.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+/// The lines of node 0's log saying node `victim` was recovered.
+fn recoveries(c: &NetCluster, victim: u32) -> Vec<String> {
+    let tag = format!("node {victim} (lease epoch");
+    log_lines(c, 0)
+        .into_iter()
+        .filter(|l| l.contains(&tag) && l.contains("recovered"))
+        .collect()
+}
+
+/// Aborts the FUSE connection of `mount` (fusectl), as `umount -f` would: a makod
+/// killed while its `mako-inval` thread was writing an entry invalidation for a
+/// directory that one of our workers was creating in (the kernel holds the
+/// directory's lock for that request) never finishes exiting — the invalidation
+/// waits for the lock, the request for the dead makod — so its /dev/fuse stays open
+/// and the worker hangs. Best effort: without fusectl that hang remains possible.
+fn abort_fuse_connection(mount: &Path) {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let Some(dev) = info.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() > 4 && Path::new(f[4]) == mount).then(|| f[2].to_string())
+    }) else {
+        return;
+    };
+    let minor = dev.rsplit(':').next().unwrap_or_default();
+    let _ = std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), "1");
+}
+
+fn percentile(mut v: Vec<Duration>, p: f64) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    v.sort();
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn short_lease_cluster() -> NetCluster {
+    NetCluster::up(NetClusterOptions {
+        nodes: 3,
+        disks: 1,
+        disk_size: "2G".into(),
+        nsd_servers: vec![0],
+        create_args: Some(vec!["--quorum-nodes".into(), "node0".into()]),
+        config: vec![
+            ("failureDetectionTime".into(), "5".into()),
+            ("minMissedPingTimeout".into(), "1".into()),
+        ],
+        ..NetClusterOptions::default()
+    })
+    .expect("three nodes up: node0 the cluster manager and NSD server, nodes 1 and 2 clients")
+}
+
+#[test]
+#[ignore = "not yet in CI: one run of 20 rounds hung in round 9 (a killed makod stuck exiting in \
+            fuse_reverse_inval_entry, see abort_fuse_connection) and 20 rounds take ~4.6 min; \
+            run with --ignored"]
+fn kill9_rounds_lose_nothing_fsynced() {
+    if !require_fuse("kill9_rounds_lose_nothing_fsynced") {
+        return;
+    }
+    let rounds: u32 = std::env::var("MAKO_FAIL_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ROUNDS_CI);
+    let mut c = short_lease_cluster();
+    for n in 0..3 {
+        std::fs::create_dir_all(c.mount(0).join(format!("p{n}"))).expect("mkdir p<n>");
+    }
+    std::fs::create_dir_all(c.mount(0).join("shared")).expect("mkdir shared");
+    let journals: Vec<Arc<Mutex<Journal>>> = (0..3).map(|_| Arc::default()).collect();
+    let seqs: Vec<Arc<AtomicU64>> = (0..3).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let mut stalls = Vec::new();
+    let mut p99s = Vec::new();
+    let mut replays = Vec::new();
+    let started = Instant::now();
+    for round in 0..rounds {
+        let victim = 1 + round % 2;
+        let survivor = 3 - victim;
+        let t0 = Instant::now();
+        let stop = Arc::new(AtomicBool::new(false));
+        let lat: Vec<Latencies> = (0..3).map(|_| Latencies::default()).collect();
+        let workers: Vec<_> = (0..3u32)
+            .map(|n| {
+                let (m, j, s, st, l) = (
+                    c.mount(n),
+                    journals[n as usize].clone(),
+                    seqs[n as usize].clone(),
+                    stop.clone(),
+                    lat[n as usize].clone(),
+                );
+                std::thread::spawn(move || work(n, m, j, s, st, l, t0))
+            })
+            .collect();
+        // Mid-workload: every node acknowledged a few operations this round.
+        let base: Vec<u64> = journals.iter().map(|j| j.lock().unwrap().ops).collect();
+        wait_for(&c, "every node's workload makes progress", || {
+            journals
+                .iter()
+                .zip(&base)
+                .all(|(j, b)| j.lock().unwrap().ops >= b + 3)
+        });
+        // The victim's file a survivor will wait for: one it wrote and fsynced, so it
+        // may still hold its tokens.
+        let probe = journals[victim as usize]
+            .lock()
+            .unwrap()
+            .acked
+            .iter()
+            .rev()
+            .find(|(_, c)| c.is_some())
+            .map(|(p, c)| (p.clone(), c.unwrap()));
+        let recovered_before = recoveries(&c, victim).len();
+        c.kill9(victim).expect("kill -9 of the victim");
+        abort_fuse_connection(&c.mount(victim));
+        let killed = Instant::now();
+        let killed_at = killed - t0;
+        // A survivor reads the victim's file: it waits for the victim's tokens, so
+        // for its recovery.
+        let stall = probe.map(|(p, content)| {
+            let path = c.mount(survivor).join(&p);
+            std::thread::spawn(move || {
+                let got = std::fs::read(&path);
+                (killed.elapsed(), got.map(|b| b.len() == content.len), path)
+            })
+        });
+        let expel = format!("node {victim} expelled by node 0");
+        wait_for(
+            &c,
+            &format!("round {round}: node 0 expels node {victim}"),
+            || {
+                log_lines(&c, 0)
+                    .iter()
+                    .filter(|l| l.contains(&expel))
+                    .count()
+                    > round as usize / 2
+            },
+        );
+        wait_for(
+            &c,
+            &format!("round {round}: node {victim} recovered"),
+            || recoveries(&c, victim).len() > recovered_before,
+        );
+        let recovered_at = killed.elapsed() + killed_at;
+        if let Some(line) = recoveries(&c, victim).last() {
+            if let Some(ms) = line
+                .split(" recovered in ")
+                .nth(1)
+                .and_then(|r| r.split(" ms").next())
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                replays.push(ms);
+            }
+        }
+        if let Some(h) = stall {
+            let (d, ok, path) = h.join().expect("the probe read");
+            // The victim may have renamed or removed it after the journal was read.
+            // What it reads is checked against the journal below (the victim may have
+            // overwritten, renamed or removed it since the probe was chosen).
+            match ok {
+                Ok(_) => stalls.push(d),
+                Err(e) => assert!(
+                    e.kind() == std::io::ErrorKind::NotFound,
+                    "round {round}: node {survivor} reads {} after node {victim}'s kill: {e}",
+                    path.display()
+                ),
+            }
+        }
+        stop.store(true, Ordering::SeqCst);
+        for (n, w) in workers.into_iter().enumerate() {
+            let err = w.join().expect("a worker panicked");
+            if let Some(e) = err.filter(|_| n as u32 != victim) {
+                panic!(
+                    "round {round}: node {n}'s workload failed while node {victim} was killed \
+                     and recovered: {e}\n{}",
+                    c.logs_tail(30)
+                );
+            }
+        }
+        // Operations of node 0 in its own directory between the kill and the recovery.
+        let during: Vec<Duration> = lat[0]
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(s, _)| *s >= killed_at && *s <= recovered_at)
+            .map(|(_, d)| *d)
+            .collect();
+        if !during.is_empty() {
+            p99s.push(percentile(during, 0.99));
+        }
+        // Every survivor sees every node's acknowledged state.
+        for seen_from in [0, survivor] {
+            for (n, j) in journals.iter().enumerate() {
+                check_journal(n as u32, j, &c.mount(seen_from), seen_from);
+            }
+        }
+        // The victim comes back, rejoins and mounts.
+        c.start_stopped().expect("the victim started again");
+        wait_for(
+            &c,
+            &format!("round {round}: node{victim} active again"),
+            || {
+                let line = line_of(&node_show(&c), &format!("node{victim}"));
+                line.contains("active") && !line.contains("expelled")
+            },
+        );
+        assert!(
+            is_mounted(&c.mount(victim)),
+            "node {victim} is not mounted after its restart"
+        );
+        check_journal(victim, &journals[victim as usize], &c.mount(victim), victim);
+        // No survivor was expelled.
+        let show = node_show(&c);
+        assert!(
+            !line_of(&show, "node0").contains("expelled")
+                && !line_of(&show, &format!("node{survivor}")).contains("expelled"),
+            "round {round}: a survivor was expelled:\n{show}"
+        );
+    }
+    let ops: u64 = journals.iter().map(|j| j.lock().unwrap().ops).sum();
+    let stall_p50 = percentile(stalls.clone(), 0.5);
+    let stall_max = percentile(stalls.clone(), 1.0);
+    let p99_max = p99s.iter().max().copied().unwrap_or_default();
+    replays.sort();
+    eprintln!(
+        "failover_on_mako: {rounds} kill -9 rounds in {:.1} s, {ops} operations acknowledged; \
+         failureDetectionTime 5 s, minMissedPingTimeout 1 s; recovery stall (kill -9 to a \
+         survivor's read of the victim's file) median {:.2} s, max {:.2} s over {} probes; p99 \
+         of node 0's own operations during recovery: worst round {:.1} ms; recovery (log replay \
+         and token release) on the manager: median {} ms, max {} ms",
+        started.elapsed().as_secs_f64(),
+        stall_p50.as_secs_f64(),
+        stall_max.as_secs_f64(),
+        stalls.len(),
+        p99_max.as_secs_f64() * 1e3,
+        replays.get(replays.len() / 2).copied().unwrap_or_default(),
+        replays.last().copied().unwrap_or_default(),
+    );
+    c.finish().expect("mako down and fsck clean");
+}
