@@ -8,8 +8,8 @@
 
 use crate::cluster::{Background, ClusterConfig, RecoveryFault, SimCluster, Thief};
 use crate::invariants::Checks;
-use crate::model::{nanos, Kind, Model, Window};
-use crate::ops::{self, show_outcome, Op, Outcome, Value};
+use crate::model::{nanos, Kind, MInode, Model, Window};
+use crate::ops::{self, show_outcome, Op, Outcome, Path, Value};
 use crate::sched::{Sim, SimConfig, SimReport};
 use crate::workload::{Planned, Workload};
 use crate::{NetStats, SimRng};
@@ -594,16 +594,7 @@ fn probe_zombie(
     let paths = model.all_paths();
     for _ in 0..3 {
         let (path, i) = &paths[rng.below(paths.len() as u64) as usize];
-        let m = model.get(*i);
-        let op = match m.kind {
-            Kind::Dir => Op::Readdir { path: path.clone() },
-            Kind::File => Op::Read {
-                path: path.clone(),
-                offset: 0,
-                len: m.size().max(1),
-            },
-            Kind::Symlink => Op::Readlink { path: path.clone() },
-        };
+        let op = read_whole(path, model.get(*i));
         for op in [op, Op::Stat { path: path.clone() }] {
             if op == (Op::Stat { path: Vec::new() }) {
                 continue;
@@ -741,22 +732,27 @@ fn steal(
     })
 }
 
+/// The operation that reads object `path` whole: a directory listed, a file read
+/// from 0 to its end, a symlink's target.
+fn read_whole(path: &Path, m: &MInode) -> Op {
+    match m.kind {
+        Kind::Dir => Op::Readdir { path: path.clone() },
+        Kind::File => Op::Read {
+            path: path.clone(),
+            offset: 0,
+            len: m.size().max(1),
+        },
+        Kind::Symlink => Op::Readlink { path: path.clone() },
+    }
+}
+
 /// Every node reads everything back: each directory listed, each name stat'ed, each
 /// file read whole. Only reads: they commute.
 fn read_back(model: &Model, nodes: u32) -> Vec<Planned> {
     let mut out = Vec::new();
     for node in 0..nodes {
         for (path, i) in model.all_paths() {
-            let m = model.get(i);
-            let op = match m.kind {
-                Kind::Dir => Op::Readdir { path: path.clone() },
-                Kind::File => Op::Read {
-                    path: path.clone(),
-                    offset: 0,
-                    len: m.size().max(1),
-                },
-                Kind::Symlink => Op::Readlink { path: path.clone() },
-            };
+            let op = read_whole(&path, model.get(i));
             out.push(Planned {
                 node,
                 op,
@@ -1201,6 +1197,26 @@ pub struct RunSummary {
 impl RunSummary {
     pub fn seeds_per_minute(&self) -> f64 {
         self.seeds as f64 * 60.0 / self.wall.as_secs_f64().max(1e-9)
+    }
+
+    /// Prints what test `test` of `tests/<file>.rs` ran (`what`: the seeds' kind, e.g.
+    /// "node(s) with a crash and a recovery each"), then panics with the first failure
+    /// and the command that replays its seed.
+    pub fn report(&self, file: &str, test: &str, nodes: u32, what: &str, ignored: bool) {
+        eprintln!(
+            "{test}: {} seeds of {nodes} {what}, {} operations, {:.1} s wall ({:.0} seeds/min), {:.2} s simulated",
+            self.seeds,
+            self.operations,
+            self.wall.as_secs_f64(),
+            self.seeds_per_minute(),
+            self.simulated.as_secs_f64()
+        );
+        if let Some(f) = self.failures.first() {
+            panic!(
+                "{f}\n\nreplay: {}",
+                replay_command_in(file, test, nodes, f.seed, ignored)
+            );
+        }
     }
 }
 

@@ -12,20 +12,7 @@ use mako_sim::{run_seed, SeedConfig};
 fn run(test: &str, plan: SeedPlan, ignored: bool) {
     let nodes = plan.nodes;
     let summary = run_seeds(&plan, true, |seed| SeedConfig::new(seed, nodes));
-    eprintln!(
-        "{test}: {} seeds of {nodes} node(s), {} operations, {:.1} s wall ({:.0} seeds/min), {:.2} s simulated",
-        summary.seeds,
-        summary.operations,
-        summary.wall.as_secs_f64(),
-        summary.seeds_per_minute(),
-        summary.simulated.as_secs_f64()
-    );
-    if let Some(f) = summary.failures.first() {
-        panic!(
-            "{f}\n\nreplay: {}",
-            replay_command(test, nodes, f.seed, ignored)
-        );
-    }
+    summary.report("cluster", test, nodes, "node(s)", ignored);
 }
 
 #[test]

@@ -19,7 +19,7 @@
 //! prints the command that replays it.
 
 use mako_cluster::lease::LeaseTimes;
-use mako_sim::runner::{replay_command_in, run_seeds, CrashPlan, FaultKind, SeedPlan};
+use mako_sim::runner::{run_seeds, CrashPlan, FaultKind, SeedPlan};
 use mako_sim::{run_seed, SeedConfig};
 use std::time::Duration;
 
@@ -55,20 +55,13 @@ fn config(seed: u64, nodes: u32, kinds: &[FaultKind], fence: bool) -> SeedConfig
 fn run(test: &str, plan: SeedPlan, kinds: &[FaultKind]) {
     let nodes = plan.nodes;
     let summary = run_seeds(&plan, true, |seed| config(seed, nodes, kinds, true));
-    eprintln!(
-        "{test}: {} seeds of {nodes} nodes with a {kinds:?} fault each, {} operations, {:.1} s wall ({:.0} seeds/min), {:.2} s simulated",
-        summary.seeds,
-        summary.operations,
-        summary.wall.as_secs_f64(),
-        summary.seeds_per_minute(),
-        summary.simulated.as_secs_f64()
+    summary.report(
+        "faults",
+        test,
+        nodes,
+        &format!("nodes with a {kinds:?} fault each"),
+        false,
     );
-    if let Some(f) = summary.failures.first() {
-        panic!(
-            "{f}\n\nreplay: {}",
-            replay_command_in("faults", test, nodes, f.seed, false)
-        );
-    }
     assert_eq!(summary.seeds, plan.count, "every seed ran");
 }
 

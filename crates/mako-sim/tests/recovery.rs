@@ -16,7 +16,7 @@
 //! failing seed prints the command that replays it.
 
 use mako_sim::cluster::RecoveryFault;
-use mako_sim::runner::{replay_command_in, run_seeds, SeedPlan};
+use mako_sim::runner::{run_seeds, SeedPlan};
 use mako_sim::{run_seed, SeedConfig, SeedFailure};
 
 /// Steps per seed (the setup and the final read-back come on top).
@@ -37,20 +37,13 @@ fn config(seed: u64, nodes: u32, fault: RecoveryFault) -> SeedConfig {
 fn run(test: &str, plan: SeedPlan) {
     let nodes = plan.nodes;
     let summary = run_seeds(&plan, true, |seed| config(seed, nodes, RecoveryFault::None));
-    eprintln!(
-        "{test}: {} seeds of {nodes} nodes with a crash and a recovery each, {} operations, {:.1} s wall ({:.0} seeds/min), {:.2} s simulated",
-        summary.seeds,
-        summary.operations,
-        summary.wall.as_secs_f64(),
-        summary.seeds_per_minute(),
-        summary.simulated.as_secs_f64()
+    summary.report(
+        "recovery",
+        test,
+        nodes,
+        "nodes with a crash and a recovery each",
+        false,
     );
-    if let Some(f) = summary.failures.first() {
-        panic!(
-            "{f}\n\nreplay: {}",
-            replay_command_in("recovery", test, nodes, f.seed, false)
-        );
-    }
     assert_eq!(summary.seeds, plan.count, "every seed ran");
 }
 

@@ -170,6 +170,15 @@ impl NetCluster {
         Ok(c)
     }
 
+    /// `mako node show`, asked through node 0's data directory (panics if it fails).
+    pub fn node_show(&self) -> String {
+        let out = self
+            .mako_in(&self.node_dir(0), &["node", "show"])
+            .expect("mako node show");
+        assert!(out.success(), "mako node show: {out}");
+        out.stdout.clone()
+    }
+
     /// Node `i`'s mount point.
     pub fn mount(&self, i: u32) -> PathBuf {
         self.root_path.join(format!("fs.node{i}"))
@@ -403,4 +412,12 @@ impl Drop for NetCluster {
 fn path_str(p: &Path) -> Result<&str> {
     p.to_str()
         .ok_or_else(|| anyhow!("non-UTF-8 path {}", p.display()))
+}
+
+/// The line of `mako node show` (`show`) about node `name` (empty if none).
+pub fn line_of(show: &str, name: &str) -> String {
+    show.lines()
+        .find(|l| l.split_whitespace().any(|w| w == name))
+        .unwrap_or_default()
+        .to_string()
 }

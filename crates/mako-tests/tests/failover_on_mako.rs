@@ -19,7 +19,7 @@
 //! unrelated operations during recovery, log replay time) are printed, not asserted.
 
 use mako_tests::cluster::{is_mounted, require_fuse};
-use mako_tests::netcluster::{NetCluster, NetClusterOptions};
+use mako_tests::netcluster::{line_of, NetCluster, NetClusterOptions};
 use mako_tests::pattern;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -236,21 +236,6 @@ fn check_journal(node: u32, journal: &Mutex<Journal>, mount: &Path, seen_from: u
         j.acked.insert(name, state);
     }
     // The pending operation is settled now: what the next check sees must be this.
-}
-
-fn node_show(c: &NetCluster) -> String {
-    let out = c
-        .mako_in(&c.node_dir(0), &["node", "show"])
-        .expect("mako node show");
-    assert!(out.success(), "mako node show: {out}");
-    out.stdout.clone()
-}
-
-fn line_of(show: &str, name: &str) -> String {
-    show.lines()
-        .find(|l| l.split_whitespace().any(|w| w == name))
-        .unwrap_or_default()
-        .to_string()
 }
 
 fn wait_for(c: &NetCluster, what: &str, mut done: impl FnMut() -> bool) {
@@ -501,7 +486,7 @@ fn kill9_rounds_lose_nothing_fsynced() {
             &c,
             &format!("round {round}: node{victim} active again"),
             || {
-                let line = line_of(&node_show(&c), &format!("node{victim}"));
+                let line = line_of(&c.node_show(), &format!("node{victim}"));
                 line.contains("active") && !line.contains("expelled")
             },
         );
@@ -511,7 +496,7 @@ fn kill9_rounds_lose_nothing_fsynced() {
         );
         check_journal(victim, &journals[victim as usize], &c.mount(victim), victim);
         // No survivor was expelled.
-        let show = node_show(&c);
+        let show = c.node_show();
         assert!(
             !line_of(&show, "node0").contains("expelled")
                 && !line_of(&show, &format!("node{survivor}")).contains("expelled"),

@@ -10,7 +10,7 @@
 //! test waits for states (`mako node show` says expelled), never for durations.
 
 use mako_tests::cluster::require_fuse;
-use mako_tests::netcluster::{NetCluster, NetClusterOptions};
+use mako_tests::netcluster::{line_of, NetCluster, NetClusterOptions};
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -26,22 +26,6 @@ fn write_synced(p: &Path, data: &[u8]) -> std::io::Result<()> {
         .open(p)?;
     f.write_all(data)?;
     f.sync_all()
-}
-
-fn node_show(c: &NetCluster) -> String {
-    let out = c
-        .mako_in(&c.node_dir(0), &["node", "show"])
-        .expect("mako node show");
-    assert!(out.success(), "mako node show: {out}");
-    out.stdout.clone()
-}
-
-/// The line of `mako node show` about node `name`.
-fn line_of(show: &str, name: &str) -> String {
-    show.lines()
-        .find(|l| l.split_whitespace().any(|w| w == name))
-        .unwrap_or_default()
-        .to_string()
 }
 
 fn wait_for(c: &NetCluster, what: &str, mut done: impl FnMut() -> bool) {
@@ -74,7 +58,7 @@ fn a_paused_node_is_expelled_cannot_write_and_rejoins() {
         ..NetClusterOptions::default()
     })
     .expect("two nodes up: node0 the cluster manager and NSD server, node1 a diskless client");
-    let before = node_show(&c);
+    let before = c.node_show();
     assert!(
         line_of(&before, "node1").contains("active"),
         "node1 is not active before the pause:\n{before}"
@@ -88,7 +72,7 @@ fn a_paused_node_is_expelled_cannot_write_and_rejoins() {
     // Pause node 1 until the manager expels it.
     c.signal(1, libc::SIGSTOP).expect("SIGSTOP node 1");
     wait_for(&c, "node1 shown expelled", || {
-        line_of(&node_show(&c), "node1").contains("expelled by node0")
+        line_of(&c.node_show(), "node1").contains("expelled by node0")
     });
     let log0 = std::fs::read_to_string(c.node_dir(0).join("makod.log")).unwrap_or_default();
     assert!(
@@ -144,7 +128,7 @@ fn a_paused_node_is_expelled_cannot_write_and_rejoins() {
         c.logs_tail(30)
     );
     wait_for(&c, "node1 active again", || {
-        let show = node_show(&c);
+        let show = c.node_show();
         let line = line_of(&show, "node1");
         line.contains("active") && !line.contains("expelled")
     });
