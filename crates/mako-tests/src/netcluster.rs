@@ -62,6 +62,35 @@ impl Default for NetClusterOptions {
     }
 }
 
+impl NetClusterOptions {
+    /// `nodes` nodes for lease and failure tests: node0 the only quorum node (the
+    /// cluster manager) and the NSD server of one disk of `disk_size`, the others
+    /// clients without disk access, with these `failureDetectionTime` and
+    /// `minMissedPingTimeout` (seconds).
+    pub fn leased(
+        nodes: u32,
+        disk_size: &str,
+        failure_detection_s: u32,
+        min_missed_ping_s: u32,
+    ) -> Self {
+        NetClusterOptions {
+            nodes,
+            disks: 1,
+            disk_size: disk_size.into(),
+            nsd_servers: vec![0],
+            create_args: Some(vec!["--quorum-nodes".into(), "node0".into()]),
+            config: vec![
+                (
+                    "failureDetectionTime".into(),
+                    failure_detection_s.to_string(),
+                ),
+                ("minMissedPingTimeout".into(), min_missed_ping_s.to_string()),
+            ],
+            ..NetClusterOptions::default()
+        }
+    }
+}
+
 /// A running multi-process cluster; see the module docs.
 pub struct NetCluster {
     root: Option<tempfile::TempDir>,

@@ -322,19 +322,8 @@ fn percentile(mut v: Vec<Duration>, p: f64) -> Duration {
 }
 
 fn short_lease_cluster() -> NetCluster {
-    NetCluster::up(NetClusterOptions {
-        nodes: 3,
-        disks: 1,
-        disk_size: "2G".into(),
-        nsd_servers: vec![0],
-        create_args: Some(vec!["--quorum-nodes".into(), "node0".into()]),
-        config: vec![
-            ("failureDetectionTime".into(), "5".into()),
-            ("minMissedPingTimeout".into(), "1".into()),
-        ],
-        ..NetClusterOptions::default()
-    })
-    .expect("three nodes up: node0 the cluster manager and NSD server, nodes 1 and 2 clients")
+    NetCluster::up(NetClusterOptions::leased(3, "2G", 5, 1))
+        .expect("three nodes up: node0 the cluster manager and NSD server, nodes 1 and 2 clients")
 }
 
 #[test]

@@ -45,19 +45,8 @@ fn a_paused_node_is_expelled_cannot_write_and_rejoins() {
     if !require_fuse("a_paused_node_is_expelled_cannot_write_and_rejoins") {
         return;
     }
-    let mut c = NetCluster::up(NetClusterOptions {
-        nodes: 2,
-        disks: 1,
-        disk_size: "1G".into(),
-        nsd_servers: vec![0],
-        create_args: Some(vec!["--quorum-nodes".into(), "node0".into()]),
-        config: vec![
-            ("failureDetectionTime".into(), "10".into()),
-            ("minMissedPingTimeout".into(), "2".into()),
-        ],
-        ..NetClusterOptions::default()
-    })
-    .expect("two nodes up: node0 the cluster manager and NSD server, node1 a diskless client");
+    let mut c = NetCluster::up(NetClusterOptions::leased(2, "1G", 10, 2))
+        .expect("two nodes up: node0 the cluster manager and NSD server, node1 a diskless client");
     let before = c.node_show();
     assert!(
         line_of(&before, "node1").contains("active"),
