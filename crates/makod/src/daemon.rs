@@ -1365,6 +1365,12 @@ pub fn run(root: &Path) -> Result<()> {
         if let Some(nsd) = &net.nsd {
             nsd.set_fence(Arc::new(crate::lease::LeaseFence(member.quorum())));
         }
+        // Token, metanode and space requests of an expelled node are refused too: one
+        // back from a pause or a partition must not undo what a survivor recovered.
+        let fence = crate::lease::LeaseFence(member.quorum());
+        net.registry.set_admit(Arc::new(move |from, _| {
+            mako_nsd::server::Fence::admit(&fence, from)
+        }));
         let weak = Arc::downgrade(&daemon);
         let tcp = net.transport.clone();
         let me = mako_rt::NodeId(net.me.id);
