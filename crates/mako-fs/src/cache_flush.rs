@@ -72,8 +72,10 @@ impl mako_token::CacheFlush for FsCacheFlush {
             // give what it holds; its recovery by a survivor will (its log replayed,
             // its tokens released). The requester waits for that, as for a holder
             // that does not answer.
+            // A request of this node refused by another (it was expelled) is the same.
             let fenced = matches!(e, FsError::Disk(mako_disk::DiskError::Fenced { .. }))
-                || core.check_fence().is_err();
+                || core.check_fence().is_err()
+                || mako_rt::is_refusal(&e.to_string());
             if fenced {
                 TokenError::HolderFenced {
                     node: NodeId(core.node),

@@ -368,6 +368,11 @@ fn dispatch(
         send_error(session, &h, &tx, WireError::NoService);
         return;
     };
+    if let Err(reason) = inner.registry.admit(session.node, service) {
+        tracing::debug!(node = %inner.me, from = %session.node, ?service, %reason, "refused a request");
+        send_error(session, &h, &tx, WireError::Refused(reason));
+        return;
+    }
     let session = *session;
     let inner2 = inner.clone();
     inner.handle.spawn_blocking(move || {

@@ -761,6 +761,11 @@ fn remote_error(node: NodeId, waiter: &Waiter, body: &[u8]) -> TransportError {
         Ok(WireError::NoService) | Ok(WireError::UnknownService(_)) => {
             TransportError::NoService { node, service }
         }
+        Ok(WireError::Refused(reason)) => TransportError::Refused {
+            node,
+            service,
+            reason,
+        },
         Ok(WireError::Expired) => TransportError::Timeout {
             node,
             service,

@@ -337,6 +337,8 @@ pub enum WireError {
     HandlerPanicked(String),
     /// The handler's reply is larger than the server's frame limit, so it was not sent.
     ReplyTooLarge { len: u64, max: u64 },
+    /// The server does not serve the caller (`Registry::admit`: e.g. it was expelled).
+    Refused(String),
 }
 
 /// Encodes a control body.

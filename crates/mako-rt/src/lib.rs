@@ -8,6 +8,6 @@ pub mod transport;
 
 pub use clock::{Clock, SystemClock};
 pub use transport::{
-    call, decode, encode, CallOptions, InProcessTransport, NodeId, Priority, Registry, Service,
-    ServiceId, Transport, TransportError,
+    call, decode, encode, is_refusal, Admit, CallOptions, InProcessTransport, NodeId, Priority,
+    Registry, Service, ServiceId, Transport, TransportError, REFUSED_WORDS,
 };

@@ -95,6 +95,14 @@ pub enum TransportError {
     },
     #[error("{node} is unreachable: {reason}")]
     Unreachable { node: NodeId, reason: String },
+    /// `node` refused to serve this node (`Registry::admit`): e.g. this node was
+    /// expelled from the cluster and must rejoin first.
+    #[error("{node} refused this node's {service:?} request: {reason}")]
+    Refused {
+        node: NodeId,
+        service: ServiceId,
+        reason: String,
+    },
 }
 
 /// A service: takes an encoded request from `from`, returns an encoded reply. A handler
@@ -159,15 +167,48 @@ pub fn call<Req: Serialize, Rep: DeserializeOwned>(
 
 static REGISTRY_LOCK: LockClass = LockClass::new("transport.registry");
 
+/// The words every `TransportError::Refused` shows: errors that reach the file system
+/// as text (`FsError::Token`) are recognised as a refusal by them (`is_refusal`).
+pub const REFUSED_WORDS: &str = "refused this node's";
+
+/// True if `text` tells of a `TransportError::Refused` (this node is not served:
+/// fenced, e.g. expelled).
+pub fn is_refusal(text: &str) -> bool {
+    text.contains(REFUSED_WORDS)
+}
+
+/// Whether node `from` may be served by `service` here; `Err` says why not.
+pub type Admit = Arc<dyn Fn(NodeId, ServiceId) -> Result<(), String> + Send + Sync>;
+
+impl ServiceId {
+    /// The services whose requests change the file system state shared by the
+    /// nodes (tokens, metanode updates, space): a node expelled from the cluster is
+    /// refused them (`Registry::set_admit`) until it rejoins, so one that comes back
+    /// from a pause or a partition cannot undo what a survivor recovered. Leases, the
+    /// cluster configuration and recovery stay open to it (it must rejoin through
+    /// them); NSD servers fence disk requests themselves.
+    pub fn fenced(self) -> bool {
+        matches!(
+            self,
+            ServiceId::TokenManager
+                | ServiceId::TokenClient
+                | ServiceId::FileSystem
+                | ServiceId::FsManager
+        )
+    }
+}
+
 /// The services of the nodes in one process, by (node, service).
 pub struct Registry {
     services: CountedRwLock<BTreeMap<(NodeId, ServiceId), Arc<dyn Service>>>,
+    admit: std::sync::OnceLock<Admit>,
 }
 
 impl Default for Registry {
     fn default() -> Self {
         Registry {
             services: CountedRwLock::new(&REGISTRY_LOCK, BTreeMap::new()),
+            admit: std::sync::OnceLock::new(),
         }
     }
 }
@@ -193,6 +234,21 @@ impl Registry {
 
     pub fn service(&self, node: NodeId, id: ServiceId) -> Option<Arc<dyn Service>> {
         self.services.read().get(&(node, id)).cloned()
+    }
+
+    /// Sets the fence every transport asks before it runs a request of a fenced
+    /// service (`ServiceId::fenced`) for another node. Set once; false if one was set.
+    pub fn set_admit(&self, admit: Admit) -> bool {
+        self.admit.set(admit).is_ok()
+    }
+
+    /// Whether a request from `from` to `service` is served (always, without a fence
+    /// or for a service that is not fenced).
+    pub fn admit(&self, from: NodeId, service: ServiceId) -> Result<(), String> {
+        match self.admit.get() {
+            Some(admit) if service.fenced() => admit(from, service),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -225,6 +281,13 @@ impl Transport for InProcessTransport {
         request: Vec<u8>,
         _options: CallOptions,
     ) -> Result<Vec<u8>, TransportError> {
+        self.registry
+            .admit(self.me, service)
+            .map_err(|reason| TransportError::Refused {
+                node: to,
+                service,
+                reason,
+            })?;
         let handler = self
             .registry
             .service(to, service)

@@ -104,6 +104,22 @@ impl SimLeases {
             on_expel: Mutex::new(None),
             stop: AtomicBool::new(false),
         });
+        // As makod's fence: token, metanode and space requests of an expelled node
+        // are refused until it rejoins.
+        let weak = Arc::downgrade(&leases);
+        net.registry().set_admit(Arc::new(move |from: NodeId, _| {
+            let Some(leases) = weak.upgrade() else {
+                return Ok(());
+            };
+            let records = leases.records.lock();
+            match records
+                .get(from.0 as usize)
+                .and_then(|r| r.expelled.as_ref())
+            {
+                Some((_, why)) => Err(format!("{from} was expelled ({why}); it must rejoin")),
+                None => Ok(()),
+            }
+        }));
         for n in 0..nodes {
             net.registry().register(
                 NodeId(n),

@@ -306,6 +306,13 @@ impl Transport for SimTransport {
             .registry
             .service(to, service)
             .ok_or(TransportError::NoService { node: to, service })?;
+        net.registry
+            .admit(self.me, service)
+            .map_err(|reason| TransportError::Refused {
+                node: to,
+                service,
+                reason,
+            })?;
         let reply = handler.handle(self.me, &request);
         // A node stopped while it handled the request answers once it runs again.
         if to != self.me {

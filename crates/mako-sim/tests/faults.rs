@@ -126,19 +126,15 @@ fn a_broken_lease_fence_is_caught() {
     panic!("a broken lease fence was not caught in {SEEDS_MAX} seeds");
 }
 
-/// KNOWN BUG (found by this simulation, not fixed yet): seed 58 of
-/// `pause_past_the_lease` (2 nodes). Node 1 is paused during `rename /records
-/// /spool/f` after its log record was written; node 0 expels it, replays its log and
-/// runs the rename again (it succeeds); node 1 then runs again and, although every
-/// disk I/O and every operation of its mount is fenced, its messages still reach the
-/// token manager and node 0 (no token or metanode message carries the sender's lease
-/// epoch, and nothing refuses an expelled node's): two steps later node 0 no longer
-/// finds `/spool/f` (ENOENT). Cutting the expelled node's messages at its expel (what
-/// the fix must do: the token manager and every node's token service refusing a node
-/// the configuration lists as expelled, as an NSD server's `LeaseFence` does for disk
-/// requests) makes the seed pass. Run with `--ignored`; it fails until that is built.
+/// Seed 58 of `pause_past_the_lease` (2 nodes), found by this simulation: node 1 is
+/// paused during `rename /records /spool/f` after its log record was written; node 0
+/// expels it, replays its log and runs the rename again (it succeeds); node 1 then
+/// runs again and, although every disk I/O and every operation of its mount is fenced,
+/// its token and metanode messages reached the token manager and node 0, and two steps
+/// later node 0 no longer found `/spool/f` (ENOENT). Fixed by the registry's fence
+/// (`Registry::set_admit`, `ServiceId::fenced`): every node refuses token, metanode
+/// and space requests of a node listed as expelled until it rejoins.
 #[test]
-#[ignore]
 fn seed_58_an_expelled_nodes_messages_must_be_refused() {
     let kinds = [FaultKind::Pause];
     run_seed(&config(58, 2, &kinds, true)).unwrap_or_else(|f| panic!("{f}"));

@@ -1072,6 +1072,12 @@ impl TokenClient {
                         unreachable.get_or_insert((*h, reason));
                         continue;
                     }
+                    // A holder the others refuse (it was expelled) could not give its
+                    // token back either: the same wait.
+                    Ok(ClientReply::Failed(e)) if mako_rt::is_refusal(&e.to_string()) => {
+                        unreachable.get_or_insert((*h, e.to_string()));
+                        continue;
+                    }
                     Ok(ClientReply::Failed(e)) | Err(e) => e,
                     Ok(other) => {
                         TokenError::Transport(format!("unexpected revoke reply {other:?}"))

@@ -282,7 +282,6 @@ impl Daemon {
                 net.me.name
             );
         }
-        net.wait_for_manager()?;
         let member = self.member()?;
         let lease = member.leases.lease.clone();
         let quorum = member.quorum();
@@ -292,6 +291,9 @@ impl Daemon {
         let epoch = wait_for_lease(&lease, &|| quorum.leader().is_some(), &|| {
             quorum.read_local().lease_of(me).expelled.is_some()
         })?;
+        // After the lease: every token manager shard must serve this node, and one
+        // that has not applied its rejoin yet refuses it for a moment.
+        net.wait_for_manager()?;
         let cluster = self.cluster.lock().clone();
         let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
         let (disks, access) = net
@@ -1365,6 +1367,12 @@ pub fn run(root: &Path) -> Result<()> {
         if let Some(nsd) = &net.nsd {
             nsd.set_fence(Arc::new(crate::lease::LeaseFence(member.quorum())));
         }
+        // Token, metanode and space requests of an expelled node are refused too: one
+        // back from a pause or a partition must not undo what a survivor recovered.
+        let fence = crate::lease::LeaseFence(member.quorum());
+        net.registry.set_admit(Arc::new(move |from, _| {
+            mako_nsd::server::Fence::admit(&fence, from)
+        }));
         let weak = Arc::downgrade(&daemon);
         let tcp = net.transport.clone();
         let me = mako_rt::NodeId(net.me.id);

@@ -443,6 +443,10 @@ impl NetNode {
                     Ok(other) => format!("it answered {other:?}"),
                     Err(e) => e.to_string(),
                 },
+                // Refused by the fence of expelled nodes: this node rejoined, and that
+                // manager has not applied the rejoin yet (or it will be recovered
+                // first). Wait, as for a manager not started yet.
+                Err(e) if mako_rt::is_refusal(&e.to_string()) => e.to_string(),
                 Err(e) => {
                     let text = e.to_string();
                     if text.contains("was removed from the cluster") {
