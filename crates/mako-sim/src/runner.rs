@@ -617,18 +617,21 @@ fn probe_zombie(
 /// one log may replay an image of any structure (docs/coherence.md section 7); an
 /// image replayed from two logs would make the order matter.
 fn replay_orders_agree(cluster: &SimCluster, nodes: u32) -> Result<(), String> {
-    use mako_disk::{Disk, MemDisk};
-    let images: Vec<Vec<u8>> = cluster.disks.iter().map(|d| d.snapshot()).collect();
-    let replayed = |order: &[u32]| -> Result<Vec<Vec<u8>>, String> {
-        let copies: Vec<Arc<MemDisk>> = images
+    use mako_disk::Disk;
+    // The disks as they are now, shared by both replays; each replay writes to an
+    // overlay of its own (copying the whole disks twice, then comparing them byte by
+    // byte, was most of a cheap seed's system time).
+    let images: Vec<Arc<Vec<u8>>> = cluster
+        .disks
+        .iter()
+        .map(|d| Arc::new(d.snapshot()))
+        .collect();
+    let replayed = |order: &[u32]| -> Result<Vec<Arc<Overlay>>, String> {
+        let copies: Vec<Arc<Overlay>> = images
             .iter()
             .enumerate()
-            .map(|(i, img)| {
-                let m = MemDisk::new(&format!("d{i}"), img.len() as u64);
-                m.write_at(img, 0).map(|()| Arc::new(m))
-            })
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("copying the disks: {e}"))?;
+            .map(|(i, img)| Arc::new(Overlay::new(format!("d{i}"), img.clone())))
+            .collect();
         let dyn_disks: Vec<Arc<dyn Disk>> =
             copies.iter().map(|d| d.clone() as Arc<dyn Disk>).collect();
         let (desc, found) = mako_fs::mount::find_descriptor(dyn_disks)
@@ -638,13 +641,13 @@ fn replay_orders_agree(cluster: &SimCluster, nodes: u32) -> Result<(), String> {
             mako_fs::recovery::replay(&nsd, &desc, n)
                 .map_err(|e| format!("replay of node {n}'s log (order {order:?}): {e}"))?;
         }
-        Ok(copies.iter().map(|d| d.snapshot()).collect())
+        Ok(copies)
     };
     let forward: Vec<u32> = (0..nodes).collect();
     let backward: Vec<u32> = (0..nodes).rev().collect();
     let (a, b) = (replayed(&forward)?, replayed(&backward)?);
     for (disk, (x, y)) in a.iter().zip(&b).enumerate() {
-        if let Some(byte) = x.iter().zip(y).position(|(p, q)| p != q) {
+        if let Some(byte) = x.first_difference(y) {
             return Err(format!(
                 "after a whole-cluster crash, the logs replayed in order {forward:?} and {backward:?} \
                  leave different bytes on disk d{disk} from byte {byte} (sector {}): an image one node \
@@ -654,6 +657,111 @@ fn replay_orders_agree(cluster: &SimCluster, nodes: u32) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A disk that reads `base` and keeps its writes to itself, a page at a time: a copy
+/// of a disk that costs what is written to it.
+struct Overlay {
+    name: String,
+    base: Arc<Vec<u8>>,
+    pages: Mutex<std::collections::BTreeMap<u64, Box<[u8]>>>,
+}
+
+impl Overlay {
+    const PAGE: u64 = 4096;
+
+    fn new(name: String, base: Arc<Vec<u8>>) -> Overlay {
+        Overlay {
+            name,
+            base,
+            pages: Mutex::new(Default::default()),
+        }
+    }
+
+    fn check(&self, op: &'static str, offset: u64, len: usize) -> Result<(), mako_disk::DiskError> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.base.len() as u64 => Ok(()),
+            _ => Err(mako_disk::DiskError::OutOfRange {
+                disk: self.name.clone(),
+                op,
+                offset,
+                len,
+                size: self.base.len() as u64,
+            }),
+        }
+    }
+
+    fn page_of<'a>(
+        &'a self,
+        pages: &'a std::collections::BTreeMap<u64, Box<[u8]>>,
+        page: u64,
+    ) -> &'a [u8] {
+        match pages.get(&page) {
+            Some(p) => p,
+            None => {
+                let at = (page * Self::PAGE) as usize;
+                &self.base[at..(at + Self::PAGE as usize).min(self.base.len())]
+            }
+        }
+    }
+
+    /// The first byte at which `self` and `other` (overlays of the same base) differ.
+    fn first_difference(&self, other: &Overlay) -> Option<u64> {
+        let (mine, theirs) = (self.pages.lock(), other.pages.lock());
+        let touched: std::collections::BTreeSet<u64> =
+            mine.keys().chain(theirs.keys()).copied().collect();
+        touched.into_iter().find_map(|page| {
+            let (x, y) = (self.page_of(&mine, page), other.page_of(&theirs, page));
+            x.iter()
+                .zip(y)
+                .position(|(p, q)| p != q)
+                .map(|i| page * Self::PAGE + i as u64)
+        })
+    }
+}
+
+impl mako_disk::Disk for Overlay {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn size_bytes(&self) -> u64 {
+        self.base.len() as u64
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), mako_disk::DiskError> {
+        self.check("read", offset, buf.len())?;
+        let pages = self.pages.lock();
+        let mut done = 0usize;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            let (page, within) = (at / Self::PAGE, (at % Self::PAGE) as usize);
+            let src = self.page_of(&pages, page);
+            let n = (src.len() - within).min(buf.len() - done);
+            buf[done..done + n].copy_from_slice(&src[within..within + n]);
+            done += n;
+        }
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), mako_disk::DiskError> {
+        self.check("write", offset, buf.len())?;
+        let mut pages = self.pages.lock();
+        let mut done = 0usize;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            let (page, within) = (at / Self::PAGE, (at % Self::PAGE) as usize);
+            if !pages.contains_key(&page) {
+                let copy: Box<[u8]> = self.page_of(&pages, page).into();
+                pages.insert(page, copy);
+            }
+            let dst = pages.get_mut(&page).expect("just made");
+            let n = (dst.len() - within).min(buf.len() - done);
+            dst[within..within + n].copy_from_slice(&buf[done..done + n]);
+            done += n;
+        }
+        Ok(())
+    }
+    fn sync(&self) -> Result<(), mako_disk::DiskError> {
+        Ok(())
+    }
 }
 
 /// The background work of one step, at random nodes and times: what the daemon's
