@@ -930,7 +930,15 @@ fn run_step(
         );
     }
     let results: Arc<Mutex<Vec<Slot>>> = Arc::new(Mutex::new(vec![None; plan.len()]));
-    let bg_errors: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+    let bg_errors: Arc<Mutex<Vec<(u32, String)>>> = Arc::new(Mutex::new(Vec::new()));
+    // Calls each node made that lost a message before the step (`NetConfig::
+    // loss_probability`): a node whose calls lost some in the step may see its
+    // operations fail, and what failed may or may not have taken effect.
+    let nodes = config.cluster.nodes;
+    let lost_before: Vec<u64> = (0..nodes)
+        .map(|n| cluster.net.lost_by(mako_rt::NodeId(n)))
+        .collect();
+    let lossy = |n: u32| cluster.net.lost_by(mako_rt::NodeId(n)) > lost_before[n as usize];
     let pending = Arc::new(AtomicU64::new(
         (plan.len() + background.len() + crash.is_some() as usize) as u64,
     ));
@@ -1005,9 +1013,10 @@ fn run_step(
                 // The crashed node's work fails once it has crashed: what it did not
                 // finish is lost with it.
                 if crashed != Some(node) || matches!(work, Background::Steal { .. }) {
-                    errors
-                        .lock()
-                        .push(format!("node {node}: background {work:?} failed: {e}"));
+                    errors.lock().push((
+                        node,
+                        format!("node {node}: background {work:?} failed: {e}"),
+                    ));
                 }
             }
             pending.fetch_sub(1, Ordering::SeqCst);
@@ -1016,9 +1025,10 @@ fn run_step(
     mako_diag::sched::wait_until("step", || pending.load(Ordering::SeqCst) == 0);
     for (node, work, _) in after {
         if let Err(e) = cluster.background(*node, *work) {
-            bg_errors
-                .lock()
-                .push(format!("node {node}: background {work:?} failed: {e}"));
+            bg_errors.lock().push((
+                *node,
+                format!("node {node}: background {work:?} failed: {e}"),
+            ));
         }
     }
     if verbose() {
@@ -1026,7 +1036,9 @@ fn run_step(
             eprintln!("  step {step} [node {n}] background {w:?}");
         }
     }
-    if let Some(e) = bg_errors.lock().first() {
+    // Background work of a node that lost messages may fail (what it did not finish
+    // stays to do: later steps and the final read-back check that nothing was lost).
+    if let Some((_, e)) = bg_errors.lock().iter().find(|(n, _)| !lossy(*n)) {
         return Err((Some(step), e.clone()));
     }
     if crash.is_some() {
@@ -1056,7 +1068,17 @@ fn run_step(
             Op::Create { .. } | Op::Mkdir { .. } | Op::Symlink { .. }
         )
     });
-    let observers: Vec<usize> = (0..plan.len()).filter(|i| plan[*i].observer).collect();
+    // An operation that failed on a node that lost messages in the step is uncertain:
+    // checked by running it again (`check_uncertain`), before the observers, which may
+    // race it. An observer that failed there is not checked.
+    let failed_lossy =
+        |i: usize| lossy(plan[i].node) && results[i].as_ref().is_some_and(|(o, _, _)| o.is_err());
+    let uncertain: Vec<usize> = order.iter().copied().filter(|i| failed_lossy(*i)).collect();
+    order.retain(|i| !failed_lossy(*i));
+    let observers: Vec<usize> = (0..plan.len())
+        .filter(|i| plan[*i].observer && !failed_lossy(*i))
+        .collect();
+    let first_observer = order.len();
     order.extend(&observers);
     // A paused or partitioned node's operations that ended after it was expelled must
     // have failed: it no longer held its tokens, nor could it write.
@@ -1087,7 +1109,12 @@ fn run_step(
     }
     let mut results: Vec<Option<Slot>> = results.into_iter().map(Some).collect();
     let mut s = state.lock();
-    for i in order {
+    for (k, i) in order.into_iter().enumerate() {
+        if k == first_observer && !uncertain.is_empty() {
+            drop(s);
+            run_again_after_loss(cluster, plan, &uncertain, step, step_start, model, state)?;
+            s = state.lock();
+        }
         let p = &plan[i];
         let r = results[i].take().flatten();
         let (outcome, start, end) = r.expect("every operation finished");
@@ -1136,6 +1163,9 @@ fn run_step(
         }
     }
     drop(s);
+    if observers.is_empty() && !uncertain.is_empty() {
+        run_again_after_loss(cluster, plan, &uncertain, step, step_start, model, state)?;
+    }
     // The crashed node's operations of this step may or may not have taken effect:
     // each runs again on the survivor, checked by `check_uncertain`.
     if let Some(c) = crash {
@@ -1182,6 +1212,58 @@ fn run_step(
                 state.lock().context
             ),
         ));
+    }
+    Ok(())
+}
+
+/// The operations of a step (`uncertain`, indices into `plan`) that failed on nodes
+/// that lost messages meanwhile: each may or may not have taken effect (a lost reply),
+/// so each runs again on its node and is checked by `check_uncertain`. A run again
+/// that fails while its node loses messages again is tried again (a few times).
+fn run_again_after_loss(
+    cluster: &SimCluster,
+    plan: &[Planned],
+    uncertain: &[usize],
+    step: u32,
+    step_start: Timestamp,
+    model: &mut Model,
+    state: &Mutex<DriverState>,
+) -> DriveResult {
+    for &i in uncertain {
+        let p = &plan[i];
+        let node = mako_rt::NodeId(p.node);
+        let fs = cluster
+            .fs(p.node)
+            .ok_or_else(|| (Some(step), format!("node {} is not mounted", p.node)))?;
+        state.lock().context = format!(
+            "step {step}: node {} runs again what failed while it lost messages: {}",
+            p.node, p.op
+        );
+        let mut tries = 0;
+        loop {
+            let lost = cluster.net.lost_by(node);
+            let r = check_uncertain(cluster, &fs, &p.op, step_start, model);
+            if verbose() {
+                eprintln!(
+                    "  step {step} [node {}] again after a lost message: {} -> {r:?}",
+                    p.node, p.op
+                );
+            }
+            state.lock().operations += 1;
+            match r {
+                Ok(()) => break,
+                Err(_) if cluster.net.lost_by(node) > lost && tries < 8 => tries += 1,
+                Err(why) => {
+                    return Err((
+                        Some(step),
+                        format!(
+                            "node {} lost a message during {} (which failed); run again: {why}",
+                            p.node, p.op
+                        ),
+                    ))
+                }
+            }
+        }
     }
     Ok(())
 }
