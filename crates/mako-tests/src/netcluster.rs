@@ -649,10 +649,11 @@ fn path_str(p: &Path) -> Result<&str> {
         .ok_or_else(|| anyhow!("non-UTF-8 path {}", p.display()))
 }
 
-/// The line of `mako node show` (`show`) about node `name` (empty if none).
+/// The line of `mako node show` (`show`) about node `name` (empty if none): the one
+/// that starts with the name (the header names the node that answered too).
 pub fn line_of(show: &str, name: &str) -> String {
     show.lines()
-        .find(|l| l.split_whitespace().any(|w| w == name))
+        .find(|l| l.split_whitespace().next() == Some(name))
         .unwrap_or_default()
         .to_string()
 }

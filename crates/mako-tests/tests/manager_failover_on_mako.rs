@@ -275,7 +275,11 @@ fn killing_the_cluster_manager_elects_another_recovers_it_and_it_rejoins() {
         .collect();
     let p99 = percentile(during.clone(), 0.99);
 
-    // No survivor was expelled; the new manager is one of them.
+    // No survivor was expelled; the new manager is one of them. (The node answering
+    // `mako node show` may apply the expel a moment after the manager logged it.)
+    wait_for(&c, "mako node show shows the killed node expelled", || {
+        line_of(&c.node_show(), &format!("node{victim}")).contains("expelled")
+    });
     let show = c.node_show();
     for &i in &survivors {
         let line = line_of(&show, &format!("node{i}"));
@@ -378,7 +382,9 @@ fn killing_the_cluster_manager_elects_another_recovers_it_and_it_rejoins() {
     detach(&c.mount(1));
     let lost = "the token manager shard of node 1 was lost";
     for i in [0, 2] {
+        // The fence is checked by each operation: touch the mount while waiting.
         wait_for(&c, &format!("node {i} logs the lost shard"), || {
+            let _ = std::fs::metadata(c.mount(i).join("shared"));
             count(&c, i, &[lost]) > 0
         });
         let r = std::fs::read_dir(c.mount(i).join("shared")).map(|d| d.count());
