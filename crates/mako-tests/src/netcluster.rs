@@ -241,7 +241,9 @@ impl NetCluster {
         let taken = ip(&["-o", "addr", "show"])?;
         let k = (0..250)
             .map(|a| (pid as usize + a) % 250 + 1)
-            .find(|k| !taken.contains(&format!("10.213.{k}.")) && !taken.contains(&format!("10.214.{k}.")))
+            .find(|k| {
+                !taken.contains(&format!("10.213.{k}.")) && !taken.contains(&format!("10.214.{k}."))
+            })
             .context("no free 10.213.K.0/24 for the host address")?;
         let host = format!("10.213.{k}.1");
         ip(&["addr", "add", &format!("{host}/32"), "dev", "lo"])?;
@@ -266,7 +268,15 @@ impl NetCluster {
             ip(&["link", "set", &nv, "netns", &name])?;
             ip(&["addr", "add", &format!("{here}/30"), "dev", &hv])?;
             ip(&["link", "set", &hv, "up"])?;
-            ip(&["-n", &name, "addr", "add", &format!("{there}/30"), "dev", &nv])?;
+            ip(&[
+                "-n",
+                &name,
+                "addr",
+                "add",
+                &format!("{there}/30"),
+                "dev",
+                &nv,
+            ])?;
             ip(&["-n", &name, "link", "set", &nv, "up"])?;
             ip(&["-n", &name, "link", "set", "lo", "up"])?;
             ip(&["-n", &name, "route", "add", "default", "via", &here])?;
@@ -294,8 +304,8 @@ impl NetCluster {
         let mut files = vec![self.data.join("cluster.toml")];
         files.extend((0..self.nodes).map(|i| self.node_dir(i).join("cluster.toml")));
         for f in files {
-            let mut text = std::fs::read_to_string(&f)
-                .with_context(|| format!("read {}", f.display()))?;
+            let mut text =
+                std::fs::read_to_string(&f).with_context(|| format!("read {}", f.display()))?;
             for (old, new) in &rewrite {
                 text = text.replace(old.as_str(), new);
             }

@@ -244,4 +244,3 @@ pub fn percentile(mut v: Vec<Duration>, p: f64) -> Duration {
     v.sort();
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
-

@@ -370,7 +370,19 @@ impl Service for LeaseService {
                         leader: l.quorum.leader().map(|(id, _)| id),
                     }
                 } else {
-                    let lease = l.quorum.read_local().lease_of(from);
+                    // Leadership confirmed first, and the configuration as committed: a
+                    // restarted former manager believes it still leads for a moment,
+                    // with the configuration it had when it stopped (no expel of
+                    // itself in it), and granted itself a lease from it.
+                    let config = match l.quorum.read_config() {
+                        Ok(config) if l.is_manager() => config,
+                        _ => {
+                            let reply = LeaseReply::NotManager { leader: None };
+                            return mako_rt::transport::encode("lease reply", &reply)
+                                .unwrap_or_default();
+                        }
+                    };
+                    let lease = config.lease_of(from);
                     match lease.expelled {
                         Some(e) if l.recovering.lock().contains(&from) => LeaseReply::Recovering {
                             epoch: lease.epoch,
@@ -408,8 +420,10 @@ const SHARD_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// a cluster whose shards all run (`mako down; mako up`).
 pub struct ShardWatch {
     quorum: Arc<Quorum>,
-    /// Every other manager node and its lease epoch when the mount was made.
-    managers: Vec<(NodeId, u64)>,
+    /// Every other manager node, the lease epoch its shard's tokens of this mount
+    /// were granted at, and whether it was expelled at the mount (restarted before its
+    /// rejoin: its shard is the new one, and its rejoin is the expected next epoch).
+    managers: Mutex<Vec<(NodeId, u64, bool)>>,
     lost: std::sync::OnceLock<String>,
     checked: Mutex<Option<std::time::Instant>>,
 }
@@ -421,11 +435,14 @@ impl ShardWatch {
         let managers = managers
             .iter()
             .filter(|m| **m != me)
-            .map(|m| (*m, config.lease_of(*m).epoch))
+            .map(|m| {
+                let lease = config.lease_of(*m);
+                (*m, lease.epoch, lease.expelled.is_some())
+            })
             .collect();
         ShardWatch {
             quorum,
-            managers,
+            managers: Mutex::new(managers),
             lost: std::sync::OnceLock::new(),
             checked: Mutex::new(None),
         }
@@ -436,7 +453,7 @@ impl ShardWatch {
         if let Some(reason) = self.lost.get() {
             return Err(reason.clone());
         }
-        if self.managers.is_empty() {
+        if self.managers.lock().is_empty() {
             return Ok(());
         }
         {
@@ -447,15 +464,25 @@ impl ShardWatch {
             *checked = Some(std::time::Instant::now());
         }
         let config = self.quorum.read_local();
-        for (m, epoch) in &self.managers {
+        let mut managers = self.managers.lock();
+        for (m, epoch, pending) in managers.iter_mut() {
             let lease = config.lease_of(*m);
             let how = match (&lease.expelled, lease.epoch) {
+                // Restarted before its rejoin, as at the mount.
+                (Some(_), now) if *pending && now == *epoch => continue,
+                // Its rejoin, the next epoch.
+                (None, now) if *pending && now == *epoch + 1 => {
+                    *pending = false;
+                    *epoch = now;
+                    continue;
+                }
+                (None, now) if !*pending && now == *epoch => continue,
                 (Some(e), _) => format!("was expelled by {} ({})", e.by, e.reason),
-                (None, now) if now != *epoch => {
+                (None, now) => {
                     format!("was expelled and rejoined (lease epoch {epoch}, now {now})")
                 }
-                _ => continue,
             };
+            let m = *m;
             let reason = format!(
                 "the token manager shard of {m} was lost: {m} {how}; rebuilding a shard from \
                  the survivors' held tokens is not supported yet, so the tokens this mount \
