@@ -19,9 +19,9 @@
 //! makod stuck exiting in the kernel is its FUSE guard's to end (`makod::fuse_guard`).
 //! The figures (per round and for the run: time from the kill to the expel and to the
 //! recovery, the stall of a survivor's read of the victim's file, the p99 of the
-//! survivors' operations during recovery in their own directories — which never need
-//! the victim — and in the shared one — which may wait for its recovery —, log
-//! replay time) are printed, not asserted.
+//! survivors' operations during recovery — node 0's in its own directory, which no
+//! other node reads, so they never need the victim, apart from the others, which may
+//! wait for the victim's tokens —, log replay time) are printed, not asserted.
 
 use mako_tests::cluster::{is_mounted, require_fuse};
 use mako_tests::netcluster::{line_of, NetCluster, NetClusterOptions};
@@ -65,9 +65,19 @@ struct Journal {
     ops: u64,
 }
 
-/// A worker's operation latencies: (start relative to the round's start, duration,
-/// in the shared directory).
-type Latencies = Arc<Mutex<Vec<(Duration, Duration, bool)>>>;
+/// One operation of a worker, timed.
+#[derive(Clone, Copy, Debug)]
+struct Timed {
+    /// Start, relative to the round's start.
+    start: Duration,
+    took: Duration,
+    /// In the shared directory (else in the node's own).
+    shared: bool,
+    what: &'static str,
+}
+
+/// A worker's timed operations.
+type Latencies = Arc<Mutex<Vec<Timed>>>;
 
 fn write_synced(p: &Path, data: &[u8]) -> std::io::Result<()> {
     let mut f = std::fs::OpenOptions::new()
@@ -130,10 +140,12 @@ fn work(
                 let start = Instant::now();
                 let r = std::fs::rename(mount.join(&from), mount.join(&to))
                     .and_then(|_| sync_dir(&mount.join(dir)));
-                latencies
-                    .lock()
-                    .unwrap()
-                    .push((start - t0, start.elapsed(), dir == &shared));
+                latencies.lock().unwrap().push(Timed {
+                    start: start - t0,
+                    took: start.elapsed(),
+                    shared: dir == &shared,
+                    what: "rename",
+                });
                 (post, r)
             } else if kind == 6 && existing.len() > 3 {
                 let victim = existing[(n as usize / 7) % existing.len()].clone();
@@ -142,10 +154,12 @@ fn work(
                 let start = Instant::now();
                 let r = std::fs::remove_file(mount.join(&victim))
                     .and_then(|_| sync_dir(&mount.join(dir)));
-                latencies
-                    .lock()
-                    .unwrap()
-                    .push((start - t0, start.elapsed(), dir == &shared));
+                latencies.lock().unwrap().push(Timed {
+                    start: start - t0,
+                    took: start.elapsed(),
+                    shared: dir == &shared,
+                    what: "unlink",
+                });
                 (post, r)
             } else {
                 // Create (or overwrite an existing name) with new contents, fsynced.
@@ -164,10 +178,12 @@ fn work(
                 let start = Instant::now();
                 let r = write_synced(&mount.join(&target), &pattern(c.seed, c.len))
                     .and_then(|_| sync_dir(&mount.join(dir)));
-                latencies
-                    .lock()
-                    .unwrap()
-                    .push((start - t0, start.elapsed(), dir == &shared));
+                latencies.lock().unwrap().push(Timed {
+                    start: start - t0,
+                    took: start.elapsed(),
+                    shared: dir == &shared,
+                    what: "write",
+                });
                 (post, r)
             };
         if let Err(e) = result {
@@ -323,27 +339,28 @@ fn short_lease_cluster() -> NetCluster {
     .expect("three nodes up: node0 the cluster manager and NSD server, nodes 1 and 2 clients")
 }
 
-/// p99 of the survivors' operations that started between `from` and `to`, in their
-/// own directories and in the shared one.
+/// p99 of the operations of `lat` (node, its operations) for which `which` holds
+/// that were under way at some time between `from` and `to`, and the slowest of them
+/// (node, operation).
 fn p99_during(
-    lat: &[&Latencies],
+    lat: &[(u32, &Latencies)],
+    which: impl Fn(u32, &Timed) -> bool,
     from: Duration,
     to: Duration,
-) -> (Option<Duration>, Option<Duration>) {
-    let (mut own, mut shared) = (Vec::new(), Vec::new());
-    for l in lat {
-        for (s, d, in_shared) in l.lock().unwrap().iter() {
-            if *s >= from && *s <= to {
-                if *in_shared {
-                    shared.push(*d);
-                } else {
-                    own.push(*d);
+) -> (Option<Duration>, Option<(u32, Timed)>) {
+    let mut took = Vec::new();
+    let mut slowest: Option<(u32, Timed)> = None;
+    for (node, l) in lat {
+        for t in l.lock().unwrap().iter() {
+            if t.start <= to && t.start + t.took >= from && which(*node, t) {
+                took.push(t.took);
+                if slowest.is_none_or(|(_, s)| s.took < t.took) {
+                    slowest = Some((*node, *t));
                 }
             }
         }
     }
-    let p = |v: Vec<Duration>| (!v.is_empty()).then(|| percentile(v, 0.99));
-    (p(own), p(shared))
+    ((!took.is_empty()).then(|| percentile(took, 0.99)), slowest)
 }
 
 #[test]
@@ -389,6 +406,7 @@ fn kill9_rounds_lose_nothing_fsynced() {
             })
             .collect();
         // Mid-workload: every node acknowledged a few operations this round.
+        let progress = Instant::now();
         let base: Vec<u64> = journals.iter().map(|j| j.lock().unwrap().ops).collect();
         wait_for(&c, "every node's workload makes progress", || {
             journals
@@ -398,6 +416,7 @@ fn kill9_rounds_lose_nothing_fsynced() {
         });
         // The victim's file a survivor will wait for: one it wrote and fsynced, so it
         // may still hold its tokens.
+        let progress = progress.elapsed();
         let probe = journals[victim as usize]
             .lock()
             .unwrap()
@@ -483,11 +502,24 @@ fn kill9_rounds_lose_nothing_fsynced() {
                 );
             }
         }
-        // The survivors' operations between the kill and the recovery: in their own
-        // directories (they never need the victim) and in the shared one (they may
-        // wait for the victim's tokens, so for its recovery).
-        let (own, shared) =
-            p99_during(&[&lat[0], &lat[survivor as usize]], killed_at, recovered_at);
+        // The survivors' operations under way between the kill and the recovery: node
+        // 0's in its own directory, which no other node ever reads, so they never need
+        // the victim; and the others, in directories the victim may hold tokens of
+        // (the shared one; a client's own, which the other nodes read to check it),
+        // which may wait for its recovery.
+        let survivors = [(0, &lat[0]), (survivor, &lat[survivor as usize])];
+        let (own, slowest) = p99_during(
+            &survivors,
+            |node, t| node == 0 && !t.shared,
+            killed_at,
+            recovered_at,
+        );
+        let (shared, _) = p99_during(
+            &survivors,
+            |node, t| node != 0 || t.shared,
+            killed_at,
+            recovered_at,
+        );
         own_p99s.extend(own);
         shared_p99s.extend(shared);
         // The victim's worker ended with the kill (its mount's requests fail once
@@ -502,17 +534,29 @@ fn kill9_rounds_lose_nothing_fsynced() {
                 .expect("the victim's worker");
             w.join().expect("the victim's worker panicked");
         }
-        // Every survivor sees every node's acknowledged state, before the victim is
-        // back (its journal once its worker has ended).
-        for seen_from in [0, survivor] {
-            for (n, j) in journals.iter().enumerate() {
-                if n as u32 != victim || victim_done {
-                    check_journal(n as u32, j, &c.mount(seen_from), seen_from);
+        // Every survivor sees every node's acknowledged state (the victim's once its
+        // worker has ended; node 0's from node 0 only: no other node ever reads its
+        // directory), while the victim comes back: `mako up` starts it, it rejoins
+        // (its log was replayed: it cannot change what the survivors see) and mounts.
+        let back = Instant::now();
+        let up = std::thread::scope(|s| {
+            let up = s.spawn(|| c.mako(&["up"]));
+            for seen_from in [0, survivor] {
+                for (n, j) in journals.iter().enumerate() {
+                    if (n as u32 != victim || victim_done) && (n != 0 || seen_from == 0) {
+                        check_journal(n as u32, j, &c.mount(seen_from), seen_from);
+                    }
                 }
             }
-        }
-        // The victim comes back, rejoins and mounts.
-        c.start_stopped().expect("the victim started again");
+            up.join().expect("mako up of the victim panicked")
+        });
+        c.note_pids();
+        let up = up.expect("mako up of the victim");
+        assert!(
+            up.success(),
+            "round {round}: mako up of node {victim} failed: {up}\n{}",
+            c.logs_tail(15)
+        );
         if let Some(w) = workers[victim as usize].take() {
             w.join().expect("the victim's worker panicked");
             eprintln!(
@@ -541,6 +585,7 @@ fn kill9_rounds_lose_nothing_fsynced() {
             "node {victim} is not mounted after its restart"
         );
         check_journal(victim, &journals[victim as usize], &c.mount(victim), victim);
+        let back = back.elapsed();
         // No survivor was expelled.
         let show = c.node_show();
         assert!(
@@ -555,7 +600,9 @@ fn kill9_rounds_lose_nothing_fsynced() {
         eprintln!(
             "round {round}: node {victim} killed; expel seen after {:.1} s, recovered after \
              {:.1} s (replay {}), survivor's read of its file stalled {}; survivors' p99 \
-             during recovery: own directories {}, shared {}; round {:.1} s",
+             during recovery: node 0's own directory {} (slowest: {}), directories the victim \
+             may hold tokens of {}; round {:.1} s \
+             (workload progress {:.1} s, recovery to the victim back and checked {:.1} s)",
             expelled_after.as_secs_f64(),
             recovered_after.as_secs_f64(),
             replay
@@ -565,8 +612,18 @@ fn kill9_rounds_lose_nothing_fsynced() {
                 .map(|d| format!("{:.2} s", d.as_secs_f64()))
                 .unwrap_or_else(|| "-".into()),
             ms(own),
+            slowest
+                .map(|(n, t)| format!(
+                    "node {n}'s {} from {:.2} s after the kill, {:.0} ms",
+                    t.what,
+                    t.start.as_secs_f64() - killed_at.as_secs_f64(),
+                    t.took.as_secs_f64() * 1e3
+                ))
+                .unwrap_or_else(|| "-".into()),
             ms(shared),
-            t0.elapsed().as_secs_f64()
+            t0.elapsed().as_secs_f64(),
+            progress.as_secs_f64(),
+            back.as_secs_f64()
         );
     }
     let ops: u64 = journals.iter().map(|j| j.lock().unwrap().ops).sum();
@@ -578,9 +635,10 @@ fn kill9_rounds_lose_nothing_fsynced() {
          operations acknowledged; failureDetectionTime {FAILURE_DETECTION_S} s, \
          minMissedPingTimeout {MISSED_PING_S} s; kill -9 to recovery done: median {:.2} s, max \
          {:.2} s; recovery stall (kill -9 to a survivor's read of the victim's file) median \
-         {:.2} s, max {:.2} s over {} probes; survivors' p99 during recovery, worst round: own \
-         directories {:.1} ms, shared directory {:.1} ms; recovery (log replay and token \
-         release) on the manager: median {} ms, max {} ms",
+         {:.2} s, max {:.2} s over {} probes; survivors' p99 during recovery, worst round: \
+         node 0's own directory (no other node reads it) {:.1} ms, directories the victim may \
+         hold tokens of {:.1} ms; recovery (log replay and token release) on the manager: \
+         median {} ms, max {} ms",
         f64::from(rounds) * 60.0 / elapsed,
         secs(&to_recovered, 0.5),
         secs(&to_recovered, 1.0),
