@@ -511,7 +511,9 @@ impl NetCluster {
             .and_then(|t| t.trim().parse().ok())
     }
 
-    fn note_pids(&mut self) {
+    /// Records the makod pids of the nodes now (every makod seen is killed at cleanup
+    /// if still alive): after a `mako up` run through [`NetCluster::mako`].
+    pub fn note_pids(&mut self) {
         for i in 0..self.nodes {
             if let Some(p) = self.pid(i) {
                 if !self.pids.contains(&p) {

@@ -412,6 +412,7 @@ impl Daemon {
             options,
             flags,
             device,
+            _guard: crate::fuse_guard::Watched::new(device, mp),
         });
         Ok(message)
     }
@@ -1332,6 +1333,8 @@ pub(crate) fn watch_signals(stop: Arc<AtomicBool>) -> Result<()> {
 }
 
 pub fn run(root: &Path) -> Result<()> {
+    // Before any FUSE mount (see `fuse_guard`): it must not inherit a /dev/fuse.
+    crate::fuse_guard::start();
     let dir = DataDir::new(root);
     let stop = Arc::new(AtomicBool::new(false));
     watch_signals(stop.clone())?;
