@@ -118,8 +118,13 @@ pub fn state_text(
     }
     match def {
         // On this machine: say whether its makod runs at all.
+        // ... keeping what the cluster says of it (an expelled node that is down
+        // is expelled too).
         Some(d) if d.data_dir.is_dir() && local_state(d) == "not running" => {
-            "down: not running".to_string()
+            match node.state.split_once("; expelled by ") {
+                Some((_, expel)) => format!("down: not running; expelled by {expel}"),
+                None => "down: not running".to_string(),
+            }
         }
         _ => format!("down: {}", node.state),
     }

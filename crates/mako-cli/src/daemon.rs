@@ -333,7 +333,9 @@ const PROBE_LIMIT: Duration = Duration::from_secs(5);
 /// certainly its own is touched: a mount at a mount point of this cluster whose source
 /// is `mako:NAME` of the file system configured there and whose connection is gone, and
 /// the socket and pid file of a pid that no longer runs makod (a zombie counts as
-/// gone). Anything else mounted at a mount point is an error that says what to do.
+/// gone). A mount of its own that does not answer at all (a killed makod stuck
+/// exiting in the kernel on it) has its FUSE connection aborted first (fusectl), which
+/// makes it dead. Anything else mounted at a mount point is an error that says what to do.
 /// Returns what was done, one line each; nothing if there was nothing to do.
 pub fn clean_up_after_dead_daemon(data: &DataDir, cluster: &ClusterConfig) -> Result<Vec<String>> {
     let mut done = Vec::new();
@@ -358,7 +360,32 @@ pub fn clean_up_after_dead_daemon(data: &DataDir, cluster: &ClusterConfig) -> Re
                     mp.display()
                 );
             }
-            match mount_table::probe(mp, PROBE_LIMIT) {
+            let mut probe = mount_table::probe(mp, PROBE_LIMIT);
+            if let Probe::Unknown(why) = &probe {
+                // No makod runs for this data directory, yet the connection did not
+                // answer: a makod killed while one of its threads was in the kernel on
+                // this connection (an entry invalidation waiting for a directory lock
+                // that a request to the dead makod holds) cannot finish exiting, and
+                // keeps the connection open, so every access hangs. Aborting the
+                // connection ends those requests and lets it exit.
+                mount_table::abort_fuse_connection(entry.device).with_context(|| {
+                    format!(
+                        "{} ({}) does not answer ({why}) and no makod runs for {}; aborting                          its FUSE connection failed. Abort it with `echo 1 >                          /sys/fs/fuse/connections/{}/abort`, then run `mako up` again",
+                        mp.display(),
+                        entry.source,
+                        data.root.display(),
+                        entry.device.1
+                    )
+                })?;
+                done.push(format!(
+                    "aborted the FUSE connection {} of {} on {}: it did not answer ({why}) and                      no makod runs",
+                    entry.device.1,
+                    fs.name,
+                    mp.display()
+                ));
+                probe = mount_table::probe(mp, PROBE_LIMIT);
+            }
+            match probe {
                 Probe::Dead => {}
                 Probe::Answers => bail!(
                     "{} is mounted ({}) and answers, but no makod runs for {}: a makod with \

@@ -231,6 +231,8 @@ struct Watched {
     renewed: Duration,
     /// When the pings began to fail, if the last one failed.
     unanswered_since: Option<Duration>,
+    /// A renewal of it reached this manager since it began watching.
+    heard: bool,
 }
 
 /// The cluster manager's view of every node's lease.
@@ -250,7 +252,13 @@ impl LeaseMonitor {
     }
 
     /// Watch `node` from now (a new manager, a node that rejoined): it has a whole
-    /// lease before it can be found expired.
+    /// lease before it can be found expired, and until its first renewal reaches this
+    /// manager a second one (the start-up grace of the watch: a node whose makod is
+    /// still starting, or which learns who the manager is only after its raft log
+    /// caught up, on a loaded machine). That does not weaken the fence: a node's lease
+    /// ends `failureDetectionTime` after it *sent* the renewal that was granted, so a
+    /// lease granted before this watch began ends within one lease of it; an expel
+    /// later than that only delays the recovery of a node that is really gone.
     pub fn watch(&mut self, node: NodeId) {
         let now = self.clock.monotonic();
         self.nodes.insert(
@@ -258,6 +266,7 @@ impl LeaseMonitor {
             Watched {
                 renewed: now,
                 unanswered_since: None,
+                heard: false,
             },
         );
     }
@@ -277,9 +286,11 @@ impl LeaseMonitor {
         let w = self.nodes.entry(node).or_insert(Watched {
             renewed: now,
             unanswered_since: None,
+            heard: true,
         });
         w.renewed = w.renewed.max(now);
         w.unanswered_since = None;
+        w.heard = true;
     }
 
     /// A ping of `node` was answered (`true`) or not, now.
@@ -300,7 +311,12 @@ impl LeaseMonitor {
             return Watch::Active;
         };
         let now = self.clock.monotonic();
-        let lease_end = w.renewed + self.times.lease;
+        let grace = if w.heard {
+            Duration::ZERO
+        } else {
+            self.times.lease
+        };
+        let lease_end = w.renewed + self.times.lease + grace;
         if now < lease_end {
             return Watch::Active;
         }
@@ -441,6 +457,7 @@ mod tests {
         let mut m = LeaseMonitor::new(clock.clone(), times());
         let n = NodeId(1);
         m.watch(n);
+        m.renewed(n);
         clock.advance(s(2));
         m.pinged(n, false);
         clock.advance(s(8)); // lease end
@@ -455,6 +472,7 @@ mod tests {
         let mut m = LeaseMonitor::new(clock.clone(), times());
         let n = NodeId(3);
         m.watch(n);
+        m.renewed(n);
         clock.advance(s(10));
         m.pinged(n, true);
         clock.advance(s(9));
@@ -462,6 +480,30 @@ mod tests {
         assert_eq!(m.step(n), Watch::Arbitrating);
         clock.advance(s(1));
         assert_eq!(m.step(n), Watch::Expel);
+    }
+
+    /// A node never heard from since the watch began (still starting) has a second
+    /// lease before it is pinged; its first renewal ends that grace.
+    #[test]
+    fn a_node_not_heard_from_yet_has_a_second_lease() {
+        let clock = Arc::new(FakeClock(Mutex::new(s(0))));
+        let mut m = LeaseMonitor::new(clock.clone(), times());
+        let (late, heard) = (NodeId(1), NodeId(2));
+        m.watch(late);
+        m.watch(heard);
+        m.renewed(heard);
+        clock.advance(s(19));
+        assert_eq!(m.step(late), Watch::Active);
+        assert_eq!(m.step(heard), Watch::Arbitrating);
+        clock.advance(s(1));
+        assert_eq!(m.step(late), Watch::Arbitrating);
+        m.pinged(late, false);
+        clock.advance(s(3));
+        assert_eq!(m.step(late), Watch::Expel);
+        // Heard from once, it has one lease from each renewal, as every node.
+        m.renewed(late);
+        clock.advance(s(10));
+        assert_eq!(m.step(late), Watch::Arbitrating);
     }
 
     /// The fence: whatever the delays, the node's own lease has run out before the

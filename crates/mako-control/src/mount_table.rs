@@ -272,6 +272,37 @@ pub fn holders_text(holders: &[String]) -> String {
     text
 }
 
+/// Ends the FUSE connection whose device is `device` (a [`MountEntry::device`]) by
+/// writing to its `abort` file in the FUSE control file system, mounted at
+/// `/sys/fs/fuse/connections` first if it is not; as `umount -f` would. Every request
+/// waiting on it fails (ENOTCONN), and its daemon, if a thread of it is stuck in the
+/// kernel on that connection, can finish exiting.
+pub fn abort_fuse_connection(device: (u32, u32)) -> std::io::Result<()> {
+    let connections = Path::new("/sys/fs/fuse/connections");
+    let abort = connections.join(device.1.to_string()).join("abort");
+    if !abort.exists() {
+        // SAFETY: mount(2) of the FUSE control file system with constant arguments.
+        let mounted = unsafe {
+            libc::mount(
+                c"fusectl".as_ptr(),
+                c"/sys/fs/fuse/connections".as_ptr(),
+                c"fusectl".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if mounted != 0 && !abort.exists() {
+            let e = std::io::Error::last_os_error();
+            return Err(std::io::Error::new(
+                e.kind(),
+                format!("mounting fusectl on {}: {e}", connections.display()),
+            ));
+        }
+    }
+    std::fs::write(&abort, "1")
+        .map_err(|e| std::io::Error::new(e.kind(), format!("writing {}: {e}", abort.display())))
+}
+
 /// Detaches the mount at `mountpoint` now (`umount -l`): as root with umount2
 /// (MNT_DETACH), otherwise through `fusermount3 -uz` / `fusermount -uz`.
 pub fn lazy_unmount(mountpoint: &Path) -> std::io::Result<()> {

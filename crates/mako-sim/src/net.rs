@@ -20,6 +20,23 @@ pub struct NetConfig {
     pub latency_max: Duration,
     pub spike_probability: f64,
     pub spike_max: Duration,
+    /// Probability that a call between two nodes loses a message: the connection it
+    /// went over broke (a packet the network drops is only latency to TCP, a spike;
+    /// what the real transport turns into an error is a broken connection). Half of
+    /// them lose the request (the handler never runs), half the reply (it ran); either
+    /// way the caller gets `TransportError::Unreachable` at once, as `TcpTransport`
+    /// fails every call of a connection that closes. Lease messages are spared
+    /// (`faults_spare_leases`).
+    pub loss_probability: f64,
+    /// Probability that a call's request is handled twice, the second copy right after
+    /// the first, before the reply leaves (a layer that resent a request it thought
+    /// lost). `TcpTransport` never resends a request it has queued, so this cannot
+    /// happen in a real cluster; the simulation checks that it would do no harm.
+    pub duplicate_probability: f64,
+    /// TEST ONLY: a duplicated request arrives late instead, after its caller got the
+    /// reply and went on (overtaken by the caller's next messages). The checker's own
+    /// test: handling a stale relinquish or acquire again breaks the token protocol.
+    pub duplicate_late: bool,
 }
 
 impl Default for NetConfig {
@@ -29,6 +46,9 @@ impl Default for NetConfig {
             latency_max: Duration::from_micros(300),
             spike_probability: 0.02,
             spike_max: Duration::from_millis(3),
+            loss_probability: 0.0,
+            duplicate_probability: 0.0,
+            duplicate_late: false,
         }
     }
 }
@@ -45,6 +65,11 @@ pub struct NetStats {
     /// Token requests by what they ask and the kind of object (`acquire dirbucket`,
     /// `revoke inode`, ...): where the token traffic of a workload goes.
     pub by_token_request: BTreeMap<String, u64>,
+    /// Calls that lost their request or their reply (`NetConfig::loss_probability`),
+    /// by calling node.
+    pub lost_by: BTreeMap<NodeId, u64>,
+    /// Requests handled twice (`NetConfig::duplicate_probability`).
+    pub duplicated: u64,
 }
 
 impl NetStats {
@@ -198,6 +223,43 @@ impl SimNet {
         Duration::from_nanos(rng.range(lo, hi.max(lo)))
     }
 
+    /// What the network does to one call from `from` to `to`: nothing, lose its
+    /// request, lose its reply, or handle its request twice.
+    fn fault(&self, from: NodeId, to: NodeId, service: ServiceId) -> Fault {
+        let c = &self.config;
+        if from == to
+            || (c.loss_probability <= 0.0 && c.duplicate_probability <= 0.0)
+            || service == ServiceId::Lease
+        {
+            return Fault::None;
+        }
+        let mut rng = self.rng.lock();
+        let fault = if c.loss_probability > 0.0 && rng.chance(c.loss_probability) {
+            if rng.chance(0.5) {
+                Fault::LoseRequest
+            } else {
+                Fault::LoseReply
+            }
+        } else if c.duplicate_probability > 0.0 && rng.chance(c.duplicate_probability) {
+            Fault::Duplicate
+        } else {
+            Fault::None
+        };
+        drop(rng);
+        let mut s = self.stats.lock();
+        match fault {
+            Fault::LoseRequest | Fault::LoseReply => *s.lost_by.entry(from).or_default() += 1,
+            Fault::Duplicate => s.duplicated += 1,
+            Fault::None => {}
+        }
+        fault
+    }
+
+    /// Calls of `node` that lost a message so far.
+    pub fn lost_by(&self, node: NodeId) -> u64 {
+        self.stats.lock().lost_by.get(&node).copied().unwrap_or(0)
+    }
+
     fn count(&self, from: NodeId, service: Option<ServiceId>, bytes: usize) {
         self.count_request(from, service, bytes, None)
     }
@@ -219,6 +281,23 @@ impl SimNet {
         if let Some(service) = service {
             *s.by_service.entry(service).or_default() += 1;
         }
+    }
+}
+
+/// What the network does to one call (`SimNet::fault`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    None,
+    LoseRequest,
+    LoseReply,
+    Duplicate,
+}
+
+/// The error a caller gets for a call whose connection broke.
+fn broken(to: NodeId, what: &str) -> TransportError {
+    TransportError::Unreachable {
+        node: to,
+        reason: format!("the connection closed (simulated message loss: the {what} was lost)"),
     }
 }
 
@@ -313,7 +392,28 @@ impl Transport for SimTransport {
                 service,
                 reason,
             })?;
+        let fault = net.fault(self.me, to, service);
+        if fault == Fault::LoseRequest {
+            return Err(broken(to, "request"));
+        }
         let reply = handler.handle(self.me, &request);
+        if fault == Fault::Duplicate {
+            if net.config.duplicate_late {
+                // TEST ONLY: the copy arrives after the caller went on.
+                let (handler, from, request) = (handler.clone(), self.me, request.clone());
+                let delay = net.latency() * 20;
+                net.sim.spawn(format!("{}-dup-{}", from.0, to.0), move || {
+                    mako_diag::sched::sleep(delay);
+                    let _ = handler.handle(from, &request);
+                });
+            } else {
+                mako_diag::sched::sleep(net.latency());
+                let _ = handler.handle(self.me, &request);
+            }
+        }
+        if fault == Fault::LoseReply {
+            return Err(broken(to, "reply"));
+        }
         // A node stopped while it handled the request answers once it runs again.
         if to != self.me {
             net.wait_while_paused(to, service, since, options.deadline)?;

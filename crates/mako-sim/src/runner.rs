@@ -617,18 +617,21 @@ fn probe_zombie(
 /// one log may replay an image of any structure (docs/coherence.md section 7); an
 /// image replayed from two logs would make the order matter.
 fn replay_orders_agree(cluster: &SimCluster, nodes: u32) -> Result<(), String> {
-    use mako_disk::{Disk, MemDisk};
-    let images: Vec<Vec<u8>> = cluster.disks.iter().map(|d| d.snapshot()).collect();
-    let replayed = |order: &[u32]| -> Result<Vec<Vec<u8>>, String> {
-        let copies: Vec<Arc<MemDisk>> = images
+    use mako_disk::Disk;
+    // The disks as they are now, shared by both replays; each replay writes to an
+    // overlay of its own (copying the whole disks twice, then comparing them byte by
+    // byte, was most of a cheap seed's system time).
+    let images: Vec<Arc<Vec<u8>>> = cluster
+        .disks
+        .iter()
+        .map(|d| Arc::new(d.snapshot()))
+        .collect();
+    let replayed = |order: &[u32]| -> Result<Vec<Arc<Overlay>>, String> {
+        let copies: Vec<Arc<Overlay>> = images
             .iter()
             .enumerate()
-            .map(|(i, img)| {
-                let m = MemDisk::new(&format!("d{i}"), img.len() as u64);
-                m.write_at(img, 0).map(|()| Arc::new(m))
-            })
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("copying the disks: {e}"))?;
+            .map(|(i, img)| Arc::new(Overlay::new(format!("d{i}"), img.clone())))
+            .collect();
         let dyn_disks: Vec<Arc<dyn Disk>> =
             copies.iter().map(|d| d.clone() as Arc<dyn Disk>).collect();
         let (desc, found) = mako_fs::mount::find_descriptor(dyn_disks)
@@ -638,13 +641,13 @@ fn replay_orders_agree(cluster: &SimCluster, nodes: u32) -> Result<(), String> {
             mako_fs::recovery::replay(&nsd, &desc, n)
                 .map_err(|e| format!("replay of node {n}'s log (order {order:?}): {e}"))?;
         }
-        Ok(copies.iter().map(|d| d.snapshot()).collect())
+        Ok(copies)
     };
     let forward: Vec<u32> = (0..nodes).collect();
     let backward: Vec<u32> = (0..nodes).rev().collect();
     let (a, b) = (replayed(&forward)?, replayed(&backward)?);
     for (disk, (x, y)) in a.iter().zip(&b).enumerate() {
-        if let Some(byte) = x.iter().zip(y).position(|(p, q)| p != q) {
+        if let Some(byte) = x.first_difference(y) {
             return Err(format!(
                 "after a whole-cluster crash, the logs replayed in order {forward:?} and {backward:?} \
                  leave different bytes on disk d{disk} from byte {byte} (sector {}): an image one node \
@@ -654,6 +657,111 @@ fn replay_orders_agree(cluster: &SimCluster, nodes: u32) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A disk that reads `base` and keeps its writes to itself, a page at a time: a copy
+/// of a disk that costs what is written to it.
+struct Overlay {
+    name: String,
+    base: Arc<Vec<u8>>,
+    pages: Mutex<std::collections::BTreeMap<u64, Box<[u8]>>>,
+}
+
+impl Overlay {
+    const PAGE: u64 = 4096;
+
+    fn new(name: String, base: Arc<Vec<u8>>) -> Overlay {
+        Overlay {
+            name,
+            base,
+            pages: Mutex::new(Default::default()),
+        }
+    }
+
+    fn check(&self, op: &'static str, offset: u64, len: usize) -> Result<(), mako_disk::DiskError> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.base.len() as u64 => Ok(()),
+            _ => Err(mako_disk::DiskError::OutOfRange {
+                disk: self.name.clone(),
+                op,
+                offset,
+                len,
+                size: self.base.len() as u64,
+            }),
+        }
+    }
+
+    fn page_of<'a>(
+        &'a self,
+        pages: &'a std::collections::BTreeMap<u64, Box<[u8]>>,
+        page: u64,
+    ) -> &'a [u8] {
+        match pages.get(&page) {
+            Some(p) => p,
+            None => {
+                let at = (page * Self::PAGE) as usize;
+                &self.base[at..(at + Self::PAGE as usize).min(self.base.len())]
+            }
+        }
+    }
+
+    /// The first byte at which `self` and `other` (overlays of the same base) differ.
+    fn first_difference(&self, other: &Overlay) -> Option<u64> {
+        let (mine, theirs) = (self.pages.lock(), other.pages.lock());
+        let touched: std::collections::BTreeSet<u64> =
+            mine.keys().chain(theirs.keys()).copied().collect();
+        touched.into_iter().find_map(|page| {
+            let (x, y) = (self.page_of(&mine, page), other.page_of(&theirs, page));
+            x.iter()
+                .zip(y)
+                .position(|(p, q)| p != q)
+                .map(|i| page * Self::PAGE + i as u64)
+        })
+    }
+}
+
+impl mako_disk::Disk for Overlay {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn size_bytes(&self) -> u64 {
+        self.base.len() as u64
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), mako_disk::DiskError> {
+        self.check("read", offset, buf.len())?;
+        let pages = self.pages.lock();
+        let mut done = 0usize;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            let (page, within) = (at / Self::PAGE, (at % Self::PAGE) as usize);
+            let src = self.page_of(&pages, page);
+            let n = (src.len() - within).min(buf.len() - done);
+            buf[done..done + n].copy_from_slice(&src[within..within + n]);
+            done += n;
+        }
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), mako_disk::DiskError> {
+        self.check("write", offset, buf.len())?;
+        let mut pages = self.pages.lock();
+        let mut done = 0usize;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            let (page, within) = (at / Self::PAGE, (at % Self::PAGE) as usize);
+            if !pages.contains_key(&page) {
+                let copy: Box<[u8]> = self.page_of(&pages, page).into();
+                pages.insert(page, copy);
+            }
+            let dst = pages.get_mut(&page).expect("just made");
+            let n = (dst.len() - within).min(buf.len() - done);
+            dst[within..within + n].copy_from_slice(&buf[done..done + n]);
+            done += n;
+        }
+        Ok(())
+    }
+    fn sync(&self) -> Result<(), mako_disk::DiskError> {
+        Ok(())
+    }
 }
 
 /// The background work of one step, at random nodes and times: what the daemon's
@@ -822,7 +930,15 @@ fn run_step(
         );
     }
     let results: Arc<Mutex<Vec<Slot>>> = Arc::new(Mutex::new(vec![None; plan.len()]));
-    let bg_errors: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+    let bg_errors: Arc<Mutex<Vec<(u32, String)>>> = Arc::new(Mutex::new(Vec::new()));
+    // Calls each node made that lost a message before the step (`NetConfig::
+    // loss_probability`): a node whose calls lost some in the step may see its
+    // operations fail, and what failed may or may not have taken effect.
+    let nodes = config.cluster.nodes;
+    let lost_before: Vec<u64> = (0..nodes)
+        .map(|n| cluster.net.lost_by(mako_rt::NodeId(n)))
+        .collect();
+    let lossy = |n: u32| cluster.net.lost_by(mako_rt::NodeId(n)) > lost_before[n as usize];
     let pending = Arc::new(AtomicU64::new(
         (plan.len() + background.len() + crash.is_some() as usize) as u64,
     ));
@@ -897,9 +1013,10 @@ fn run_step(
                 // The crashed node's work fails once it has crashed: what it did not
                 // finish is lost with it.
                 if crashed != Some(node) || matches!(work, Background::Steal { .. }) {
-                    errors
-                        .lock()
-                        .push(format!("node {node}: background {work:?} failed: {e}"));
+                    errors.lock().push((
+                        node,
+                        format!("node {node}: background {work:?} failed: {e}"),
+                    ));
                 }
             }
             pending.fetch_sub(1, Ordering::SeqCst);
@@ -908,9 +1025,10 @@ fn run_step(
     mako_diag::sched::wait_until("step", || pending.load(Ordering::SeqCst) == 0);
     for (node, work, _) in after {
         if let Err(e) = cluster.background(*node, *work) {
-            bg_errors
-                .lock()
-                .push(format!("node {node}: background {work:?} failed: {e}"));
+            bg_errors.lock().push((
+                *node,
+                format!("node {node}: background {work:?} failed: {e}"),
+            ));
         }
     }
     if verbose() {
@@ -918,7 +1036,9 @@ fn run_step(
             eprintln!("  step {step} [node {n}] background {w:?}");
         }
     }
-    if let Some(e) = bg_errors.lock().first() {
+    // Background work of a node that lost messages may fail (what it did not finish
+    // stays to do: later steps and the final read-back check that nothing was lost).
+    if let Some((_, e)) = bg_errors.lock().iter().find(|(n, _)| !lossy(*n)) {
         return Err((Some(step), e.clone()));
     }
     if crash.is_some() {
@@ -948,7 +1068,17 @@ fn run_step(
             Op::Create { .. } | Op::Mkdir { .. } | Op::Symlink { .. }
         )
     });
-    let observers: Vec<usize> = (0..plan.len()).filter(|i| plan[*i].observer).collect();
+    // An operation that failed on a node that lost messages in the step is uncertain:
+    // checked by running it again (`check_uncertain`), before the observers, which may
+    // race it. An observer that failed there is not checked.
+    let failed_lossy =
+        |i: usize| lossy(plan[i].node) && results[i].as_ref().is_some_and(|(o, _, _)| o.is_err());
+    let uncertain: Vec<usize> = order.iter().copied().filter(|i| failed_lossy(*i)).collect();
+    order.retain(|i| !failed_lossy(*i));
+    let observers: Vec<usize> = (0..plan.len())
+        .filter(|i| plan[*i].observer && !failed_lossy(*i))
+        .collect();
+    let first_observer = order.len();
     order.extend(&observers);
     // A paused or partitioned node's operations that ended after it was expelled must
     // have failed: it no longer held its tokens, nor could it write.
@@ -979,7 +1109,12 @@ fn run_step(
     }
     let mut results: Vec<Option<Slot>> = results.into_iter().map(Some).collect();
     let mut s = state.lock();
-    for i in order {
+    for (k, i) in order.into_iter().enumerate() {
+        if k == first_observer && !uncertain.is_empty() {
+            drop(s);
+            run_again_after_loss(cluster, plan, &uncertain, step, step_start, model, state)?;
+            s = state.lock();
+        }
         let p = &plan[i];
         let r = results[i].take().flatten();
         let (outcome, start, end) = r.expect("every operation finished");
@@ -1028,6 +1163,9 @@ fn run_step(
         }
     }
     drop(s);
+    if observers.is_empty() && !uncertain.is_empty() {
+        run_again_after_loss(cluster, plan, &uncertain, step, step_start, model, state)?;
+    }
     // The crashed node's operations of this step may or may not have taken effect:
     // each runs again on the survivor, checked by `check_uncertain`.
     if let Some(c) = crash {
@@ -1074,6 +1212,58 @@ fn run_step(
                 state.lock().context
             ),
         ));
+    }
+    Ok(())
+}
+
+/// The operations of a step (`uncertain`, indices into `plan`) that failed on nodes
+/// that lost messages meanwhile: each may or may not have taken effect (a lost reply),
+/// so each runs again on its node and is checked by `check_uncertain`. A run again
+/// that fails while its node loses messages again is tried again (a few times).
+fn run_again_after_loss(
+    cluster: &SimCluster,
+    plan: &[Planned],
+    uncertain: &[usize],
+    step: u32,
+    step_start: Timestamp,
+    model: &mut Model,
+    state: &Mutex<DriverState>,
+) -> DriveResult {
+    for &i in uncertain {
+        let p = &plan[i];
+        let node = mako_rt::NodeId(p.node);
+        let fs = cluster
+            .fs(p.node)
+            .ok_or_else(|| (Some(step), format!("node {} is not mounted", p.node)))?;
+        state.lock().context = format!(
+            "step {step}: node {} runs again what failed while it lost messages: {}",
+            p.node, p.op
+        );
+        let mut tries = 0;
+        loop {
+            let lost = cluster.net.lost_by(node);
+            let r = check_uncertain(cluster, &fs, &p.op, step_start, model);
+            if verbose() {
+                eprintln!(
+                    "  step {step} [node {}] again after a lost message: {} -> {r:?}",
+                    p.node, p.op
+                );
+            }
+            state.lock().operations += 1;
+            match r {
+                Ok(()) => break,
+                Err(_) if cluster.net.lost_by(node) > lost && tries < 8 => tries += 1,
+                Err(why) => {
+                    return Err((
+                        Some(step),
+                        format!(
+                            "node {} lost a message during {} (which failed); run again: {why}",
+                            p.node, p.op
+                        ),
+                    ))
+                }
+            }
+        }
     }
     Ok(())
 }

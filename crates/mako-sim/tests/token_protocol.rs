@@ -98,6 +98,7 @@ fn run_seed(seed: u64, nodes: u32, ops_per_worker: u32) -> Result<(), String> {
             latency_max: Duration::from_micros(500),
             spike_probability: 0.0,
             spike_max: Duration::ZERO,
+            ..NetConfig::default()
         },
     );
     let manager = Arc::new(TokenManager::default());

@@ -14,6 +14,7 @@ pub mod netcluster;
 pub mod posix;
 pub mod skip;
 pub mod sys;
+pub mod workload;
 
 pub use fsx::{run_fsx, FsxFailure, FsxOptions, FsxStats};
 pub use posix::{run_posix_suite, Outcome, Report};

@@ -11,6 +11,7 @@
 //! anything mounted below the temp dir, removal of the temp dir (only when nothing is
 //! mounted below it).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -45,6 +46,10 @@ pub struct NetClusterOptions {
     /// (every node's config.toml starts as a copy), e.g. `("failureDetectionTime",
     /// "10")`.
     pub config: Vec<(String, String)>,
+    /// Nodes that run in a network namespace of their own, linked to the others by a
+    /// veth pair that [`NetCluster::cut_link`] takes down (needs `create_args`; see
+    /// [`NetCluster::up`]). Empty: every node on 127.0.0.1.
+    pub isolated: Vec<u32>,
 }
 
 impl Default for NetClusterOptions {
@@ -58,6 +63,7 @@ impl Default for NetClusterOptions {
             create_args: None,
             nsd_servers: Vec::new(),
             config: Vec::new(),
+            isolated: Vec::new(),
         }
     }
 }
@@ -102,6 +108,18 @@ pub struct NetCluster {
     /// Every makod pid seen, killed at cleanup if still alive.
     pids: Vec<u32>,
     up: bool,
+    /// The network namespaces of isolated nodes, removed at cleanup.
+    netns: Vec<NetNs>,
+    /// The address added to the host's loopback for the other nodes, removed at cleanup.
+    host_address: Option<String>,
+}
+
+/// An isolated node's network namespace and the host end of its veth pair.
+struct NetNs {
+    node: u32,
+    name: String,
+    host_veth: String,
+    ns_veth: String,
 }
 
 impl NetCluster {
@@ -128,6 +146,8 @@ impl NetCluster {
             nodes: opts.nodes,
             pids: Vec::new(),
             up: false,
+            netns: Vec::new(),
+            host_address: None,
         };
         if !opts.config.is_empty() {
             std::fs::create_dir_all(&c.data).context("create the data directory")?;
@@ -178,7 +198,16 @@ impl NetCluster {
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut out = c.mako(&args);
-        if opts.create_args.is_some() && out.as_ref().is_ok_and(|o| o.success()) {
+        if !opts.isolated.is_empty() {
+            if opts.create_args.is_none() {
+                bail!("NetClusterOptions::isolated needs create_args (mako cluster create)");
+            }
+            if out.as_ref().is_ok_and(|o| o.success()) {
+                c.isolate(&opts.isolated)?;
+                c.up = true;
+                out = c.startup_isolated();
+            }
+        } else if opts.create_args.is_some() && out.as_ref().is_ok_and(|o| o.success()) {
             c.up = true;
             out = c.mako(&["startup", "-a"]);
         }
@@ -197,6 +226,173 @@ impl NetCluster {
             }
         }
         Ok(c)
+    }
+
+    /// Gives each node of `nodes` a network namespace of its own (`ip netns`) linked
+    /// to the host by a veth pair (host end `10.214.K.4j+1/30`, the node's end
+    /// `.4j+2`, its default route through the host end), puts the other nodes on an
+    /// address added to the host's loopback (`10.213.K.1`, so taking a veth down
+    /// leaves them connected), and rewrites every cluster.toml of the cluster with
+    /// those addresses (the replicated configuration is made from them at the first
+    /// start). Every namespace, veth and address is recorded before it is made, so the
+    /// cleanup removes it whatever fails.
+    fn isolate(&mut self, nodes: &[u32]) -> Result<()> {
+        let pid = std::process::id();
+        let taken = ip(&["-o", "addr", "show"])?;
+        let k = (0..250)
+            .map(|a| (pid as usize + a) % 250 + 1)
+            .find(|k| {
+                !taken.contains(&format!("10.213.{k}.")) && !taken.contains(&format!("10.214.{k}."))
+            })
+            .context("no free 10.213.K.0/24 for the host address")?;
+        let host = format!("10.213.{k}.1");
+        ip(&["addr", "add", &format!("{host}/32"), "dev", "lo"])?;
+        self.host_address = Some(host.clone());
+        let mut address = BTreeMap::new();
+        for i in 0..self.nodes {
+            address.insert(i, host.clone());
+        }
+        for (j, &node) in nodes.iter().enumerate() {
+            let ns = NetNs {
+                node,
+                name: format!("mako-{pid}-{node}"),
+                host_veth: format!("mk{pid}h{node}"),
+                ns_veth: format!("mk{pid}n{node}"),
+            };
+            let (name, hv, nv) = (ns.name.clone(), ns.host_veth.clone(), ns.ns_veth.clone());
+            self.netns.push(ns);
+            let here = format!("10.214.{k}.{}", 4 * j + 1);
+            let there = format!("10.214.{k}.{}", 4 * j + 2);
+            ip(&["netns", "add", &name])?;
+            ip(&["link", "add", &hv, "type", "veth", "peer", "name", &nv])?;
+            ip(&["link", "set", &nv, "netns", &name])?;
+            ip(&["addr", "add", &format!("{here}/30"), "dev", &hv])?;
+            ip(&["link", "set", &hv, "up"])?;
+            ip(&[
+                "-n",
+                &name,
+                "addr",
+                "add",
+                &format!("{there}/30"),
+                "dev",
+                &nv,
+            ])?;
+            ip(&["-n", &name, "link", "set", &nv, "up"])?;
+            ip(&["-n", &name, "link", "set", "lo", "up"])?;
+            ip(&["-n", &name, "route", "add", "default", "via", &here])?;
+            address.insert(node, there);
+        }
+        // Port of each node, from the overview's node list.
+        let overview = std::fs::read_to_string(self.data.join("cluster.toml"))
+            .context("read the overview's cluster.toml")?;
+        let mut rewrite = Vec::new();
+        for block in overview.split("[[nodes]]").skip(1) {
+            let field = |key: &str| {
+                block.lines().find_map(|l| {
+                    let (k, v) = l.split_once('=')?;
+                    (k.trim() == key).then(|| v.trim().trim_matches('"').to_string())
+                })
+            };
+            let (Some(id), Some(addr)) = (field("id"), field("address")) else {
+                bail!("a [[nodes]] entry of the overview's cluster.toml without id or address");
+            };
+            let id: u32 = id.parse().context("node id")?;
+            let port = addr.rsplit(':').next().unwrap_or_default().to_string();
+            let new = format!("{}:{port}", address[&id]);
+            rewrite.push((format!("\"{addr}\""), format!("\"{new}\"")));
+        }
+        let mut files = vec![self.data.join("cluster.toml")];
+        files.extend((0..self.nodes).map(|i| self.node_dir(i).join("cluster.toml")));
+        for f in files {
+            let mut text =
+                std::fs::read_to_string(&f).with_context(|| format!("read {}", f.display()))?;
+            for (old, new) in &rewrite {
+                text = text.replace(old.as_str(), new);
+            }
+            std::fs::write(&f, text).with_context(|| format!("write {}", f.display()))?;
+        }
+        Ok(())
+    }
+
+    /// `mako startup` of the nodes that are not isolated, then of each isolated node
+    /// from inside its namespace (`nsenter --net`: its makod inherits it; the mount
+    /// namespace stays the host's, so its FUSE mount is seen here).
+    fn startup_isolated(&mut self) -> Result<CmdOutput> {
+        let others: Vec<String> = (0..self.nodes)
+            .filter(|i| !self.netns.iter().any(|n| n.node == *i))
+            .map(|i| format!("node{i}"))
+            .collect();
+        let out = self.mako(&["startup", "-N", &others.join(",")])?;
+        if !out.success() {
+            return Ok(out);
+        }
+        self.note_pids();
+        let isolated: Vec<u32> = self.netns.iter().map(|n| n.node).collect();
+        for i in isolated {
+            let out = self.startup(i)?;
+            if !out.success() {
+                return Ok(out);
+            }
+        }
+        Ok(out)
+    }
+
+    /// `mako startup -N node<i>`, from inside node `i`'s network namespace if it has
+    /// one.
+    pub fn startup(&mut self, i: u32) -> Result<CmdOutput> {
+        let node = format!("node{i}");
+        let out = match self.netns.iter().find(|n| n.node == i) {
+            Some(ns) => {
+                let net = format!("--net=/run/netns/{}", ns.name);
+                run_cmd(
+                    Path::new("nsenter"),
+                    &[
+                        &net,
+                        path_str(&self.mako)?,
+                        "--data-dir",
+                        path_str(&self.data)?,
+                        "startup",
+                        "-N",
+                        &node,
+                    ],
+                    CMD_LIMIT,
+                )
+            }
+            None => self.mako(&["startup", "-N", &node]),
+        };
+        self.note_pids();
+        self.up = true;
+        out
+    }
+
+    /// Takes the link of isolated node `i` down (its end of the veth pair): it can
+    /// reach no other node and none reaches it; it keeps running.
+    pub fn cut_link(&self, i: u32) -> Result<()> {
+        let ns = self.isolated(i)?;
+        ip(&["-n", &ns.name, "link", "set", &ns.ns_veth, "down"])?;
+        Ok(())
+    }
+
+    /// Brings the link of isolated node `i` back (with its default route).
+    pub fn restore_link(&self, i: u32) -> Result<()> {
+        let ns = self.isolated(i)?;
+        ip(&["-n", &ns.name, "link", "set", &ns.ns_veth, "up"])?;
+        let routes = ip(&["-n", &ns.name, "route", "show"])?;
+        if !routes.contains("default") {
+            let j = self.netns.iter().position(|n| n.node == i).unwrap_or(0);
+            let host = self.host_address.as_deref().unwrap_or_default();
+            let k = host.split('.').nth(2).unwrap_or_default();
+            let here = format!("10.214.{k}.{}", 4 * j + 1);
+            ip(&["-n", &ns.name, "route", "add", "default", "via", &here])?;
+        }
+        Ok(())
+    }
+
+    fn isolated(&self, i: u32) -> Result<&NetNs> {
+        self.netns
+            .iter()
+            .find(|n| n.node == i)
+            .with_context(|| format!("node {i} is not isolated (NetClusterOptions::isolated)"))
     }
 
     /// `mako node show`, asked through node 0's data directory (panics if it fails).
@@ -277,6 +473,9 @@ impl NetCluster {
 
     /// `mako up` of the cluster again: starts every node that does not run.
     pub fn start_stopped(&mut self) -> Result<()> {
+        if !self.netns.is_empty() {
+            bail!("start_stopped would start isolated nodes outside their namespace: use startup");
+        }
         let out = self.mako(&["up"]);
         self.note_pids();
         let out = out?;
@@ -312,7 +511,9 @@ impl NetCluster {
             .and_then(|t| t.trim().parse().ok())
     }
 
-    fn note_pids(&mut self) {
+    /// Records the makod pids of the nodes now (every makod seen is killed at cleanup
+    /// if still alive): after a `mako up` run through [`NetCluster::mako`].
+    pub fn note_pids(&mut self) {
         for i in 0..self.nodes {
             if let Some(p) = self.pid(i) {
                 if !self.pids.contains(&p) {
@@ -416,6 +617,14 @@ impl NetCluster {
         while self.pids.iter().any(|&p| process_alive(p)) && t.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(50));
         }
+        for ns in std::mem::take(&mut self.netns) {
+            // Deleting the namespace destroys its end of the veth pair, and so the pair.
+            let _ = ip(&["netns", "del", &ns.name]);
+            let _ = ip(&["link", "del", &ns.host_veth]);
+        }
+        if let Some(host) = self.host_address.take() {
+            let _ = ip(&["addr", "del", &format!("{host}/32"), "dev", "lo"]);
+        }
         detach_mounts_below(&self.root_path, "NetCluster");
         if !mounts_below(&self.root_path).is_empty() {
             eprintln!(
@@ -438,15 +647,25 @@ impl Drop for NetCluster {
     }
 }
 
+/// Runs `ip args…`; its stdout, or an error with its stderr.
+fn ip(args: &[&str]) -> Result<String> {
+    let out = run_cmd(Path::new("ip"), args, Duration::from_secs(30))?;
+    if !out.success() {
+        bail!("ip {}: {out}", args.join(" "));
+    }
+    Ok(out.stdout)
+}
+
 fn path_str(p: &Path) -> Result<&str> {
     p.to_str()
         .ok_or_else(|| anyhow!("non-UTF-8 path {}", p.display()))
 }
 
-/// The line of `mako node show` (`show`) about node `name` (empty if none).
+/// The line of `mako node show` (`show`) about node `name` (empty if none): the one
+/// that starts with the name (the header names the node that answered too).
 pub fn line_of(show: &str, name: &str) -> String {
     show.lines()
-        .find(|l| l.split_whitespace().any(|w| w == name))
+        .find(|l| l.split_whitespace().next() == Some(name))
         .unwrap_or_default()
         .to_string()
 }

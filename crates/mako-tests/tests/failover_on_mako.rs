@@ -9,14 +9,19 @@
 //! one client is killed (`kill -9`) mid-workload; the test waits for the manager to
 //! expel and recover it, checks from both survivors that every acknowledged byte and
 //! name is there per the journal, restarts the node, which rejoins and mounts, and
-//! goes on. 20 rounds per run (`MAKO_FAIL_ROUNDS=N` for more); `mako fsck -n` clean at
-//! the end.
+//! goes on. 20 rounds per run (`MAKO_FAILOVER_ROUNDS=N` for a longer one); `mako fsck
+//! -n` clean at the end. Not in CI yet: see the `ignore` reason.
 //!
 //! `failureDetectionTime` is 5 s (its minimum, see `mako_config::spec`) and
 //! `minMissedPingTimeout` 1 s, so a round lasts about 10 s. Every wait is for a state
 //! (an expel in `mako node show`, a recovery in makod.log, a mount), with a deadline
-//! only as a hang guard. The figures of the closing note (recovery stall, p99 of
-//! unrelated operations during recovery, log replay time) are printed, not asserted.
+//! only as a hang guard. The victim's FUSE connection is not aborted by the test: a
+//! makod stuck exiting in the kernel is its FUSE guard's to end (`makod::fuse_guard`).
+//! The figures (per round and for the run: time from the kill to the expel and to the
+//! recovery, the stall of a survivor's read of the victim's file, the p99 of the
+//! survivors' operations during recovery — node 0's in its own directory, which no
+//! other node reads, so they never need the victim, apart from the others, which may
+//! wait for the victim's tokens —, log replay time) are printed, not asserted.
 
 use mako_tests::cluster::{is_mounted, require_fuse};
 use mako_tests::netcluster::{line_of, NetCluster, NetClusterOptions};
@@ -60,8 +65,19 @@ struct Journal {
     ops: u64,
 }
 
-/// A worker's operation latencies: (start relative to the round's start, duration).
-type Latencies = Arc<Mutex<Vec<(Duration, Duration)>>>;
+/// One operation of a worker, timed.
+#[derive(Clone, Copy, Debug)]
+struct Timed {
+    /// Start, relative to the round's start.
+    start: Duration,
+    took: Duration,
+    /// In the shared directory (else in the node's own).
+    shared: bool,
+    what: &'static str,
+}
+
+/// A worker's timed operations.
+type Latencies = Arc<Mutex<Vec<Timed>>>;
 
 fn write_synced(p: &Path, data: &[u8]) -> std::io::Result<()> {
     let mut f = std::fs::OpenOptions::new()
@@ -124,10 +140,12 @@ fn work(
                 let start = Instant::now();
                 let r = std::fs::rename(mount.join(&from), mount.join(&to))
                     .and_then(|_| sync_dir(&mount.join(dir)));
-                latencies
-                    .lock()
-                    .unwrap()
-                    .push((start - t0, start.elapsed()));
+                latencies.lock().unwrap().push(Timed {
+                    start: start - t0,
+                    took: start.elapsed(),
+                    shared: dir == &shared,
+                    what: "rename",
+                });
                 (post, r)
             } else if kind == 6 && existing.len() > 3 {
                 let victim = existing[(n as usize / 7) % existing.len()].clone();
@@ -136,10 +154,12 @@ fn work(
                 let start = Instant::now();
                 let r = std::fs::remove_file(mount.join(&victim))
                     .and_then(|_| sync_dir(&mount.join(dir)));
-                latencies
-                    .lock()
-                    .unwrap()
-                    .push((start - t0, start.elapsed()));
+                latencies.lock().unwrap().push(Timed {
+                    start: start - t0,
+                    took: start.elapsed(),
+                    shared: dir == &shared,
+                    what: "unlink",
+                });
                 (post, r)
             } else {
                 // Create (or overwrite an existing name) with new contents, fsynced.
@@ -158,10 +178,12 @@ fn work(
                 let start = Instant::now();
                 let r = write_synced(&mount.join(&target), &pattern(c.seed, c.len))
                     .and_then(|_| sync_dir(&mount.join(dir)));
-                latencies
-                    .lock()
-                    .unwrap()
-                    .push((start - t0, start.elapsed()));
+                latencies.lock().unwrap().push(Timed {
+                    start: start - t0,
+                    took: start.elapsed(),
+                    shared: dir == &shared,
+                    what: "write",
+                });
                 (post, r)
             };
         if let Err(e) = result {
@@ -295,24 +317,6 @@ fn recoveries(c: &NetCluster, victim: u32) -> Vec<String> {
         .collect()
 }
 
-/// Aborts the FUSE connection of `mount` (fusectl), as `umount -f` would: a makod
-/// killed while its `mako-inval` thread was writing an entry invalidation for a
-/// directory that one of our workers was creating in (the kernel holds the
-/// directory's lock for that request) never finishes exiting — the invalidation
-/// waits for the lock, the request for the dead makod — so its /dev/fuse stays open
-/// and the worker hangs. Best effort: without fusectl that hang remains possible.
-fn abort_fuse_connection(mount: &Path) {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let Some(dev) = info.lines().find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        (f.len() > 4 && Path::new(f[4]) == mount).then(|| f[2].to_string())
-    }) else {
-        return;
-    };
-    let minor = dev.rsplit(':').next().unwrap_or_default();
-    let _ = std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), "1");
-}
-
 fn percentile(mut v: Vec<Duration>, p: f64) -> Duration {
     if v.is_empty() {
         return Duration::ZERO;
@@ -321,23 +325,59 @@ fn percentile(mut v: Vec<Duration>, p: f64) -> Duration {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// `failureDetectionTime` and `minMissedPingTimeout` of the test's cluster (seconds).
+const FAILURE_DETECTION_S: u32 = 5;
+const MISSED_PING_S: u32 = 1;
+
 fn short_lease_cluster() -> NetCluster {
-    NetCluster::up(NetClusterOptions::leased(3, "2G", 5, 1))
-        .expect("three nodes up: node0 the cluster manager and NSD server, nodes 1 and 2 clients")
+    NetCluster::up(NetClusterOptions::leased(
+        3,
+        "2G",
+        FAILURE_DETECTION_S,
+        MISSED_PING_S,
+    ))
+    .expect("three nodes up: node0 the cluster manager and NSD server, nodes 1 and 2 clients")
+}
+
+/// p99 of the operations of `lat` (node, its operations) for which `which` holds
+/// that were under way at some time between `from` and `to`, and the slowest of them
+/// (node, operation).
+fn p99_during(
+    lat: &[(u32, &Latencies)],
+    which: impl Fn(u32, &Timed) -> bool,
+    from: Duration,
+    to: Duration,
+) -> (Option<Duration>, Option<(u32, Timed)>) {
+    let mut took = Vec::new();
+    let mut slowest: Option<(u32, Timed)> = None;
+    for (node, l) in lat {
+        for t in l.lock().unwrap().iter() {
+            if t.start <= to && t.start + t.took >= from && which(*node, t) {
+                took.push(t.took);
+                if slowest.is_none_or(|(_, s)| s.took < t.took) {
+                    slowest = Some((*node, *t));
+                }
+            }
+        }
+    }
+    ((!took.is_empty()).then(|| percentile(took, 0.99)), slowest)
 }
 
 #[test]
-#[ignore = "not yet in CI: one run of 20 rounds hung in round 9 (a killed makod stuck exiting in \
-            fuse_reverse_inval_entry, see abort_fuse_connection) and 20 rounds take ~4.6 min; \
-            run with --ignored"]
+#[ignore = "not yet in CI: 3 of 4 runs of 20 rounds ended with `mako fsck -n` finding /shared's \
+            entry count off by one (inode_field: directory says it has N entries, it holds \
+            N±1), and in one run a survivor's operation waited 186 s (the token manager's \
+            180 s waiter lease) after a kill; 20 rounds take 4.1-7.1 min; run with --ignored"]
 fn kill9_rounds_lose_nothing_fsynced() {
     if !require_fuse("kill9_rounds_lose_nothing_fsynced") {
         return;
     }
-    let rounds: u32 = std::env::var("MAKO_FAIL_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(ROUNDS_CI);
+    let rounds: u32 = match std::env::var("MAKO_FAILOVER_ROUNDS") {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("MAKO_FAILOVER_ROUNDS={v:?} is not a number of rounds")),
+        Err(_) => ROUNDS_CI,
+    };
     let mut c = short_lease_cluster();
     for n in 0..3 {
         std::fs::create_dir_all(c.mount(0).join(format!("p{n}"))).expect("mkdir p<n>");
@@ -346,7 +386,9 @@ fn kill9_rounds_lose_nothing_fsynced() {
     let journals: Vec<Arc<Mutex<Journal>>> = (0..3).map(|_| Arc::default()).collect();
     let seqs: Vec<Arc<AtomicU64>> = (0..3).map(|_| Arc::new(AtomicU64::new(0))).collect();
     let mut stalls = Vec::new();
-    let mut p99s = Vec::new();
+    let mut to_recovered = Vec::new();
+    let mut own_p99s = Vec::new();
+    let mut shared_p99s = Vec::new();
     let mut replays = Vec::new();
     let started = Instant::now();
     for round in 0..rounds {
@@ -355,7 +397,7 @@ fn kill9_rounds_lose_nothing_fsynced() {
         let t0 = Instant::now();
         let stop = Arc::new(AtomicBool::new(false));
         let lat: Vec<Latencies> = (0..3).map(|_| Latencies::default()).collect();
-        let workers: Vec<_> = (0..3u32)
+        let mut workers: Vec<_> = (0..3u32)
             .map(|n| {
                 let (m, j, s, st, l) = (
                     c.mount(n),
@@ -364,10 +406,11 @@ fn kill9_rounds_lose_nothing_fsynced() {
                     stop.clone(),
                     lat[n as usize].clone(),
                 );
-                std::thread::spawn(move || work(n, m, j, s, st, l, t0))
+                Some(std::thread::spawn(move || work(n, m, j, s, st, l, t0)))
             })
             .collect();
         // Mid-workload: every node acknowledged a few operations this round.
+        let progress = Instant::now();
         let base: Vec<u64> = journals.iter().map(|j| j.lock().unwrap().ops).collect();
         wait_for(&c, "every node's workload makes progress", || {
             journals
@@ -377,6 +420,7 @@ fn kill9_rounds_lose_nothing_fsynced() {
         });
         // The victim's file a survivor will wait for: one it wrote and fsynced, so it
         // may still hold its tokens.
+        let progress = progress.elapsed();
         let probe = journals[victim as usize]
             .lock()
             .unwrap()
@@ -386,8 +430,10 @@ fn kill9_rounds_lose_nothing_fsynced() {
             .find(|(_, c)| c.is_some())
             .map(|(p, c)| (p.clone(), c.unwrap()));
         let recovered_before = recoveries(&c, victim).len();
+        // No abort of the victim's FUSE connection here: a makod that cannot finish
+        // exiting (stuck in the kernel on its connection) is the restart's to clean
+        // up (`mako up` aborts a connection of a dead makod that does not answer).
         c.kill9(victim).expect("kill -9 of the victim");
-        abort_fuse_connection(&c.mount(victim));
         let killed = Instant::now();
         let killed_at = killed - t0;
         // A survivor reads the victim's file: it waits for the victim's tokens, so
@@ -411,12 +457,16 @@ fn kill9_rounds_lose_nothing_fsynced() {
                     > round as usize / 2
             },
         );
+        let expelled_after = killed.elapsed();
         wait_for(
             &c,
             &format!("round {round}: node {victim} recovered"),
             || recoveries(&c, victim).len() > recovered_before,
         );
-        let recovered_at = killed.elapsed() + killed_at;
+        let recovered_after = killed.elapsed();
+        to_recovered.push(recovered_after);
+        let recovered_at = recovered_after + killed_at;
+        let mut replay = None;
         if let Some(line) = recoveries(&c, victim).last() {
             if let Some(ms) = line
                 .split(" recovered in ")
@@ -425,15 +475,19 @@ fn kill9_rounds_lose_nothing_fsynced() {
                 .and_then(|v| v.parse::<u64>().ok())
             {
                 replays.push(ms);
+                replay = Some(ms);
             }
         }
+        let mut stall_s = None;
         if let Some(h) = stall {
             let (d, ok, path) = h.join().expect("the probe read");
-            // The victim may have renamed or removed it after the journal was read.
             // What it reads is checked against the journal below (the victim may have
             // overwritten, renamed or removed it since the probe was chosen).
             match ok {
-                Ok(_) => stalls.push(d),
+                Ok(_) => {
+                    stalls.push(d);
+                    stall_s = Some(d);
+                }
                 Err(e) => assert!(
                     e.kind() == std::io::ErrorKind::NotFound,
                     "round {round}: node {survivor} reads {} after node {victim}'s kill: {e}",
@@ -442,9 +496,9 @@ fn kill9_rounds_lose_nothing_fsynced() {
             }
         }
         stop.store(true, Ordering::SeqCst);
-        for (n, w) in workers.into_iter().enumerate() {
-            let err = w.join().expect("a worker panicked");
-            if let Some(e) = err.filter(|_| n as u32 != victim) {
+        for n in [0, survivor] {
+            let w = workers[n as usize].take().expect("a survivor's worker");
+            if let Some(e) = w.join().expect("a worker panicked") {
                 panic!(
                     "round {round}: node {n}'s workload failed while node {victim} was killed \
                      and recovered: {e}\n{}",
@@ -452,25 +506,66 @@ fn kill9_rounds_lose_nothing_fsynced() {
                 );
             }
         }
-        // Operations of node 0 in its own directory between the kill and the recovery.
-        let during: Vec<Duration> = lat[0]
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(s, _)| *s >= killed_at && *s <= recovered_at)
-            .map(|(_, d)| *d)
-            .collect();
-        if !during.is_empty() {
-            p99s.push(percentile(during, 0.99));
+        // The survivors' operations under way between the kill and the recovery: node
+        // 0's in its own directory, which no other node ever reads, so they never need
+        // the victim; and the others, in directories the victim may hold tokens of
+        // (the shared one; a client's own, which the other nodes read to check it),
+        // which may wait for its recovery.
+        let survivors = [(0, &lat[0]), (survivor, &lat[survivor as usize])];
+        let (own, slowest) = p99_during(
+            &survivors,
+            |node, t| node == 0 && !t.shared,
+            killed_at,
+            recovered_at,
+        );
+        let (shared, _) = p99_during(
+            &survivors,
+            |node, t| node != 0 || t.shared,
+            killed_at,
+            recovered_at,
+        );
+        own_p99s.extend(own);
+        shared_p99s.extend(shared);
+        // The victim's worker ended with the kill (its mount's requests fail once
+        // makod is gone; one left waiting on a connection that a makod stuck exiting
+        // kept open ends when makod's FUSE guard, or `mako up`, aborts it).
+        let victim_done = workers[victim as usize]
+            .as_ref()
+            .is_some_and(|w| w.is_finished());
+        if victim_done {
+            let w = workers[victim as usize]
+                .take()
+                .expect("the victim's worker");
+            w.join().expect("the victim's worker panicked");
         }
-        // Every survivor sees every node's acknowledged state.
+        // Every survivor sees every node's acknowledged state (the victim's once its
+        // worker has ended; node 0's from node 0 only: no other node ever reads its
+        // directory), before the victim is back.
+        let back = Instant::now();
         for seen_from in [0, survivor] {
             for (n, j) in journals.iter().enumerate() {
-                check_journal(n as u32, j, &c.mount(seen_from), seen_from);
+                if (n as u32 != victim || victim_done) && (n != 0 || seen_from == 0) {
+                    check_journal(n as u32, j, &c.mount(seen_from), seen_from);
+                }
             }
         }
         // The victim comes back, rejoins and mounts.
         c.start_stopped().expect("the victim started again");
+        if let Some(w) = workers[victim as usize].take() {
+            w.join().expect("the victim's worker panicked");
+            eprintln!(
+                "round {round}: node {victim}'s worker was still waiting on its dead mount \
+                 when the survivors were checked"
+            );
+            for seen_from in [0, survivor] {
+                check_journal(
+                    victim,
+                    &journals[victim as usize],
+                    &c.mount(seen_from),
+                    seen_from,
+                );
+            }
+        }
         wait_for(
             &c,
             &format!("round {round}: node{victim} active again"),
@@ -484,6 +579,7 @@ fn kill9_rounds_lose_nothing_fsynced() {
             "node {victim} is not mounted after its restart"
         );
         check_journal(victim, &journals[victim as usize], &c.mount(victim), victim);
+        let back = back.elapsed();
         // No survivor was expelled.
         let show = c.node_show();
         assert!(
@@ -491,23 +587,72 @@ fn kill9_rounds_lose_nothing_fsynced() {
                 && !line_of(&show, &format!("node{survivor}")).contains("expelled"),
             "round {round}: a survivor was expelled:\n{show}"
         );
+        let ms = |d: Option<Duration>| {
+            d.map(|d| format!("{:.0} ms", d.as_secs_f64() * 1e3))
+                .unwrap_or_else(|| "-".into())
+        };
+        eprintln!(
+            "round {round}: node {victim} killed; expel seen after {:.1} s, recovered after \
+             {:.1} s (replay {}), survivor's read of its file stalled {}; survivors' p99 \
+             during recovery: node 0's own directory {} (slowest: {}), directories the victim \
+             may hold tokens of {}; round {:.1} s \
+             (workload progress {:.1} s, recovery to the victim back and checked {:.1} s)",
+            expelled_after.as_secs_f64(),
+            recovered_after.as_secs_f64(),
+            replay
+                .map(|r| format!("{r} ms"))
+                .unwrap_or_else(|| "-".into()),
+            stall_s
+                .map(|d| format!("{:.2} s", d.as_secs_f64()))
+                .unwrap_or_else(|| "-".into()),
+            ms(own),
+            slowest
+                .map(|(n, t)| format!(
+                    "node {n}'s {} from {:.2} s after the kill, {:.0} ms",
+                    t.what,
+                    t.start.as_secs_f64() - killed_at.as_secs_f64(),
+                    t.took.as_secs_f64() * 1e3
+                ))
+                .unwrap_or_else(|| "-".into()),
+            ms(shared),
+            t0.elapsed().as_secs_f64(),
+            progress.as_secs_f64(),
+            back.as_secs_f64()
+        );
     }
     let ops: u64 = journals.iter().map(|j| j.lock().unwrap().ops).sum();
-    let stall_p50 = percentile(stalls.clone(), 0.5);
-    let stall_max = percentile(stalls.clone(), 1.0);
-    let p99_max = p99s.iter().max().copied().unwrap_or_default();
+    let secs = |v: &[Duration], p: f64| percentile(v.to_vec(), p).as_secs_f64();
     replays.sort();
+    let elapsed = started.elapsed().as_secs_f64();
     eprintln!(
-        "failover_on_mako: {rounds} kill -9 rounds in {:.1} s, {ops} operations acknowledged; \
-         failureDetectionTime 5 s, minMissedPingTimeout 1 s; recovery stall (kill -9 to a \
-         survivor's read of the victim's file) median {:.2} s, max {:.2} s over {} probes; p99 \
-         of node 0's own operations during recovery: worst round {:.1} ms; recovery (log replay \
-         and token release) on the manager: median {} ms, max {} ms",
-        started.elapsed().as_secs_f64(),
-        stall_p50.as_secs_f64(),
-        stall_max.as_secs_f64(),
+        "failover_on_mako: {rounds} kill -9 rounds in {elapsed:.1} s ({:.2} rounds/min), {ops} \
+         operations acknowledged; failureDetectionTime {FAILURE_DETECTION_S} s, \
+         minMissedPingTimeout {MISSED_PING_S} s; kill -9 to recovery done: median {:.2} s, max \
+         {:.2} s; recovery stall (kill -9 to a survivor's read of the victim's file) median \
+         {:.2} s, max {:.2} s over {} probes; survivors' p99 during recovery, worst round: \
+         node 0's own directory (no other node reads it) {:.1} ms, directories the victim may \
+         hold tokens of {:.1} ms; recovery (log replay and token release) on the manager: \
+         median {} ms, max {} ms",
+        f64::from(rounds) * 60.0 / elapsed,
+        secs(&to_recovered, 0.5),
+        secs(&to_recovered, 1.0),
+        secs(&stalls, 0.5),
+        secs(&stalls, 1.0),
         stalls.len(),
-        p99_max.as_secs_f64() * 1e3,
+        own_p99s
+            .iter()
+            .max()
+            .copied()
+            .unwrap_or_default()
+            .as_secs_f64()
+            * 1e3,
+        shared_p99s
+            .iter()
+            .max()
+            .copied()
+            .unwrap_or_default()
+            .as_secs_f64()
+            * 1e3,
         replays.get(replays.len() / 2).copied().unwrap_or_default(),
         replays.last().copied().unwrap_or_default(),
     );

@@ -33,6 +33,9 @@ static CLIENT_SHARD_LOCK: LockClass = LockClass::new("token.client");
 /// Shards of a client's table: resources hash to one; holds and revokes of different
 /// resources rarely meet on a lock.
 const CLIENT_SHARDS: usize = 16;
+/// Times an idempotent manager request (relinquish, downgrade) whose connection broke
+/// is sent again (`TokenClientInner::ask_manager`).
+const IDEMPOTENT_RESENDS_MAX: u32 = 3;
 
 /// The node's cached data behind its tokens (pagepool, kernel caches, the log). Called
 /// before a token is given up or weakened, with the range marked revoking and every
@@ -408,14 +411,36 @@ impl ClientInner {
         request: ManagerRequest,
     ) -> Result<ManagerReply, TokenError> {
         let to = self.managers.manager_for(resource);
-        mako_rt::call(
-            &*self.transport,
-            to,
-            ServiceId::TokenManager,
-            &request,
-            self.options(),
-        )
-        .map_err(|e| TokenError::Transport(e.to_string()))
+        // A call whose connection broke (`TransportError::Unreachable`) may or may not
+        // have been handled. Relinquish and downgrade are idempotent (giving up what is
+        // no longer held, weakening to what is already held, change nothing) and this
+        // node sends nothing else on the resource meanwhile (it is busy), so they are
+        // sent again, a few times: a revoke must not fail because one message was
+        // lost. Nothing else is resent (the transport delivers at most once).
+        let idempotent = matches!(
+            request,
+            ManagerRequest::Relinquish { .. } | ManagerRequest::Downgrade { .. }
+        );
+        let mut resent = 0;
+        loop {
+            match mako_rt::call(
+                &*self.transport,
+                to,
+                ServiceId::TokenManager,
+                &request,
+                self.options(),
+            ) {
+                Err(mako_rt::TransportError::Unreachable { .. })
+                    if idempotent && resent < IDEMPOTENT_RESENDS_MAX =>
+                {
+                    resent += 1;
+                    self::pause(Duration::from_millis(
+                        self.limits.holder_down_retry_ms.max(1),
+                    ));
+                }
+                r => return r.map_err(|e| TokenError::Transport(e.to_string())),
+            }
+        }
     }
 
     /// A call to `node` failed: its queued requests must not hold the queue of the

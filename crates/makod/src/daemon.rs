@@ -299,6 +299,9 @@ impl Daemon {
         let (disks, access) = net
             .open_disks(&cluster, &names)
             .with_context(|| format!("opening the disks of {name}"))?;
+        let managers: Vec<mako_rt::NodeId> =
+            net.managers.iter().map(|n| mako_rt::NodeId(n.id)).collect();
+        let shards = Arc::new(crate::lease::ShardWatch::new(quorum.clone(), me, &managers));
         let fenced: Vec<Arc<crate::lease::FencedDisk>> = disks
             .into_iter()
             .map(|inner| {
@@ -306,6 +309,7 @@ impl Daemon {
                     inner,
                     lease: lease.clone(),
                     epoch: std::sync::atomic::AtomicU64::new(epoch),
+                    shards: shards.clone(),
                 })
             })
             .collect();
@@ -408,6 +412,7 @@ impl Daemon {
             options,
             flags,
             device,
+            _guard: crate::fuse_guard::Watched::new(device, mp),
         });
         Ok(message)
     }
@@ -1328,6 +1333,8 @@ pub(crate) fn watch_signals(stop: Arc<AtomicBool>) -> Result<()> {
 }
 
 pub fn run(root: &Path) -> Result<()> {
+    // Before any FUSE mount (see `fuse_guard`): it must not inherit a /dev/fuse.
+    crate::fuse_guard::start();
     let dir = DataDir::new(root);
     let stop = Arc::new(AtomicBool::new(false));
     watch_signals(stop.clone())?;

@@ -227,6 +227,10 @@ impl Leases {
         while !self.stop.load(Ordering::SeqCst) {
             let manager = self.is_manager();
             if manager && !was_manager {
+                tracing::info!(
+                    "this node, {}, is the cluster manager now: it watches every node's lease",
+                    self.me
+                );
                 // A new manager gives every node a whole lease from now.
                 let config = self.quorum.read_local();
                 let mut m = self.monitor.lock();
@@ -366,7 +370,19 @@ impl Service for LeaseService {
                         leader: l.quorum.leader().map(|(id, _)| id),
                     }
                 } else {
-                    let lease = l.quorum.read_local().lease_of(from);
+                    // Leadership confirmed first, and the configuration as committed: a
+                    // restarted former manager believes it still leads for a moment,
+                    // with the configuration it had when it stopped (no expel of
+                    // itself in it), and granted itself a lease from it.
+                    let config = match l.quorum.read_config() {
+                        Ok(config) if l.is_manager() => config,
+                        _ => {
+                            let reply = LeaseReply::NotManager { leader: None };
+                            return mako_rt::transport::encode("lease reply", &reply)
+                                .unwrap_or_default();
+                        }
+                    };
+                    let lease = config.lease_of(from);
                     match lease.expelled {
                         Some(e) if l.recovering.lock().contains(&from) => LeaseReply::Recovering {
                             epoch: lease.epoch,
@@ -392,20 +408,120 @@ impl Service for LeaseService {
     }
 }
 
+/// How often [`ShardWatch`] reads the replicated configuration (a copy of it).
+const SHARD_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+
+/// A mount's watch of the other token-manager shards' nodes. A shard's token state is
+/// in its node's memory only, and rebuilding it from the survivors' held tokens is not
+/// built yet: once another manager node is expelled (or rejoined: its lease epoch
+/// moved on since the mount), the tokens this mount holds from its shard are backed by
+/// nothing, and a restarted shard would grant them again to others. So the mount is
+/// fenced for good (EIO, with this reason in makod.log) until it is mounted again on
+/// a cluster whose shards all run (`mako down; mako up`).
+pub struct ShardWatch {
+    quorum: Arc<Quorum>,
+    /// Every other manager node, the lease epoch its shard's tokens of this mount
+    /// were granted at, and whether it was expelled at the mount (restarted before its
+    /// rejoin: its shard is the new one, and its rejoin is the expected next epoch).
+    managers: Mutex<Vec<(NodeId, u64, bool)>>,
+    lost: std::sync::OnceLock<String>,
+    checked: Mutex<Option<std::time::Instant>>,
+}
+
+impl ShardWatch {
+    /// Watches the manager nodes `managers` but `me` from now on.
+    pub fn new(quorum: Arc<Quorum>, me: NodeId, managers: &[NodeId]) -> ShardWatch {
+        let config = quorum.read_local();
+        let managers = managers
+            .iter()
+            .filter(|m| **m != me)
+            .map(|m| {
+                let lease = config.lease_of(*m);
+                (*m, lease.epoch, lease.expelled.is_some())
+            })
+            .collect();
+        ShardWatch {
+            quorum,
+            managers: Mutex::new(managers),
+            lost: std::sync::OnceLock::new(),
+            checked: Mutex::new(None),
+        }
+    }
+
+    /// Err (the reason) once a watched shard was lost.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(reason) = self.lost.get() {
+            return Err(reason.clone());
+        }
+        if self.managers.lock().is_empty() {
+            return Ok(());
+        }
+        {
+            let mut checked = self.checked.lock();
+            if checked.is_some_and(|t| t.elapsed() < SHARD_CHECK_INTERVAL) {
+                return Ok(());
+            }
+            *checked = Some(std::time::Instant::now());
+        }
+        let config = self.quorum.read_local();
+        let mut managers = self.managers.lock();
+        for (m, epoch, pending) in managers.iter_mut() {
+            let lease = config.lease_of(*m);
+            let how = match (&lease.expelled, lease.epoch) {
+                // Restarted before its rejoin, as at the mount.
+                (Some(_), now) if *pending && now == *epoch => continue,
+                // Its rejoin, the next epoch.
+                (None, now) if *pending && now == *epoch + 1 => {
+                    *pending = false;
+                    *epoch = now;
+                    continue;
+                }
+                (None, now) if !*pending && now == *epoch => continue,
+                (Some(e), _) => format!("was expelled by {} ({})", e.by, e.reason),
+                (None, now) => {
+                    format!("was expelled and rejoined (lease epoch {epoch}, now {now})")
+                }
+            };
+            let m = *m;
+            let reason = format!(
+                "the token manager shard of {m} was lost: {m} {how}; rebuilding a shard from \
+                 the survivors' held tokens is not supported yet, so the tokens this mount \
+                 holds from it are backed by nothing: this mount returns EIO until it is \
+                 mounted again with every manager node running (mako down; mako up)"
+            );
+            if self.lost.set(reason.clone()).is_ok() {
+                tracing::error!("{reason}");
+            }
+            return Err(reason);
+        }
+        Ok(())
+    }
+}
+
 /// A disk of a mounted file system behind this node's lease: every I/O is refused
 /// once the lease ran out, the node was expelled, or it rejoined at a newer epoch
-/// than `epoch` (the one the mount was made at).
+/// than `epoch` (the one the mount was made at), or another token-manager shard was
+/// lost (`shards`).
 pub struct FencedDisk {
     pub inner: Arc<dyn Disk>,
     pub lease: Arc<NodeLease>,
     /// The lease epoch of the mount; 0 for a mount made in the start-up grace, which
     /// takes the first epoch granted.
     pub epoch: std::sync::atomic::AtomicU64,
+    /// The other token-manager shards of the mount.
+    pub shards: Arc<ShardWatch>,
 }
 
 impl FencedDisk {
     /// May this mount do I/O now (and answer operations: `Core::mount_fence`)?
     pub(crate) fn check(&self) -> Result<(), DiskError> {
+        if let Err(reason) = self.shards.check() {
+            return Err(DiskError::Fenced {
+                disk: self.inner.name().to_string(),
+                by: "the loss of a token manager shard".into(),
+                reason,
+            });
+        }
         let mine = self.epoch.load(Ordering::SeqCst);
         if mine == 0 && self.lease.in_startup_grace() {
             return Ok(());

@@ -4,6 +4,7 @@
 //! SIGINT), when it writes everything back and unmounts cleanly.
 
 mod daemon;
+mod fuse_guard;
 mod lease;
 mod local_nodes;
 mod member;
@@ -33,6 +34,10 @@ struct Args {
     /// The file system of --local-nodes [default: the only one in cluster.toml]
     #[arg(long, value_name = "NAME", requires = "local_nodes")]
     fs: Option<String>,
+    /// Internal: the FUSE guard of makod PID (started by makod itself; see
+    /// `fuse_guard`).
+    #[arg(long, value_name = "PID", hide = true)]
+    fuse_guard: Option<u32>,
 }
 
 fn main() {
@@ -54,6 +59,10 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
+    if let Some(pid) = args.fuse_guard {
+        fuse_guard::run(pid);
+        return;
+    }
     let dir = args.data_dir.unwrap_or_else(mako_control::default_data_dir);
     let result = match args.local_nodes {
         Some(n) => local_nodes::run(&dir, n, args.fs.as_deref()),

@@ -57,6 +57,8 @@ pub(crate) struct MountPoint {
     /// The kernel's device of this mount (its FUSE connection), read from the mount
     /// table right after mounting; `None` if it could not be found there.
     pub(crate) device: Option<(u32, u32)>,
+    /// The FUSE guard watches this mount's connection while this lives.
+    pub(crate) _guard: crate::fuse_guard::Watched,
 }
 
 /// A mount's state, as the kernel sees it.
@@ -146,31 +148,13 @@ impl MountPoint {
     /// `/sys/fs/fuse/connections` first if it is not), then waits for the session to
     /// end. Files still open on it fail from then on (ENOTCONN), as after `umount -f`.
     pub(crate) fn abort_connection(&self) -> Result<()> {
-        let (_, minor) = self.device.with_context(|| {
+        let device = self.device.with_context(|| {
             format!(
                 "the kernel device of {}'s FUSE connection is not known",
                 self.name
             )
         })?;
-        let connections = std::path::Path::new("/sys/fs/fuse/connections");
-        let abort = connections.join(minor.to_string()).join("abort");
-        if !abort.exists() {
-            // SAFETY: mount(2) of the FUSE control file system with constant arguments.
-            let mounted = unsafe {
-                libc::mount(
-                    c"fusectl".as_ptr(),
-                    c"/sys/fs/fuse/connections".as_ptr(),
-                    c"fusectl".as_ptr(),
-                    0,
-                    std::ptr::null(),
-                )
-            };
-            if mounted != 0 {
-                let e = std::io::Error::last_os_error();
-                tracing::warn!("mounting fusectl on {}: {e}", connections.display());
-            }
-        }
-        std::fs::write(&abort, "1")
+        mount_table::abort_fuse_connection(device)
             .with_context(|| format!("aborting the FUSE connection of {}", self.name))?;
         let deadline = Instant::now() + SESSION_END_WAIT;
         while !self.fuse.session_ended() {

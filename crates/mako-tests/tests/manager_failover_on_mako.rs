@@ -1,0 +1,549 @@
+//! Two failures of issue 14 with real processes (docs/cluster.md "Leases, expel and
+//! fencing", "Recovery of a failed node"):
+//!
+//! - **The cluster manager killed.** Three quorum nodes, the token and file-system
+//!   managers on node 1 (`--manager-nodes node1`), every node opening the disk files
+//!   itself. Under the journalled mixed workload on all three nodes the cluster
+//!   manager (the raft leader, node 0) is killed (`kill -9`): another quorum node
+//!   becomes cluster manager, the survivors' leases go on (neither is expelled, their
+//!   workloads never fail), the new manager expels node 0 and recovers it (its log
+//!   replayed, its tokens released), both survivors see every fsynced byte per the
+//!   journal, and node 0 restarted rejoins at a new lease epoch and mounts. The
+//!   token-manager shard and the file-system manager are on a survivor here: losing a
+//!   manager node loses its shard's token state, which is not rebuilt yet (the
+//!   survivors' mounts are then fenced, `makod::lease::ShardWatch`; not tested here
+//!   yet; docs/cluster.md "Sharding the token manager over manager nodes").
+//! - **A node's link cut.** Node 2, a client with the disk files opened directly (so
+//!   its lease is its only fence), runs in a network namespace of its own; its veth is
+//!   taken down for longer than `failureDetectionTime` while it keeps writing one
+//!   file: its writes fail once its lease ran out, its mount returns EIO, node 0 expels
+//!   and recovers it, and nothing it wrote after the expel reaches the disk. When the
+//!   link is back it rejoins at a new lease epoch on its own; its old mount stays
+//!   fenced until mounted again (restarting its makod, as today), then works.
+//!
+//! `failureDetectionTime` 10 s, `minMissedPingTimeout` 2 s: longer than a raft
+//! election (1.5–3 s) plus a renewal interval on a loaded machine. Every wait is for a
+//! state, with a deadline only as a hang guard; the figures are printed, not asserted.
+
+use mako_tests::cluster::{is_mounted, require_fuse};
+use mako_tests::netcluster::{line_of, NetCluster, NetClusterOptions};
+use mako_tests::skip::cannot_run;
+use mako_tests::workload::{
+    abort_fuse_connection, check_journal, percentile, work, write_synced, Journal, Latencies,
+};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Hang guard of each wait for a state.
+const WAIT: Duration = Duration::from_secs(180);
+
+fn options(create: &[&str], isolated: Vec<u32>) -> NetClusterOptions {
+    NetClusterOptions {
+        nodes: 3,
+        disks: 1,
+        disk_size: "1G".into(),
+        create_args: Some(create.iter().map(|s| s.to_string()).collect()),
+        config: vec![
+            ("failureDetectionTime".into(), "10".into()),
+            ("minMissedPingTimeout".into(), "2".into()),
+        ],
+        isolated,
+        ..NetClusterOptions::default()
+    }
+}
+
+fn log_lines(c: &NetCluster, i: u32) -> Vec<String> {
+    std::fs::read_to_string(c.node_dir(i).join("makod.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+/// How many lines of node `i`'s makod.log contain every one of `words`.
+fn count(c: &NetCluster, i: u32, words: &[&str]) -> usize {
+    log_lines(c, i)
+        .iter()
+        .filter(|l| words.iter().all(|w| l.contains(w)))
+        .count()
+}
+
+/// What the nodes said about leases, expels, recoveries and managers.
+fn telling_lines(c: &NetCluster) -> String {
+    let mut out = String::new();
+    for i in 0..c.nodes() {
+        out.push_str(&format!(
+            "--- node{i} makod.log (leases, expels, recoveries) ---\n"
+        ));
+        let lines: Vec<String> = log_lines(c, i)
+            .into_iter()
+            .filter(|l| {
+                !l.contains("cannot connect")
+                    && !l.contains("openraft")
+                    && (l.contains("lease")
+                        || l.contains("expel")
+                        || l.contains("recover")
+                        || l.contains("manager")
+                        || l.contains("ERROR")
+                        || l.contains("WARN")
+                        || l.contains("rejoin"))
+            })
+            .collect();
+        for l in &lines[lines.len().saturating_sub(40)..] {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Waits (polling every 100 ms) until `done`; returns how long it took.
+fn wait_for(c: &NetCluster, what: &str, mut done: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < WAIT,
+            "{what}: not reached within the {WAIT:?} hang guard\n{}",
+            telling_lines(c)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    start.elapsed()
+}
+
+/// The node `mako node show` names as cluster manager (`active, cluster manager`).
+fn cluster_manager(show: &str) -> Option<u32> {
+    (0..3).find(|i| line_of(show, &format!("node{i}")).contains("cluster manager"))
+}
+
+fn max_latency_between(l: &Latencies, from: Duration, to: Duration) -> Duration {
+    l.lock()
+        .unwrap()
+        .iter()
+        .filter(|(s, d)| *s + *d >= from && *s <= to)
+        .map(|(_, d)| *d)
+        .max()
+        .unwrap_or_default()
+}
+
+#[test]
+fn killing_the_cluster_manager_elects_another_recovers_it_and_it_rejoins() {
+    let test = "killing_the_cluster_manager_elects_another_recovers_it_and_it_rejoins";
+    if !require_fuse(test) {
+        return;
+    }
+    let mut c = NetCluster::up(options(
+        &[
+            "--quorum-nodes",
+            "node0,node1,node2",
+            "--manager-nodes",
+            "node1",
+        ],
+        Vec::new(),
+    ))
+    .expect("three quorum nodes up, the token and file-system managers on node1");
+    // The lowest quorum node creates raft and is its first leader: the cluster manager.
+    let show = c.node_show();
+    let victim = cluster_manager(&show).expect("a cluster manager in mako node show");
+    assert!(
+        victim != 1,
+        "node1, the token manager node, is the cluster manager: this test kills the \
+         cluster manager and needs it elsewhere (losing a token-manager shard is not \
+         recoverable yet):\n{show}"
+    );
+    let survivors: Vec<u32> = (0..3).filter(|i| *i != victim).collect();
+
+    for n in 0..3 {
+        std::fs::create_dir_all(c.mount(0).join(format!("p{n}"))).expect("mkdir p<n>");
+    }
+    std::fs::create_dir_all(c.mount(0).join("shared")).expect("mkdir shared");
+    let journals: Vec<Arc<Mutex<Journal>>> = (0..3).map(|_| Arc::default()).collect();
+    let t0 = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let lat: Vec<Latencies> = (0..3).map(|_| Latencies::default()).collect();
+    let workers: Vec<_> = (0..3u32)
+        .map(|n| {
+            let (m, j, s, st, l) = (
+                c.mount(n),
+                journals[n as usize].clone(),
+                Arc::new(AtomicU64::new(0)),
+                stop.clone(),
+                lat[n as usize].clone(),
+            );
+            std::thread::spawn(move || work(n, m, j, s, st, l, t0))
+        })
+        .collect();
+    wait_for(&c, "every node's workload makes progress", || {
+        journals.iter().all(|j| j.lock().unwrap().ops >= 5)
+    });
+    // A file the victim wrote and fsynced: a survivor reading it may need its tokens.
+    let probe = journals[victim as usize]
+        .lock()
+        .unwrap()
+        .acked
+        .iter()
+        .rev()
+        .find(|(_, c)| c.is_some())
+        .map(|(p, c)| (p.clone(), c.unwrap().len));
+
+    c.kill9(victim).expect("kill -9 of the cluster manager");
+    abort_fuse_connection(&c.mount(victim));
+    detach(&c.mount(victim));
+    let killed = Instant::now();
+    let killed_at = killed - t0;
+    let reader = survivors[0];
+    let stall = probe.map(|(p, len)| {
+        let path = c.mount(reader).join(&p);
+        std::thread::spawn(move || {
+            let got = std::fs::read(&path);
+            (killed.elapsed(), got.map(|b| b.len() == len), path)
+        })
+    });
+
+    // Another quorum node becomes the cluster manager and watches the leases.
+    let manager_line = "is the cluster manager now";
+    let before: Vec<usize> = (0..3).map(|i| count(&c, i, &[manager_line])).collect();
+    wait_for(&c, "a survivor becomes cluster manager", || {
+        survivors
+            .iter()
+            .any(|&i| count(&c, i, &[manager_line]) > before[i as usize])
+    });
+    let to_leader = killed.elapsed();
+    let new_manager = *survivors
+        .iter()
+        .find(|&&i| count(&c, i, &[manager_line]) > before[i as usize])
+        .unwrap();
+    // It expels the killed node and recovers it.
+    let expel = format!("node {victim} expelled by node {new_manager}");
+    wait_for(&c, "the new cluster manager expels the killed one", || {
+        count(&c, new_manager, &[&expel]) > 0
+    });
+    let to_expel = killed.elapsed();
+    let tag = format!("node {victim} (lease epoch");
+    wait_for(&c, "the killed cluster manager is recovered", || {
+        count(&c, new_manager, &[&tag, "recovered"]) > 0
+    });
+    let to_recovered = killed.elapsed();
+    let recovered_at = killed_at + to_recovered;
+
+    let probe_stall = stall.map(|h| {
+        let (d, ok, path) = h.join().expect("the probe read");
+        match ok {
+            Ok(_) => d,
+            Err(e) => {
+                assert!(
+                    e.kind() == std::io::ErrorKind::NotFound,
+                    "node {reader} reads {} after the cluster manager's kill: {e}\n{}",
+                    path.display(),
+                    telling_lines(&c)
+                );
+                d
+            }
+        }
+    });
+    // The survivors' workloads went on through the election, the expel and the
+    // recovery: wait for a few more operations of each after the recovery.
+    let base: Vec<u64> = journals.iter().map(|j| j.lock().unwrap().ops).collect();
+    wait_for(
+        &c,
+        "the survivors' workloads go on after the recovery",
+        || {
+            survivors.iter().all(|&i| {
+                journals[i as usize].lock().unwrap().ops >= base[i as usize] + 3
+                    || workers[i as usize].is_finished()
+            })
+        },
+    );
+    stop.store(true, Ordering::SeqCst);
+    for (n, w) in workers.into_iter().enumerate() {
+        let err = w.join().expect("a worker panicked");
+        if let Some(e) = err.filter(|_| n as u32 != victim) {
+            panic!(
+                "node {n}'s workload failed while the cluster manager, node {victim}, was \
+                 killed and recovered: {e}\n{}",
+                telling_lines(&c)
+            );
+        }
+    }
+    let stalls: Vec<Duration> = survivors
+        .iter()
+        .map(|&i| max_latency_between(&lat[i as usize], killed_at, recovered_at))
+        .collect();
+    let during: Vec<Duration> = lat[survivors[0] as usize]
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(s, _)| *s >= killed_at && *s <= recovered_at)
+        .map(|(_, d)| *d)
+        .collect();
+    let p99 = percentile(during.clone(), 0.99);
+
+    // No survivor was expelled; the new manager is one of them. (The node answering
+    // `mako node show` may apply the expel a moment after the manager logged it.)
+    wait_for(&c, "mako node show shows the killed node expelled", || {
+        line_of(&c.node_show(), &format!("node{victim}")).contains("expelled")
+    });
+    let show = c.node_show();
+    for &i in &survivors {
+        let line = line_of(&show, &format!("node{i}"));
+        assert!(
+            line.contains("active") && !line.contains("expelled"),
+            "survivor node{i} is not active after the cluster manager's kill:\n{show}"
+        );
+    }
+    assert!(
+        line_of(&show, &format!("node{victim}")).contains("expelled"),
+        "the killed cluster manager is not shown expelled:\n{show}"
+    );
+    assert_eq!(
+        cluster_manager(&show),
+        Some(new_manager),
+        "mako node show names another cluster manager than the one that logged it:\n{show}"
+    );
+    // Both survivors see every node's acknowledged state.
+    for &seen_from in &survivors {
+        for (n, j) in journals.iter().enumerate() {
+            check_journal(n as u32, j, &c.mount(seen_from), seen_from);
+        }
+    }
+
+    // The killed node comes back: it rejoins at a new lease epoch and mounts.
+    let rejoined = count(&c, victim, &["rejoined the cluster at lease epoch"]);
+    let out = c.startup(victim).expect("mako startup of the killed node");
+    assert!(
+        out.success(),
+        "mako startup -N node{victim}: {out}\n{}",
+        telling_lines(&c)
+    );
+    wait_for(&c, "the killed node active again", || {
+        let line = line_of(&c.node_show(), &format!("node{victim}"));
+        line.contains("active") && !line.contains("expelled")
+    });
+    assert!(
+        count(&c, victim, &["rejoined the cluster at lease epoch"]) > rejoined,
+        "node {victim} is active again but did not log its rejoin at a new lease epoch:\n{}",
+        telling_lines(&c)
+    );
+    assert!(
+        is_mounted(&c.mount(victim)),
+        "node {victim} is not mounted after its restart"
+    );
+    for (n, j) in journals.iter().enumerate() {
+        check_journal(n as u32, j, &c.mount(victim), victim);
+    }
+    eprintln!(
+        "manager_failover_on_mako: cluster manager node{victim} killed (kill -9) under the \
+         mixed workload; failureDetectionTime 10 s, minMissedPingTimeout 2 s; kill to new \
+         cluster manager (node{new_manager} logs it) {:.2} s, to expel {:.2} s, to recovery \
+         done {:.2} s; survivors' longest operation across the window: {}; node{} during \
+         it: {} operations, p99 {:.1} ms; node{reader}'s read of a file node{victim} had \
+         fsynced took {}",
+        to_leader.as_secs_f64(),
+        to_expel.as_secs_f64(),
+        to_recovered.as_secs_f64(),
+        survivors
+            .iter()
+            .zip(&stalls)
+            .map(|(i, d)| format!("node{i} {:.2} s", d.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        survivors[0],
+        during.len(),
+        p99.as_secs_f64() * 1e3,
+        probe_stall
+            .map(|d| format!("{:.2} s", d.as_secs_f64()))
+            .unwrap_or_else(|| "-".into()),
+    );
+
+    c.finish().expect("mako down and fsck clean");
+}
+
+/// Lazy unmount of a killed node's mount (its FUSE connection aborted), so that `mako
+/// down` finds nothing mounted there.
+fn detach(mount: &Path) {
+    let p = std::ffi::CString::new(mount.as_os_str().as_encoded_bytes()).expect("a C path");
+    unsafe { libc::umount2(p.as_ptr(), libc::MNT_DETACH) };
+}
+
+/// Reads the sequence number at the start of `path` (8 bytes, little endian).
+fn read_seq(path: &Path) -> std::io::Result<u64> {
+    let mut f = std::fs::File::open(path)?;
+    let mut b = [0u8; 8];
+    f.read_exact(&mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+#[test]
+fn a_node_cut_off_stops_its_io_is_expelled_and_rejoins() {
+    let test = "a_node_cut_off_stops_its_io_is_expelled_and_rejoins";
+    if !require_fuse(test) {
+        return;
+    }
+    if !Path::new("/run/netns").exists() && std::fs::create_dir_all("/run/netns").is_err() {
+        cannot_run(test, "no /run/netns for ip netns");
+        return;
+    }
+    let mut c = NetCluster::up(options(&["--quorum-nodes", "node0"], vec![2]))
+        .expect("three nodes up, node2 in a network namespace of its own");
+    let victim = 2u32;
+    assert!(line_of(&c.node_show(), "node2").contains("active"));
+
+    // What node 2 made durable before the cut.
+    let first = vec![b'A'; 100_000];
+    write_synced(&c.mount(victim).join("f"), &first).expect("node 2 writes and fsyncs f");
+    // Node 2 keeps rewriting g: a sequence number, fsynced, as long as it can.
+    let g = c.mount(victim).join("g");
+    let acked = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let first_error: Arc<Mutex<Option<(Instant, std::io::Error)>>> = Arc::default();
+    let writer = {
+        let (g, acked, stop, first_error) =
+            (g.clone(), acked.clone(), stop.clone(), first_error.clone());
+        std::thread::spawn(move || {
+            let mut seq = 0u64;
+            let mut f = None;
+            while !stop.load(Ordering::SeqCst) {
+                seq += 1;
+                let r = (|| -> std::io::Result<()> {
+                    if f.is_none() {
+                        f = Some(
+                            std::fs::OpenOptions::new()
+                                .read(true)
+                                .write(true)
+                                .create(true)
+                                .truncate(false)
+                                .open(&g)?,
+                        );
+                    }
+                    let file = f.as_mut().unwrap();
+                    file.seek(SeekFrom::Start(0))?;
+                    file.write_all(&seq.to_le_bytes())?;
+                    file.sync_all()
+                })();
+                match r {
+                    Ok(()) => acked.store(seq, Ordering::SeqCst),
+                    Err(e) => {
+                        f = None;
+                        let mut fe = first_error.lock().unwrap();
+                        if fe.is_none() {
+                            *fe = Some((Instant::now(), e));
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    wait_for(&c, "node 2 writes g", || acked.load(Ordering::SeqCst) >= 5);
+
+    c.cut_link(victim).expect("take node 2's link down");
+    let cut = Instant::now();
+    // Its lease runs out: its writes fail.
+    wait_for(&c, "node 2's writes fail once its lease ran out", || {
+        first_error.lock().unwrap().is_some()
+    });
+    let (failed_at, err) = first_error.lock().unwrap().take().unwrap();
+    assert!(
+        matches!(err.raw_os_error(), Some(libc::EIO) | Some(libc::EROFS)),
+        "node 2's write after its link was cut failed, but not with EIO or EROFS: {err}"
+    );
+    let to_fence = failed_at - cut;
+    let last_acked = acked.load(Ordering::SeqCst);
+    // Its mount returns errors for what needs no disk I/O too.
+    let r = std::fs::read(c.mount(victim).join("f"));
+    assert!(
+        r.as_ref().err().and_then(|e| e.raw_os_error()) == Some(libc::EIO),
+        "node 2 cut off reads f: {:?} (EIO expected)",
+        r.map(|b| b.len())
+    );
+    // Node 0 expels and recovers it; node 0 then reads g as node 2 last fsynced it.
+    wait_for(&c, "node 0 expels node 2", || {
+        count(&c, 0, &["node 2 expelled by node 0"]) > 0
+    });
+    let to_expel = cut.elapsed();
+    wait_for(&c, "node 0 recovers node 2", || {
+        count(&c, 0, &["node 2 (lease epoch", "recovered"]) > 0
+    });
+    let to_recovered = cut.elapsed();
+    let after_expel = read_seq(&c.mount(0).join("g")).expect("node 0 reads g after the recovery");
+    assert!(
+        after_expel == last_acked || after_expel == last_acked + 1,
+        "node 0 reads sequence {after_expel} in g after node 2's recovery; node 2 had fsynced \
+         {last_acked} before its writes started failing"
+    );
+    assert!(
+        std::fs::read(c.mount(0).join("f")).expect("node 0 reads f") == first,
+        "node 0 does not read what node 2 fsynced in f before the cut"
+    );
+    let show = c.node_show();
+    assert!(
+        line_of(&show, "node2").contains("expelled by node0"),
+        "node2 not shown expelled:\n{show}"
+    );
+    for i in [0, 1] {
+        assert!(
+            !line_of(&show, &format!("node{i}")).contains("expelled"),
+            "node{i} was expelled too:\n{show}"
+        );
+    }
+
+    // The link comes back: node 2 rejoins at a new lease epoch by itself.
+    c.restore_link(victim).expect("bring node 2's link back");
+    let restored = Instant::now();
+    wait_for(&c, "node 2 rejoins", || {
+        count(&c, victim, &["rejoined the cluster at lease epoch"]) > 0
+    });
+    let to_rejoin = restored.elapsed();
+    wait_for(&c, "node2 shown active again", || {
+        let line = line_of(&c.node_show(), "node2");
+        line.contains("active") && !line.contains("expelled")
+    });
+    // Its old mount stays fenced (made at the old epoch): every operation errors.
+    let r = std::fs::read(c.mount(victim).join("f"));
+    assert!(
+        r.as_ref().err().and_then(|e| e.raw_os_error()) == Some(libc::EIO),
+        "node 2's mount made before its expel reads f after the rejoin: {:?} (EIO expected)",
+        r.map(|b| b.len())
+    );
+    // Its writer went on trying all along; nothing of it reached the disk.
+    stop.store(true, Ordering::SeqCst);
+    writer.join().expect("node 2's writer");
+    let now = read_seq(&c.mount(0).join("g")).expect("node 0 reads g");
+    assert_eq!(
+        now, after_expel,
+        "a write of node 2 reached the disk after its expel: node 0 read {after_expel} in g \
+         after the recovery, {now} now"
+    );
+
+    // Mounted again (its makod restarted in its namespace), node 2 works.
+    let out = c
+        .mako(&["shutdown", "-N", "node2"])
+        .expect("mako shutdown -N node2");
+    assert!(out.success(), "mako shutdown -N node2: {out}");
+    let out = c.startup(victim).expect("mako startup -N node2");
+    assert!(
+        out.success(),
+        "mako startup -N node2: {out}\n{}",
+        telling_lines(&c)
+    );
+    assert_eq!(
+        read_seq(&g).expect("node 2 reads g mounted again"),
+        after_expel
+    );
+    let third = vec![b'C'; 50_000];
+    write_synced(&c.mount(victim).join("f"), &third).expect("node 2 writes after it rejoined");
+    assert!(std::fs::read(c.mount(0).join("f")).expect("node 0 reads f") == third);
+    eprintln!(
+        "manager_failover_on_mako: node2's link cut (veth down); failureDetectionTime 10 s, \
+         minMissedPingTimeout 2 s; cut to its first failed write {:.2} s, to its expel by \
+         node0 {:.2} s, to recovery done {:.2} s; link back to its rejoin {:.2} s",
+        to_fence.as_secs_f64(),
+        to_expel.as_secs_f64(),
+        to_recovered.as_secs_f64(),
+        to_rejoin.as_secs_f64(),
+    );
+    c.finish().expect("mako down and fsck clean");
+}
