@@ -154,3 +154,14 @@ fn seed_68_a_metanode_commits_what_writers_report() {
     let kinds = [FaultKind::Pause];
     run_seed(&config(68, 2, &kinds, true)).unwrap_or_else(|f| panic!("{f}"));
 }
+
+/// Seed 134 of `partition_of_one_node` (2 nodes): a lookup (a stat of `/records`)
+/// found the name, then read the inode's attributes after a rename of it on the same
+/// node had completed: the renamed file's ctime under its old name, neither the state
+/// before the rename nor after. Fixed in `FileSystem::lookup`: the name is checked
+/// again after the attributes are read, and looked up again if it moved.
+#[test]
+fn seed_134_a_lookup_is_atomic_with_a_rename() {
+    let kinds = [FaultKind::Partition];
+    run_seed(&config(134, 2, &kinds, true)).unwrap_or_else(|f| panic!("{f}"));
+}
