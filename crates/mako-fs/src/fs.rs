@@ -448,6 +448,16 @@ impl FileSystem {
                     Ok(attr) if attr.nlink == 0 && attempt < LOOKUP_RACE_RETRIES => {}
                     // Freed meanwhile (the name was unlinked, or renamed over).
                     Err(FsError::Stale(_)) if attempt < LOOKUP_RACE_RETRIES => {}
+                    // Still under the name? A rename of it may have completed since it
+                    // was found, its ctime with it: the attributes would then be the
+                    // renamed file's under its old name, neither state (faults seed 134
+                    // of `partition_of_one_node`). Looked up again then.
+                    Ok(_)
+                        if attempt < LOOKUP_RACE_RETRIES
+                            && !matches!(name, b"." | b"..")
+                            && directory::lookup(&self.core, &p.state.read(), name)?
+                                .map(|e| e.ino)
+                                != Some(ino) => {}
                     r => return r,
                 }
             }

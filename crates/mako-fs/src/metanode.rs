@@ -92,6 +92,10 @@ pub enum FsReply {
     Done,
     /// This node is not (or no longer) the file's metanode: locate it again.
     NotMetanode,
+    /// The metanode could not commit its log (it was fenced, or its log failed): what
+    /// was asked is not durable. The asker waits for its recovery, as for a metanode
+    /// that does not answer, and sends it again to the next one.
+    Unavailable(String),
     Failed(String),
 }
 
@@ -232,17 +236,40 @@ fn serve(core: &Arc<Core>, req: FsRequest) -> FsResult<FsReply> {
             })
         }
         FsRequest::Update(u) => {
-            let _tx = core.begin();
-            let mut st = h.state.write();
-            apply_update(core, &mut st, &u)?;
+            let lasting = {
+                let _tx = core.begin();
+                let mut st = h.state.write();
+                let lasting = !u.sets.is_empty()
+                    || u.entries_delta != 0
+                    || u.nlink_delta != 0
+                    || u.size_at_least > st.inode.size;
+                apply_update(core, &mut st, &u)?;
+                lasting
+            };
+            if lasting {
+                // Durable before the writer takes it as reported: it keeps nothing of
+                // it, so a metanode that failed with it uncommitted would lose another
+                // node's blocks, size or entry count (faults seed 68 of
+                // `pause_past_the_lease`: a survivor's records were lost with the
+                // expelled metanode). Times alone stay lazy.
+                return Ok(commit_for_writer(core));
+            }
             Ok(FsReply::Done)
         }
-        FsRequest::Sync { .. } => {
-            let seq = core.journal.running_seq();
-            core.journal.commit_upto(core, seq)?;
-            Ok(FsReply::Done)
-        }
+        FsRequest::Sync { .. } => Ok(commit_for_writer(core)),
         FsRequest::Free { .. } => Ok(FsReply::Done),
+    }
+}
+
+/// Commit this node's log for a shared writer's update or fsync: `Done`, or
+/// `Unavailable` when the log cannot be committed (this node was fenced, or its log
+/// failed and the mount is read-only): the writer then waits for this node's recovery
+/// and a new metanode, as for one that does not answer.
+fn commit_for_writer(core: &Core) -> FsReply {
+    let seq = core.journal.running_seq();
+    match core.journal.commit_upto(core, seq) {
+        Ok(()) => FsReply::Done,
+        Err(e) => FsReply::Unavailable(e.to_string()),
     }
 }
 
@@ -574,6 +601,18 @@ fn to_metanode(core: &Core, h: &InodeHandle, req: &FsRequest) -> FsResult<Option
             Err(e) => return Err(FsError::Token(e.to_string())),
         };
         match reply {
+            FsReply::Unavailable(e) => {
+                if attempt + 1 == LOCATE_ATTEMPTS_MAX {
+                    return Err(FsError::Token(format!(
+                        "metanode {to} of inode {}: {e}",
+                        h.ino
+                    )));
+                }
+                if let Some(s) = h.state.write().shared.as_mut() {
+                    s.metanode = None;
+                }
+                core.env.clock.sleep(Duration::from_millis(10));
+            }
             FsReply::NotMetanode => {
                 if let Some(s) = h.state.write().shared.as_mut() {
                     s.metanode = None;

@@ -91,8 +91,14 @@ fn read_segment(core: &Core, segment: usize) -> FsResult<InodeMapSegment> {
     if !known(core) {
         // A hole as far as this node knows: another node may have made the block since
         // (`Core::ensure_imap_block`, under the map file's token, written in place).
-        crate::op::hold_inode(core, imap_ino, crate::coherence::Need::Cache)?;
-        core.refresh_metafile(imap_ino)?;
+        // Under the map file's token, asked for here when no operation is around
+        // (`Core::reserve_inode` runs before its operation's; the token's absence was
+        // an error: scale seed 1 at 256 nodes, node 0's fifth segment); inside one, a
+        // missing token restarts it as usual.
+        crate::op::run(core, || {
+            crate::op::hold_inode(core, imap_ino, crate::coherence::Need::Cache)?;
+            core.refresh_metafile(imap_ino)
+        })?;
         if !known(core) {
             // Still a hole: the segment was never used, all free.
             return Ok(core.imap.blank(s));
