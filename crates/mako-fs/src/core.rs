@@ -417,9 +417,10 @@ pub trait KernelInvalidator: Send + Sync {
 pub type MountFence = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 /// Most bytes of inode-file blocks one growth makes ahead for other nodes' first
-/// segments (`Core::inode_file_growth`): zeroed in the growing operation, so its cost
-/// stays a few milliseconds of writes.
-pub const INODE_FILE_AHEAD_BYTES_MAX: u64 = 16 << 20;
+/// segments (`Core::inode_file_growth`), 1,024 nodes' first blocks of 64 KiB: zeroed
+/// by the growing operation, a rare pause of that many writes (the seeds' inode
+/// expansion) instead of a growth per node.
+pub const INODE_FILE_AHEAD_BYTES_MAX: u64 = 64 << 20;
 
 pub struct Core {
     pub nsd: Arc<dyn Nsd>,
@@ -695,7 +696,7 @@ impl Core {
         // The same exclusive token makes the blocks other nodes' first creates will
         // need: best effort, a block that cannot be made now is made at its first use.
         let per = self.desc.lock().inodes_per_segment as u64;
-        let mut budget = (INODE_FILE_AHEAD_BYTES_MAX / bb).max(1);
+        let mut budget = self.inode_file_ahead_blocks();
         for s in self.inode_file_growth(ino) {
             let first = s * per;
             if self.inode_slot_exists(first) {
@@ -716,24 +717,36 @@ impl Core {
         Ok(())
     }
 
-    /// Segments whose first inode-file block a growth for `ino` makes ahead. Node `k`
-    /// starts with segment `k` (`ownership`), and mkfs pre-sizes the inode file for
-    /// the first nodes' segments only as far as `INODE_FILE_PRESIZE_MAX` and the space
-    /// allow; past that every node's first create would grow the file, and each growth
-    /// takes the inode file's token in `xw` from every node that reads inodes: O(nodes)
-    /// messages per node (512 nodes creating one file each in one directory: 103
-    /// requests for it per create). So a growth for a node's first segment also makes
-    /// the first blocks of the following nodes' segments, half again as many as lie
-    /// before it (at most `INODE_FILE_AHEAD_BYTES_MAX` of new blocks): the file grows
-    /// geometrically, like the inode expansion of the seeds, in O(log nodes) growths.
-    fn inode_file_growth(&self, ino: u64) -> std::ops::Range<u64> {
+    /// Segments whose first inode-file block a growth for `ino` makes ahead, in the
+    /// order it makes them. Node `k` starts with segment `k` (`ownership`), and mkfs
+    /// pre-sizes the inode file for the first nodes' segments only as far as
+    /// `INODE_FILE_PRESIZE_MAX` and the space allow; past that every node's first
+    /// create would grow the file, and each growth takes the inode file's token in `xw`
+    /// from every node that reads inodes: O(nodes) messages per node (512 nodes
+    /// creating one file each in one directory: 103 requests for it per create). So a
+    /// growth for a node's first segment also makes the first blocks of every other
+    /// node's first segment that is still a hole, the following nodes first, as far as
+    /// `inode_file_ahead_blocks` allows: like the inode expansion of the seeds, a few
+    /// growths instead of one per node.
+    fn inode_file_growth(&self, ino: u64) -> impl Iterator<Item = u64> {
         let s = self.imap.segment_of(ino) as u64;
         let nodes = (self.metadata_inodes().log_count as u64).min(self.imap.segments() as u64);
-        if s >= nodes {
-            // A segment taken when a node's own ran out: nobody else starts there.
-            return 0..0;
-        }
-        s + 1..(s + 1 + (s / 2).max(1)).min(nodes)
+        // A segment taken when a node's own ran out (`s >= nodes`): nobody else
+        // starts there, nothing is made ahead.
+        let (after, before) = if s < nodes {
+            (s + 1..nodes, 0..s)
+        } else {
+            (0..0, 0..0)
+        };
+        after.chain(before)
+    }
+
+    /// Blocks one growth may make ahead (`inode_file_growth`): at most
+    /// `INODE_FILE_AHEAD_BYTES_MAX`, and a 64th of the file system, so that a small one
+    /// does not give its space to nodes that may never exist.
+    fn inode_file_ahead_blocks(&self) -> u64 {
+        let total = self.alloc.total_subblocks() * self.geo.subblock_bytes() as u64;
+        INODE_FILE_AHEAD_BYTES_MAX.min(total / 64) / self.block_bytes()
     }
 
     /// Allocate inode-file block `b` (a hole), zeroed, and map it. Under the inode
