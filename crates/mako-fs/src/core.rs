@@ -416,6 +416,12 @@ pub trait KernelInvalidator: Send + Sync {
 /// See `Core::mount_fence`.
 pub type MountFence = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
+/// Most bytes of inode-file blocks one growth makes ahead for other nodes' first
+/// segments (`Core::inode_file_growth`), 1,024 nodes' first blocks of 64 KiB: zeroed
+/// by the growing operation, a rare pause of that many writes (the seeds' inode
+/// expansion) instead of a growth per node.
+pub const INODE_FILE_AHEAD_BYTES_MAX: u64 = 64 << 20;
+
 pub struct Core {
     pub nsd: Arc<dyn Nsd>,
     pub desc: CountedMutex<Descriptor>,
@@ -669,53 +675,115 @@ impl Core {
         Ok(())
     }
 
-    /// Allocate the inode-file block that holds `ino` if it is a hole. Only that block:
-    /// the inode file is sparse, so a node whose inode-map segments lie far out (each
-    /// node has its own) costs one block, not every block before it.
+    /// Allocate the inode-file block that holds `ino` if it is a hole, and with it the
+    /// first blocks of the next nodes' first segments (`inode_file_growth`). The inode
+    /// file is sparse, so a node whose inode-map segments lie far out (each node has
+    /// its own) costs its blocks, not every block before them.
     fn ensure_inode_slot(&self, ino: u64) -> FsResult<()> {
-        let inode_file = self.metadata_inodes().inode_file;
-        let block = ino * self.inode_bytes() as u64 / self.block_bytes();
         if self.inode_slot_exists(ino) {
             return Ok(());
         }
         // Under the inode file's exclusive token (the caller holds it): reloaded first if
         // another node grew it since this node last did.
-        let h = self.get(inode_file)?;
+        let h = self.get(self.metadata_inodes().inode_file)?;
         let _g = self.inode_file_grow.lock();
-        if !self.inode_slot_exists(ino) {
-            let b = block;
-            let spb = self.geo.subblocks_per_block;
-            let da =
-                self.alloc
-                    .allocate(crate::alloc_map::AllocKind::Metadata, spb, inode_file, b)?;
-            // Fresh inode-file blocks are zeroed so an unused slot reads as blank.
-            let zeros = vec![0u8; self.block_bytes() as usize];
-            self.nsd.write(
-                da,
-                &zeros,
-                IoTag {
-                    buffer_type: BufferType::Inode,
-                    ino: inode_file,
-                },
-            )?;
-            // Written like data: on disk before the log names the block.
-            self.journal.note_ordered_write();
-            let mut st = h.state.write();
-            if let Err(e) = crate::block_map::set(self, &mut st, b, da) {
-                // Mapping the block can need an indirect block this node has no room
-                // for (its regions are full: the operation takes another region and
-                // runs again). The block is the running transaction's own allocation,
-                // so freeing it undoes it exactly; kept, it would leak.
-                drop(st);
-                self.alloc.free(da, spb, inode_file)?;
-                return Err(e);
-            }
-            st.inode.size = st.inode.size.max((b + 1) * self.block_bytes());
-            st.inode.subblocks += spb as u64;
-            st.mark_dirty();
-            let mut map = self.metafile_blocks.write();
-            map.entry(inode_file).or_default().set(b, da);
+        if self.inode_slot_exists(ino) {
+            return Ok(());
         }
+        let bb = self.block_bytes();
+        let isz = self.inode_bytes() as u64;
+        self.grow_inode_file(&h, ino * isz / bb)?;
+        // The same exclusive token makes the blocks other nodes' first creates will
+        // need: best effort, a block that cannot be made now is made at its first use.
+        let per = self.desc.lock().inodes_per_segment as u64;
+        let mut budget = self.inode_file_ahead_blocks();
+        for s in self.inode_file_growth(ino) {
+            let first = s * per;
+            if self.inode_slot_exists(first) {
+                continue;
+            }
+            if budget == 0 {
+                break;
+            }
+            budget -= 1;
+            if let Err(e) = self.grow_inode_file(&h, first * isz / bb) {
+                tracing::debug!("inode file: segment {s} not made ahead: {e}");
+                break;
+            }
+            self.stats
+                .inode_file_blocks_ahead
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Segments whose first inode-file block a growth for `ino` makes ahead, in the
+    /// order it makes them. Node `k` starts with segment `k` (`ownership`), and mkfs
+    /// pre-sizes the inode file for the first nodes' segments only as far as
+    /// `INODE_FILE_PRESIZE_MAX` and the space allow; past that every node's first
+    /// create would grow the file, and each growth takes the inode file's token in `xw`
+    /// from every node that reads inodes: O(nodes) messages per node (512 nodes
+    /// creating one file each in one directory: 103 requests for it per create). So a
+    /// growth for a node's first segment also makes the first blocks of every other
+    /// node's first segment that is still a hole, the following nodes first, as far as
+    /// `inode_file_ahead_blocks` allows: like the inode expansion of the seeds, a few
+    /// growths instead of one per node.
+    fn inode_file_growth(&self, ino: u64) -> impl Iterator<Item = u64> {
+        let s = self.imap.segment_of(ino) as u64;
+        let nodes = (self.metadata_inodes().log_count as u64).min(self.imap.segments() as u64);
+        // A segment taken when a node's own ran out (`s >= nodes`): nobody else
+        // starts there, nothing is made ahead.
+        let (after, before) = if s < nodes {
+            (s + 1..nodes, 0..s)
+        } else {
+            (0..0, 0..0)
+        };
+        after.chain(before)
+    }
+
+    /// Blocks one growth may make ahead (`inode_file_growth`): at most
+    /// `INODE_FILE_AHEAD_BYTES_MAX`, and a 64th of the file system, so that a small one
+    /// does not give its space to nodes that may never exist.
+    fn inode_file_ahead_blocks(&self) -> u64 {
+        let total = self.alloc.total_subblocks() * self.geo.subblock_bytes() as u64;
+        INODE_FILE_AHEAD_BYTES_MAX.min(total / 64) / self.block_bytes()
+    }
+
+    /// Allocate inode-file block `b` (a hole), zeroed, and map it. Under the inode
+    /// file's exclusive token and `inode_file_grow`.
+    fn grow_inode_file(&self, h: &InodeHandle, b: u64) -> FsResult<()> {
+        let inode_file = h.ino;
+        let spb = self.geo.subblocks_per_block;
+        let da = self
+            .alloc
+            .allocate(crate::alloc_map::AllocKind::Metadata, spb, inode_file, b)?;
+        // Fresh inode-file blocks are zeroed so an unused slot reads as blank.
+        let zeros = vec![0u8; self.block_bytes() as usize];
+        self.nsd.write(
+            da,
+            &zeros,
+            IoTag {
+                buffer_type: BufferType::Inode,
+                ino: inode_file,
+            },
+        )?;
+        // Written like data: on disk before the log names the block.
+        self.journal.note_ordered_write();
+        let mut st = h.state.write();
+        if let Err(e) = crate::block_map::set(self, &mut st, b, da) {
+            // Mapping the block can need an indirect block this node has no room
+            // for (its regions are full: the operation takes another region and
+            // runs again). The block is the running transaction's own allocation,
+            // so freeing it undoes it exactly; kept, it would leak.
+            drop(st);
+            self.alloc.free(da, spb, inode_file)?;
+            return Err(e);
+        }
+        st.inode.size = st.inode.size.max((b + 1) * self.block_bytes());
+        st.inode.subblocks += spb as u64;
+        st.mark_dirty();
+        let mut map = self.metafile_blocks.write();
+        map.entry(inode_file).or_default().set(b, da);
         Ok(())
     }
 

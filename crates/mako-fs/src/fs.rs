@@ -279,8 +279,19 @@ impl FileSystem {
     fn need_new_inode(&self, ino: u64) -> FsResult<()> {
         self.need(ino, Need::Exclusive)?;
         self.need_data(ino, TokenMode::Xw, ByteRange::WHOLE)?;
+        let inode_file = self.core.metadata_inodes().inode_file;
         if !self.core.inode_slot_exists(ino) {
-            self.need(self.core.metadata_inodes().inode_file, Need::Exclusive)?;
+            // Another node may have made the block ahead for this node's segment
+            // (`Core::inode_file_growth`): learn the file's blocks under `ro` before
+            // taking it in `xw` from every node that reads inodes. A node holding it in
+            // `xw` knows them all (and may have changed them since the disk copy).
+            self.need(inode_file, Need::Cache)?;
+            if self.core.tokens.inode_mode(inode_file) != Some(TokenMode::Xw) {
+                self.core.refresh_metafile(inode_file)?;
+            }
+        }
+        if !self.core.inode_slot_exists(ino) {
+            self.need(inode_file, Need::Exclusive)?;
         }
         if !self.core.imap_block_exists(ino) {
             self.need(self.core.metadata_inodes().inode_alloc_map, Need::Exclusive)?;

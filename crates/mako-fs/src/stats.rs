@@ -19,6 +19,8 @@ pub struct FsStats {
     /// Inodes read again alone into a cached inode-file chunk (granted since it was read).
     pub inode_slot_rereads: AtomicU64,
     pub dir_splits: AtomicU64,
+    /// Inode-file blocks made ahead for other nodes' first segments (`Core::inode_file_growth`).
+    pub inode_file_blocks_ahead: AtomicU64,
     /// Entries moved back into a freed cookie to keep a probe chain whole.
     pub dir_entries_moved: AtomicU64,
     /// Shared with the damage sink (`error::DamageSink`), which counts integrity
@@ -66,6 +68,7 @@ impl FsStats {
             f("stat_cache_hits", &self.stat_cache_hits),
             f("inode_slot_rereads", &self.inode_slot_rereads),
             f("dir_splits", &self.dir_splits),
+            f("inode_file_blocks_ahead", &self.inode_file_blocks_ahead),
             f("dir_entries_moved", &self.dir_entries_moved),
             f("corruptions_detected", &self.corruptions),
             f("background_errors", &self.background_errors),

@@ -342,6 +342,7 @@ fn token_label(service: ServiceId, request: &[u8]) -> Option<String> {
                     resource, wanted, ..
                 } => format!("revoke {} to {wanted:?}", resource.kind.as_str()),
                 ClientRequest::Ping => "ping".into(),
+                ClientRequest::PingWaiting(r) => format!("ping waiting {}", r.kind.as_str()),
             })
         }
         _ => None,

@@ -286,6 +286,9 @@ struct ClientInner {
     /// many (`Grant::contenders`, `TokenClient::contenders`); only those, so it holds
     /// no more than the contended resources.
     crowds: parking_lot::Mutex<crate::DetMap<ResourceId, u32>>,
+    /// Acquires running per resource (`ClientRequest::PingWaiting`). Not a counted
+    /// lock, like `crowds`.
+    acquiring: parking_lot::Mutex<crate::DetMap<ResourceId, u32>>,
     /// Ticks at every grant from the manager (`TokenClient::grant_clock`).
     grant_clock: AtomicU64,
 }
@@ -455,7 +458,8 @@ impl ClientInner {
     /// Asks each of `nodes` (whose queued requests on `resource` an acquire waits
     /// behind) whether it is there, and reports those that do not answer.
     fn probe_waiters(&self, resource: &ResourceId, nodes: &[NodeId]) {
-        let ping = mako_rt::encode("ping", &ClientRequest::Ping).unwrap_or_default();
+        let ping =
+            mako_rt::encode("ping", &ClientRequest::PingWaiting(*resource)).unwrap_or_default();
         let calls = nodes
             .iter()
             .map(|n| (*n, ServiceId::TokenClient, ping.clone()))
@@ -464,16 +468,30 @@ impl ClientInner {
             .fetch_add(nodes.len() as u64, Ordering::Relaxed);
         let answers = self.transport.call_many(calls, self.options());
         for (node, answer) in nodes.iter().zip(answers) {
-            let alive = answer.is_ok_and(|b| {
-                matches!(
-                    mako_rt::decode::<ClientReply>("ping reply", &b),
-                    Ok(ClientReply::Alive)
-                )
-            });
-            if !alive {
-                self.report_unreachable(resource, *node);
+            let reply = answer
+                .ok()
+                .and_then(|b| mako_rt::decode::<ClientReply>("ping reply", &b).ok());
+            match reply {
+                Some(ClientReply::Alive | ClientReply::Waiting(true)) => {}
+                // There, but its request is left over (its cancel never arrived, or
+                // it is an earlier incarnation's): it holds the queue for nothing.
+                Some(ClientReply::Waiting(false)) => {
+                    let _ = self.ask_manager(
+                        resource,
+                        ManagerRequest::DropWaitersOn {
+                            node: *node,
+                            resource: *resource,
+                        },
+                    );
+                }
+                _ => self.report_unreachable(resource, *node),
             }
         }
+    }
+
+    /// Is an acquire of `resource` running on this node?
+    fn acquiring(&self, resource: &ResourceId) -> bool {
+        self.acquiring.lock().get(resource).is_some_and(|n| *n > 0)
     }
 
     fn expect_done(reply: ManagerReply) -> Result<(), TokenError> {
@@ -668,6 +686,7 @@ impl TokenClient {
                 peers_unreachable: AtomicU64::new(0),
                 acquire_ids: AtomicU64::new(1),
                 crowds: parking_lot::Mutex::new(Default::default()),
+                acquiring: parking_lot::Mutex::new(Default::default()),
                 grant_clock: AtomicU64::new(0),
             }),
         }
@@ -844,7 +863,17 @@ impl TokenClient {
         req.waiter = (!no_revoke).then(|| inner.acquire_ids.fetch_add(1, Ordering::Relaxed));
         validate_request(&req)?;
         let mut left_queued = false;
+        *inner.acquiring.lock().entry(resource).or_default() += 1;
         let result = self.acquire_rounds(req, options, &mut left_queued);
+        {
+            let mut acquiring = inner.acquiring.lock();
+            if let Some(n) = acquiring.get_mut(&resource) {
+                *n -= 1;
+                if *n == 0 {
+                    acquiring.remove(&resource);
+                }
+            }
+        }
         if let (true, Some(waiter)) = (result.is_err() || left_queued, req.waiter) {
             // Out of the queue, so as not to stand in anyone's way until the lease ends.
             // Best effort: if the manager is unreachable the lease drops it.
@@ -1550,6 +1579,9 @@ impl mako_rt::Service for ClientService {
             }
             (_, Err(e)) => ClientReply::Failed(TokenError::Transport(e.to_string())),
             (Some(_), Ok(ClientRequest::Ping)) => ClientReply::Alive,
+            (Some(inner), Ok(ClientRequest::PingWaiting(resource))) => {
+                ClientReply::Waiting(inner.acquiring(&resource))
+            }
             (
                 Some(inner),
                 Ok(ClientRequest::Revoke {
@@ -1865,6 +1897,32 @@ mod unreachable_waiter_tests {
         assert!(b.stats().probes_sent >= 1, "{:?}", b.stats());
         assert_eq!(m.stats().waiters_dropped, 1, "{:?}", m.stats());
         assert!(m.waiters(inode(7)).is_empty());
+    }
+
+    /// A live node's request left in the queue (its cancel never arrived, or an
+    /// earlier incarnation of the node queued it) held the others for the manager's
+    /// whole waiter lease (180 s: sim fault seeds 5 and 17, a survivor's operation in
+    /// the kill -9 rounds): the node answered `Ping`. Asked whether it still waits for
+    /// the resource, it says no, and the manager drops its request there.
+    #[test]
+    fn a_live_nodes_left_over_request_does_not_hold_the_others() {
+        let (m, registry) = setup();
+        let a = client(&registry, NodeId(1));
+        let b = client(&registry, NodeId(2));
+        let c = client(&registry, NodeId(3));
+        a.acquire_whole(inode(7), Xw).expect("a holds");
+        // Node 3 is there, but nothing on it waits for inode 7.
+        let mut req = AcquireRequest::whole(NodeId(3), inode(7), Xw);
+        req.waiter = Some(1);
+        assert!(matches!(m.acquire(req), Err(TokenError::Conflict { .. })));
+        assert_eq!(m.waiters(inode(7)), vec![NodeId(3)]);
+        b.acquire_whole(inode(7), Xw)
+            .expect("served once the left-over request is dropped");
+        assert!(b.stats().probes_sent >= 1, "{:?}", b.stats());
+        assert_eq!(m.stats().waiters_dropped, 1, "{:?}", m.stats());
+        assert!(m.waiters(inode(7)).is_empty());
+        // Node 3 itself still works, and is not dropped from elsewhere.
+        c.acquire_whole(inode(7), Ro).expect("c is served");
     }
 
     /// A revoke that cannot reach a holder fails the acquire once the wait for the

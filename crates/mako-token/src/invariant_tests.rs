@@ -183,6 +183,7 @@ impl mako_rt::Service for RawHandler {
                 Err(e) => ClientReply::Failed(e),
             },
             Ok(ClientRequest::Ping) => ClientReply::Alive,
+            Ok(ClientRequest::PingWaiting(_)) => ClientReply::Waiting(true),
             Err(e) => ClientReply::Failed(TokenError::Transport(e.to_string())),
         };
         mako_rt::encode("revoke reply", &reply).expect("encode")

@@ -851,6 +851,24 @@ impl TokenManager {
         dropped
     }
 
+    /// Drop `node`'s queued requests on `resource` (it answered that it does not wait
+    /// for it: `ManagerRequest::DropWaitersOn`).
+    pub fn drop_waiters_on(&self, node: NodeId, resource: ResourceId) -> usize {
+        let mut shard = self.shard(&resource).lock();
+        let Some(t) = shard.resources.get_mut(&resource) else {
+            return 0;
+        };
+        let before = t.waiters.len();
+        t.waiters.retain(|w| w.node != node);
+        let dropped = before - t.waiters.len();
+        if t.is_unused() {
+            shard.resources.remove(&resource);
+        }
+        self.waiters_dropped
+            .fetch_add(dropped as u64, Ordering::Relaxed);
+        dropped
+    }
+
     /// The nodes with queued requests on `resource`, oldest first (diagnostics, tests).
     pub fn waiters(&self, resource: ResourceId) -> Vec<NodeId> {
         let shard = self.shard(&resource).lock();

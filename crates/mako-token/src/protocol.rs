@@ -37,6 +37,13 @@ pub enum ManagerRequest {
     /// stays (only recovery may take that from it); if it lives and still waits, it
     /// is queued again, at the back, when it asks again.
     DropWaiters(NodeId),
+    /// `node` answered that it no longer waits for `resource` (`ClientRequest::
+    /// PingWaiting`): its queued requests there are left over (a cancel that never
+    /// arrived, or an earlier incarnation of the node) and stand in nobody's way.
+    DropWaitersOn {
+        node: NodeId,
+        resource: ResourceId,
+    },
     /// Drop everything a node holds (it unmounted, or recovery released it).
     ReleaseNode(NodeId),
     LocateMetanode {
@@ -82,6 +89,11 @@ pub enum ClientRequest {
     /// behind for a while: if one does not answer, its requests are dropped from the
     /// manager's queue (`ManagerRequest::DropWaiters`).
     Ping,
+    /// Are you there, and do you still wait for `resource` (an acquire of it is
+    /// running)? Asked like `Ping`; a node that is there but does not wait has its
+    /// requests on the resource dropped (`ManagerRequest::DropWaitersOn`), which
+    /// otherwise would hold the queue for the manager's whole waiter lease.
+    PingWaiting(ResourceId),
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -89,6 +101,8 @@ pub enum ClientReply {
     Revoked,
     /// The answer to `Ping`.
     Alive,
+    /// The answer to `PingWaiting`: whether an acquire of the resource is running.
+    Waiting(bool),
     Failed(TokenError),
 }
 
@@ -132,6 +146,10 @@ impl ManagerService {
             }
             ManagerRequest::DropWaiters(node) => {
                 m.drop_waiters(node);
+                ManagerReply::Done
+            }
+            ManagerRequest::DropWaitersOn { node, resource } => {
+                m.drop_waiters_on(node, resource);
                 ManagerReply::Done
             }
             ManagerRequest::ReleaseNode(node) => {

@@ -337,6 +337,7 @@ fn counter_help(name: &str) -> String {
         "stat_cache_hits" => "Attribute requests answered from the stat cache (maxStatCache).",
         "inode_slot_rereads" => "Inodes read again alone into a cached inode-file chunk (granted to this node since the chunk was read).",
         "dir_splits" => "Directory block splits.",
+        "inode_file_blocks_ahead" => "Inode-file blocks made ahead for other nodes' first inode-map segments.",
         "corruptions_detected" => "Metadata structures that failed validation when read, and integrity failures (checksum-valid metadata that says something impossible; the mount turns read-only).",
         "background_errors" => "Errors of background work (write-behind, prefetch, sync).",
         "direct_reads" => "Reads served by direct I/O (O_DIRECT), bypassing the pagepool.",
