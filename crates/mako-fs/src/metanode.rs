@@ -560,6 +560,30 @@ fn call_raw(core: &Core, to: NodeId, req: &FsRequest) -> Result<FsReply, mako_rt
     )
 }
 
+/// The metanode `to` did not answer, or could not make what it was sent durable (it
+/// may have failed or been fenced; its role goes with its tokens when a survivor
+/// recovers it, docs/coherence.md section 7a): forget it and pause before locating
+/// the metanode again, or fail on the last attempt.
+fn metanode_gone(
+    core: &Core,
+    h: &InodeHandle,
+    to: NodeId,
+    attempt: u32,
+    e: &dyn std::fmt::Display,
+) -> FsResult<()> {
+    if attempt + 1 == LOCATE_ATTEMPTS_MAX {
+        return Err(FsError::Token(format!(
+            "metanode {to} of inode {}: {e}",
+            h.ino
+        )));
+    }
+    if let Some(s) = h.state.write().shared.as_mut() {
+        s.metanode = None;
+    }
+    core.env.clock.sleep(Duration::from_millis(10));
+    Ok(())
+}
+
 /// Send `req` to the file's metanode, locating it again (with a short pause while it
 /// changes hands) when the node asked is no longer it. Returns `None` if this node
 /// became the metanode itself (the caller then does the work locally).
@@ -586,33 +610,13 @@ fn to_metanode(core: &Core, h: &InodeHandle, req: &FsRequest) -> FsResult<Option
                 e @ (mako_rt::TransportError::Unreachable { .. }
                 | mako_rt::TransportError::Timeout { .. }),
             ) => {
-                if attempt + 1 == LOCATE_ATTEMPTS_MAX {
-                    return Err(FsError::Token(format!(
-                        "metanode {to} of inode {}: {e}",
-                        h.ino
-                    )));
-                }
-                if let Some(s) = h.state.write().shared.as_mut() {
-                    s.metanode = None;
-                }
-                core.env.clock.sleep(Duration::from_millis(10));
+                metanode_gone(core, h, to, attempt, &e)?;
                 continue;
             }
             Err(e) => return Err(FsError::Token(e.to_string())),
         };
         match reply {
-            FsReply::Unavailable(e) => {
-                if attempt + 1 == LOCATE_ATTEMPTS_MAX {
-                    return Err(FsError::Token(format!(
-                        "metanode {to} of inode {}: {e}",
-                        h.ino
-                    )));
-                }
-                if let Some(s) = h.state.write().shared.as_mut() {
-                    s.metanode = None;
-                }
-                core.env.clock.sleep(Duration::from_millis(10));
-            }
+            FsReply::Unavailable(e) => metanode_gone(core, h, to, attempt, &e)?,
             FsReply::NotMetanode => {
                 if let Some(s) = h.state.write().shared.as_mut() {
                     s.metanode = None;

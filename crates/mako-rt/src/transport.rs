@@ -242,6 +242,22 @@ impl Registry {
         self.admit.set(admit).is_ok()
     }
 
+    /// `admit` for a call from `from` to `service` on node `to`, refused as the
+    /// transport says it (`TransportError::Refused`).
+    pub fn admit_call(
+        &self,
+        from: NodeId,
+        to: NodeId,
+        service: ServiceId,
+    ) -> Result<(), TransportError> {
+        self.admit(from, service)
+            .map_err(|reason| TransportError::Refused {
+                node: to,
+                service,
+                reason,
+            })
+    }
+
     /// Whether a request from `from` to `service` is served (always, without a fence
     /// or for a service that is not fenced).
     pub fn admit(&self, from: NodeId, service: ServiceId) -> Result<(), String> {
@@ -281,13 +297,7 @@ impl Transport for InProcessTransport {
         request: Vec<u8>,
         _options: CallOptions,
     ) -> Result<Vec<u8>, TransportError> {
-        self.registry
-            .admit(self.me, service)
-            .map_err(|reason| TransportError::Refused {
-                node: to,
-                service,
-                reason,
-            })?;
+        self.registry.admit_call(self.me, to, service)?;
         let handler = self
             .registry
             .service(to, service)

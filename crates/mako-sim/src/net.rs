@@ -386,13 +386,7 @@ impl Transport for SimTransport {
             .registry
             .service(to, service)
             .ok_or(TransportError::NoService { node: to, service })?;
-        net.registry
-            .admit(self.me, service)
-            .map_err(|reason| TransportError::Refused {
-                node: to,
-                service,
-                reason,
-            })?;
+        net.registry.admit_call(self.me, to, service)?;
         let fault = net.fault(self.me, to, service);
         if fault == Fault::LoseRequest {
             return Err(broken(to, "request"));

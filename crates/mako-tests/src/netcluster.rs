@@ -404,6 +404,67 @@ impl NetCluster {
         out.stdout.clone()
     }
 
+    /// The lines of node `i`'s makod.log (none if it has none yet).
+    pub fn log_lines(&self, i: u32) -> Vec<String> {
+        std::fs::read_to_string(self.node_dir(i).join("makod.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect()
+    }
+
+    /// What the nodes said about leases, expels, recoveries and managers, the last 40
+    /// lines of each (the transport's reconnection attempts to a dead node would
+    /// drown everything else).
+    pub fn telling_lines(&self) -> String {
+        let mut out = String::new();
+        for i in 0..self.nodes() {
+            out.push_str(&format!(
+                "--- node{i} makod.log (leases, expels, recoveries, managers, errors) ---\n"
+            ));
+            let lines: Vec<String> = self
+                .log_lines(i)
+                .into_iter()
+                .filter(|l| {
+                    !l.contains("cannot connect")
+                        && !l.contains("openraft")
+                        && (l.contains("lease")
+                            || l.contains("expel")
+                            || l.contains("recover")
+                            || l.contains("manager")
+                            || l.contains("ERROR")
+                            || l.contains("WARN")
+                            || l.contains("rejoin"))
+                })
+                .collect();
+            for l in &lines[lines.len().saturating_sub(40)..] {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// Waits (polling every 100 ms) until `done`, at most `guard` (a hang guard: past
+    /// it the test fails with `telling_lines`); returns how long it took.
+    pub fn wait_for(
+        &self,
+        what: &str,
+        guard: Duration,
+        mut done: impl FnMut() -> bool,
+    ) -> Duration {
+        let start = Instant::now();
+        while !done() {
+            assert!(
+                start.elapsed() < guard,
+                "{what}: not reached within the {guard:?} hang guard\n{}",
+                self.telling_lines()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        start.elapsed()
+    }
+
     /// Node `i`'s mount point.
     pub fn mount(&self, i: u32) -> PathBuf {
         self.root_path.join(format!("fs.node{i}"))

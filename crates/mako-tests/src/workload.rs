@@ -41,8 +41,19 @@ pub struct Journal {
     pub ops: u64,
 }
 
-/// A worker's operation latencies: (start relative to the round's start, duration).
-pub type Latencies = Arc<Mutex<Vec<(Duration, Duration)>>>;
+/// One operation of a worker, timed.
+#[derive(Clone, Copy, Debug)]
+pub struct Timed {
+    /// Start, relative to the round's start.
+    pub start: Duration,
+    pub took: Duration,
+    /// In the shared directory (else in the node's own).
+    pub shared: bool,
+    pub what: &'static str,
+}
+
+/// A worker's timed operations.
+pub type Latencies = Arc<Mutex<Vec<Timed>>>;
 
 pub fn write_synced(p: &Path, data: &[u8]) -> std::io::Result<()> {
     let mut f = std::fs::OpenOptions::new()
@@ -105,10 +116,12 @@ pub fn work(
                 let start = Instant::now();
                 let r = std::fs::rename(mount.join(&from), mount.join(&to))
                     .and_then(|_| sync_dir(&mount.join(dir)));
-                latencies
-                    .lock()
-                    .unwrap()
-                    .push((start - t0, start.elapsed()));
+                latencies.lock().unwrap().push(Timed {
+                    start: start - t0,
+                    took: start.elapsed(),
+                    shared: dir == &shared,
+                    what: "rename",
+                });
                 (post, r)
             } else if kind == 6 && existing.len() > 3 {
                 let victim = existing[(n as usize / 7) % existing.len()].clone();
@@ -117,10 +130,12 @@ pub fn work(
                 let start = Instant::now();
                 let r = std::fs::remove_file(mount.join(&victim))
                     .and_then(|_| sync_dir(&mount.join(dir)));
-                latencies
-                    .lock()
-                    .unwrap()
-                    .push((start - t0, start.elapsed()));
+                latencies.lock().unwrap().push(Timed {
+                    start: start - t0,
+                    took: start.elapsed(),
+                    shared: dir == &shared,
+                    what: "unlink",
+                });
                 (post, r)
             } else {
                 // Create (or overwrite an existing name) with new contents, fsynced.
@@ -139,10 +154,12 @@ pub fn work(
                 let start = Instant::now();
                 let r = write_synced(&mount.join(&target), &pattern(c.seed, c.len))
                     .and_then(|_| sync_dir(&mount.join(dir)));
-                latencies
-                    .lock()
-                    .unwrap()
-                    .push((start - t0, start.elapsed()));
+                latencies.lock().unwrap().push(Timed {
+                    start: start - t0,
+                    took: start.elapsed(),
+                    shared: dir == &shared,
+                    what: "write",
+                });
                 (post, r)
             };
         if let Err(e) = result {

@@ -25,10 +25,7 @@
 
 use mako_tests::cluster::{is_mounted, require_fuse};
 use mako_tests::netcluster::{line_of, NetCluster, NetClusterOptions};
-use mako_tests::pattern;
-use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use mako_tests::workload::{check_journal, percentile, work, Journal, Latencies, Timed};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,291 +35,17 @@ const WAIT: Duration = Duration::from_secs(240);
 /// Rounds per CI run.
 const ROUNDS_CI: u32 = 20;
 
-/// What a name holds, per the journal: the seed and length of its `pattern`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Content {
-    seed: u64,
-    len: usize,
-}
-
-/// What an operation the kill interrupted leaves a name as, if it happened.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Doubt {
-    /// A rename or unlink: the name is as before or as this.
-    Then(Option<Content>),
-    /// A write: as before, or absent, or anything written so far.
-    Any,
-}
-
-/// One node's journal: the state of its names (relative to the mount) after every
-/// acknowledged operation, and what the one unacknowledged operation (the one the
-/// kill interrupted) would leave, which may or may not have happened.
-#[derive(Default)]
-struct Journal {
-    acked: BTreeMap<PathBuf, Option<Content>>,
-    pending: Option<Vec<(PathBuf, Doubt)>>,
-    /// Operations acknowledged (over all rounds).
-    ops: u64,
-}
-
-/// One operation of a worker, timed.
-#[derive(Clone, Copy, Debug)]
-struct Timed {
-    /// Start, relative to the round's start.
-    start: Duration,
-    took: Duration,
-    /// In the shared directory (else in the node's own).
-    shared: bool,
-    what: &'static str,
-}
-
-/// A worker's timed operations.
-type Latencies = Arc<Mutex<Vec<Timed>>>;
-
-fn write_synced(p: &Path, data: &[u8]) -> std::io::Result<()> {
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(p)?;
-    f.write_all(data)?;
-    f.sync_all()
-}
-
-fn sync_dir(p: &Path) -> std::io::Result<()> {
-    std::fs::File::open(p)?.sync_all()
-}
-
-/// The mixed workload of node `node` on `mount`, until `stop` or the first error
-/// (the node was killed: its mount is gone). Names are the node's own (`p<node>/…`
-/// and `shared/s<node>_…`), so the journals of different nodes never disagree.
-#[allow(clippy::too_many_arguments)]
-fn work(
-    node: u32,
-    mount: PathBuf,
-    journal: Arc<Mutex<Journal>>,
-    seq: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    latencies: Latencies,
-    t0: Instant,
-) -> Option<std::io::Error> {
-    let private = PathBuf::from(format!("p{node}"));
-    let shared = PathBuf::from("shared");
-    while !stop.load(Ordering::SeqCst) {
-        let n = seq.fetch_add(1, Ordering::SeqCst);
-        let dir = if n.is_multiple_of(2) {
-            &private
-        } else {
-            &shared
-        };
-        let name = |k: u64| dir.join(format!("s{node}_{k}"));
-        // The operation: its post-state, then doing it.
-        let existing: Vec<PathBuf> = {
-            let j = journal.lock().unwrap();
-            j.acked
-                .iter()
-                .filter(|(p, c)| c.is_some() && p.parent() == Some(dir.as_path()))
-                .map(|(p, _)| p.clone())
-                .collect()
-        };
-        let kind = n % 7;
-        let (post, result): (Vec<(PathBuf, Option<Content>)>, _) =
-            if kind == 5 && !existing.is_empty() {
-                let from = existing[(n as usize / 7) % existing.len()].clone();
-                let to = name(n);
-                let c = journal.lock().unwrap().acked[&from];
-                let post = vec![(from.clone(), None), (to.clone(), c)];
-                journal.lock().unwrap().pending = Some(
-                    post.iter()
-                        .map(|(p, c)| (p.clone(), Doubt::Then(*c)))
-                        .collect(),
-                );
-                let start = Instant::now();
-                let r = std::fs::rename(mount.join(&from), mount.join(&to))
-                    .and_then(|_| sync_dir(&mount.join(dir)));
-                latencies.lock().unwrap().push(Timed {
-                    start: start - t0,
-                    took: start.elapsed(),
-                    shared: dir == &shared,
-                    what: "rename",
-                });
-                (post, r)
-            } else if kind == 6 && existing.len() > 3 {
-                let victim = existing[(n as usize / 7) % existing.len()].clone();
-                let post = vec![(victim.clone(), None)];
-                journal.lock().unwrap().pending = Some(vec![(victim.clone(), Doubt::Then(None))]);
-                let start = Instant::now();
-                let r = std::fs::remove_file(mount.join(&victim))
-                    .and_then(|_| sync_dir(&mount.join(dir)));
-                latencies.lock().unwrap().push(Timed {
-                    start: start - t0,
-                    took: start.elapsed(),
-                    shared: dir == &shared,
-                    what: "unlink",
-                });
-                (post, r)
-            } else {
-                // Create (or overwrite an existing name) with new contents, fsynced.
-                let target = if kind == 3 && !existing.is_empty() {
-                    existing[(n as usize / 7) % existing.len()].clone()
-                } else {
-                    name(n)
-                };
-                let c = Content {
-                    seed: (u64::from(node) << 40) | n,
-                    len: [1_000usize, 70_000, 300_000, 1_200_000][(n % 4) as usize]
-                        + (n as usize % 333),
-                };
-                let post = vec![(target.clone(), Some(c))];
-                journal.lock().unwrap().pending = Some(vec![(target.clone(), Doubt::Any)]);
-                let start = Instant::now();
-                let r = write_synced(&mount.join(&target), &pattern(c.seed, c.len))
-                    .and_then(|_| sync_dir(&mount.join(dir)));
-                latencies.lock().unwrap().push(Timed {
-                    start: start - t0,
-                    took: start.elapsed(),
-                    shared: dir == &shared,
-                    what: "write",
-                });
-                (post, r)
-            };
-        if let Err(e) = result {
-            // Killed mid-operation (or its mount went away): the post-state is in
-            // doubt and stays pending.
-            return Some(e);
-        }
-        let mut j = journal.lock().unwrap();
-        for (p, c) in post {
-            j.acked.insert(p, c);
-        }
-        j.pending = None;
-        j.ops += 1;
-    }
-    None
-}
-
-/// Checks `journal` against what `mount` shows; then makes the journal what is there
-/// (the pending operation resolved either way; a name a write in doubt left with
-/// other contents is removed, so that it is absent for everyone).
-fn check_journal(node: u32, journal: &Mutex<Journal>, mount: &Path, seen_from: u32) {
-    let mut j = journal.lock().unwrap();
-    let pending: BTreeMap<PathBuf, Doubt> =
-        j.pending.take().unwrap_or_default().into_iter().collect();
-    let mut names: Vec<PathBuf> = j.acked.keys().cloned().collect();
-    names.extend(pending.keys().cloned());
-    names.sort();
-    names.dedup();
-    for name in names {
-        let want = j.acked.get(&name).copied().flatten();
-        let path = mount.join(&name);
-        let got = match std::fs::read(&path) {
-            Ok(b) => Some(b),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => panic!(
-                "node {seen_from} reads node {node}'s {}: {e}",
-                name.display()
-            ),
-        };
-        let matches = |c: Option<Content>| match (&got, c) {
-            (None, None) => true,
-            (Some(b), Some(c)) => b.len() == c.len && *b == pattern(c.seed, c.len),
-            _ => false,
-        };
-        let state = if matches(want) {
-            want
-        } else {
-            match pending.get(&name) {
-                Some(Doubt::Then(p)) if matches(*p) => *p,
-                Some(Doubt::Any) => {
-                    if got.is_some() {
-                        std::fs::remove_file(&path).unwrap_or_else(|e| {
-                            panic!("node {seen_from} removes {}: {e}", path.display())
-                        });
-                    }
-                    None
-                }
-                doubt => panic!(
-                    "node {seen_from} sees node {node}'s {} as {}, but the journal says \
-                     {want:?} (acknowledged after fsync){}",
-                    name.display(),
-                    match &got {
-                        None => "absent".to_string(),
-                        Some(b) => format!("{} bytes starting {:?}", b.len(), &b[..b.len().min(8)]),
-                    },
-                    doubt
-                        .map(|p| format!(", or {p:?} if its last operation happened"))
-                        .unwrap_or_default()
-                ),
-            }
-        };
-        j.acked.insert(name, state);
-    }
-    // The pending operation is settled now: what the next check sees must be this.
-}
-
-fn wait_for(c: &NetCluster, what: &str, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < WAIT,
-            "{what}: not reached within the {WAIT:?} hang guard\n{}",
-            telling_lines(c)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// What the nodes said about leases, expels and recoveries (the transport's
-/// reconnection attempts to a dead node drown everything else).
-fn telling_lines(c: &NetCluster) -> String {
-    let mut out = String::new();
-    for i in 0..c.nodes() {
-        out.push_str(&format!(
-            "--- node{i} makod.log (leases, expels, recoveries, errors) ---\n"
-        ));
-        let lines: Vec<String> = log_lines(c, i)
-            .into_iter()
-            .filter(|l| {
-                !l.contains("cannot connect")
-                    && !l.contains("openraft")
-                    && (l.contains("lease")
-                        || l.contains("expel")
-                        || l.contains("recover")
-                        || l.contains("ERROR")
-                        || l.contains("rejoin"))
-            })
-            .collect();
-        for l in &lines[lines.len().saturating_sub(40)..] {
-            out.push_str(l);
-            out.push('\n');
-        }
-    }
-    out
-}
-
-fn log_lines(c: &NetCluster, i: u32) -> Vec<String> {
-    std::fs::read_to_string(c.node_dir(i).join("makod.log"))
-        .unwrap_or_default()
-        .lines()
-        .map(String::from)
-        .collect()
+fn wait_for(c: &NetCluster, what: &str, done: impl FnMut() -> bool) {
+    c.wait_for(what, WAIT, done);
 }
 
 /// The lines of node 0's log saying node `victim` was recovered.
 fn recoveries(c: &NetCluster, victim: u32) -> Vec<String> {
     let tag = format!("node {victim} (lease epoch");
-    log_lines(c, 0)
+    c.log_lines(0)
         .into_iter()
         .filter(|l| l.contains(&tag) && l.contains("recovered"))
         .collect()
-}
-
-fn percentile(mut v: Vec<Duration>, p: f64) -> Duration {
-    if v.is_empty() {
-        return Duration::ZERO;
-    }
-    v.sort();
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
 /// `failureDetectionTime` and `minMissedPingTimeout` of the test's cluster (seconds).
@@ -449,13 +172,7 @@ fn kill9_rounds_lose_nothing_fsynced() {
         wait_for(
             &c,
             &format!("round {round}: node 0 expels node {victim}"),
-            || {
-                log_lines(&c, 0)
-                    .iter()
-                    .filter(|l| l.contains(&expel))
-                    .count()
-                    > round as usize / 2
-            },
+            || c.log_lines(0).iter().filter(|l| l.contains(&expel)).count() > round as usize / 2,
         );
         let expelled_after = killed.elapsed();
         wait_for(

@@ -11,22 +11,11 @@
 
 use mako_tests::cluster::require_fuse;
 use mako_tests::netcluster::{line_of, NetCluster, NetClusterOptions};
-use std::io::Write;
-use std::path::Path;
+use mako_tests::workload::write_synced;
 use std::time::{Duration, Instant};
 
 /// Hang guard of each wait for a state.
 const WAIT: Duration = Duration::from_secs(180);
-
-fn write_synced(p: &Path, data: &[u8]) -> std::io::Result<()> {
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(p)?;
-    f.write_all(data)?;
-    f.sync_all()
-}
 
 fn wait_for(c: &NetCluster, what: &str, mut done: impl FnMut() -> bool) {
     let start = Instant::now();

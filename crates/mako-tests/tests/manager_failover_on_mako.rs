@@ -55,63 +55,17 @@ fn options(create: &[&str], isolated: Vec<u32>) -> NetClusterOptions {
     }
 }
 
-fn log_lines(c: &NetCluster, i: u32) -> Vec<String> {
-    std::fs::read_to_string(c.node_dir(i).join("makod.log"))
-        .unwrap_or_default()
-        .lines()
-        .map(String::from)
-        .collect()
-}
-
 /// How many lines of node `i`'s makod.log contain every one of `words`.
 fn count(c: &NetCluster, i: u32, words: &[&str]) -> usize {
-    log_lines(c, i)
+    c.log_lines(i)
         .iter()
         .filter(|l| words.iter().all(|w| l.contains(w)))
         .count()
 }
 
-/// What the nodes said about leases, expels, recoveries and managers.
-fn telling_lines(c: &NetCluster) -> String {
-    let mut out = String::new();
-    for i in 0..c.nodes() {
-        out.push_str(&format!(
-            "--- node{i} makod.log (leases, expels, recoveries) ---\n"
-        ));
-        let lines: Vec<String> = log_lines(c, i)
-            .into_iter()
-            .filter(|l| {
-                !l.contains("cannot connect")
-                    && !l.contains("openraft")
-                    && (l.contains("lease")
-                        || l.contains("expel")
-                        || l.contains("recover")
-                        || l.contains("manager")
-                        || l.contains("ERROR")
-                        || l.contains("WARN")
-                        || l.contains("rejoin"))
-            })
-            .collect();
-        for l in &lines[lines.len().saturating_sub(40)..] {
-            out.push_str(l);
-            out.push('\n');
-        }
-    }
-    out
-}
-
-/// Waits (polling every 100 ms) until `done`; returns how long it took.
-fn wait_for(c: &NetCluster, what: &str, mut done: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < WAIT,
-            "{what}: not reached within the {WAIT:?} hang guard\n{}",
-            telling_lines(c)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    start.elapsed()
+/// Waits until `done`; returns how long it took.
+fn wait_for(c: &NetCluster, what: &str, done: impl FnMut() -> bool) -> Duration {
+    c.wait_for(what, WAIT, done)
 }
 
 /// The node `mako node show` names as cluster manager (`active, cluster manager`).
@@ -123,8 +77,8 @@ fn max_latency_between(l: &Latencies, from: Duration, to: Duration) -> Duration 
     l.lock()
         .unwrap()
         .iter()
-        .filter(|(s, d)| *s + *d >= from && *s <= to)
-        .map(|(_, d)| *d)
+        .filter(|t| t.start + t.took >= from && t.start <= to)
+        .map(|t| t.took)
         .max()
         .unwrap_or_default()
 }
@@ -238,7 +192,7 @@ fn killing_the_cluster_manager_elects_another_recovers_it_and_it_rejoins() {
                     e.kind() == std::io::ErrorKind::NotFound,
                     "node {reader} reads {} after the cluster manager's kill: {e}\n{}",
                     path.display(),
-                    telling_lines(&c)
+                    c.telling_lines()
                 );
                 d
             }
@@ -264,7 +218,7 @@ fn killing_the_cluster_manager_elects_another_recovers_it_and_it_rejoins() {
             panic!(
                 "node {n}'s workload failed while the cluster manager, node {victim}, was \
                  killed and recovered: {e}\n{}",
-                telling_lines(&c)
+                c.telling_lines()
             );
         }
     }
@@ -276,8 +230,8 @@ fn killing_the_cluster_manager_elects_another_recovers_it_and_it_rejoins() {
         .lock()
         .unwrap()
         .iter()
-        .filter(|(s, _)| *s >= killed_at && *s <= recovered_at)
-        .map(|(_, d)| *d)
+        .filter(|t| t.start >= killed_at && t.start <= recovered_at)
+        .map(|t| t.took)
         .collect();
     let p99 = percentile(during.clone(), 0.99);
 
@@ -316,7 +270,7 @@ fn killing_the_cluster_manager_elects_another_recovers_it_and_it_rejoins() {
     assert!(
         out.success(),
         "mako startup -N node{victim}: {out}\n{}",
-        telling_lines(&c)
+        c.telling_lines()
     );
     wait_for(&c, "the killed node active again", || {
         let line = line_of(&c.node_show(), &format!("node{victim}"));
@@ -325,7 +279,7 @@ fn killing_the_cluster_manager_elects_another_recovers_it_and_it_rejoins() {
     assert!(
         count(&c, victim, &["rejoined the cluster at lease epoch"]) > rejoined,
         "node {victim} is active again but did not log its rejoin at a new lease epoch:\n{}",
-        telling_lines(&c)
+        c.telling_lines()
     );
     assert!(
         is_mounted(&c.mount(victim)),
@@ -527,7 +481,7 @@ fn a_node_cut_off_stops_its_io_is_expelled_and_rejoins() {
     assert!(
         out.success(),
         "mako startup -N node2: {out}\n{}",
-        telling_lines(&c)
+        c.telling_lines()
     );
     assert_eq!(
         read_seq(&g).expect("node 2 reads g mounted again"),
