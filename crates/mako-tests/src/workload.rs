@@ -52,6 +52,17 @@ pub struct Timed {
     pub what: &'static str,
 }
 
+impl Journal {
+    /// The last name (in name order) the journal says holds acknowledged contents:
+    /// a file its node wrote and fsynced, which a survivor may need its tokens for.
+    pub fn last_written(&self) -> Option<(PathBuf, Content)> {
+        self.acked
+            .iter()
+            .rev()
+            .find_map(|(p, c)| c.map(|c| (p.clone(), c)))
+    }
+}
+
 /// A worker's timed operations.
 pub type Latencies = Arc<Mutex<Vec<Timed>>>;
 
@@ -101,6 +112,14 @@ pub fn work(
                 .map(|(p, _)| p.clone())
                 .collect()
         };
+        let timed = |start: Instant, what: &'static str| {
+            latencies.lock().unwrap().push(Timed {
+                start: start - t0,
+                took: start.elapsed(),
+                shared: dir == &shared,
+                what,
+            })
+        };
         let kind = n % 7;
         let (post, result): (Vec<(PathBuf, Option<Content>)>, _) =
             if kind == 5 && !existing.is_empty() {
@@ -116,12 +135,7 @@ pub fn work(
                 let start = Instant::now();
                 let r = std::fs::rename(mount.join(&from), mount.join(&to))
                     .and_then(|_| sync_dir(&mount.join(dir)));
-                latencies.lock().unwrap().push(Timed {
-                    start: start - t0,
-                    took: start.elapsed(),
-                    shared: dir == &shared,
-                    what: "rename",
-                });
+                timed(start, "rename");
                 (post, r)
             } else if kind == 6 && existing.len() > 3 {
                 let victim = existing[(n as usize / 7) % existing.len()].clone();
@@ -130,12 +144,7 @@ pub fn work(
                 let start = Instant::now();
                 let r = std::fs::remove_file(mount.join(&victim))
                     .and_then(|_| sync_dir(&mount.join(dir)));
-                latencies.lock().unwrap().push(Timed {
-                    start: start - t0,
-                    took: start.elapsed(),
-                    shared: dir == &shared,
-                    what: "unlink",
-                });
+                timed(start, "unlink");
                 (post, r)
             } else {
                 // Create (or overwrite an existing name) with new contents, fsynced.
@@ -154,12 +163,7 @@ pub fn work(
                 let start = Instant::now();
                 let r = write_synced(&mount.join(&target), &pattern(c.seed, c.len))
                     .and_then(|_| sync_dir(&mount.join(dir)));
-                latencies.lock().unwrap().push(Timed {
-                    start: start - t0,
-                    took: start.elapsed(),
-                    shared: dir == &shared,
-                    what: "write",
-                });
+                timed(start, "write");
                 (post, r)
             };
         if let Err(e) = result {

@@ -144,14 +144,7 @@ fn kill9_rounds_lose_nothing_fsynced() {
         // The victim's file a survivor will wait for: one it wrote and fsynced, so it
         // may still hold its tokens.
         let progress = progress.elapsed();
-        let probe = journals[victim as usize]
-            .lock()
-            .unwrap()
-            .acked
-            .iter()
-            .rev()
-            .find(|(_, c)| c.is_some())
-            .map(|(p, c)| (p.clone(), c.unwrap()));
+        let probe = journals[victim as usize].lock().unwrap().last_written();
         let recovered_before = recoveries(&c, victim).len();
         // No abort of the victim's FUSE connection here: a makod that cannot finish
         // exiting (stuck in the kernel on its connection) is the restart's to clean

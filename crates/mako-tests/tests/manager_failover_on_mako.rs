@@ -137,11 +137,8 @@ fn killing_the_cluster_manager_elects_another_recovers_it_and_it_rejoins() {
     let probe = journals[victim as usize]
         .lock()
         .unwrap()
-        .acked
-        .iter()
-        .rev()
-        .find(|(_, c)| c.is_some())
-        .map(|(p, c)| (p.clone(), c.unwrap().len));
+        .last_written()
+        .map(|(p, c)| (p, c.len));
 
     c.kill9(victim).expect("kill -9 of the cluster manager");
     abort_fuse_connection(&c.mount(victim));
