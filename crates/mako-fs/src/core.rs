@@ -974,6 +974,8 @@ impl Core {
     /// Refuse changes once the file system turned read-only after damage.
     pub fn check_writable(&self) -> FsResult<()> {
         if self.read_only.load(Ordering::Relaxed) {
+            // A file system panic is EIO, for every operation (`FsPanic`).
+            self.check_fence()?;
             return Err(FsError::ReadOnly(self.read_only.reason()));
         }
         Ok(())
