@@ -298,9 +298,15 @@ pub fn run_scale_on(
             // Decisions grow faster than the node count (every node's tasks take
             // turns while the others work: 10.7 million at 256 writers, 47.5 million
             // at 512).
-            steps_max: SimConfig::default()
-                .steps_max
-                .max(nodes as u64 * nodes as u64 * 250),
+            // `MAKO_SIM_SCALE_STEPS_PER_NODE2` changes the 250 (long runs only).
+            steps_max: SimConfig::default().steps_max.max(
+                nodes as u64
+                    * nodes as u64
+                    * std::env::var("MAKO_SIM_SCALE_STEPS_PER_NODE2")
+                        .ok()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(250),
+            ),
             ..SimConfig::default()
         },
     );

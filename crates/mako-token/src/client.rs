@@ -517,12 +517,7 @@ impl ClientInner {
 
     /// Did the manager say that queued acquire `waiter`'s turn came? Clears it.
     fn take_turn(&self, waiter: Option<u64>) -> bool {
-        waiter.is_some_and(|w| {
-            self.turns
-                .lock()
-                .get_mut(&w)
-                .is_some_and(|t| std::mem::take(t))
-        })
+        waiter.is_some_and(|w| self.turns.lock().get_mut(&w).is_some_and(std::mem::take))
     }
 
     fn expect_done(reply: ManagerReply) -> Result<(), TokenError> {
