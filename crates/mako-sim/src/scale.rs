@@ -298,14 +298,16 @@ pub fn run_scale_on(
             // Decisions grow faster than the node count (every node's tasks take
             // turns while the others work: 10.7 million at 256 writers, 47.5 million
             // at 512).
-            // `MAKO_SIM_SCALE_STEPS_PER_NODE2` changes the 250 (long runs only).
+            // 1,024 creators in one directory take 277 million since turn notices
+            // (237 million before, past the budget of 250 per node²).
+            // `MAKO_SIM_SCALE_STEPS_PER_NODE2` changes the 300 (long runs only).
             steps_max: SimConfig::default().steps_max.max(
                 nodes as u64
                     * nodes as u64
                     * std::env::var("MAKO_SIM_SCALE_STEPS_PER_NODE2")
                         .ok()
                         .and_then(|v| v.parse().ok())
-                        .unwrap_or(250),
+                        .unwrap_or(300),
             ),
             ..SimConfig::default()
         },
