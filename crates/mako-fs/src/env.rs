@@ -33,6 +33,9 @@ impl NodeEnv {
             tokens_max: 10_000_000,
             ..TokenManagerLimits::default()
         }));
+        let transport: Arc<dyn Transport> =
+            Arc::new(InProcessTransport::new(NodeId(node), registry.clone()));
+        manager.notify_through(Arc::downgrade(&transport));
         registry.register(
             NodeId(node),
             ServiceId::TokenManager,
@@ -42,7 +45,7 @@ impl NodeEnv {
             node,
             fs_index: 0,
             clock: Arc::new(SystemClock::new()),
-            transport: Arc::new(InProcessTransport::new(NodeId(node), registry.clone())),
+            transport,
             managers: ManagerMap::single(NodeId(node)),
             fs_manager: NodeId(node),
             registry: Some(registry),
@@ -62,14 +65,24 @@ impl NodeEnv {
         registry.register(
             NodeId(0),
             ServiceId::TokenManager,
-            Arc::new(ManagerService { manager }),
+            Arc::new(ManagerService {
+                manager: manager.clone(),
+            }),
         );
+        let transports: Vec<Arc<dyn Transport>> = (0..n.max(1))
+            .map(|node| {
+                Arc::new(InProcessTransport::new(NodeId(node), registry.clone()))
+                    as Arc<dyn Transport>
+            })
+            .collect();
+        // Node 0's transport lives as long as node 0's environment.
+        manager.notify_through(Arc::downgrade(&transports[0]));
         (0..n)
             .map(|node| NodeEnv {
                 node,
                 fs_index: 0,
                 clock: Arc::new(SystemClock::new()),
-                transport: Arc::new(InProcessTransport::new(NodeId(node), registry.clone())),
+                transport: transports[node as usize].clone(),
                 managers: ManagerMap::single(NodeId(0)),
                 fs_manager: NodeId(0),
                 registry: Some(registry.clone()),

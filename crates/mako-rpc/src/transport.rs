@@ -986,6 +986,20 @@ impl Transport for TcpTransport {
             .map(Vec::from)
     }
 
+    /// On a thread of its own: connecting and sending may wait (for a connection, up
+    /// to the deadline), and the caller (a token manager's handler) must not.
+    fn post(&self, to: NodeId, service: ServiceId, request: Vec<u8>, options: CallOptions) {
+        let inner = self.inner.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("mako-rpc-post-{}", to.0))
+            .spawn(move || {
+                let _ = inner.call(to, service, Bytes::from(request), options);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(node = %to, ?service, error = %e, "could not start a thread to send a notice; it is lost");
+        }
+    }
+
     /// Sends every request before waiting for any reply, so the calls overlap.
     fn call_many(
         &self,

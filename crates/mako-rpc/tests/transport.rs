@@ -593,3 +593,37 @@ fn a_message_over_the_frame_limit_fails_alone() {
         0
     );
 }
+
+/// `post` (the token manager's turn notices) returns without waiting for the handler
+/// on the other node, which runs all the same; a post to a node that is not there is
+/// dropped without holding the sender.
+#[test]
+fn a_post_is_delivered_and_nobody_waits_for_its_reply() {
+    let (_key, nodes) = cluster(2, |_| {});
+    let gate = Gate::new();
+    nodes[1].register(ServiceId::TokenClient, gate.clone());
+    let t1 = &nodes[0].transport;
+    // The handler blocks until the gate opens: the post has returned long before.
+    t1.post(
+        NodeId(2),
+        ServiceId::TokenClient,
+        b"turn".to_vec(),
+        options(),
+    );
+    wait_for("the posted request to reach its handler", || {
+        gate.entered() == 1
+    });
+    gate.open();
+    // Nobody there: nothing to wait for, nothing delivered.
+    t1.post(
+        NodeId(9),
+        ServiceId::TokenClient,
+        b"turn".to_vec(),
+        options(),
+    );
+    let echo = Echo::new("1-TokenClient");
+    nodes[0].register(ServiceId::TokenClient, echo.clone());
+    // To its own node: runs in place (on the posting thread or its own).
+    t1.post(NodeId(1), ServiceId::TokenClient, b"x".to_vec(), options());
+    wait_for("the post to its own node", || echo.calls() == 1);
+}

@@ -135,6 +135,15 @@ pub trait Transport: Send + Sync {
             .map(|(to, service, request)| self.call(to, service, request, options))
             .collect()
     }
+    /// Send `request` without waiting for its reply, which is dropped: a notice the
+    /// sender does not depend on (the token manager telling a queued requester that its
+    /// turn came). It may be lost like any message; its receiver must have a slower
+    /// way to the same end. The default makes the call and ignores the result
+    /// (the in-process transport runs the handler at once); transports whose calls
+    /// take time send it in the background.
+    fn post(&self, to: NodeId, service: ServiceId, request: Vec<u8>, options: CallOptions) {
+        let _ = self.call(to, service, request, options);
+    }
 }
 
 pub fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>, TransportError> {

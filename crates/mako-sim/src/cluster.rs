@@ -17,8 +17,8 @@ use mako_fs::mkfs::{DiskMeta, MkfsParams, Reproducible};
 use mako_fs::mount::Mounted;
 use mako_rt::{NodeId, ServiceId};
 use mako_token::{
-    ByteRange, ManagerMap, ManagerService, ResourceId, ResourceKind, TokenClient,
-    TokenClientLimits, TokenManager, TokenManagerLimits, TokenMode,
+    ByteRange, ManagerMap, ResourceId, ResourceKind, TokenClient, TokenClientLimits, TokenManager,
+    TokenManagerLimits, TokenMode,
 };
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -184,6 +184,9 @@ pub struct SimCluster {
     pub clock: Arc<SimClock>,
     pub disks: Vec<Arc<SimDisk>>,
     pub manager: Arc<TokenManager>,
+    /// Node 0's transport through which the manager tells queued requesters that
+    /// their turn came (`TokenManager::notify_through` holds it weakly).
+    _manager_transport: Arc<dyn mako_rt::Transport>,
     /// The token thief's client (see `ClusterConfig::thief`).
     pub thief: Option<TokenClient>,
     /// Mounted nodes by node number (None before mount and after unmount).
@@ -238,13 +241,7 @@ impl SimCluster {
             tokens_max: 10_000_000,
             ..TokenManagerLimits::default()
         }));
-        net.registry().register(
-            NodeId(0),
-            ServiceId::TokenManager,
-            Arc::new(ManagerService {
-                manager: manager.clone(),
-            }),
-        );
+        let manager_transport = net.serve_token_manager(NodeId(0), manager.clone());
         let nodes = config.nodes as usize;
         let leases_times = config.leases;
         let thief = (config.thief != Thief::Off).then(|| {
@@ -265,6 +262,7 @@ impl SimCluster {
             config,
             disks,
             manager,
+            _manager_transport: manager_transport,
             thief,
             mounted: Mutex::new((0..nodes).map(|_| None).collect()),
             fences: Mutex::new(

@@ -203,6 +203,24 @@ impl SimNet {
         })
     }
 
+    /// Serve `manager` as `node`'s token manager, telling queued requesters their turn
+    /// (`TokenManager::notify_through`) through the returned transport, which the
+    /// caller keeps for as long as the manager serves (the manager holds it weakly).
+    pub fn serve_token_manager(
+        self: &Arc<Self>,
+        node: NodeId,
+        manager: Arc<mako_token::TokenManager>,
+    ) -> Arc<dyn Transport> {
+        let transport: Arc<dyn Transport> = self.transport(node);
+        manager.notify_through(Arc::downgrade(&transport));
+        self.registry.register(
+            node,
+            ServiceId::TokenManager,
+            Arc::new(mako_token::ManagerService { manager }),
+        );
+        transport
+    }
+
     pub fn stats(&self) -> NetStats {
         self.stats.lock().clone()
     }
@@ -343,6 +361,7 @@ fn token_label(service: ServiceId, request: &[u8]) -> Option<String> {
                 } => format!("revoke {} to {wanted:?}", resource.kind.as_str()),
                 ClientRequest::Ping => "ping".into(),
                 ClientRequest::PingWaiting(r) => format!("ping waiting {}", r.kind.as_str()),
+                ClientRequest::Turn { resource, .. } => format!("turn {}", resource.kind.as_str()),
             })
         }
         _ => None,
@@ -419,6 +438,20 @@ impl Transport for SimTransport {
         net.reaches(self.me, self.epoch, to)?;
         net.crosses_cut(to, self.me)?;
         Ok(reply)
+    }
+
+    /// A task of its own makes the call; nobody waits for it.
+    fn post(&self, to: NodeId, service: ServiceId, request: Vec<u8>, options: CallOptions) {
+        let t = SimTransport {
+            me: self.me,
+            epoch: self.epoch,
+            net: self.net.clone(),
+        };
+        self.net
+            .sim
+            .spawn(format!("{}-post-{}", self.me.0, to.0), move || {
+                let _ = t.call(to, service, request, options);
+            });
     }
 
     fn call_many(

@@ -942,10 +942,17 @@ fn run_step(
     // loss_probability`): a node whose calls lost some in the step may see its
     // operations fail, and what failed may or may not have taken effect.
     let nodes = config.cluster.nodes;
-    let lost_before: Vec<u64> = (0..nodes)
+    // Node `nodes` is the token thief (`ClusterConfig::thief`): its calls lose
+    // messages too, and its steals' errors are counted as its own.
+    let lost_before: Vec<u64> = (0..=nodes)
         .map(|n| cluster.net.lost_by(mako_rt::NodeId(n)))
         .collect();
     let lossy = |n: u32| cluster.net.lost_by(mako_rt::NodeId(n)) > lost_before[n as usize];
+    // Who does background work: the token thief steals, the node does the rest.
+    let worker = move |node: u32, work: &Background| match work {
+        Background::Steal { .. } => nodes,
+        _ => node,
+    };
     let pending = Arc::new(AtomicU64::new(
         (plan.len() + background.len() + crash.is_some() as usize) as u64,
     ));
@@ -1053,7 +1060,7 @@ fn run_step(
                 // finish is lost with it.
                 if crashed != Some(node) || matches!(work, Background::Steal { .. }) {
                     errors.lock().push((
-                        node,
+                        worker(node, &work),
                         format!("node {node}: background {work:?} failed: {e}"),
                     ));
                 }
@@ -1065,7 +1072,7 @@ fn run_step(
     for (node, work, _) in after {
         if let Err(e) = cluster.background(*node, *work) {
             bg_errors.lock().push((
-                *node,
+                worker(*node, work),
                 format!("node {node}: background {work:?} failed: {e}"),
             ));
         }

@@ -58,6 +58,8 @@ pub struct ScaleReport {
     pub check_failures: Vec<String>,
     /// Network traffic of the measured phase only.
     pub net: NetStats,
+    /// The token manager's counters over the measured phase (differences).
+    pub tokens: mako_token::TokenStats,
     /// Real time the whole run took (mounts included).
     pub wall: Duration,
     /// The run's schedule hash and decision count (`SimReport`): equal for two runs of
@@ -97,6 +99,12 @@ impl fmt::Display for ScaleReport {
             self.seed,
             self.trace,
             self.steps
+        )?;
+        let t = &self.tokens;
+        write!(
+            f,
+            "\n    manager: {} acquires, {} refused behind older requests (queued), {} refused for holders, {} conditional requests granted their fallback (reason gone), {} turn notices",
+            t.acquires, t.queued, t.conflicts, t.downgraded, t.turns
         )?;
         for (what, n) in &self.net.by_token_request {
             write!(
@@ -290,9 +298,17 @@ pub fn run_scale_on(
             // Decisions grow faster than the node count (every node's tasks take
             // turns while the others work: 10.7 million at 256 writers, 47.5 million
             // at 512).
-            steps_max: SimConfig::default()
-                .steps_max
-                .max(nodes as u64 * nodes as u64 * 250),
+            // 1,024 creators in one directory take 277 million since turn notices
+            // (237 million before, past the budget of 250 per node²).
+            // `MAKO_SIM_SCALE_STEPS_PER_NODE2` changes the 300 (long runs only).
+            steps_max: SimConfig::default().steps_max.max(
+                nodes as u64
+                    * nodes as u64
+                    * std::env::var("MAKO_SIM_SCALE_STEPS_PER_NODE2")
+                        .ok()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(300),
+            ),
             ..SimConfig::default()
         },
     );
@@ -314,6 +330,7 @@ pub fn run_scale_on(
         phase_start: Option<Duration>,
         phase_end: Duration,
         net: Option<NetStats>,
+        tokens: [mako_token::TokenStats; 2],
         errors: Vec<String>,
         check_failures: Vec<String>,
         failure: Option<String>,
@@ -322,6 +339,7 @@ pub fn run_scale_on(
         phase_start: None,
         phase_end: Duration::ZERO,
         net: None,
+        tokens: Default::default(),
         errors: Vec::new(),
         check_failures: Vec::new(),
         failure: None,
@@ -373,6 +391,7 @@ pub fn run_scale_on(
                 return fail(format!("setup on node 0: {e}"));
             }
             cluster.net.reset_stats();
+            shared.lock().tokens[0] = cluster.manager.stats();
             let pending = Arc::new(AtomicU64::new(nodes as u64));
             let name = match workload {
                 ScaleWorkload::CreateStorm | ScaleWorkload::CreateStormInBlocks => &b"storm"[..],
@@ -409,6 +428,7 @@ pub fn run_scale_on(
             }
             mako_diag::sched::wait_until("scale phase", || pending.load(Ordering::SeqCst) == 0);
             shared.lock().net = Some(cluster.net.stats());
+            shared.lock().tokens[1] = cluster.manager.stats();
             let errors = shared.lock().errors.clone();
             let bad = check_result(&cluster, workload, nodes, &errors);
             shared.lock().check_failures = bad;
@@ -443,6 +463,21 @@ pub fn run_scale_on(
         errors: s.errors.clone(),
         check_failures,
         net: s.net.clone().unwrap_or_default(),
+        tokens: {
+            let [a, b] = s.tokens;
+            mako_token::TokenStats {
+                acquires: b.acquires - a.acquires,
+                conflicts: b.conflicts - a.conflicts,
+                revokes: b.revokes - a.revokes,
+                table_full: b.table_full - a.table_full,
+                tokens: b.tokens,
+                downgraded: b.downgraded - a.downgraded,
+                queued: b.queued - a.queued,
+                waiters_expired: b.waiters_expired - a.waiters_expired,
+                waiters_dropped: b.waiters_dropped - a.waiters_dropped,
+                turns: b.turns - a.turns,
+            }
+        },
         wall: started.elapsed(),
         trace: run.trace,
         steps: run.steps,

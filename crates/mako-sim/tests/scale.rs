@@ -177,9 +177,10 @@ fn issue_case(workload: ScaleWorkload, nodes: u32) {
 
 /// The issue's shared-directory case: 4,096 nodes each create one file in a new
 /// directory. Prints simulated time, messages per create (by token request) and the
-/// busiest node. Not run to completion yet: the 1,024-node storm takes 237 million
-/// scheduler decisions and 12 minutes of real time, and block splits still take the
-/// directory inode in `xw` from every node (docs/coherence.md section 9, "Scale").
+/// busiest node. Not run to completion yet: the 1,024-node storm (`MAKO_SIM_SCALE_
+/// NODES=1024` on `create_storm_in_one_directory`) takes 277 million scheduler
+/// decisions and 8 minutes of real time, 102 messages per create (docs/coherence.md
+/// section 9, "Scale").
 #[test]
 #[ignore = "long (the issue's 4,096-node figure); run with --ignored"]
 fn issue_4096_nodes_create_in_one_new_directory() {

@@ -10,8 +10,8 @@
 use mako_rt::{NodeId, ServiceId};
 use mako_sim::{NetConfig, Sim, SimConfig, SimNet};
 use mako_token::{
-    compatible, ByteRange, CacheFlush, ManagerMap, ManagerService, ResourceId, ResourceKind,
-    TokenClient, TokenClientLimits, TokenError, TokenManager, TokenMode,
+    compatible, ByteRange, CacheFlush, ManagerMap, ResourceId, ResourceKind, TokenClient,
+    TokenClientLimits, TokenError, TokenManager, TokenMode,
 };
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -102,13 +102,7 @@ fn run_seed(seed: u64, nodes: u32, ops_per_worker: u32) -> Result<(), String> {
         },
     );
     let manager = Arc::new(TokenManager::default());
-    net.registry().register(
-        NodeId(0),
-        ServiceId::TokenManager,
-        Arc::new(ManagerService {
-            manager: manager.clone(),
-        }),
-    );
+    let _manager_transport = net.serve_token_manager(NodeId(0), manager.clone());
     let world = Arc::new(Mutex::new(World::default()));
     let resources = [
         ResourceId::new(1, ResourceKind::ByteRange, 10),
@@ -331,11 +325,7 @@ fn a_seed_replays_bit_for_bit() {
         let sim = Sim::new(seed, SimConfig::default());
         let net = SimNet::new(&sim, NetConfig::default());
         let manager = Arc::new(TokenManager::default());
-        net.registry().register(
-            NodeId(0),
-            ServiceId::TokenManager,
-            Arc::new(ManagerService { manager }),
-        );
+        let _manager_transport = net.serve_token_manager(NodeId(0), manager);
         let mut clients = Vec::new();
         for n in 0..3 {
             let client = TokenClient::new(
@@ -396,11 +386,7 @@ fn the_checker_catches_a_revoke_that_does_not_flush() {
         let sim = Sim::new(seed, SimConfig::default());
         let net = SimNet::new(&sim, NetConfig::default());
         let manager = Arc::new(TokenManager::default());
-        net.registry().register(
-            NodeId(0),
-            ServiceId::TokenManager,
-            Arc::new(ManagerService { manager }),
-        );
+        let _manager_transport = net.serve_token_manager(NodeId(0), manager);
         let world = Arc::new(Mutex::new(World::default()));
         let resources = [ResourceId::new(1, ResourceKind::ByteRange, 10)];
         for n in 0..3 {
@@ -457,13 +443,7 @@ fn contenders_for_xw_are_served_against_a_greedy_holder() {
         let sim = Sim::new(seed, SimConfig::default());
         let net = SimNet::new(&sim, NetConfig::default());
         let manager = Arc::new(TokenManager::default());
-        net.registry().register(
-            NodeId(0),
-            ServiceId::TokenManager,
-            Arc::new(ManagerService {
-                manager: manager.clone(),
-            }),
-        );
+        let _manager_transport = net.serve_token_manager(NodeId(0), manager.clone());
         let limits = TokenClientLimits {
             acquire_attempts_max: 4,
             ..TokenClientLimits::default()

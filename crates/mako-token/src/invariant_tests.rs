@@ -184,6 +184,7 @@ impl mako_rt::Service for RawHandler {
             },
             Ok(ClientRequest::Ping) => ClientReply::Alive,
             Ok(ClientRequest::PingWaiting(_)) => ClientReply::Waiting(true),
+            Ok(ClientRequest::Turn { .. }) => ClientReply::Alive,
             Err(e) => ClientReply::Failed(TokenError::Transport(e.to_string())),
         };
         mako_rt::encode("revoke reply", &reply).expect("encode")

@@ -1,12 +1,17 @@
 //! The token manager: the authority on who holds which token, sharded by resource.
 //!
-//! The manager only answers plain requests from node ids; it never calls back into a
-//! node. Revoking is the requester's job (see `client.rs`), which keeps the manager's
-//! work per acquire to at most two messages once this runs over the network.
+//! The manager answers plain requests from node ids. Revoking is the requester's job
+//! (see `client.rs`), which keeps the manager's work per acquire to at most two
+//! messages. The one message it sends itself is a notice to a queued requester that
+//! its turn came (`ClientRequest::Turn`, through the transport given with
+//! `TokenManager::notify_through`), sent without waiting, so that waiters do not poll.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{OnceLock, Weak};
 use std::time::{Duration, Instant};
+
+use mako_rt::{CallOptions, ServiceId, Transport};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -190,6 +195,8 @@ pub struct TokenStats {
     /// Queued requests dropped because a call to their node failed
     /// (`ManagerRequest::DropWaiters`).
     pub waiters_dropped: u64,
+    /// Notices sent to queued requesters that their turn came (`ClientRequest::Turn`).
+    pub turns: u64,
 }
 
 /// A request waiting for its turn on a resource (see `AcquireRequest::waiter`).
@@ -208,6 +215,10 @@ struct Waiter {
     condition: Option<Condition>,
     /// Manager time of the requester's last ask.
     refreshed: Duration,
+    /// The requester knows that nobody older is in its way: it was told so
+    /// (`ClientRequest::Turn`), or its last ask was refused for holders only (it is
+    /// revoking them). Cleared when it is refused behind older requests again.
+    told: bool,
 }
 
 impl Waiter {
@@ -336,6 +347,29 @@ impl ResourceTokens {
         self.waiters.retain(|w| !(w.node == node && w.id == id));
     }
 
+    /// Queued requests that nobody older stands in the way of any more and whose
+    /// requesters do not know it yet: they are told (`ClientRequest::Turn`), instead of
+    /// finding out by asking again. Marks them told. The queue is in order of arrival.
+    fn turns(&mut self, resource: ResourceId, out: &mut Vec<Turn>) {
+        for i in 0..self.waiters.len() {
+            let w = self.waiters[i];
+            if w.told {
+                continue;
+            }
+            let older = &self.waiters[..i];
+            let blocked_in = |m: TokenMode| older.iter().any(|o| o.blocks(w.node, m, &w.required));
+            if blocked_in(w.mode) && w.alt.is_none_or(blocked_in) {
+                continue;
+            }
+            self.waiters[i].told = true;
+            out.push(Turn {
+                node: w.node,
+                resource,
+                waiter: w.id,
+            });
+        }
+    }
+
     /// Replace `node`'s holding, dropping empty entries so the table stays bounded by
     /// what is actually held.
     fn set(&mut self, node: NodeId, held: HeldRanges) {
@@ -349,6 +383,18 @@ impl ResourceTokens {
         }
     }
 }
+
+/// A notice owed to a queued requester (`ResourceTokens::turns`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Turn {
+    node: NodeId,
+    resource: ResourceId,
+    waiter: u64,
+}
+
+/// Deadline of a turn notice: nobody waits for it; a node that does not take it
+/// within this is down or busy, and its waiter asks again on its own anyway.
+const TURN_DEADLINE: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
 struct Shard {
@@ -372,6 +418,10 @@ pub struct TokenManager {
     waiters_dropped: AtomicU64,
     /// Order of arrival of queued requests (`Waiter::ticket`).
     tickets: AtomicU64,
+    turns_sent: AtomicU64,
+    /// How turn notices reach the nodes (`notify_through`); without it waiters find
+    /// their turn by asking again (their safety poll).
+    notifier: OnceLock<Weak<dyn Transport>>,
     /// Origin of the manager's time when no simulation scheduler is installed.
     start: Instant,
 }
@@ -403,6 +453,8 @@ impl TokenManager {
             waiters_expired: AtomicU64::new(0),
             waiters_dropped: AtomicU64::new(0),
             tickets: AtomicU64::new(0),
+            turns_sent: AtomicU64::new(0),
+            notifier: OnceLock::new(),
             start: Instant::now(),
         }
     }
@@ -417,6 +469,38 @@ impl TokenManager {
 
     pub fn limits(&self) -> TokenManagerLimits {
         self.limits
+    }
+
+    /// Send turn notices (`ClientRequest::Turn`) through `transport`, the hosting
+    /// node's (held weakly: the transport serves this manager). Set once; later calls
+    /// change nothing.
+    pub fn notify_through(&self, transport: Weak<dyn Transport>) {
+        let _ = self.notifier.set(transport);
+    }
+
+    /// Tell the requesters of `turns` (after the shard lock is released).
+    fn send_turns(&self, turns: Vec<Turn>) {
+        if turns.is_empty() {
+            return;
+        }
+        self.turns_sent
+            .fetch_add(turns.len() as u64, Ordering::Relaxed);
+        let Some(transport) = self.notifier.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        let options = CallOptions {
+            deadline: TURN_DEADLINE,
+            ..CallOptions::default()
+        };
+        for t in turns {
+            let request = crate::protocol::ClientRequest::Turn {
+                resource: t.resource,
+                waiter: t.waiter,
+            };
+            if let Ok(body) = mako_rt::encode("turn", &request) {
+                transport.post(t.node, ServiceId::TokenClient, body, options);
+            }
+        }
     }
 
     fn shard(&self, resource: &ResourceId) -> &Mutex<Shard> {
@@ -435,6 +519,17 @@ impl TokenManager {
     /// A node never conflicts with itself: re-acquiring merges with, or upgrades, what
     /// it already holds.
     pub fn acquire(&self, req: AcquireRequest) -> Result<Grant, TokenError> {
+        let mut turns = Vec::new();
+        let result = self.acquire_inner(req, &mut turns);
+        self.send_turns(turns);
+        result
+    }
+
+    fn acquire_inner(
+        &self,
+        req: AcquireRequest,
+        turns: &mut Vec<Turn>,
+    ) -> Result<Grant, TokenError> {
         self.acquires.fetch_add(1, Ordering::Relaxed);
         self.revokes
             .fetch_add(u64::from(req.revoke_answers), Ordering::Relaxed);
@@ -445,6 +540,9 @@ impl TokenManager {
             let expired = t.expire_waiters(self.now(), lease);
             self.waiters_expired
                 .fetch_add(expired as u64, Ordering::Relaxed);
+            if expired > 0 {
+                t.turns(req.resource, turns);
+            }
         }
         let req = match req.condition {
             Some(c)
@@ -535,6 +633,7 @@ impl TokenManager {
                         w.required = required;
                         w.condition = req.condition;
                         w.refreshed = now;
+                        w.told = ahead.is_empty();
                     }
                     None => t.waiters.push(Waiter {
                         node,
@@ -545,8 +644,12 @@ impl TokenManager {
                         required,
                         condition: req.condition,
                         refreshed: now,
+                        told: ahead.is_empty(),
                     }),
                 }
+                // What it asks may have changed (a fallback, an alternative mode):
+                // requests behind it may have their turn now.
+                t.turns(resource, turns);
             }
             if !ahead.is_empty() {
                 self.queued.fetch_add(1, Ordering::Relaxed);
@@ -628,6 +731,7 @@ impl TokenManager {
         entry.set(node, held);
         if let Some(id) = req.waiter {
             entry.remove_waiter(node, id);
+            entry.turns(resource, turns);
         }
         if resource.kind == crate::ResourceKind::Inode {
             // The exclusive writer owns the inode; the first shared writer becomes its
@@ -760,18 +864,24 @@ impl TokenManager {
     /// tokens were dropped.
     pub fn release_node(&self, node: NodeId) -> usize {
         let mut dropped = 0;
+        let mut turns = Vec::new();
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
-            shard.resources.retain(|_, tokens| {
+            shard.resources.retain(|resource, tokens| {
                 if let Some(i) = tokens.nodes.iter().position(|(n, _)| *n == node) {
                     dropped += tokens.nodes.swap_remove(i).1.len();
                 }
+                let before = tokens.waiters.len();
                 tokens.waiters.retain(|w| w.node != node);
+                if tokens.waiters.len() < before {
+                    tokens.turns(*resource, &mut turns);
+                }
                 tokens.check_metanode();
                 !tokens.is_unused()
             });
         }
         self.tokens.fetch_sub(dropped, Ordering::Relaxed);
+        self.send_turns(turns);
         dropped
     }
 
@@ -804,6 +914,7 @@ impl TokenManager {
     /// Record that a holder changed the structure of `resource` (see
     /// [`AcquireRequest::condition`]). Versions only grow.
     pub fn set_version(&self, resource: ResourceId, version: u64) {
+        let mut turns = Vec::new();
         let mut shard = self.shard(&resource).lock();
         if let Some(t) = shard.resources.get_mut(&resource) {
             t.version = t.version.max(version);
@@ -817,19 +928,26 @@ impl TokenManager {
                     w.condition = None;
                 }
             }
+            t.turns(resource, &mut turns);
         }
+        drop(shard);
+        self.send_turns(turns);
     }
 
     /// The requester of queued request `waiter` stopped waiting (it failed, or its
     /// operation gave up): it no longer stands in anyone's way.
     pub fn cancel(&self, node: NodeId, resource: ResourceId, waiter: u64) {
+        let mut turns = Vec::new();
         let mut shard = self.shard(&resource).lock();
         if let Some(t) = shard.resources.get_mut(&resource) {
             t.remove_waiter(node, waiter);
+            t.turns(resource, &mut turns);
             if t.is_unused() {
                 shard.resources.remove(&resource);
             }
         }
+        drop(shard);
+        self.send_turns(turns);
     }
 
     /// A call to `node` failed: drop its queued requests everywhere (they would hold
@@ -837,17 +955,22 @@ impl TokenManager {
     /// holds stays.
     pub fn drop_waiters(&self, node: NodeId) -> usize {
         let mut dropped = 0;
+        let mut turns = Vec::new();
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
-            shard.resources.retain(|_, t| {
+            shard.resources.retain(|resource, t| {
                 let before = t.waiters.len();
                 t.waiters.retain(|w| w.node != node);
-                dropped += before - t.waiters.len();
+                if t.waiters.len() < before {
+                    dropped += before - t.waiters.len();
+                    t.turns(*resource, &mut turns);
+                }
                 !t.is_unused()
             });
         }
         self.waiters_dropped
             .fetch_add(dropped as u64, Ordering::Relaxed);
+        self.send_turns(turns);
         dropped
     }
 
@@ -861,11 +984,15 @@ impl TokenManager {
         let before = t.waiters.len();
         t.waiters.retain(|w| w.node != node);
         let dropped = before - t.waiters.len();
+        let mut turns = Vec::new();
+        t.turns(resource, &mut turns);
         if t.is_unused() {
             shard.resources.remove(&resource);
         }
+        drop(shard);
         self.waiters_dropped
             .fetch_add(dropped as u64, Ordering::Relaxed);
+        self.send_turns(turns);
         dropped
     }
 
@@ -928,6 +1055,7 @@ impl TokenManager {
             queued: self.queued.load(Ordering::Relaxed),
             waiters_expired: self.waiters_expired.load(Ordering::Relaxed),
             waiters_dropped: self.waiters_dropped.load(Ordering::Relaxed),
+            turns: self.turns_sent.load(Ordering::Relaxed),
         }
     }
 }
@@ -1317,6 +1445,7 @@ mod condition_tests {
 mod fairness_tests {
     use super::*;
     use crate::resource::ResourceKind;
+    use std::sync::Arc;
     use TokenMode::*;
 
     fn dir() -> ResourceId {
@@ -1453,6 +1582,112 @@ mod fairness_tests {
         let g = conditional(2, 1).expect("fallback granted");
         assert_eq!(g.mode, Rw);
         assert!(m.waiters(dir()).is_empty());
+    }
+
+    /// Records the notices the manager posts instead of sending them.
+    #[derive(Default)]
+    struct Notices(Mutex<Vec<(NodeId, u64)>>);
+
+    impl Transport for Notices {
+        fn local_node(&self) -> NodeId {
+            NodeId(0)
+        }
+        fn call(
+            &self,
+            _: NodeId,
+            _: ServiceId,
+            _: Vec<u8>,
+            _: CallOptions,
+        ) -> Result<Vec<u8>, mako_rt::TransportError> {
+            unreachable!("the manager only posts")
+        }
+        fn post(&self, to: NodeId, service: ServiceId, request: Vec<u8>, _: CallOptions) {
+            assert_eq!(service, ServiceId::TokenClient);
+            match mako_rt::decode("turn", &request).expect("decodes") {
+                crate::protocol::ClientRequest::Turn { resource, waiter } => {
+                    assert_eq!(resource, dir());
+                    self.0.lock().push((to, waiter));
+                }
+                other => panic!("posted {other:?}"),
+            }
+        }
+    }
+
+    fn told(n: &Notices) -> Vec<(NodeId, u64)> {
+        std::mem::take(&mut *n.0.lock())
+    }
+
+    /// A queued request is told once that nobody older is in its way any more (the
+    /// request ahead was granted, cancelled, or fell back to a mode that shares), and
+    /// only then: not while an older request still blocks it, not when it was refused
+    /// for holders only (it revokes them itself).
+    #[test]
+    fn queued_requests_are_told_when_their_turn_comes() {
+        let m = TokenManager::default();
+        let notices = Arc::new(Notices::default());
+        let t: Arc<dyn Transport> = notices.clone();
+        m.notify_through(Arc::downgrade(&t));
+        ask(&m, 1, 1, Xw).expect("holder");
+        assert!(matches!(
+            ask(&m, 2, 7, Xw),
+            Err(TokenError::Conflict { .. })
+        ));
+        assert!(matches!(ask(&m, 3, 8, Xw), Err(TokenError::Queued { .. })));
+        assert!(matches!(ask(&m, 4, 9, Xw), Err(TokenError::Queued { .. })));
+        assert_eq!(told(&notices), vec![], "nobody's turn yet");
+        // Node 2 revokes node 1 and is served: node 3 is next, node 4 still behind it.
+        m.relinquish(NodeId(1), dir(), ByteRange::WHOLE)
+            .expect("revoked");
+        assert_eq!(
+            told(&notices),
+            vec![],
+            "a holder leaving is node 2's business"
+        );
+        ask(&m, 2, 7, Xw).expect("served");
+        assert_eq!(told(&notices), vec![(NodeId(3), 8)]);
+        // Node 3 asks: refused for the holder only, no notice; it gives up.
+        assert!(matches!(
+            ask(&m, 3, 8, Xw),
+            Err(TokenError::Conflict { .. })
+        ));
+        assert_eq!(told(&notices), vec![]);
+        m.cancel(NodeId(3), dir(), 8);
+        assert_eq!(told(&notices), vec![(NodeId(4), 9)]);
+        // Told once per refusal: nothing more until node 4 asks and is queued again.
+        m.cancel(NodeId(3), dir(), 8);
+        assert_eq!(told(&notices), vec![]);
+        assert_eq!(m.stats().turns, 2);
+    }
+
+    /// Conditional requests whose reason is gone (`set_version`) stop blocking the
+    /// sharers queued behind them, who are told at once.
+    #[test]
+    fn sharers_behind_requests_whose_reason_is_gone_are_told() {
+        let m = TokenManager::default();
+        let notices = Arc::new(Notices::default());
+        let t: Arc<dyn Transport> = notices.clone();
+        m.notify_through(Arc::downgrade(&t));
+        ask(&m, 1, 1, Rw).expect("a writer");
+        let conditional = |node: u32, id: u64| {
+            let mut req = AcquireRequest::whole(NodeId(node), dir(), Xw);
+            req.waiter = Some(id);
+            req.condition = Some(Condition {
+                seen_version: 0,
+                fallback_mode: Rw,
+                fallback_required: ByteRange::WHOLE,
+                fallback_desired: ByteRange::WHOLE,
+            });
+            m.acquire(req)
+        };
+        assert!(matches!(
+            conditional(2, 5),
+            Err(TokenError::Conflict { .. })
+        ));
+        assert!(matches!(conditional(3, 6), Err(TokenError::Queued { .. })));
+        assert!(matches!(ask(&m, 4, 7, Rw), Err(TokenError::Queued { .. })));
+        assert_eq!(told(&notices), vec![]);
+        m.set_version(dir(), 1);
+        assert_eq!(told(&notices), vec![(NodeId(3), 6), (NodeId(4), 7)]);
     }
 
     #[test]

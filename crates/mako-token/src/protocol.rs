@@ -94,6 +94,11 @@ pub enum ClientRequest {
     /// requests on the resource dropped (`ManagerRequest::DropWaitersOn`), which
     /// otherwise would hold the queue for the manager's whole waiter lease.
     PingWaiting(ResourceId),
+    /// From the manager: queued request `waiter` of this node on `resource` has nobody
+    /// older in its way any more — ask again now (docs/coherence.md section 2). Sent
+    /// without waiting for the answer (`Transport::post`); a lost one costs the waiter
+    /// its slow safety poll (`TokenClientLimits::queue_poll_ms`).
+    Turn { resource: ResourceId, waiter: u64 },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -202,7 +202,7 @@ impl NetNode {
         }
         let registry = Registry::new();
         let nsd = Self::serve_disks(cluster, &me, &registry, config)?;
-        if me.manager {
+        let token_manager = me.manager.then(|| {
             let manager = Arc::new(TokenManager::new(TokenManagerLimits {
                 tokens_max: 10_000_000,
                 ..TokenManagerLimits::default()
@@ -210,11 +210,24 @@ impl NetNode {
             registry.register(
                 NodeId(me.id),
                 ServiceId::TokenManager,
-                Arc::new(ManagerService { manager }),
+                Arc::new(ManagerService {
+                    manager: manager.clone(),
+                }),
             );
+            manager
+        });
+        let transport = Arc::new(
+            TcpTransport::start(rpc, registry.clone())
+                .with_context(|| format!("node {} ({}): starting the network", me.id, me.name))?,
+        );
+        if let Some(manager) = &token_manager {
+            // Queued requesters are told when their turn comes (`ClientRequest::Turn`).
+            let weak: std::sync::Weak<dyn Transport> = {
+                let t: Arc<dyn Transport> = transport.clone();
+                Arc::downgrade(&t)
+            };
+            manager.notify_through(weak);
         }
-        let transport = TcpTransport::start(rpc, registry.clone())
-            .with_context(|| format!("node {} ({}): starting the network", me.id, me.name))?;
         tracing::info!(
             "node {} ({}) of cluster {} listening on {}; file-system manager: node {} ({}) \
              at {}; token manager shards: {}",
@@ -236,7 +249,7 @@ impl NetNode {
             manager,
             managers,
             cluster_name: cluster.cluster_name.clone(),
-            transport: Arc::new(transport),
+            transport,
             registry,
             nsd,
         }))
