@@ -1,6 +1,7 @@
 //! What a create costs on one node, counted, never timed (docs/performance.md): the
 //! token requests and operation restarts per file.
 
+use mako_fs::core::FsConfig;
 use mako_fs::fs::{Ctx, ROOT_INO};
 use mako_fs::test_util::{small_config, small_params, MemDisks};
 use std::sync::atomic::Ordering;
@@ -52,5 +53,34 @@ fn a_create_gets_its_new_inodes_tokens_without_restarting() {
     for i in 0..n {
         assert!(fs.lookup(dir, format!("f{i}").as_bytes()).is_ok());
     }
+    m.unmount().unwrap();
+}
+
+/// New inodes are dirty until the log commits them, and an eviction scan frees none of
+/// them before: it says so (the sync thread then waits for a commit before scanning
+/// again, `workers::evict_scan_due`), and frees them once they are committed.
+#[test]
+fn eviction_frees_no_new_inode_before_its_commit() {
+    let disks = MemDisks::new(4, 64 << 20);
+    disks.format(&small_params());
+    let m = disks.mount(FsConfig {
+        max_files_to_cache: 20,
+        ..small_config()
+    });
+    let fs = &m.fs;
+    let core = m.core().clone();
+    for i in 0..100 {
+        fs.create(C, ROOT_INO, format!("f{i}").as_bytes(), 0o644, 0, true)
+            .unwrap();
+    }
+    assert_eq!(mako_fs::workers::evict_inodes_counted(&core).unwrap(), 0);
+    fs.sync().unwrap();
+    // (The sync thread may have evicted them first.)
+    mako_fs::workers::evict_inodes_counted(&core).unwrap();
+    assert!(
+        core.inodes.lock().len() <= 20,
+        "{} inodes still cached",
+        core.inodes.lock().len()
+    );
     m.unmount().unwrap();
 }
