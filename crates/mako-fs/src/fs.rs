@@ -299,6 +299,33 @@ impl FileSystem {
         Ok(())
     }
 
+    /// Ask for a reserved number's inode and data tokens (`xw`) before the operation
+    /// that creates the inode runs. Inside it, `need_new_inode` would find them missing
+    /// one after the other, and `op::run` acquires one missing token per restart: two
+    /// restarts of the whole operation per create. Nobody else uses a number reserved
+    /// to this node, so both are granted without revoking anything; should one be
+    /// taken back before the operation holds it, `need_new_inode` asks for it again.
+    /// Only outside an operation (no lock, handle or hold open: docs/coherence.md R1);
+    /// nested in one, the operation's own restarts do it.
+    fn acquire_new_inode_tokens(&self, ino: u64) -> FsResult<()> {
+        if crate::op::in_operation(&self.core) {
+            return Ok(());
+        }
+        let tokens = &self.core.tokens;
+        if tokens.inode_mode(ino) != Some(TokenMode::Xw) {
+            tokens.acquire(tokens.inode_missing(ino, Need::Exclusive))?;
+        }
+        let data = tokens.data(ino);
+        if tokens.client().held_mode(data, ByteRange::WHOLE) != Some(TokenMode::Xw) {
+            if let Err(missing) =
+                tokens.try_hold_range(data, TokenMode::Xw, ByteRange::WHOLE, ByteRange::WHOLE)
+            {
+                tokens.acquire(missing)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Hold a file's data over `range` in `mode`.
     fn need_data(&self, ino: u64, mode: TokenMode, range: ByteRange) -> FsResult<()> {
         crate::op::hold_range(
@@ -562,6 +589,7 @@ impl FileSystem {
         // anything changes; it goes back to the map if the operation fails.
         let mut reservation = self.core.reserve_inode()?;
         let ino = reservation.ino();
+        self.acquire_new_inode_tokens(ino)?;
         crate::op::run(&self.core, || {
             self.need_new_inode(ino)?;
             let p = self.handle(parent)?;
@@ -666,6 +694,7 @@ impl FileSystem {
         self.core.check_writable()?;
         let mut reservation = self.core.reserve_inode()?;
         let ino = reservation.ino();
+        self.acquire_new_inode_tokens(ino)?;
         crate::op::run(&self.core, || {
             self.need_new_inode(ino)?;
             let p = self.handle(parent)?;

@@ -152,6 +152,12 @@ pub fn run<T>(core: &Core, mut f: impl FnMut() -> FsResult<T>) -> FsResult<T> {
     )))
 }
 
+/// Is this thread inside an operation on `core` (`run`)?
+pub(crate) fn in_operation(core: &Core) -> bool {
+    let id = core_id(core);
+    FRAMES.with(|fr| fr.borrow().iter().any(|x| x.core == id))
+}
+
 pub(crate) fn push_hold(core: &Core, hold: Hold) {
     let id = core_id(core);
     FRAMES.with(|fr| {

@@ -128,6 +128,11 @@ pub fn free_inode(core: &Core, st: &mut InodeState) -> FsResult<()> {
 /// Evict inodes beyond `maxFilesToCache` (least recently used, clean, unopened),
 /// keeping their attributes in the stat cache up to `maxStatCache`.
 pub fn evict_inodes(core: &Core) -> FsResult<()> {
+    evict_inodes_counted(core).map(|_| ())
+}
+
+/// `evict_inodes`, telling how many inodes left the cache.
+pub fn evict_inodes_counted(core: &Core) -> FsResult<usize> {
     let (max_files, max_stat) = {
         let c = core.cfg.read();
         (c.max_files_to_cache, c.max_stat_cache)
@@ -135,7 +140,7 @@ pub fn evict_inodes(core: &Core) -> FsResult<()> {
     let mut candidates: Vec<Arc<InodeHandle>> = {
         let map = core.inodes.lock();
         if map.len() <= max_files {
-            return Ok(());
+            return Ok(0);
         }
         map.values()
             .filter(|h| Arc::strong_count(h) == 1 && h.opens.load(Ordering::SeqCst) == 0)
@@ -164,6 +169,7 @@ pub fn evict_inodes(core: &Core) -> FsResult<()> {
     });
     candidates.sort_by_key(|h| h.last_use.load(Ordering::Relaxed));
     let excess = core.inodes.lock().len().saturating_sub(max_files);
+    let mut evicted = 0;
     for h in candidates.into_iter().take(excess) {
         // Dirty metadata stays cached until a commit has logged it.
         if h.state.read().dirty {
@@ -196,6 +202,7 @@ pub fn evict_inodes(core: &Core) -> FsResult<()> {
             }
             map.remove(&h.ino);
         }
+        evicted += 1;
         core.alloc.unreserve(core.pool.remove_from(h.ino, 0));
         if !keep_attrs {
             // Stale (the token left): nothing to keep; whatever token part remains
@@ -210,7 +217,27 @@ pub fn evict_inodes(core: &Core) -> FsResult<()> {
         core.token_release.lock().extend(pushed);
     }
     let _ = max_stat;
-    release_tokens(core)
+    release_tokens(core)?;
+    Ok(evicted)
+}
+
+/// Whether the sync thread should scan the inode cache for eviction again after a
+/// scan at `last_fruitless` (the log's commit count then, and when) evicted nothing:
+/// the inodes past `maxFilesToCache` were then dirty (new ones stay dirty until the
+/// next commit) or in use. A scan sorts every cached inode, and scanning every 100 ms
+/// while nothing can leave cost the sync thread a sixth of makod's CPU during creates
+/// (docs/performance.md). So: again once a commit has cleaned inodes, and at the
+/// latest after `interval`, for inodes that became unused without a commit.
+pub(crate) fn evict_scan_due(
+    last_fruitless: Option<(u64, Instant)>,
+    commits_now: u64,
+    now: Instant,
+    interval: Duration,
+) -> bool {
+    match last_fruitless {
+        None => true,
+        Some((commits, at)) => commits != commits_now || now.duration_since(at) >= interval,
+    }
 }
 
 /// Give back the tokens of inodes that nothing on this node uses any more: freed ones,
@@ -409,6 +436,8 @@ fn prefetch_loop(core: &Core) {
 /// empty log and nothing to replay).
 fn sync_loop(core: &Core) {
     let mut last = Instant::now();
+    // The last eviction scan that evicted nothing: the commit count then, and when.
+    let mut fruitless: Option<(u64, Instant)> = None;
     loop {
         std::thread::sleep(Duration::from_millis(100));
         if core.shutting_down.load(Ordering::SeqCst) {
@@ -426,8 +455,14 @@ fn sync_loop(core: &Core) {
             }
         }
         if core.inodes.lock().len() > core.cfg.read().max_files_to_cache {
-            if let Err(e) = evict_inodes(core) {
-                report(core, "inode cache eviction", e);
+            let commits = j.stats.commits.load(Ordering::Relaxed);
+            let now = Instant::now();
+            if evict_scan_due(fruitless, commits, now, interval) {
+                match evict_inodes_counted(core) {
+                    Ok(0) => fruitless = Some((commits, now)),
+                    Ok(_) => fruitless = None,
+                    Err(e) => report(core, "inode cache eviction", e),
+                }
             }
         }
         if last.elapsed() >= interval {
@@ -447,5 +482,36 @@ fn sync_loop(core: &Core) {
                 report(core, "frees in other nodes' space", e);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::evict_scan_due;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_fruitless_eviction_scan_is_repeated_only_after_a_commit_or_the_interval() {
+        let t0 = Instant::now();
+        let interval = Duration::from_secs(5);
+        assert!(evict_scan_due(None, 7, t0, interval));
+        let last = Some((7, t0));
+        // Same commit count, within the interval: nothing new can be evicted.
+        assert!(!evict_scan_due(last, 7, t0, interval));
+        assert!(!evict_scan_due(
+            last,
+            7,
+            t0 + Duration::from_millis(4900),
+            interval
+        ));
+        // A commit cleaned the new inodes.
+        assert!(evict_scan_due(
+            last,
+            8,
+            t0 + Duration::from_millis(100),
+            interval
+        ));
+        // Inodes closed without a commit are found within the interval.
+        assert!(evict_scan_due(last, 7, t0 + interval, interval));
     }
 }
