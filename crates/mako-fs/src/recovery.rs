@@ -525,13 +525,14 @@ impl NodeRecoveryReport {
     /// One line for the daemon log.
     pub fn summary(&self) -> String {
         let mut line = format!(
-            "node {} recovered failed node {}: {}; its tokens, metanode roles, regions and inode-map segments released; \
-             {} directories recounted",
+            "node {} recovered failed node {}: {}; its tokens, metanode roles, regions and inode-map segments released",
             self.by,
             self.failed,
             self.replay.summary(),
-            self.recounted
         );
+        if self.recounted > 0 {
+            line += &format!("; {} directories recounted", self.recounted);
+        }
         for (ino, was, is) in &self.recount_fixed {
             line += &format!("; directory {ino}: entry count {was} set to {is}");
         }
@@ -562,11 +563,13 @@ impl NodeRecoveryReport {
 ///    them, reading their maps from disk — as the replay left them, with the frees
 ///    committed in its log applied.
 ///
-/// 3. Recount the entries of every directory whose pages `failed`'s log held
-///    (`recount_directories`): a shared writer's entry-count change reaches the
-///    directory's metanode after its own log commit of the page, so a node that died
-///    between the two leaves the count one below the entries (docs/coherence.md
-///    section 4, "Entry and link counts").
+/// 3. The caller then recounts the entries of every directory whose pages `failed`'s
+///    log held (`recount_after`, with `replay.directories`): a shared writer's
+///    entry-count change reaches the directory's metanode after its own log commit of
+///    the page, so a node that died between the two leaves the count one below the
+///    entries (docs/coherence.md section 4, "Entry and link counts"). Not here: the
+///    recount acquires tokens and may wait (once 180 s in the kill -9 rounds), and
+///    the recovery — its tokens released — must not wait for it.
 ///
 /// Operations that need none of `failed`'s tokens never wait for any of this.
 /// Not covered: frees `failed` made in other nodes' space after their transaction
@@ -590,14 +593,13 @@ pub fn recover_failed_node(
         .client()
         .release_failed_node(mako_rt::NodeId(failed))
         .map_err(crate::coherence::token_error)?;
-    let (recount_fixed, recount_failed) = recount_directories(core, &replay.directories);
     let report = NodeRecoveryReport {
         failed,
         by: core.node,
-        recounted: replay.directories.len(),
+        recounted: 0,
         replay,
-        recount_fixed,
-        recount_failed,
+        recount_fixed: Vec::new(),
+        recount_failed: Vec::new(),
     };
     tracing::info!("{}", report.summary());
     Ok(report)
@@ -1024,6 +1026,15 @@ fn scan_with(
     }
     report.head_lsn = lsn;
     Ok((report, header, latest))
+}
+
+/// Step 3 of `recover_failed_node`: recount the directories its replay found, into
+/// `report` (`recounted`, `recount_fixed`, `recount_failed`).
+pub fn recount_after(core: &crate::core::Core, report: &mut NodeRecoveryReport) {
+    let (fixed, failed) = recount_directories(core, &report.replay.directories);
+    report.recounted = report.replay.directories.len();
+    report.recount_fixed = fixed;
+    report.recount_failed = failed;
 }
 
 /// Recount the entries of `dirs` on this node (step 3 of `recover_failed_node`), each

@@ -323,8 +323,9 @@ fn a_crash_between_a_page_commit_and_its_count_is_recounted() {
                     return Err("node 1 was no longer a shared writer after its create of c".into());
                 }
                 cluster.crash(1);
-                let rep = mako_fs::recovery::recover_failed_node(&fs0.core, 1)
+                let mut rep = mako_fs::recovery::recover_failed_node(&fs0.core, 1)
                     .map_err(e("recovery"))?;
+                mako_fs::recovery::recount_after(&fs0.core, &mut rep);
                 stop.store(true, std::sync::atomic::Ordering::SeqCst);
                 if !rep.recount_failed.is_empty() {
                     return Err(format!("recount failed: {}", rep.summary()));
