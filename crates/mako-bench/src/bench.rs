@@ -59,7 +59,10 @@ pub struct BenchArgs {
     pub suite: BenchSuite,
     /// Another mount point of the same file system as DIR (another node's mount of it):
     /// process p works through mount p mod (1 + number of --also), so the processes of
-    /// one run share the file system from several nodes. Only the target uses them.
+    /// one run share the file system from several nodes (every suite; a process reading
+    /// another's data reads it through its own mount). Each phase then also prints the
+    /// figure through each mount, and the pagepool of every mount's node is dropped
+    /// before the read phases. Only the target uses them, not --compare's reference.
     #[arg(long = "also", value_name = "DIR")]
     pub also: Vec<PathBuf>,
     /// With `--suite meta`: only the private directories (no shared-directory phases).
@@ -225,6 +228,22 @@ pub struct PhaseResult {
     pub cache: Option<String>,
     pub verify_errors: u64,
     pub first_verify_error: Option<String>,
+    /// With several mounts (`--also`): the phase's figure through each of them, in the
+    /// order DIR, then the `--also` mounts. Empty with one mount.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_mount: Vec<MountFigure>,
+}
+
+/// One mount's share of a phase: the processes that worked through it, timed from the
+/// first of them starting to the last finishing.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MountFigure {
+    pub mount: PathBuf,
+    pub procs: u32,
+    pub value: f64,
+    pub seconds: f64,
+    pub ops: u64,
+    pub bytes: u64,
 }
 
 /// All phases on one directory.
@@ -348,6 +367,24 @@ struct Suite<'a> {
     pool: &'a mut WorkerPool,
     drop_enabled: bool,
     phases: Vec<PhaseResult>,
+    /// The mount points the processes work through: process p through
+    /// `mounts[p % mounts.len()]` (DIR, then the `--also` mounts).
+    mounts: Vec<PathBuf>,
+}
+
+/// A phase's figure over some of its processes' results: total ops or bytes over the
+/// time from the first start to the last end.
+fn figure(kind: PhaseKind, results: &[&TaskResult]) -> (f64, &'static str, f64, u64, u64) {
+    let start = results.iter().map(|r| r.start_ns).min().unwrap_or(0);
+    let end = results.iter().map(|r| r.end_ns).max().unwrap_or(0);
+    let seconds = (end.saturating_sub(start) as f64 / 1e9).max(1e-9);
+    let ops: u64 = results.iter().map(|r| r.ops).sum();
+    let bytes: u64 = results.iter().map(|r| r.bytes).sum();
+    let (value, unit) = match kind {
+        PhaseKind::Bandwidth => (bytes as f64 / (1u64 << 30) as f64 / seconds, "GiB/s"),
+        PhaseKind::Metadata => (ops as f64 / 1000.0 / seconds, "kIOPS"),
+    };
+    (value, unit, seconds, ops, bytes)
 }
 
 impl Suite<'_> {
@@ -380,21 +417,36 @@ impl Suite<'_> {
                 bail!("phase {name}, process {process}: {e}");
             }
         }
-        let start = results.iter().map(|r| r.start_ns).min().unwrap_or(0);
-        let end = results.iter().map(|r| r.end_ns).max().unwrap_or(0);
-        let seconds = (end.saturating_sub(start) as f64 / 1e9).max(1e-9);
-        let ops: u64 = results.iter().map(|r| r.ops).sum();
-        let bytes: u64 = results.iter().map(|r| r.bytes).sum();
+        let all: Vec<&TaskResult> = results.iter().collect();
+        let (value, unit, seconds, ops, bytes) = figure(kind, &all);
+        let mounts = self.mounts.len().max(1);
+        let per_mount: Vec<MountFigure> = if mounts > 1 {
+            (0..mounts)
+                .filter_map(|m| {
+                    let mine: Vec<&TaskResult> = results.iter().skip(m).step_by(mounts).collect();
+                    if mine.is_empty() {
+                        return None;
+                    }
+                    let (value, _, seconds, ops, bytes) = figure(kind, &mine);
+                    Some(MountFigure {
+                        mount: self.mounts[m].clone(),
+                        procs: mine.len() as u32,
+                        value,
+                        seconds,
+                        ops,
+                        bytes,
+                    })
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut histogram = Histogram::new();
         for result in &results {
             if let Ok(h) = Histogram::from_sparse(&result.latency) {
                 histogram.merge(&h);
             }
         }
-        let (value, unit) = match kind {
-            PhaseKind::Bandwidth => (bytes as f64 / (1u64 << 30) as f64 / seconds, "GiB/s"),
-            PhaseKind::Metadata => (ops as f64 / 1000.0 / seconds, "kIOPS"),
-        };
         let phase = PhaseResult {
             name: name.to_string(),
             kind,
@@ -409,36 +461,70 @@ impl Suite<'_> {
             cache: cache.map(|c| format!("{c:?}").to_lowercase()),
             verify_errors: results.iter().map(|r| r.verify_errors).sum(),
             first_verify_error: results.iter().find_map(|r| r.first_verify_error.clone()),
+            per_mount,
         };
         println!("{}", format_phase_line(&phase));
+        for m in &phase.per_mount {
+            println!("{}", format_mount_line(&phase, m));
+        }
         self.phases.push(phase);
         Ok(results)
     }
 
-    fn drop_caches(&self, path: &Path) -> anyhow::Result<CacheDrop> {
-        drop_caches(path, self.hooks, self.drop_enabled)
+    /// Drops the kernel's caches and, through the hook, the pagepool of every mount's
+    /// node (each `--also` mount is another node's).
+    fn drop_caches(&self) -> anyhow::Result<CacheDrop> {
+        let mut outcome = CacheDrop::Skipped;
+        for (i, mount) in self.mounts.iter().enumerate() {
+            // The kernel's caches are the machine's: dropping them once is enough.
+            let hooks_only = i > 0 && outcome == CacheDrop::Dropped;
+            let o = if hooks_only {
+                match &self.hooks.drop_caches {
+                    Some(hook) if self.drop_enabled => {
+                        hook(mount).map_err(|e| {
+                            e.context(format!("cache-drop hook for {}", mount.display()))
+                        })?;
+                        CacheDrop::Dropped
+                    }
+                    _ => CacheDrop::Dropped,
+                }
+            } else {
+                drop_caches(mount, self.hooks, self.drop_enabled)?
+            };
+            if i == 0 {
+                outcome = o;
+            }
+        }
+        Ok(outcome)
     }
 
-    fn run(&mut self, root: &Path) -> anyhow::Result<()> {
+    /// The io500-style phases. `roots[p % roots.len()]` is the scratch directory as
+    /// process p sees it (several mounts of one file system: several nodes); a process
+    /// that reads another's data (io500's task reordering) reads it through its own
+    /// mount, so with several nodes every read phase reads what another node wrote.
+    fn run(&mut self, roots: &[PathBuf]) -> anyhow::Result<()> {
         let config = self.config;
         let procs = self.procs();
         let stonewall = config.stonewall_ms();
-        let easy_dir = root.join("ior-easy");
-        let hard_dir = root.join("ior-hard");
-        let md_easy_dir = root.join("mdtest-easy");
-        let md_hard_dir = root.join("mdtest-hard");
-        for dir in [&easy_dir, &hard_dir, &md_easy_dir, &md_hard_dir] {
-            std::fs::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        }
-        for p in 0..procs {
-            let dir = md_easy_dir.join(format!("p{p}"));
+        let root = &roots[0];
+        let root_of = |p: u64| &roots[p as usize % roots.len()];
+        for dir in ["ior-easy", "ior-hard", "mdtest-easy", "mdtest-hard"] {
+            let dir = root.join(dir);
             std::fs::create_dir(&dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
         }
-        let hard_file = hard_dir.join("shared-file");
-        std::fs::File::create(&hard_file)
-            .with_context(|| format!("cannot create {}", hard_file.display()))?;
-        let easy_file = |p: u64| easy_dir.join(format!("file.p{p}"));
+        for p in 0..procs {
+            let dir = root.join("mdtest-easy").join(format!("p{p}"));
+            std::fs::create_dir(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        let hard_file_of = |p: u64| root_of(p).join("ior-hard").join("shared-file");
+        std::fs::File::create(hard_file_of(0))
+            .with_context(|| format!("cannot create {}", hard_file_of(0).display()))?;
+        let md_easy_dir = |p: u64| root_of(p).join("mdtest-easy");
+        let md_hard_dir = |p: u64| root_of(p).join("mdtest-hard");
+        // Process p's view of process q's ior-easy file.
+        let easy_file = |p: u64, q: u64| root_of(p).join("ior-easy").join(format!("file.p{q}"));
         // Readers use the data of the next process, like io500's task reordering, so a
         // process never reads back what it has just written itself.
         let shifted = |p: u64| (p + 1) % procs;
@@ -482,7 +568,7 @@ impl Suite<'_> {
         let tasks = (0..procs)
             .map(|p| {
                 Task::Stream(stream(
-                    easy_file(p),
+                    easy_file(p, p),
                     Direction::Write,
                     config.easy_transfer_bytes,
                     config.easy_records(),
@@ -499,7 +585,7 @@ impl Suite<'_> {
         let tasks = (0..procs)
             .map(|p| {
                 Task::Md(md(
-                    md_easy_dir.join(format!("p{p}")),
+                    md_easy_dir(p).join(format!("p{p}")),
                     "f.".into(),
                     config.md_easy_files_per_proc,
                     MdOp::CreateEmpty,
@@ -513,9 +599,10 @@ impl Suite<'_> {
             .collect();
 
         // 3. ior-hard-write: process p writes records p, p+N, p+2N … of one shared file.
-        let hard_stream = |p: u64, direction: Direction, records: u64| {
+        // Process `view`'s part of the records of process `p`.
+        let hard_stream = |view: u64, p: u64, direction: Direction, records: u64| {
             let mut spec = stream(
-                hard_file.clone(),
+                hard_file_of(view),
                 direction,
                 config.hard_transfer_bytes,
                 records,
@@ -529,6 +616,7 @@ impl Suite<'_> {
         let tasks = (0..procs)
             .map(|p| {
                 Task::Stream(hard_stream(
+                    p,
                     p,
                     Direction::Write,
                     config.hard_records_per_proc,
@@ -546,7 +634,7 @@ impl Suite<'_> {
         let tasks = (0..procs)
             .map(|p| {
                 Task::Md(md(
-                    md_hard_dir.clone(),
+                    md_hard_dir(p),
                     hard_prefix(p),
                     config.md_hard_files_per_proc,
                     MdOp::CreateWrite {
@@ -562,16 +650,19 @@ impl Suite<'_> {
             .collect();
 
         // 5. find: the top-level trees are dealt round-robin to the processes.
-        let mut roots: Vec<PathBuf> = vec![easy_dir.clone(), hard_dir.clone(), md_hard_dir.clone()];
-        roots.extend((0..procs).map(|p| md_easy_dir.join(format!("p{p}"))));
+        let mut trees: Vec<PathBuf> = ["ior-easy", "ior-hard", "mdtest-hard"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        trees.extend((0..procs).map(|p| Path::new("mdtest-easy").join(format!("p{p}"))));
         let tasks = (0..procs)
             .map(|p| {
                 Task::Find(FindSpec {
-                    roots: roots
+                    roots: trees
                         .iter()
                         .skip(p as usize)
                         .step_by(procs as usize)
-                        .cloned()
+                        .map(|t| root_of(p).join(t))
                         .collect(),
                     names_only: false,
                 })
@@ -580,12 +671,12 @@ impl Suite<'_> {
         self.phase("find", PhaseKind::Metadata, true, None, tasks)?;
 
         // 6. ior-easy-read: exactly what was written.
-        let cache = self.drop_caches(root)?;
+        let cache = self.drop_caches()?;
         let tasks = (0..procs)
             .map(|p| {
                 let q = shifted(p);
                 Task::Stream(stream(
-                    easy_file(q),
+                    easy_file(p, q),
                     Direction::Read,
                     config.easy_transfer_bytes,
                     easy_written[q as usize],
@@ -604,14 +695,14 @@ impl Suite<'_> {
         let tasks = (0..procs)
             .map(|p| {
                 Task::Md(md(
-                    md_easy_dir.join(format!("p{p}")),
+                    md_easy_dir(p).join(format!("p{p}")),
                     "f.".into(),
                     md_easy_created[p as usize],
                     MdOp::Stat,
                 ))
             })
             .collect();
-        let cache = self.drop_caches(root)?;
+        let cache = self.drop_caches()?;
         self.phase(
             "mdtest-easy-stat",
             PhaseKind::Metadata,
@@ -621,11 +712,11 @@ impl Suite<'_> {
         )?;
 
         // 8. ior-hard-read: process p reads the records process p+1 wrote.
-        let cache = self.drop_caches(root)?;
+        let cache = self.drop_caches()?;
         let tasks = (0..procs)
             .map(|p| {
                 let q = shifted(p);
-                Task::Stream(hard_stream(q, Direction::Read, hard_written[q as usize]))
+                Task::Stream(hard_stream(p, q, Direction::Read, hard_written[q as usize]))
             })
             .collect();
         self.phase(
@@ -638,12 +729,12 @@ impl Suite<'_> {
 
         // 9. ior-rnd4K-read: random 4 KiB reads inside what ior-easy wrote. Not part of
         //    the io500 score (it is an extended-list phase there).
-        let cache = self.drop_caches(root)?;
+        let cache = self.drop_caches()?;
         let tasks = (0..procs)
             .map(|p| {
                 let q = shifted(p);
                 let blocks = easy_written[q as usize] * config.easy_transfer_bytes / 4096;
-                let mut spec = stream(easy_file(q), Direction::Read, 4096, blocks);
+                let mut spec = stream(easy_file(p, q), Direction::Read, 4096, blocks);
                 spec.access = Access::Rand;
                 spec.ops_max = if blocks == 0 {
                     0
@@ -666,14 +757,14 @@ impl Suite<'_> {
         let tasks = (0..procs)
             .map(|p| {
                 Task::Md(md(
-                    md_hard_dir.clone(),
+                    md_hard_dir(p),
                     hard_prefix(p),
                     md_hard_created[p as usize],
                     MdOp::Stat,
                 ))
             })
             .collect();
-        let cache = self.drop_caches(root)?;
+        let cache = self.drop_caches()?;
         self.phase(
             "mdtest-hard-stat",
             PhaseKind::Metadata,
@@ -686,14 +777,14 @@ impl Suite<'_> {
         let tasks = (0..procs)
             .map(|p| {
                 Task::Md(md(
-                    md_easy_dir.join(format!("p{p}")),
+                    md_easy_dir(p).join(format!("p{p}")),
                     "f.".into(),
                     md_easy_created[p as usize],
                     MdOp::Delete,
                 ))
             })
             .collect();
-        let cache = self.drop_caches(root)?;
+        let cache = self.drop_caches()?;
         self.phase(
             "mdtest-easy-delete",
             PhaseKind::Metadata,
@@ -703,12 +794,12 @@ impl Suite<'_> {
         )?;
 
         // 12. mdtest-hard-read: the files of the next process.
-        let cache = self.drop_caches(root)?;
+        let cache = self.drop_caches()?;
         let tasks = (0..procs)
             .map(|p| {
                 let q = shifted(p);
                 Task::Md(md(
-                    md_hard_dir.clone(),
+                    md_hard_dir(p),
                     hard_prefix(q),
                     md_hard_created[q as usize],
                     MdOp::Read {
@@ -729,14 +820,14 @@ impl Suite<'_> {
         let tasks = (0..procs)
             .map(|p| {
                 Task::Md(md(
-                    md_hard_dir.clone(),
+                    md_hard_dir(p),
                     hard_prefix(p),
                     md_hard_created[p as usize],
                     MdOp::Delete,
                 ))
             })
             .collect();
-        let cache = self.drop_caches(root)?;
+        let cache = self.drop_caches()?;
         self.phase(
             "mdtest-hard-delete",
             PhaseKind::Metadata,
@@ -827,7 +918,7 @@ impl Suite<'_> {
         let mut trees: Vec<u64> = if skip_shared { vec![] } else { vec![u64::MAX] };
         trees.extend(0..procs);
         for (name, names_only) in [("find-names", true), ("find-stat", false)] {
-            let cache = self.drop_caches(root)?;
+            let cache = self.drop_caches()?;
             let tasks = (0..procs)
                 .map(|p| {
                     Task::Find(FindSpec {
@@ -863,6 +954,27 @@ impl Suite<'_> {
         }
         Ok(())
     }
+}
+
+/// A phase's figure through one of several mounts (printed under its phase line).
+pub fn format_mount_line(phase: &PhaseResult, m: &MountFigure) -> String {
+    let mut line = format!(
+        "         {:<20} {:>12.6} {:<5} : time {:>8.3} seconds  ({} proc",
+        "", m.value, phase.unit, m.seconds, m.procs
+    );
+    if m.procs != 1 {
+        line.push('s');
+    }
+    match phase.kind {
+        PhaseKind::Bandwidth => {
+            let _ = write!(line, ", {}", format_bytes(m.bytes));
+        }
+        PhaseKind::Metadata => {
+            let _ = write!(line, ", {} ops", m.ops);
+        }
+    }
+    let _ = write!(line, ") via {}", m.mount.display());
+    line
 }
 
 /// One io500-style result line.
@@ -955,9 +1067,10 @@ fn run_on(
         );
     } else {
         println!(
-        "mako bench {} — {} processes, ior-easy {}/proc, ior-hard {} × {} B/proc, md-easy {} files/proc, md-hard {} files/proc, stonewall {}",
+        "mako bench {} — {} processes through {} mount(s), ior-easy {}/proc, ior-hard {} × {} B/proc, md-easy {} files/proc, md-hard {} files/proc, stonewall {}",
         dir.display(),
         config.procs,
+        roots.len(),
         format_bytes(config.easy_bytes_per_proc),
         config.hard_records_per_proc,
         config.hard_transfer_bytes,
@@ -972,9 +1085,12 @@ fn run_on(
         pool,
         drop_enabled: !args.no_drop_caches,
         phases: Vec::new(),
+        mounts: std::iter::once(dir.to_path_buf())
+            .chain(also.iter().cloned())
+            .collect(),
     };
     match args.suite {
-        BenchSuite::Io500 => suite.run(&scratch.root)?,
+        BenchSuite::Io500 => suite.run(&roots)?,
         BenchSuite::Meta => suite.run_meta(&roots, args.skip_shared)?,
     }
     let phases = suite.phases;

@@ -255,3 +255,88 @@ fn dev_binary_runs_bench_and_exits_zero() {
     );
     assert!(is_empty(dir.path()));
 }
+
+#[test]
+fn also_mounts_share_every_io500_phase_and_each_is_reported_and_dropped() {
+    // A symbolic link to the directory stands in for another node's mount of the same
+    // file system: it shows the same scratch directory under another path.
+    let dir = tempfile::tempdir().unwrap();
+    let links = tempfile::tempdir().unwrap();
+    let other = links.path().join("node1");
+    std::os::unix::fs::symlink(dir.path(), &other).unwrap();
+    let dropped: std::sync::Arc<std::sync::Mutex<Vec<std::path::PathBuf>>> = Default::default();
+    let seen = dropped.clone();
+    let hooks = BenchHooks {
+        drop_caches: Some(Box::new(move |path: &Path| {
+            seen.lock().unwrap().push(path.to_path_buf());
+            Ok(())
+        })),
+    };
+    // Tiny sizes: the real kernel cache drop (when root) has little to sync.
+    let report = mako_bench::run_bench(
+        &args(&[
+            dir.path().to_str().unwrap(),
+            "--also",
+            other.to_str().unwrap(),
+            "--size",
+            "small",
+            "-N",
+            "3",
+            "--easy-bytes",
+            "2m",
+            "--md-easy-files",
+            "30",
+            "--md-hard-files",
+            "30",
+        ]),
+        &hooks,
+    )
+    .unwrap();
+    let names: Vec<&str> = report
+        .target
+        .phases
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(names, PHASES);
+    for phase in &report.target.phases {
+        // Processes 0 and 2 work through DIR, process 1 through the other mount.
+        let mounts: Vec<(&Path, u32)> = phase
+            .per_mount
+            .iter()
+            .map(|m| (m.mount.as_path(), m.procs))
+            .collect();
+        assert_eq!(
+            mounts,
+            [(dir.path(), 2), (other.as_path(), 1)],
+            "{}",
+            phase.name
+        );
+        let ops: u64 = phase.per_mount.iter().map(|m| m.ops).sum();
+        let bytes: u64 = phase.per_mount.iter().map(|m| m.bytes).sum();
+        assert_eq!((ops, bytes), (phase.ops, phase.bytes), "{}", phase.name);
+        assert!(
+            phase.per_mount.iter().all(|m| m.ops > 0 && m.value > 0.0),
+            "{}: a mount did nothing: {:?}",
+            phase.name,
+            phase.per_mount
+        );
+        // Reads through one mount of what was written through the other verify.
+        assert_eq!(phase.verify_errors, 0, "{}", phase.name);
+    }
+    // Every phase after a cache drop dropped the pagepool of both mounts' nodes.
+    let drops = report
+        .target
+        .phases
+        .iter()
+        .filter(|p| p.cache.is_some())
+        .count();
+    let dropped = dropped.lock().unwrap().clone();
+    assert_eq!(drops, 8);
+    assert_eq!(
+        dropped.iter().filter(|p| p.as_path() == dir.path()).count(),
+        drops
+    );
+    assert_eq!(dropped.iter().filter(|p| **p == other).count(), drops);
+    assert!(is_empty(dir.path()), "bench left files behind");
+}

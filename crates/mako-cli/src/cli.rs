@@ -589,27 +589,44 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-/// When the benchmark directory is inside a Mako mount, read phases must start with a
-/// cold pagepool as well as a cold kernel cache: ask the daemon to drop its cache.
-fn bench_hooks(context: &Context, dir: &std::path::Path) -> mako_bench::BenchHooks {
+/// When a benchmarked directory is inside a Mako mount, read phases must start with a
+/// cold pagepool as well as a cold kernel cache: ask the mount's makod to drop its
+/// cache. With a cluster of several makod processes on this machine (`mako up --nodes
+/// N`, run from its overview data directory) every node's mount point is known, so
+/// `mako bench DIR --also DIR2 …` drops the pagepool of each node it works through.
+fn bench_hooks(context: &Context, _dir: &std::path::Path) -> mako_bench::BenchHooks {
     let Ok(cluster) = ClusterConfig::load(&context.data.root) else {
         return mako_bench::BenchHooks::default();
     };
-    let absolute = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-    let Some(fs) = cluster.filesystem_containing(&absolute) else {
+    let mounts = bench_mounts(context, &cluster);
+    if mounts.is_empty() {
         return mako_bench::BenchHooks::default();
-    };
-    let fs_name = fs.name.clone();
-    let socket = context.data.socket_file();
+    }
     mako_bench::BenchHooks {
-        drop_caches: Some(Box::new(move |_dir| {
-            let mut client = mako_control::ControlClient::connect(&socket)?;
+        drop_caches: Some(Box::new(move |dir| {
+            let absolute = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+            let Some((mountpoint, socket, fs_name)) = mounts
+                .iter()
+                .filter(|(m, _, _)| absolute.starts_with(m))
+                .max_by_key(|(m, _, _)| m.components().count())
+            else {
+                // Not a Mako mount (a reference directory): the kernel's drop is all.
+                return Ok(());
+            };
+            let mut client = mako_control::ControlClient::connect(socket).with_context(|| {
+                format!(
+                    "cannot reach the makod of {} ({})",
+                    mountpoint.display(),
+                    socket.display()
+                )
+            })?;
             match client.call(&Request::ClearCache {
                 fs: Some(fs_name.clone()),
             })? {
                 mako_control::Response::Ok { .. } => Ok(()),
                 mako_control::Response::Error { message } => Err(anyhow::anyhow!(
-                    "makod could not clear the cache of {fs_name}: {message}"
+                    "makod of {} could not clear the cache of {fs_name}: {message}",
+                    mountpoint.display()
                 )),
                 other => Err(anyhow::anyhow!(
                     "makod answered clear_cache with `{}`",
@@ -619,6 +636,36 @@ fn bench_hooks(context: &Context, dir: &std::path::Path) -> mako_bench::BenchHoo
             .context("dropping the pagepool before a read phase")
         })),
     }
+}
+
+/// Every mount point of this data directory's cluster on this machine, with the control
+/// socket of the makod that serves it and the file system's name: the file systems'
+/// own mount points (one makod), and each node's (several makod processes).
+fn bench_mounts(
+    context: &Context,
+    cluster: &ClusterConfig,
+) -> Vec<(std::path::PathBuf, std::path::PathBuf, String)> {
+    let mut mounts = Vec::new();
+    for fs in &cluster.filesystems {
+        mounts.push((
+            fs.mountpoint.clone(),
+            context.data.socket_file(),
+            fs.name.clone(),
+        ));
+    }
+    for node in &cluster.nodes {
+        let data = DataDir::new(&node.data_dir);
+        if mako_control::same_dir(&node.data_dir, &context.data.root) {
+            continue;
+        }
+        let Ok(own) = ClusterConfig::load(&node.data_dir) else {
+            continue;
+        };
+        for fs in &own.filesystems {
+            mounts.push((fs.mountpoint.clone(), data.socket_file(), fs.name.clone()));
+        }
+    }
+    mounts
 }
 
 #[cfg(test)]

@@ -53,6 +53,12 @@ pub enum LeaseRequest {
     Renew { epoch: u64 },
     /// The manager asks a node whose lease ran out whether it still answers.
     Ping,
+    /// The calling node (at lease epoch `epoch`) asks to be expelled at once: a file
+    /// system panicked on it (it cannot write its recovery log), so a survivor must
+    /// replay that log and release its tokens. Answered like a renewal of an expelled
+    /// node ([`LeaseReply::Recovering`], then [`LeaseReply::Expelled`]); the node
+    /// sends it instead of its renewals until it is told it was expelled.
+    Leave { epoch: u64, reason: String },
 }
 
 /// The answers.

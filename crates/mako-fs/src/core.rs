@@ -456,6 +456,9 @@ pub struct Core {
     /// operation checks it when it starts and before it returns (`op::run`): an
     /// expelled node's mount answers nothing from its cache, whose tokens are gone.
     pub mount_fence: std::sync::OnceLock<MountFence>,
+    /// The file system's panic on this node (`FsPanic`): set when a write of its
+    /// recovery log (or of its metadata in place) fails.
+    pub fs_panic: Arc<FsPanic>,
     pub use_tick: AtomicU64,
     pub generation: AtomicU32,
     pub node: u32,
@@ -510,6 +513,109 @@ impl ReadOnly {
             *self.reason.lock() = why.to_string();
             tracing::error!("file system turned read-only: {why}; unmount and run `mako fsck`");
         }
+    }
+}
+
+/// What the node does once its file system panicked (`FsPanic::set_hook`): makod and
+/// the simulation stop renewing the node's lease, so that the cluster manager expels
+/// it and a survivor recovers its log. Called once, with the reason.
+pub type PanicHook = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// A file system panic on this node (Storage Scale's term): the node cannot write its
+/// recovery log (or its metadata in place, which the log's tail needs), so it can no
+/// longer make any change durable nor give up a token cleanly. The file system is
+/// then unmounted on this node in all but name: every operation returns EIO
+/// (`Core::check_fence`), no I/O reaches the disks any more (`PanicFence` under the
+/// mount's disks), and the node is treated as failed: the hook (makod, the
+/// simulation) has the cluster expel it, and a survivor replays its log and releases
+/// its tokens (`recovery::recover_failed_node`), as after a crash. The process goes
+/// on (other file systems, the cluster's own work). A data write error alone is not a
+/// panic: the operation that needed it gets EIO (docs/cluster.md "Disk write errors").
+#[derive(Default)]
+pub struct FsPanic {
+    on: AtomicBool,
+    reason: Mutex<String>,
+    hook: std::sync::OnceLock<PanicHook>,
+    /// TEST ONLY (the simulation's checker test): a failed log write only turns the
+    /// mount read-only, as before panics existed; the node keeps its tokens and stays
+    /// in the cluster.
+    pub test_off: AtomicBool,
+}
+
+impl FsPanic {
+    pub fn is_set(&self) -> bool {
+        self.on.load(Ordering::SeqCst)
+    }
+    pub fn reason(&self) -> String {
+        self.reason.lock().clone()
+    }
+    /// What runs once the file system panics (set once, at mount).
+    pub fn set_hook(&self, hook: PanicHook) {
+        let _ = self.hook.set(hook);
+    }
+    /// Panic (the first reason is kept, logged and handed to the hook). False when the
+    /// panic is turned off (`test_off`).
+    pub fn panic(&self, node: u32, why: &str) -> bool {
+        if self.test_off.load(Ordering::Relaxed) {
+            return false;
+        }
+        if !self.on.swap(true, Ordering::SeqCst) {
+            *self.reason.lock() = why.to_string();
+            tracing::error!(
+                "file system panic on node {node}: {why}; the file system is unmounted on this node \
+                 (every operation returns EIO, no more I/O reaches its disks) and this node is \
+                 treated as failed: the cluster manager expels it and a survivor replays its \
+                 recovery log and releases its tokens; mount it again once the disks are \
+                 reachable"
+            );
+            if let Some(h) = self.hook.get() {
+                h(why);
+            }
+        }
+        true
+    }
+}
+
+/// A disk of a mount behind the file system's panic (`FsPanic`): once it panicked,
+/// every read, write and sync is refused, so nothing this node still had under way
+/// (write-behind, a checkpoint, a revoke's flush) reaches the disk after a survivor
+/// may have started replaying its log.
+pub struct PanicFence {
+    pub inner: Arc<dyn mako_disk::Disk>,
+    pub panic: Arc<FsPanic>,
+}
+
+impl PanicFence {
+    fn check(&self) -> Result<(), mako_disk::DiskError> {
+        if self.panic.is_set() {
+            return Err(mako_disk::DiskError::Fenced {
+                disk: self.inner.name().to_string(),
+                by: "this node's file system panic".into(),
+                reason: self.panic.reason(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl mako_disk::Disk for PanicFence {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), mako_disk::DiskError> {
+        self.check()?;
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), mako_disk::DiskError> {
+        self.check()?;
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> Result<(), mako_disk::DiskError> {
+        self.check()?;
+        self.inner.sync()
     }
 }
 
@@ -582,6 +688,7 @@ impl Core {
             shutting_down: AtomicBool::new(false),
             use_tick: AtomicU64::new(0),
             mount_fence: std::sync::OnceLock::new(),
+            fs_panic: Arc::new(FsPanic::default()),
             generation: AtomicU32::new(seed),
             node,
             stat_cache: CountedMutex::new(
@@ -877,6 +984,8 @@ impl Core {
     /// Refuse changes once the file system turned read-only after damage.
     pub fn check_writable(&self) -> FsResult<()> {
         if self.read_only.load(Ordering::Relaxed) {
+            // A file system panic is EIO, for every operation (`FsPanic`).
+            self.check_fence()?;
             return Err(FsError::ReadOnly(self.read_only.reason()));
         }
         Ok(())
@@ -884,6 +993,13 @@ impl Core {
 
     /// Refuse the operation once the mount's fence is up (`mount_fence`): EIO.
     pub fn check_fence(&self) -> FsResult<()> {
+        if self.fs_panic.is_set() {
+            return Err(FsError::Disk(mako_disk::DiskError::Fenced {
+                disk: "(every disk of this mount)".into(),
+                by: "this node's file system panic".into(),
+                reason: self.fs_panic.reason(),
+            }));
+        }
         match self.mount_fence.get().map(|f| f()) {
             Some(Err(reason)) => Err(FsError::Disk(mako_disk::DiskError::Fenced {
                 disk: "(every disk of this mount)".into(),
@@ -891,6 +1007,20 @@ impl Core {
                 reason,
             })),
             _ => Ok(()),
+        }
+    }
+
+    /// A write of the recovery log, or of metadata in place, failed with `e` (`what`):
+    /// the file system panics on this node (`FsPanic`), unless `e` is the lease fence
+    /// (the node is being expelled already) or panics are off; either way the mount is
+    /// read-only from now.
+    pub fn log_write_failed(&self, what: &str, e: &FsError) {
+        let why = format!("{what} failed: {e}");
+        self.read_only.set(&why);
+        if !matches!(e, FsError::Disk(mako_disk::DiskError::Fenced { .. }))
+            && matches!(e, FsError::Disk(_))
+        {
+            self.fs_panic.panic(self.node, &why);
         }
     }
 

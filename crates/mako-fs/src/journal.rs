@@ -592,7 +592,8 @@ impl Journal {
         };
         let r = self.write_txn(core, seq, &images, &revokes);
         if let Err(e) = &r {
-            core.go_read_only(&format!("recovery log commit failed: {e}"));
+            // A disk error here is a file system panic on this node (`FsPanic`).
+            core.log_write_failed("writing the recovery log", e);
         }
         r
     }
@@ -844,6 +845,15 @@ impl Journal {
     /// Write every durable committed image in place, then move the tail past the
     /// transactions that held them and release the space they freed.
     pub fn checkpoint(&self, core: &Core) -> FsResult<()> {
+        let r = self.checkpoint_inner(core);
+        if let Err(e) = &r {
+            // The log's tail cannot move past metadata not written in place.
+            core.log_write_failed("a checkpoint of the recovery log", e);
+        }
+        r
+    }
+
+    fn checkpoint_inner(&self, core: &Core) -> FsResult<()> {
         let _k = self.checkpoint_lock.lock();
         let upto = self.durable_seq();
         // The newest durable image of every address.
@@ -949,6 +959,14 @@ impl Journal {
     /// section 7). Called by a revoke, with no handle open on this thread (section 5).
     pub fn write_in_place(&self, core: &Core, owner: u64) -> FsResult<()> {
         self.commit(core)?;
+        let r = self.write_in_place_inner(core, owner);
+        if let Err(e) = &r {
+            core.log_write_failed("writing metadata in place for a revoke", e);
+        }
+        r
+    }
+
+    fn write_in_place_inner(&self, core: &Core, owner: u64) -> FsResult<()> {
         let k = self.checkpoint_lock.lock();
         let upto = self.durable_seq();
         let addresses: Vec<DiskAddress> = self

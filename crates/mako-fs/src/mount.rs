@@ -393,6 +393,17 @@ pub fn node_tokens(env: &NodeEnv) -> Tokens {
 /// it is and how it reaches the cluster's services).
 pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsResult<Mounted> {
     let node = env.node;
+    // Every disk behind the file system's panic on this node (`core::FsPanic`).
+    let fs_panic = Arc::new(crate::core::FsPanic::default());
+    let disks: Vec<Arc<dyn Disk>> = disks
+        .into_iter()
+        .map(|inner| {
+            Arc::new(crate::core::PanicFence {
+                inner,
+                panic: fs_panic.clone(),
+            }) as Arc<dyn Disk>
+        })
+        .collect();
     let (mut desc, disks) = find_descriptor(disks)?;
     if node >= desc.metadata_inodes.log_count {
         return Err(crate::recovery::node_out_of_range(&desc, node));
@@ -555,16 +566,9 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
     let flush = Arc::new(crate::cache_flush::FsCacheFlush::default());
     let tokens = node_tokens(&env);
     tokens.client().set_cache_flush(flush.clone());
-    let core = Arc::new(Core::new(
-        nsd,
-        desc,
-        alloc,
-        imap,
-        cfg,
-        env,
-        tokens,
-        recovery.start(),
-    ));
+    let mut core = Core::new(nsd, desc, alloc, imap, cfg, env, tokens, recovery.start());
+    core.fs_panic = fs_panic;
+    let core = Arc::new(core);
     flush.attach(&core);
     let service = Arc::new(crate::metanode::FsService::default());
     service.attach(&core);

@@ -501,3 +501,65 @@ fn a_commit_waiting_at_the_gate_never_snapshots_an_operation_that_failed() {
         "the half-done change never reached the disk"
     );
 }
+
+/// A write of the recovery log that fails panics the file system on this node
+/// (`mako_fs::core::FsPanic`, docs/cluster.md "Disk write errors"), and does not panic
+/// the process: the hook (makod: ask to be expelled) runs once with the reason, every
+/// later operation returns EIO, no I/O reaches the disks any more (not even once they
+/// work again), and what was fsynced before is there at the next mount.
+#[test]
+fn a_failed_log_write_panics_the_file_system_on_this_node() {
+    use std::sync::Arc;
+    let disks = MemDisks::new(2, 64 << 20);
+    disks.format(&small_params());
+    let m = disks.mount(quiet());
+    let core = m.core().clone();
+    let calls: Arc<parking_lot::Mutex<Vec<String>>> = Arc::default();
+    {
+        let calls = calls.clone();
+        core.fs_panic.set_hook(Arc::new(move |why: &str| {
+            calls.lock().push(why.to_string())
+        }));
+    }
+    m.fs.create(C, ROOT_INO, b"a", 0o644, 0, true).unwrap();
+    m.fs.sync().unwrap();
+    assert!(!core.fs_panic.is_set());
+    for d in &disks.disks {
+        d.fail_writes_after(0);
+    }
+    m.fs.create(C, ROOT_INO, b"b", 0o644, 0, true).unwrap();
+    let e = m.fs.sync().unwrap_err();
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    assert!(core.fs_panic.is_set(), "the file system panicked");
+    {
+        let calls = calls.lock();
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        assert!(calls[0].contains("recovery log"), "{calls:?}");
+    }
+    // The disks work again: nothing more reaches them from this mount.
+    for d in &disks.disks {
+        d.fail_writes_after(1 << 40);
+    }
+    let writes: Vec<u64> = disks.disks.iter().map(|d| d.writes()).collect();
+    for r in [
+        m.fs.lookup(ROOT_INO, b"a").map(|_| ()),
+        m.fs.create(C, ROOT_INO, b"c", 0o644, 0, true).map(|_| ()),
+        m.fs.sync(),
+    ] {
+        let e = r.expect_err("an operation after the panic");
+        assert_eq!(e.errno(), libc::EIO, "{e}");
+    }
+    let _ = core.journal.checkpoint(&core);
+    drop(m);
+    let after: Vec<u64> = disks.disks.iter().map(|d| d.writes()).collect();
+    assert_eq!(writes, after, "a write reached a disk after the panic");
+    assert_eq!(calls.lock().len(), 1, "the hook runs once");
+    // What was fsynced is there; what was not made durable is not.
+    let m = disks.mount(quiet());
+    m.fs.lookup(ROOT_INO, b"a")
+        .expect("fsynced before the panic");
+    assert_eq!(
+        m.fs.lookup(ROOT_INO, b"b").unwrap_err().errno(),
+        libc::ENOENT
+    );
+}

@@ -51,6 +51,15 @@ const NAME_LOG_KEEP: Duration = Duration::from_secs(2 * 3600 + 60);
 const NAME_LOG_MAX: usize = 1 << 20;
 /// Longest wait of a revoke for its kernel name invalidations (`invalidate_names`).
 const NAME_INVAL_WAIT: Duration = Duration::from_millis(250);
+/// How long a directory whose names' token left this node stays "contended": its names
+/// are handed to the kernel with a zero timeout (and not recorded), so the next revoke
+/// has no name to invalidate. Invalidating a name takes the kernel's lock of the
+/// directory, which a create there holds while it waits for makod — for the very token
+/// being revoked when nodes create in one directory — so each such revoke waited
+/// `NAME_INVAL_WAIT` (three nodes creating in one directory: 4 to 8 creates/s a node).
+const CONTENDED_KEEP: Duration = Duration::from_secs(10);
+/// Most contended directories remembered; past it the expired ones are forgotten.
+const CONTENDED_MAX: usize = 4096;
 /// Least time between two sweeps of expired names.
 const NAME_LOG_SWEEP: Duration = Duration::from_secs(10);
 /// Longest name a directory holds: only such names are looked up under a name token
@@ -155,6 +164,9 @@ struct NameLogInner {
     dirs: HashMap<u64, HashMap<Vec<u8>, Instant>>,
     count: usize,
     last_sweep: Instant,
+    /// Directories whose names' token left this node, with when it last did
+    /// (`CONTENDED_KEEP`).
+    contended: HashMap<u64, Instant>,
 }
 
 impl Default for NameLog {
@@ -164,14 +176,16 @@ impl Default for NameLog {
                 dirs: HashMap::new(),
                 count: 0,
                 last_sweep: Instant::now(),
+                contended: HashMap::new(),
             }),
         }
     }
 }
 
 impl NameLog {
-    /// Remember `name` in `dir`; false when the log is full and the name may only be
-    /// handed out with a zero timeout.
+    /// Remember `name` in `dir`; false when the log is full, or the directory's names
+    /// left this node less than `CONTENDED_KEEP` ago, and the name may only be handed
+    /// out with a zero timeout.
     fn record(&self, dir: u64, name: &[u8]) -> bool {
         self.record_as(dir, name, false)
     }
@@ -196,6 +210,13 @@ impl NameLog {
             });
             inner.count = count;
         }
+        let contended = inner
+            .contended
+            .get(&dir)
+            .is_some_and(|t| now.duration_since(*t) < CONTENDED_KEEP);
+        if contended && !always {
+            return false;
+        }
         let full = inner.count >= NAME_LOG_MAX && !always;
         let names = inner.dirs.entry(dir).or_default();
         if let Some(t) = names.get_mut(name) {
@@ -210,10 +231,16 @@ impl NameLog {
         true
     }
 
-    /// The names of `dir` the kernel may still trust, forgotten here.
+    /// The names of `dir` the kernel may still trust, forgotten here; from now on the
+    /// directory is contended for `CONTENDED_KEEP`.
     fn take(&self, dir: u64) -> Vec<Vec<u8>> {
         let now = Instant::now();
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if g.contended.len() >= CONTENDED_MAX {
+            g.contended
+                .retain(|_, t| now.duration_since(*t) < CONTENDED_KEEP);
+        }
+        g.contended.insert(dir, now);
         let names = g.dirs.remove(&dir).unwrap_or_default();
         g.count = g.count.saturating_sub(names.len());
         drop(g);
@@ -1923,6 +1950,28 @@ pub fn mount(fs: FileSystem, mountpoint: &Path, opts: &FuseOptions) -> std::io::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Once a directory's names were revoked from this node, its names are handed out
+    /// unrecorded (zero timeout), so the next revoke has nothing to invalidate under
+    /// the kernel's directory lock; other directories, and renames, are unaffected.
+    #[test]
+    fn a_directory_whose_names_were_revoked_hands_out_names_uncached() {
+        let log = NameLog::default();
+        assert!(log.record(7, b"a"));
+        assert!(log.record(8, b"b"));
+        assert_eq!(log.take(7), vec![b"a".to_vec()]);
+        assert!(
+            !log.record(7, b"c"),
+            "a contended directory's name was recorded"
+        );
+        assert!(log.take(7).is_empty(), "nothing left to invalidate");
+        assert!(log.record(8, b"d"), "another directory became contended");
+        log.record_always(7, b"renamed");
+        assert_eq!(log.take(7), vec![b"renamed".to_vec()]);
+        let mut left = log.take(8);
+        left.sort();
+        assert_eq!(left, vec![b"b".to_vec(), b"d".to_vec()]);
+    }
 
     /// Times a user may set with utimensat round-trip exactly, the ends of i64 included.
     #[test]

@@ -5,7 +5,7 @@
 //! write-back, commit, checkpoint and eviction is part of the replayable schedule.
 
 use crate::clock::{SimClock, SIM_EPOCH};
-use crate::disk::{DiskLatency, NodeDisk, SimDisk};
+use crate::disk::{DiskLatency, NodeDisk, SimDisk, WriteFaults};
 use crate::net::{NetConfig, SimNet};
 use crate::sched::Sim;
 use mako_disk::Disk;
@@ -48,6 +48,10 @@ pub struct ClusterConfig {
     pub leases: Option<mako_cluster::lease::LeaseTimes>,
     /// TEST ONLY: false turns the nodes' own lease fence off (the checker's test).
     pub lease_fence: bool,
+    /// TEST ONLY: false turns the file system panic off (`mako_fs::core::FsPanic`, the
+    /// checker's test): a node that cannot write its log only turns read-only, keeps
+    /// its tokens and stays in the cluster.
+    pub fs_panic: bool,
 }
 
 /// What the token thief steals.
@@ -101,6 +105,7 @@ impl ClusterConfig {
             thief: Thief::from_env(Thief::Large),
             leases: None,
             lease_fence: true,
+            fs_panic: true,
         }
     }
 
@@ -197,6 +202,9 @@ pub struct SimCluster {
     /// Each expel the lease manager made, in order: the node, and how its recovery by
     /// a survivor went (the runner's expel hook fills it).
     pub expels: Mutex<Vec<(u32, Result<String, String>)>>,
+    /// Per node, the write errors of its path to the disks (a new, healthy one when
+    /// it rejoins).
+    write_faults: Mutex<Vec<Arc<WriteFaults>>>,
 }
 
 impl SimCluster {
@@ -276,6 +284,7 @@ impl SimCluster {
             }),
             zombies: Mutex::new((0..nodes).map(|_| None).collect()),
             expels: Mutex::new(Vec::new()),
+            write_faults: Mutex::new((0..nodes).map(|_| Arc::default()).collect()),
             net,
         }))
     }
@@ -303,6 +312,7 @@ impl SimCluster {
     /// Node `node`'s view of the disks: cut off when it crashes.
     fn node_disks(&self, node: u32) -> Vec<Arc<dyn Disk>> {
         let fence = self.fences.lock()[node as usize].clone();
+        let faults = self.write_faults.lock()[node as usize].clone();
         let lease = self.leases.as_ref().map(|l| crate::lease::MountLease {
             leases: l.clone(),
             node,
@@ -316,6 +326,7 @@ impl SimCluster {
                     disk: d.clone(),
                     fence: fence.clone(),
                     lease: lease.clone(),
+                    faults: faults.clone(),
                 }) as Arc<dyn Disk>
             })
             .collect()
@@ -339,7 +350,17 @@ impl SimCluster {
             let fence: mako_fs::core::MountFence =
                 Arc::new(move || lease.check("(mount)").map_err(|e| e.to_string()));
             let _ = m.core().mount_fence.set(fence);
+            // A file system panic: the node asks the lease manager to expel it
+            // (makod's `Leases::fs_panicked`).
+            let leases = l.clone();
+            m.core()
+                .fs_panic
+                .set_hook(Arc::new(move |why: &str| leases.fs_panicked(node, why)));
         }
+        m.core()
+            .fs_panic
+            .test_off
+            .store(!self.config.fs_panic, Ordering::Relaxed);
         self.mounted.lock()[node as usize] = Some(m);
         Ok(())
     }
@@ -370,6 +391,20 @@ impl SimCluster {
     /// Node `node` is cut off from every other node.
     pub fn partition(&self, node: u32) {
         self.net.partition(NodeId(node));
+    }
+
+    /// Node `node`'s path to the disks goes bad for good: every write and sync it
+    /// makes fails with EIO (until it rejoins, with the path repaired).
+    pub fn break_disks(&self, node: u32) {
+        self.write_faults.lock()[node as usize]
+            .bad
+            .store(true, Ordering::SeqCst);
+    }
+
+    /// Whether node `node`'s file system panicked (`mako_fs::core::FsPanic`).
+    pub fn panicked(&self, node: u32) -> bool {
+        let any = |m: &Option<Mounted>| m.as_ref().is_some_and(|m| m.core().fs_panic.is_set());
+        any(&self.mounted.lock()[node as usize]) || any(&self.zombies.lock()[node as usize])
     }
 
     /// The partition of node `node` heals.
@@ -437,6 +472,7 @@ impl SimCluster {
             }
         }
         self.fences.lock()[node as usize] = Arc::new(AtomicBool::new(false));
+        self.write_faults.lock()[node as usize] = Arc::default();
         self.net.rejoin(NodeId(node));
         self.mount(node)?;
         let m = self.mounted.lock();

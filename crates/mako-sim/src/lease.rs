@@ -61,6 +61,9 @@ pub struct SimLeases {
     records: Mutex<Vec<LeaseRecord>>,
     fenced_writes: Mutex<Vec<FencedWrite>>,
     on_expel: Mutex<Option<ExpelHook>>,
+    /// Nodes whose file system panicked (`fs_panicked`), with the reason: they ask to
+    /// leave instead of renewing, and do not answer pings, until they rejoin.
+    panicked: Mutex<Vec<Option<String>>>,
     stop: AtomicBool,
 }
 
@@ -102,6 +105,7 @@ impl SimLeases {
             ),
             fenced_writes: Mutex::new(Vec::new()),
             on_expel: Mutex::new(None),
+            panicked: Mutex::new(vec![None; nodes as usize]),
             stop: AtomicBool::new(false),
         });
         // As makod's fence: token, metanode and space requests of an expelled node
@@ -209,6 +213,40 @@ impl SimLeases {
         false
     }
 
+    /// Node `node`'s file system panicked (`mako_fs::core::FsPanic`): as makod's
+    /// `Leases::fs_panicked`, it sends `LeaseRequest::Leave` instead of its renewals
+    /// (and answers no ping), so the manager expels it at once and has a survivor
+    /// recover it.
+    pub fn fs_panicked(&self, node: u32, why: &str) {
+        let mut p = self.panicked.lock();
+        if p[node as usize].is_none() {
+            p[node as usize] = Some(format!("its file system panicked: {why}"));
+        }
+    }
+
+    fn silent(&self, node: u32) -> bool {
+        self.panicked.lock()[node as usize].is_some()
+    }
+
+    /// The manager expels `node` now (`reason`), unless it is already, and runs the
+    /// expel hook on a task of its own.
+    fn expel(&self, n: u32, reason: String) {
+        let epoch = {
+            let mut r = self.records.lock();
+            let rec = &mut r[n as usize];
+            if rec.expelled.is_some() {
+                return;
+            }
+            rec.expelled = Some((self.clock.monotonic(), reason));
+            rec.epoch
+        };
+        self.monitor.lock().forget(NodeId(n));
+        if let Some(hook) = self.on_expel.lock().clone() {
+            self.sim
+                .spawn_in(Some(0), format!("expel-n{n}"), move || hook(n, epoch));
+        }
+    }
+
     /// Node `node`, expelled, rejoins: a new epoch, a new lease held from now, watched
     /// again, renewing again (from a task). Returns the new epoch.
     pub fn rejoin(self: &Arc<Self>, node: u32) -> u64 {
@@ -219,6 +257,7 @@ impl SimLeases {
             rec.expelled = None;
             rec.epoch
         };
+        self.panicked.lock()[node as usize] = None;
         let lease = Arc::new(NodeLease::new(self.clock.clone(), self.times));
         lease.rejoined(epoch, self.clock.monotonic());
         self.leases.lock()[node as usize] = lease;
@@ -251,11 +290,17 @@ impl SimLeases {
             }
             let sent = lease.now();
             let epoch = lease.epoch();
-            match self.call(node, 0, &LeaseRequest::Renew { epoch }) {
+            let leaving = self.panicked.lock()[node as usize].clone();
+            let request = match leaving {
+                Some(reason) => LeaseRequest::Leave { epoch, reason },
+                None => LeaseRequest::Renew { epoch },
+            };
+            match self.call(node, 0, &request) {
                 Some(LeaseReply::Granted { epoch }) => lease.granted(epoch, sent),
-                Some(LeaseReply::Expelled { epoch, by, reason }) => {
-                    lease.expelled(epoch, by, reason)
-                }
+                Some(
+                    LeaseReply::Expelled { epoch, by, reason }
+                    | LeaseReply::Recovering { epoch, by, reason },
+                ) => lease.expelled(epoch, by, reason),
                 _ => {}
             }
             mako_diag::sched::sleep(self.times.renew_interval());
@@ -285,17 +330,7 @@ impl SimLeases {
                             "no lease renewal for {silent:?} (failureDetectionTime {:?}) and no answer to pings for minMissedPingTimeout {:?}",
                             self.times.lease, self.times.missed_ping
                         );
-                        let epoch = {
-                            let mut r = self.records.lock();
-                            let rec = &mut r[n as usize];
-                            rec.expelled = Some((self.clock.monotonic(), reason));
-                            rec.epoch
-                        };
-                        self.monitor.lock().forget(node);
-                        if let Some(hook) = self.on_expel.lock().clone() {
-                            self.sim
-                                .spawn_in(Some(0), format!("expel-n{n}"), move || hook(n, epoch));
-                        }
+                        self.expel(n, reason);
                     }
                 }
             }
@@ -315,10 +350,26 @@ impl Service for LeaseService {
     fn handle(&self, from: NodeId, request: &[u8]) -> Vec<u8> {
         let l = &self.leases;
         let reply = match mako_rt::transport::decode::<LeaseRequest>("lease request", request) {
+            // A node whose file system panicked does not answer (`fs_panicked`).
+            Ok(LeaseRequest::Ping) if l.silent(self.me) => LeaseReply::NotManager { leader: None },
             Ok(LeaseRequest::Ping) => LeaseReply::Pong,
-            Ok(LeaseRequest::Renew { .. }) if self.me != 0 => LeaseReply::NotManager {
-                leader: Some(NodeId(0)),
-            },
+            Ok(LeaseRequest::Renew { .. } | LeaseRequest::Leave { .. }) if self.me != 0 => {
+                LeaseReply::NotManager {
+                    leader: Some(NodeId(0)),
+                }
+            }
+            Ok(LeaseRequest::Leave { epoch, reason }) => {
+                if l.records.lock()[from.0 as usize].epoch == epoch {
+                    l.expel(from.0, reason);
+                }
+                let rec = l.records.lock()[from.0 as usize].clone();
+                let (_, reason) = rec.expelled.unwrap_or_default();
+                LeaseReply::Expelled {
+                    epoch: rec.epoch,
+                    by: NodeId(0),
+                    reason,
+                }
+            }
             Ok(LeaseRequest::Renew { .. }) => {
                 let rec = l.records.lock()[from.0 as usize].clone();
                 match rec.expelled {

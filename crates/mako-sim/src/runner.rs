@@ -83,6 +83,13 @@ pub enum FaultKind {
     /// The node is cut off from every other node until it was expelled and
     /// recovered; then the partition heals (needs leases).
     Partition,
+    /// The node's path to the disks goes bad for good: every write and sync it makes
+    /// fails with EIO (reads work), until it rejoins with the path repaired. Its next
+    /// log write fails (the fault forces one, as makod's sync thread would before
+    /// long), its file system panics (`mako_fs::core::FsPanic`: every operation EIO,
+    /// no more I/O, the node silent to the lease manager), the manager expels it and a
+    /// survivor recovers its log (needs leases).
+    BadDisk,
 }
 
 impl FaultKind {
@@ -355,11 +362,13 @@ pub fn run_seed(config: &SeedConfig) -> Result<SeedReport, SeedFailure> {
     }
     if env_flag("MAKO_SIM_TIMING") {
         eprintln!(
-            "seed {}: format {:?}, run {:?} ({} scheduling decisions, {:?} simulated), fsck {:?}",
+            "seed {}: format {:?}, run {:?} ({} scheduling decisions, {} handoffs, {} tasks, {:?} simulated), fsck {:?}",
             config.seed,
             t_fmt,
             t_run - t_fmt,
             report.steps,
+            report.handoffs,
+            report.tasks,
             report.elapsed,
             started.elapsed() - t_run,
         );
@@ -628,11 +637,9 @@ fn replay_orders_agree(cluster: &SimCluster, nodes: u32) -> Result<(), String> {
     // The disks as they are now, shared by both replays; each replay writes to an
     // overlay of its own (copying the whole disks twice, then comparing them byte by
     // byte, was most of a cheap seed's system time).
-    let images: Vec<Arc<Vec<u8>>> = cluster
-        .disks
-        .iter()
-        .map(|d| Arc::new(d.snapshot()))
-        .collect();
+    // (Taking them costs nothing: nothing writes the disks before they are dropped. A
+    // copy of every disk here was half of a cheap fault seed's time.)
+    let images: Vec<Arc<crate::disk::Pages>> = cluster.disks.iter().map(|d| d.image()).collect();
     let replayed = |order: &[u32]| -> Result<Vec<Arc<Overlay>>, String> {
         let copies: Vec<Arc<Overlay>> = images
             .iter()
@@ -670,14 +677,14 @@ fn replay_orders_agree(cluster: &SimCluster, nodes: u32) -> Result<(), String> {
 /// of a disk that costs what is written to it.
 struct Overlay {
     name: String,
-    base: Arc<Vec<u8>>,
+    base: Arc<crate::disk::Pages>,
     pages: Mutex<std::collections::BTreeMap<u64, Box<[u8]>>>,
 }
 
 impl Overlay {
     const PAGE: u64 = 4096;
 
-    fn new(name: String, base: Arc<Vec<u8>>) -> Overlay {
+    fn new(name: String, base: Arc<crate::disk::Pages>) -> Overlay {
         Overlay {
             name,
             base,
@@ -957,22 +964,54 @@ fn run_step(
             mako_diag::sched::sleep(Duration::from_micros(c.delay_micros));
             match c.kind {
                 FaultKind::Pause => cluster.pause(c.node),
+                FaultKind::BadDisk => {
+                    cluster.break_disks(c.node);
+                    // Its next commit (if anything is dirty) and checkpoint (a sync,
+                    // then the log's header) fail: the file system panics.
+                    let _ = cluster.background(c.node, Background::Commit);
+                    let _ = cluster.background(c.node, Background::Checkpoint);
+                }
                 _ => cluster.partition(c.node),
             }
             // The manager notices, expels it and has a survivor recover it (the expel
             // hook); only then does it run again, or its partition heal.
             let expelled = |cl: &SimCluster| cl.expels.lock().iter().any(|(n, _)| *n == c.node);
-            mako_diag::sched::wait_until("expel and recovery", || expelled(&cluster));
+            let mut bad_disk_unnoticed = None;
+            if c.kind == FaultKind::BadDisk {
+                // A node whose file system did not panic goes on renewing its lease:
+                // give up after many leases rather than wait for ever.
+                let leases = cluster.leases.as_ref().expect("BadDisk needs leases");
+                let limit = (leases.times.lease + leases.times.missed_ping) * 10;
+                let until = mako_rt::Clock::monotonic(cluster.clock.as_ref()) + limit;
+                while !expelled(&cluster)
+                    && mako_rt::Clock::monotonic(cluster.clock.as_ref()) < until
+                {
+                    mako_diag::sched::sleep(leases.times.renew_interval() / 2);
+                }
+                if !expelled(&cluster) {
+                    bad_disk_unnoticed = Some(format!(
+                        "node {}'s writes fail (its path to the disks went bad) and its log write failed, yet {limit:?} later it was not expelled: its file system did not panic (panicked: {}), it keeps its tokens and stays in the cluster",
+                        c.node,
+                        cluster.panicked(c.node)
+                    ));
+                }
+            } else {
+                mako_diag::sched::wait_until("expel and recovery", || expelled(&cluster));
+            }
             match c.kind {
                 FaultKind::Pause => cluster.resume(c.node),
+                FaultKind::BadDisk => {}
                 _ => cluster.heal(c.node),
             }
-            let r = cluster
-                .expels
-                .lock()
-                .iter()
-                .find(|(n, _)| *n == c.node)
-                .map(|(_, r)| r.clone());
+            let r = match bad_disk_unnoticed {
+                Some(e) => Some(Err(e)),
+                None => cluster
+                    .expels
+                    .lock()
+                    .iter()
+                    .find(|(n, _)| *n == c.node)
+                    .map(|(_, r)| r.clone()),
+            };
             *recovery.lock() = r;
             pending.fetch_sub(1, Ordering::SeqCst);
         });

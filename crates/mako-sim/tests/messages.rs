@@ -66,7 +66,7 @@ fn run(test: &str, plan: SeedPlan, loss: f64, duplicate: f64) {
 fn lost_messages() {
     run(
         "lost_messages",
-        SeedPlan::from_env(24, 2),
+        SeedPlan::from_env(48, 2),
         probability("MAKO_SIM_LOSS", 0.002),
         0.0,
     );

@@ -332,6 +332,17 @@ impl Daemon {
                 Arc::new(move || d.check().map_err(|e| e.to_string()));
             let _ = mounted.core().mount_fence.set(fence);
         }
+        // A file system panic (its recovery log cannot be written): this node asks to
+        // be expelled, and a survivor replays that log (docs/cluster.md "Disk write
+        // errors").
+        {
+            let (leases, fs) = (Arc::downgrade(&member.leases), name.to_string());
+            mounted.core().fs_panic.set_hook(Arc::new(move |why: &str| {
+                if let Some(l) = leases.upgrade() {
+                    l.fs_panicked(&fs, why);
+                }
+            }));
+        }
         // A holder that does not answer a revoke is waited for as long as its expel
         // and recovery may take, not the token client's default of 10 minutes.
         mounted

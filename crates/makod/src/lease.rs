@@ -66,6 +66,10 @@ pub struct Leases {
     /// are answered [`LeaseReply::Recovering`], so they do not rejoin (and mount, and
     /// replay their own log) while a survivor replays it.
     recovering: Arc<Mutex<BTreeSet<NodeId>>>,
+    /// A file system panicked on this node (`fs_panicked`): the reason, sent to the
+    /// manager in `LeaseRequest::Leave` instead of renewals until it answers that this
+    /// node was expelled.
+    leaving: Mutex<Option<String>>,
     stop: Arc<AtomicBool>,
 }
 
@@ -92,6 +96,7 @@ impl Leases {
             arbitrating: Mutex::new(BTreeSet::new()),
             on_expel: Mutex::new(None),
             recovering: Arc::new(Mutex::new(BTreeSet::new())),
+            leaving: Mutex::new(None),
             stop,
         });
         registry.register(me, ServiceId::Lease, Arc::new(LeaseService(leases.clone())));
@@ -147,13 +152,46 @@ impl Leases {
         }
     }
 
+    /// File system `fs` panicked on this node (`mako_fs::core::FsPanic`: it cannot
+    /// write its recovery log): the node asks the cluster manager to expel it at once
+    /// (`LeaseRequest::Leave`, sent instead of its renewals, at once and then every
+    /// renewal interval), so that a survivor replays its log and releases its tokens;
+    /// then it rejoins at a new epoch, its mounts made before stay fenced (EIO) until
+    /// mounted again.
+    pub fn fs_panicked(self: &Arc<Self>, fs: &str, why: &str) {
+        {
+            let mut l = self.leaving.lock();
+            if l.is_some() {
+                return;
+            }
+            *l = Some(format!("file system {fs} panicked on it: {why}"));
+        }
+        tracing::error!(
+            "file system {fs} panicked on this node, {}: asking the cluster manager to expel \
+             this node so that a survivor replays its recovery log",
+            self.me
+        );
+        // Not on the thread that met the error (it may hold the file system's locks).
+        let me = self.clone();
+        if let Err(e) = std::thread::Builder::new()
+            .name("lease-leave".into())
+            .spawn(move || me.renew_once())
+        {
+            tracing::warn!("no thread to ask for the expel now ({e}); the renewal thread will");
+        }
+    }
+
     fn renew_once(&self) {
         let Some((leader, _)) = self.quorum.leader() else {
             return;
         };
         let sent = self.lease.now();
         let epoch = self.lease.epoch();
-        match self.call(leader, &LeaseRequest::Renew { epoch }) {
+        let request = match self.leaving.lock().clone() {
+            Some(reason) => LeaseRequest::Leave { epoch, reason },
+            None => LeaseRequest::Renew { epoch },
+        };
+        match self.call(leader, &request) {
             Ok(LeaseReply::Granted { epoch }) => self.lease.granted(epoch, sent),
             Ok(LeaseReply::Expelled { epoch, by, reason }) => {
                 if !matches!(self.lease.check(), Err(Fenced::Expelled { .. })) {
@@ -165,6 +203,8 @@ impl Leases {
                     );
                 }
                 self.lease.expelled(epoch, by, reason);
+                // Asked to leave, and left: renew again after the rejoin.
+                *self.leaving.lock() = None;
                 self.rejoin(epoch);
             }
             Ok(LeaseReply::Recovering { epoch, by, reason }) => {
@@ -318,6 +358,62 @@ impl Leases {
         }
     }
 
+    /// On the cluster manager: `node` (at lease epoch `epoch`) asks to be expelled, a
+    /// file system having panicked on it (`LeaseRequest::Leave`): expelled at once
+    /// through raft and recovered, as a failed node; answered as its renewal would be.
+    fn leave(&self, node: NodeId, epoch: u64, why: &str) -> LeaseReply {
+        let config = match self.quorum.read_config() {
+            Ok(c) => c,
+            Err(_) => return LeaseReply::NotManager { leader: None },
+        };
+        let lease = config.lease_of(node);
+        if lease.expelled.is_none() && lease.epoch == epoch {
+            let reason = format!("it asked to leave: {why}");
+            self.recovering.lock().insert(node);
+            let command = Command::Expel {
+                node,
+                epoch,
+                by: self.me,
+                reason: reason.clone(),
+            };
+            match self
+                .quorum
+                .propose_within(command, self.times().renew_interval())
+            {
+                Ok(_) => {
+                    tracing::warn!("{node} expelled by {}: {reason}", self.me);
+                    self.monitor.lock().forget(node);
+                    self.arbitrating.lock().remove(&node);
+                    self.after_expel(node, epoch);
+                }
+                Err(e) => {
+                    self.recovering.lock().remove(&node);
+                    tracing::warn!("expelling {node}, which asked to leave, failed: {e}");
+                    return LeaseReply::NotManager { leader: None };
+                }
+            }
+            return LeaseReply::Recovering {
+                epoch,
+                by: self.me,
+                reason,
+            };
+        }
+        match lease.expelled {
+            Some(e) if self.recovering.lock().contains(&node) => LeaseReply::Recovering {
+                epoch: lease.epoch,
+                by: e.by,
+                reason: e.reason,
+            },
+            Some(e) => LeaseReply::Expelled {
+                epoch: lease.epoch,
+                by: e.by,
+                reason: e.reason,
+            },
+            // A leave for an epoch gone by (it rejoined since): nothing to do.
+            None => LeaseReply::NotManager { leader: None },
+        }
+    }
+
     /// Sets what runs after each expel (`Daemon::recover_expelled`).
     pub fn set_on_expel(&self, hook: ExpelHook) {
         *self.on_expel.lock() = Some(hook);
@@ -364,6 +460,12 @@ impl Service for LeaseService {
         let l = &self.0;
         let reply = match mako_rt::transport::decode::<LeaseRequest>("lease request", request) {
             Ok(LeaseRequest::Ping) => LeaseReply::Pong,
+            Ok(LeaseRequest::Leave { epoch, reason }) if l.is_manager() => {
+                l.leave(from, epoch, &reason)
+            }
+            Ok(LeaseRequest::Leave { .. }) => LeaseReply::NotManager {
+                leader: l.quorum.leader().map(|(id, _)| id),
+            },
             Ok(LeaseRequest::Renew { .. }) => {
                 if !l.is_manager() {
                     LeaseReply::NotManager {
