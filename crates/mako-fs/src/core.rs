@@ -482,6 +482,14 @@ pub struct Core {
     /// the cluster simulation can prove its checker catches one. 0 (none) unless a
     /// test stores another value; read once per revoke.
     pub revoke_fault: std::sync::atomic::AtomicU8,
+    /// TEST ONLY: a shared writer commits its log for a report and then sends
+    /// nothing, keeping the entry and link counts it would have sent — what a node
+    /// that dies between its log commit and the metanode's answer leaves (the
+    /// simulation's `a_crash_between_a_page_commit_and_its_count_is_recounted`).
+    pub counts_unsent: AtomicBool,
+    /// `directory::CROWD_NODES` of this node: a test may store another threshold (the
+    /// simulation's `SeedConfig::crowd_nodes`).
+    pub crowd_nodes: AtomicU32,
 }
 
 /// The mount's read-only state: once set (damage, a failed commit), nothing more is
@@ -695,6 +703,8 @@ impl Core {
             journal,
             chunk_misses: Mutex::new(Default::default()),
             revoke_fault: std::sync::atomic::AtomicU8::new(0),
+            counts_unsent: AtomicBool::new(false),
+            crowd_nodes: AtomicU32::new(crate::directory::CROWD_NODES),
         }
     }
 

@@ -741,48 +741,76 @@ pub fn fetch_blocks(
 /// may hand out again). No lock held.
 pub fn report(core: &Core, h: &InodeHandle) -> FsResult<()> {
     let update = {
-        let st = h.state.read();
-        let Some(s) = &st.shared else {
+        let mut st = h.state.write();
+        let view = (st.inode.size, st.inode.mtime, st.inode.ctime);
+        let Some(s) = st.shared.as_mut() else {
             return Ok(());
         };
         if s.pending.is_empty()
             && s.entries_delta == 0
             && s.nlink_delta == 0
-            && s.reported == Some((st.inode.size, st.inode.mtime, st.inode.ctime))
+            && s.reported == Some(view)
         {
             return Ok(());
         }
-        Update {
+        let u = Update {
             ino: h.ino,
-            size_at_least: st.inode.size,
-            mtime: ts(st.inode.mtime),
-            ctime: ts(st.inode.ctime),
+            size_at_least: view.0,
+            mtime: ts(view.1),
+            ctime: ts(view.2),
             sets: s.pending.clone(),
             entries_delta: s.entries_delta,
             nlink_delta: s.nlink_delta,
-        }
+        };
+        // The counts are not idempotent: from here on they are this report's, not the
+        // shared view's (taken under the same lock, so two reports never send one
+        // count twice). A `take_over` while the update is on its way applies only what
+        // is still in the view; what no metanode took, this report gives back
+        // (`give_back_counts`). Leaving them in the view while the update was on its
+        // way counted them twice (three-node seeds 3 and 43 with `CROWD_NODES` 1: a
+        // takeover applied counts the old metanode had merged and written in place
+        // before it resigned).
+        s.entries_delta = 0;
+        s.nlink_delta = 0;
+        u
     };
-    if !update.sets.is_empty() {
-        core.journal.commit(core)?;
+    let counts = update.entries_delta != 0 || update.nlink_delta != 0;
+    if !update.sets.is_empty() || counts {
+        // What the update reports is durable in this node's log first: a crash after
+        // the metanode applied a count must not lose the directory page it counts
+        // (the count would stay one above the entries: docs/coherence.md section 4,
+        // "Entry and link counts").
+        if let Err(e) = core.journal.commit(core) {
+            if counts {
+                give_back_counts(core, h, &update)?;
+            }
+            return Err(e);
+        }
     }
-    match to_metanode(core, h, &FsRequest::Update(update.clone()))? {
-        Some(FsReply::Done) => {}
-        Some(other) => {
-            return Err(FsError::Token(format!(
-                "metanode answered an update of inode {} with {other:?}",
-                h.ino
-            )))
-        }
-        None => {
-            // This node is the metanode now: `locate` applied the pending changes.
-            return Ok(());
-        }
+    if counts && core.counts_unsent.load(Ordering::Relaxed) {
+        return give_back_counts(core, h, &update);
+    }
+    let sent = to_metanode(core, h, &FsRequest::Update(update.clone()));
+    let outcome = match sent {
+        Ok(Some(FsReply::Done)) => Ok(true),
+        Ok(Some(other)) => Err(FsError::Token(format!(
+            "metanode answered an update of inode {} with {other:?}",
+            h.ino
+        ))),
+        // This node is the metanode now: `take_over` applied what its view held,
+        // which no longer has this report's counts.
+        Ok(None) => Ok(false),
+        Err(e) => Err(e),
+    };
+    if counts && !matches!(outcome, Ok(true)) {
+        give_back_counts(core, h, &update)?;
+    }
+    if !outcome? {
+        return Ok(());
     }
     let mut st = h.state.write();
     if let Some(s) = st.shared.as_mut() {
         s.pending.retain(|p| !update.sets.contains(p));
-        s.entries_delta -= update.entries_delta;
-        s.nlink_delta -= update.nlink_delta;
         s.reported = Some((
             update.size_at_least,
             from_ts(update.mtime),
@@ -790,6 +818,42 @@ pub fn report(core: &Core, h: &InodeHandle) -> FsResult<()> {
         ));
     }
     Ok(())
+}
+
+/// A report's counts that no metanode took: apply them here if this node is the
+/// metanode now, or put them back into the shared view for the next report.
+fn give_back_counts(core: &Core, h: &InodeHandle, update: &Update) -> FsResult<()> {
+    let counts_only = Update {
+        ino: h.ino,
+        size_at_least: 0,
+        mtime: (0, 0),
+        ctime: (0, 0),
+        sets: Vec::new(),
+        entries_delta: update.entries_delta,
+        nlink_delta: update.nlink_delta,
+    };
+    crate::journal::complete_change(|| {
+        let _tx = core.begin();
+        let mut st = h.state.write();
+        if let Some(s) = st.shared.as_mut() {
+            s.entries_delta += update.entries_delta;
+            s.nlink_delta += update.nlink_delta;
+            return Ok(());
+        }
+        if !st.metanode {
+            // Neither: the inode token left this node with the counts unreported.
+            // Log recovery's recount is what repairs such a count after a crash
+            // (`recovery::recount_directories`); a live node never gets here.
+            tracing::error!(
+                "inode {}: entry and link counts {:+}/{:+} of this node reached no metanode",
+                h.ino,
+                update.entries_delta,
+                update.nlink_delta
+            );
+            return Ok(());
+        }
+        apply_update(core, &mut st, &counts_only)
+    })
 }
 
 /// A shared writer's fsync: its own data and allocations are durable; the metanode

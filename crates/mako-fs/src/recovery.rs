@@ -81,6 +81,10 @@ pub struct ReplayReport {
     pub duration: Duration,
     /// The node has no log yet (it never mounted): nothing was read.
     pub absent: bool,
+    /// Directories with pages among the images read (replayed or revoked): the ones
+    /// whose entry counts a survivor recounts after replaying a failed node's log
+    /// (`recount_directories`).
+    pub directories: std::collections::BTreeSet<u64>,
 }
 
 /// Committed transactions that are damaged, with a valid transaction after them: what
@@ -484,6 +488,22 @@ pub fn replay_failed(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<Re
     replay_with(nsd, desc, node, false, true)
 }
 
+/// The directories whose pages an image holds (a directory page starts with its magic
+/// and names its directory: `mako_format::dir_block::encode_page`). Pages start at
+/// sector boundaries of the image; something else that looks like one only costs a
+/// recount that finds the count right (or no such directory).
+fn note_directory_pages(bytes: &[u8], out: &mut std::collections::BTreeSet<u64>) {
+    let magic = (mako_format::dir_block::DIR_BLOCK_MAGIC as u32).to_le_bytes();
+    for at in (0..bytes.len()).step_by(512) {
+        if bytes.len() >= at + 18 && bytes[at..at + 4] == magic {
+            let ino = u64::from_le_bytes(bytes[at + 10..at + 18].try_into().expect("8 bytes"));
+            if ino != 0 {
+                out.insert(ino);
+            }
+        }
+    }
+}
+
 /// What a survivor's recovery of a failed node did (`recover_failed_node`).
 #[derive(Debug, Clone)]
 pub struct NodeRecoveryReport {
@@ -493,17 +513,33 @@ pub struct NodeRecoveryReport {
     pub by: u32,
     /// The replay of the failed node's log (empty when it was replayed before).
     pub replay: ReplayReport,
+    /// Directories recounted after the replay, and the ones whose count was wrong:
+    /// (inode, count before, count after).
+    pub recounted: usize,
+    pub recount_fixed: Vec<(u64, u64, u64)>,
+    /// Directories that could not be recounted, and why.
+    pub recount_failed: Vec<(u64, String)>,
 }
 
 impl NodeRecoveryReport {
     /// One line for the daemon log.
     pub fn summary(&self) -> String {
-        format!(
+        let mut line = format!(
             "node {} recovered failed node {}: {}; its tokens, metanode roles, regions and inode-map segments released",
             self.by,
             self.failed,
-            self.replay.summary()
-        )
+            self.replay.summary(),
+        );
+        if self.recounted > 0 {
+            line += &format!("; {} directories recounted", self.recounted);
+        }
+        for (ino, was, is) in &self.recount_fixed {
+            line += &format!("; directory {ino}: entry count {was} set to {is}");
+        }
+        for (ino, why) in &self.recount_failed {
+            line += &format!("; directory {ino} not recounted: {why}");
+        }
+        line
     }
 }
 
@@ -526,6 +562,14 @@ impl NodeRecoveryReport {
 ///    and inode-map segments become unowned, and the next node that needs space takes
 ///    them, reading their maps from disk — as the replay left them, with the frees
 ///    committed in its log applied.
+///
+/// 3. The caller then recounts the entries of every directory whose pages `failed`'s
+///    log held (`recount_after`, with `replay.directories`): a shared writer's
+///    entry-count change reaches the directory's metanode after its own log commit of
+///    the page, so a node that died between the two leaves the count one below the
+///    entries (docs/coherence.md section 4, "Entry and link counts"). Not here: the
+///    recount acquires tokens and may wait (once 180 s in the kill -9 rounds), and
+///    the recovery — its tokens released — must not wait for it.
 ///
 /// Operations that need none of `failed`'s tokens never wait for any of this.
 /// Not covered: frees `failed` made in other nodes' space after their transaction
@@ -552,7 +596,10 @@ pub fn recover_failed_node(
     let report = NodeRecoveryReport {
         failed,
         by: core.node,
+        recounted: 0,
         replay,
+        recount_fixed: Vec::new(),
+        recount_failed: Vec::new(),
     };
     tracing::info!("{}", report.summary());
     Ok(report)
@@ -843,6 +890,7 @@ fn scan_chain(
             match rec {
                 LogRecord::Image(img) => {
                     report.images += 1;
+                    note_directory_pages(&img.bytes, &mut report.directories);
                     latest.insert(img.da, (th.seq, img));
                 }
                 LogRecord::Revoke(rv) => {
@@ -978,4 +1026,86 @@ fn scan_with(
     }
     report.head_lsn = lsn;
     Ok((report, header, latest))
+}
+
+/// Step 3 of `recover_failed_node`: recount the directories its replay found, into
+/// `report` (`recounted`, `recount_fixed`, `recount_failed`).
+pub fn recount_after(core: &crate::core::Core, report: &mut NodeRecoveryReport) {
+    let (fixed, failed) = recount_directories(core, &report.replay.directories);
+    report.recounted = report.replay.directories.len();
+    report.recount_fixed = fixed;
+    report.recount_failed = failed;
+}
+
+/// Recount the entries of `dirs` on this node (step 3 of `recover_failed_node`), each
+/// under its inode in `xw` (every other writer's pages and counts come in first), and
+/// set the count where it is wrong, committed. A directory that no longer exists (or
+/// is no longer one) is skipped. Returns the counts fixed (inode, before, after) and
+/// the directories that could not be recounted, with why.
+#[allow(clippy::type_complexity)]
+pub fn recount_directories(
+    core: &crate::core::Core,
+    dirs: &std::collections::BTreeSet<u64>,
+) -> (Vec<(u64, u64, u64)>, Vec<(u64, String)>) {
+    let (mut fixed, mut failed) = (Vec::new(), Vec::new());
+    for &ino in dirs {
+        match recount(core, ino) {
+            Ok(Some((was, is))) => {
+                tracing::warn!(
+                    "directory inode {ino}: entry count {was} after a failed node's recovery, \
+                     {is} entries: set to {is}"
+                );
+                fixed.push((ino, was, is));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::error!("directory inode {ino}: entry count not recounted: {e}");
+                failed.push((ino, e.to_string()));
+            }
+        }
+    }
+    if !fixed.is_empty() {
+        if let Err(e) = core.journal.commit(core) {
+            for (ino, _, _) in fixed.drain(..) {
+                failed.push((ino, format!("the recount's commit failed: {e}")));
+            }
+        }
+    }
+    (fixed, failed)
+}
+
+/// Recount one directory: `Some((before, after))` if its count was wrong.
+fn recount(core: &crate::core::Core, ino: u64) -> FsResult<Option<(u64, u64)>> {
+    use crate::coherence::Need;
+    crate::op::run(core, || {
+        let h = match core.get(ino) {
+            Ok(h) => h,
+            Err(FsError::NotFound(_) | FsError::Stale(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if !crate::fs::is_dir_mode(h.state.read().inode.mode) {
+            return Ok(None);
+        }
+        crate::op::hold_inode(core, ino, Need::Exclusive)?;
+        let _tx = core.begin();
+        let mut st = h.state.write();
+        if st.deleted || !crate::fs::is_dir_mode(st.inode.mode) || st.inode.nlink == 0 {
+            return Ok(None);
+        }
+        let mut count = 0u64;
+        let mut after = 0u64;
+        loop {
+            let batch = crate::directory::list(core, &st, after, 4096)?;
+            let Some(last) = batch.last() else { break };
+            after = last.cookie;
+            count += batch.len() as u64;
+        }
+        if st.inode.entries == count {
+            return Ok(None);
+        }
+        let was = st.inode.entries;
+        st.inode.entries = count;
+        st.mark_dirty();
+        Ok(Some((was, count)))
+    })
 }

@@ -440,7 +440,9 @@ impl SimCluster {
         };
         match fault {
             RecoveryFault::None => {
-                mako_fs::recovery::recover_failed_node(&fs.core, failed).map(Some)
+                let mut rep = mako_fs::recovery::recover_failed_node(&fs.core, failed)?;
+                mako_fs::recovery::recount_after(&fs.core, &mut rep);
+                Ok(Some(rep))
             }
             RecoveryFault::SkipReplay => {
                 self.manager.release_node(NodeId(failed));

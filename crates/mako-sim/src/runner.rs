@@ -58,6 +58,9 @@ pub struct SeedConfig {
     pub verify: bool,
     /// TEST ONLY: a broken revoke to inject in every node (the checker's own test).
     pub revoke_fault: RevokeFault,
+    /// `mako_fs::directory::CROWD_NODES` of every node, if not the default
+    /// (`Core::crowd_nodes`).
+    pub crowd_nodes: Option<u32>,
     /// Crash a node (not node 0, which hosts the token manager) at a random point of
     /// a random step; a survivor recovers it; it may rejoin a few steps later
     /// (`CrashPlan`). `MAKO_SIM_CRASH=1` turns it on for any run.
@@ -110,6 +113,7 @@ impl SeedConfig {
             checks: Checks::from_env(),
             verify: !env_flag("MAKO_SIM_NO_CHECKS"),
             revoke_fault: RevokeFault::None,
+            crowd_nodes: None,
             crash: env_flag("MAKO_SIM_CRASH"),
             recovery_fault: RecoveryFault::None,
             fault_kinds: vec![FaultKind::Crash],
@@ -424,6 +428,9 @@ fn drive(
     for (_, core) in cluster.cores() {
         core.revoke_fault
             .store(config.revoke_fault as u8, Ordering::Relaxed);
+        if let Some(n) = config.crowd_nodes {
+            core.crowd_nodes.store(n, Ordering::Relaxed);
+        }
     }
     let fs0 = cluster.fs(0).expect("node 0 mounted");
     let root = fs0

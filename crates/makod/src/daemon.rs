@@ -1085,6 +1085,7 @@ impl Daemon {
                     "{fs}: {node} (lease epoch {epoch}) recovered in {millis} ms: {}",
                     report.summary()
                 );
+                recount_in_background(fs, core, report.clone());
                 RecoveryReply::Recovered {
                     millis,
                     summary: report.summary(),
@@ -1123,6 +1124,7 @@ impl Daemon {
                     lease.epoch
                 )
             })?;
+            recount_in_background(fs, core.clone(), report.clone());
             tracing::warn!(
                 "{fs}: {id} (lease epoch {}) expelled and not rejoined: recovered at this mount \
                  in {} ms: {}",
@@ -1605,5 +1607,39 @@ fn wait_for_lease(
             }
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
+    }
+}
+
+/// Step 3 of a recovery (`mako_fs::recovery::recount_after`), on a thread of its own:
+/// the recount acquires directory tokens and may wait, and the recovery (the failed
+/// node's tokens released) must not wait for it. Logged when done.
+fn recount_in_background(
+    fs: &str,
+    core: std::sync::Arc<mako_fs::core::Core>,
+    mut report: mako_fs::recovery::NodeRecoveryReport,
+) {
+    if report.replay.directories.is_empty() {
+        return;
+    }
+    let name = fs.to_string();
+    let spawned = std::thread::Builder::new()
+        .name(format!("recount-{}", report.failed))
+        .spawn(move || {
+            let started = Instant::now();
+            mako_fs::recovery::recount_after(&core, &mut report);
+            tracing::warn!(
+                "{name}: entry counts after the recovery of node {} recounted in {} ms: {} \
+                 directories, {} fixed {:?}, {} not recounted {:?}",
+                report.failed,
+                started.elapsed().as_millis(),
+                report.recounted,
+                report.recount_fixed.len(),
+                report.recount_fixed,
+                report.recount_failed.len(),
+                report.recount_failed
+            );
+        });
+    if let Err(e) = spawned {
+        tracing::error!("{fs}: no thread for the entry-count recount: {e}");
     }
 }
