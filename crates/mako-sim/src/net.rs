@@ -369,6 +369,7 @@ fn token_label(service: ServiceId, request: &[u8]) -> Option<String> {
 }
 
 /// One node's end of the simulated network.
+#[derive(Clone)]
 pub struct SimTransport {
     me: NodeId,
     epoch: u64,
@@ -442,11 +443,7 @@ impl Transport for SimTransport {
 
     /// A task of its own makes the call; nobody waits for it.
     fn post(&self, to: NodeId, service: ServiceId, request: Vec<u8>, options: CallOptions) {
-        let t = SimTransport {
-            me: self.me,
-            epoch: self.epoch,
-            net: self.net.clone(),
-        };
+        let t = self.clone();
         self.net
             .sim
             .spawn(format!("{}-post-{}", self.me.0, to.0), move || {
@@ -471,11 +468,7 @@ impl Transport for SimTransport {
         let results: Arc<Mutex<Vec<Slot>>> = Arc::new(Mutex::new(vec![None; n]));
         for (i, (to, service, request)) in calls.into_iter().enumerate() {
             let results = results.clone();
-            let t = SimTransport {
-                me: self.me,
-                epoch: self.epoch,
-                net: self.net.clone(),
-            };
+            let t = self.clone();
             self.net
                 .sim
                 .spawn(format!("{}-call-{}-{i}", self.me.0, to.0), move || {

@@ -1549,22 +1549,26 @@ mod fairness_tests {
         assert!(m.stats().queued > 0, "{:?}", m.stats());
     }
 
+    /// Node `node` asks for the directory in `xw` to restructure it, as waiter `id`,
+    /// having seen version 0; `rw` is enough once the version moved.
+    fn conditional_xw(m: &TokenManager, node: u32, id: u64) -> Result<Grant, TokenError> {
+        let mut req = AcquireRequest::whole(NodeId(node), dir(), Xw);
+        req.waiter = Some(id);
+        req.condition = Some(Condition {
+            seen_version: 0,
+            fallback_mode: Rw,
+            fallback_required: ByteRange::WHOLE,
+            fallback_desired: ByteRange::WHOLE,
+        });
+        m.acquire(req)
+    }
+
     #[test]
     fn a_queued_request_whose_reason_is_gone_stops_blocking_sharers() {
         let m = TokenManager::default();
         ask(&m, 1, 1, Rw).expect("a writer");
         // Node 2 wants xw to restructure (seen version 0), node 3 too: both queue.
-        let conditional = |node: u32, id: u64| {
-            let mut req = AcquireRequest::whole(NodeId(node), dir(), Xw);
-            req.waiter = Some(id);
-            req.condition = Some(Condition {
-                seen_version: 0,
-                fallback_mode: Rw,
-                fallback_required: ByteRange::WHOLE,
-                fallback_desired: ByteRange::WHOLE,
-            });
-            m.acquire(req)
-        };
+        let conditional = |node: u32, id: u64| conditional_xw(&m, node, id);
         assert!(matches!(
             conditional(2, 1),
             Err(TokenError::Conflict { .. })
@@ -1668,17 +1672,7 @@ mod fairness_tests {
         let t: Arc<dyn Transport> = notices.clone();
         m.notify_through(Arc::downgrade(&t));
         ask(&m, 1, 1, Rw).expect("a writer");
-        let conditional = |node: u32, id: u64| {
-            let mut req = AcquireRequest::whole(NodeId(node), dir(), Xw);
-            req.waiter = Some(id);
-            req.condition = Some(Condition {
-                seen_version: 0,
-                fallback_mode: Rw,
-                fallback_required: ByteRange::WHOLE,
-                fallback_desired: ByteRange::WHOLE,
-            });
-            m.acquire(req)
-        };
+        let conditional = |node: u32, id: u64| conditional_xw(&m, node, id);
         assert!(matches!(
             conditional(2, 5),
             Err(TokenError::Conflict { .. })

@@ -398,20 +398,32 @@ impl Leases {
                 reason,
             };
         }
-        match lease.expelled {
-            Some(e) if self.recovering.lock().contains(&node) => LeaseReply::Recovering {
+        // A leave for an epoch gone by (it rejoined since): nothing to do.
+        self.expelled_reply(node, &lease)
+            .unwrap_or(LeaseReply::NotManager { leader: None })
+    }
+
+    /// What an expelled node is told when it asks for a lease or to leave: that it is
+    /// being recovered, or was expelled (by whom, why). `None`: it is not expelled.
+    fn expelled_reply(
+        &self,
+        node: NodeId,
+        lease: &mako_cluster::model::NodeLease,
+    ) -> Option<LeaseReply> {
+        let e = lease.expelled.clone()?;
+        Some(if self.recovering.lock().contains(&node) {
+            LeaseReply::Recovering {
                 epoch: lease.epoch,
                 by: e.by,
                 reason: e.reason,
-            },
-            Some(e) => LeaseReply::Expelled {
+            }
+        } else {
+            LeaseReply::Expelled {
                 epoch: lease.epoch,
                 by: e.by,
                 reason: e.reason,
-            },
-            // A leave for an epoch gone by (it rejoined since): nothing to do.
-            None => LeaseReply::NotManager { leader: None },
-        }
+            }
+        })
     }
 
     /// Sets what runs after each expel (`Daemon::recover_expelled`).
@@ -485,22 +497,10 @@ impl Service for LeaseService {
                         }
                     };
                     let lease = config.lease_of(from);
-                    match lease.expelled {
-                        Some(e) if l.recovering.lock().contains(&from) => LeaseReply::Recovering {
-                            epoch: lease.epoch,
-                            by: e.by,
-                            reason: e.reason,
-                        },
-                        Some(e) => LeaseReply::Expelled {
-                            epoch: lease.epoch,
-                            by: e.by,
-                            reason: e.reason,
-                        },
-                        None => {
-                            l.monitor.lock().renewed(from);
-                            LeaseReply::Granted { epoch: lease.epoch }
-                        }
-                    }
+                    l.expelled_reply(from, &lease).unwrap_or_else(|| {
+                        l.monitor.lock().renewed(from);
+                        LeaseReply::Granted { epoch: lease.epoch }
+                    })
                 }
             }
             // An undecodable request gets no lease.
