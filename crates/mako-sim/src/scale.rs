@@ -476,6 +476,8 @@ pub fn run_scale_on(
                 waiters_expired: b.waiters_expired - a.waiters_expired,
                 waiters_dropped: b.waiters_dropped - a.waiters_dropped,
                 turns: b.turns - a.turns,
+                rebuild_refused: b.rebuild_refused - a.rebuild_refused,
+                reports: b.reports - a.reports,
             }
         },
         wall: started.elapsed(),
