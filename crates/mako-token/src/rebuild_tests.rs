@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use mako_rt::{InProcessTransport, Registry, ServiceId, Transport};
 use TokenMode::*;
 
-use crate::client::{ManagerMap, NoCache, TokenClient, TokenClientLimits};
+use crate::client::{ManagerMap, TokenClient, TokenClientLimits};
 use crate::error::TokenError;
 use crate::manager::{AcquireRequest, TokenManager};
 use crate::mode::TokenMode;
@@ -31,7 +31,8 @@ fn r(s: u64, e: u64) -> ByteRange {
     ByteRange::new(s, e)
 }
 
-/// Nodes 1..=n with token clients, the manager on node 0.
+/// Nodes 1..=n with token clients (caching nothing until a test sets a cache flush),
+/// the manager on node 0.
 struct Cluster {
     registry: Arc<Registry>,
     old: Arc<TokenManager>,
@@ -58,7 +59,6 @@ impl Cluster {
                     ManagerMap::single(OLD),
                     TokenClientLimits::default(),
                 );
-                c.set_cache_flush(Arc::new(NoCache));
                 registry.register(node, ServiceId::TokenClient, c.service());
                 c
             })
@@ -97,12 +97,12 @@ impl Cluster {
     }
 }
 
-/// Until `done` holds; a hang guard only (minutes), never a timed assertion.
+/// Until `done` holds; a hang guard only (two minutes), never a timed assertion.
 fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
     while !done() {
         assert!(
-            start.elapsed() < Duration::from_secs(300),
+            start.elapsed() < Duration::from_secs(120),
             "still waiting for {what}"
         );
         std::thread::sleep(Duration::from_millis(1));
@@ -319,4 +319,80 @@ fn a_late_report_is_waited_for_and_a_stale_one_is_harmless() {
     m.release_node(NodeId(2));
     assert!(!m.apply_report(NodeId(2), &stale));
     assert!(m.is_rebuilding(), "node 1 has not reported");
+}
+
+/// A cache flush that takes another token first (as a data flush allocates space).
+struct FlushTakes {
+    client: std::sync::OnceLock<TokenClient>,
+    resource: ResourceId,
+}
+
+impl crate::client::CacheFlush for FlushTakes {
+    fn flush_and_invalidate(
+        &self,
+        _: ResourceId,
+        _: ByteRange,
+        _: Option<TokenMode>,
+    ) -> Result<(), TokenError> {
+        let client = self.client.get().expect("set");
+        client.acquire_whole(self.resource, Xw)
+    }
+}
+
+/// A revoke under way when the manager failed may need a token of the rebuilding
+/// shard to flush (it waits for the rebuild); the holder's report does not wait for
+/// the revoke (that would never end): it reports the token, still held, and the
+/// revoke completes once the rebuild is done.
+#[test]
+fn a_report_does_not_wait_for_a_revoke_that_waits_for_the_rebuild() {
+    let c = Cluster::new(2);
+    let flush = Arc::new(FlushTakes {
+        client: std::sync::OnceLock::new(),
+        resource: file(3),
+    });
+    let holder = c.client(2).clone();
+    let _ = flush.client.set(holder.clone());
+    holder.set_cache_flush(flush);
+    holder
+        .acquire_whole(file(1), Xw)
+        .expect("node 2 holds file 1");
+    let (new, transport) = c.take_over(&[1, 2], &[]);
+    new.release_node(OLD);
+    holder.set_managers(ManagerMap::single(NEW));
+    // Node 1's revoke, sent before the manager failed, reaches node 2 now.
+    let revoke = {
+        let t = InProcessTransport::new(NodeId(1), c.registry.clone());
+        std::thread::spawn(move || {
+            mako_rt::call::<_, crate::protocol::ClientReply>(
+                &t,
+                NodeId(2),
+                ServiceId::TokenClient,
+                &crate::protocol::ClientRequest::Revoke {
+                    resource: file(1),
+                    range: ByteRange::WHOLE,
+                    wanted: Xw,
+                },
+                mako_rt::CallOptions::default(),
+            )
+        })
+    };
+    wait_for("the flush's acquire refused", || {
+        new.stats().rebuild_refused >= 1
+    });
+    let collector = {
+        let new = new.clone();
+        std::thread::spawn(move || new.collect_reports(&*transport, Duration::from_millis(1)))
+    };
+    wait_for("the rebuild", || !new.is_rebuilding());
+    collector.join().expect("no panic");
+    let reply = revoke.join().expect("no panic").expect("answered");
+    assert!(
+        matches!(reply, crate::protocol::ClientReply::Revoked),
+        "{reply:?}"
+    );
+    assert!(
+        new.holders(file(1)).is_empty(),
+        "relinquished after the rebuild"
+    );
+    assert_eq!(new.holders(file(3))[0].node, NodeId(2));
 }
