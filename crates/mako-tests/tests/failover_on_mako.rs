@@ -87,12 +87,12 @@ fn p99_during(
 }
 
 #[test]
-#[ignore = "not yet in CI: 20 rounds take about 4 min (242.8 s in the last clean run, 8.3 s a \
+#[ignore = "not yet in CI: 20 rounds take about 4 min (220-243 s in two clean runs, 8.3 s a \
             round at first, 12-15 s by the last: about 6 s from the kill to the recovery, then \
             the survivors' journal checks, which read every name of the journals so far, and \
             the victim's restart; 389 s with the machine loaded), over the 3 min CI can spend; \
             the 180 s wait of a recovery's recount (a survivor's request left queued) is \
-            fixed; one of two runs ended with fsck finding an unlinked 0-byte inode in use \
+            fixed; one of three runs ended with fsck finding an unlinked 0-byte inode in use \
             (not explained yet); run with --ignored"]
 fn kill9_rounds_lose_nothing_fsynced() {
     if !require_fuse("kill9_rounds_lose_nothing_fsynced") {
