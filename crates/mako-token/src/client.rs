@@ -306,15 +306,13 @@ struct ClientInner {
     /// many (`Grant::contenders`, `TokenClient::contenders`); only those, so it holds
     /// no more than the contended resources.
     crowds: parking_lot::Mutex<crate::DetMap<ResourceId, u32>>,
-    /// Acquires running per resource (`ClientRequest::PingWaiting`). Not a counted
-    /// lock, like `crowds`.
-    acquiring: parking_lot::Mutex<crate::DetMap<ResourceId, u32>>,
     /// Ticks at every grant from the manager (`TokenClient::grant_clock`).
     grant_clock: AtomicU64,
     /// The running acquires that may wait in a manager's queue, by id
-    /// (`AcquireRequest::waiter`), and whether the manager said their turn came since
-    /// they last asked (`ClientRequest::Turn`). Not a counted lock, like `crowds`.
-    turns: parking_lot::Mutex<crate::DetMap<u64, bool>>,
+    /// (`AcquireRequest::waiter`): their resource (`ClientRequest::PingWaiting`), and
+    /// whether the manager said their turn came since they last asked
+    /// (`ClientRequest::Turn`). Not a counted lock, like `crowds`.
+    turns: parking_lot::Mutex<crate::DetMap<u64, (ResourceId, bool)>>,
     turns_received: AtomicU64,
 }
 
@@ -502,15 +500,21 @@ impl ClientInner {
                 .ok()
                 .and_then(|b| mako_rt::decode::<ClientReply>("ping reply", &b).ok());
             match reply {
-                Some(ClientReply::Alive | ClientReply::Waiting(true)) => {}
-                // There, but its request is left over (its cancel never arrived, or
-                // it is an earlier incarnation's): it holds the queue for nothing.
-                Some(ClientReply::Waiting(false)) => {
+                Some(ClientReply::Alive) => {}
+                // There: its requests other than those of the acquires it runs are
+                // left over (a cancel that never arrived, an earlier incarnation's)
+                // and hold the queue for nothing. Asking only whether an acquire of
+                // the resource runs kept a left-over request as long as the node
+                // kept acquiring the resource — for the manager's whole waiter lease
+                // when its new acquire was queued behind the very request the
+                // left-over one held up (the kill -9 rounds' 180 s recount).
+                Some(ClientReply::Waiting(running)) => {
                     let _ = self.ask_manager(
                         resource,
                         ManagerRequest::DropWaitersOn {
                             node: *node,
                             resource: *resource,
+                            keep: running,
                         },
                     );
                 }
@@ -519,9 +523,18 @@ impl ClientInner {
         }
     }
 
-    /// Is an acquire of `resource` running on this node?
-    fn acquiring(&self, resource: &ResourceId) -> bool {
-        self.acquiring.lock().get(resource).is_some_and(|n| *n > 0)
+    /// The ids of the acquires of `resource` running on this node that may be
+    /// queued at its manager (`AcquireRequest::waiter`), lowest first.
+    fn waiting_on(&self, resource: &ResourceId) -> Vec<u64> {
+        let mut ids: Vec<u64> = self
+            .turns
+            .lock()
+            .iter()
+            .filter(|(_, (r, _))| r == resource)
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        ids
     }
 
     /// The manager says queued acquire `waiter` (of `resource`) may ask again: wake it.
@@ -529,10 +542,10 @@ impl ClientInner {
     fn turn(&self, resource: &ResourceId, waiter: u64) {
         {
             let mut turns = self.turns.lock();
-            let Some(t) = turns.get_mut(&waiter) else {
+            let Some((_, told)) = turns.get_mut(&waiter) else {
                 return;
             };
-            *t = true;
+            *told = true;
         }
         self.turns_received.fetch_add(1, Ordering::Relaxed);
         let (lock, cv) = self.shard(resource);
@@ -542,7 +555,12 @@ impl ClientInner {
 
     /// Did the manager say that queued acquire `waiter`'s turn came? Clears it.
     fn take_turn(&self, waiter: Option<u64>) -> bool {
-        waiter.is_some_and(|w| self.turns.lock().get_mut(&w).is_some_and(std::mem::take))
+        waiter.is_some_and(|w| {
+            self.turns
+                .lock()
+                .get_mut(&w)
+                .is_some_and(|(_, told)| std::mem::take(told))
+        })
     }
 
     /// Pause before asking a rebuilding manager shard again; fails once the wait for
@@ -806,7 +824,6 @@ impl TokenClient {
                 peers_unreachable: AtomicU64::new(0),
                 acquire_ids: AtomicU64::new(1),
                 crowds: parking_lot::Mutex::new(Default::default()),
-                acquiring: parking_lot::Mutex::new(Default::default()),
                 grant_clock: AtomicU64::new(0),
                 turns: parking_lot::Mutex::new(Default::default()),
                 turns_received: AtomicU64::new(0),
@@ -985,22 +1002,12 @@ impl TokenClient {
         req.waiter = (!no_revoke).then(|| inner.acquire_ids.fetch_add(1, Ordering::Relaxed));
         validate_request(&req)?;
         let mut left_queued = false;
-        *inner.acquiring.lock().entry(resource).or_default() += 1;
         if let Some(w) = req.waiter {
-            inner.turns.lock().insert(w, false);
+            inner.turns.lock().insert(w, (resource, false));
         }
         let result = self.acquire_rounds(req, options, &mut left_queued);
         if let Some(w) = req.waiter {
             inner.turns.lock().remove(&w);
-        }
-        {
-            let mut acquiring = inner.acquiring.lock();
-            if let Some(n) = acquiring.get_mut(&resource) {
-                *n -= 1;
-                if *n == 0 {
-                    acquiring.remove(&resource);
-                }
-            }
         }
         if let (true, Some(waiter)) = (result.is_err() || left_queued, req.waiter) {
             // Out of the queue, so as not to stand in anyone's way until the lease ends.
@@ -1049,6 +1056,10 @@ impl TokenClient {
         let mut pause = poll_first;
         // When the nodes ahead were last asked whether they are there.
         let mut probed: Option<Duration> = None;
+        // The manager refused a request of this acquire: with a waiter id it queued
+        // it (`AcquireRequest::waiter`), and it stays queued until a grant to it or a
+        // cancel.
+        let mut refused = false;
         loop {
             // 1. Covered already (and not being revoked)?
             let shard = lock.lock();
@@ -1067,7 +1078,13 @@ impl TokenClient {
                 inner.covered.fetch_add(1, Ordering::Relaxed);
                 // Granted to another acquire of this node meanwhile: a request this
                 // one left in the manager's queue must not stand in anyone's way.
-                *left_queued = attempts > 0 || queued.is_some();
+                // Every refusal counts, also one followed only by waits for a holder
+                // that did not answer (no attempt counted, `queued` reset): counting
+                // only attempts and queue waits left a survivor's request queued
+                // after a killed holder's recovery, where it held the recovery's
+                // recount (and the node's own later acquires, which kept answering
+                // `PingWaiting`) for the manager's whole waiter lease (180 s).
+                *left_queued = refused;
                 return Ok(());
             }
             st.busy = true;
@@ -1084,6 +1101,12 @@ impl TokenClient {
             st.busy = false;
             st.asking = false;
             cv.notify_all();
+            refused |= matches!(
+                reply,
+                Ok(ManagerReply::Failed(
+                    TokenError::Conflict { .. } | TokenError::Queued { .. }
+                ))
+            );
             let (copyset, wanted, effective_required, metanode) = match reply {
                 Ok(ManagerReply::Granted(g)) => {
                     if replace {
@@ -1768,7 +1791,7 @@ impl mako_rt::Service for ClientService {
             (_, Err(e)) => ClientReply::Failed(TokenError::Transport(e.to_string())),
             (Some(_), Ok(ClientRequest::Ping)) => ClientReply::Alive,
             (Some(inner), Ok(ClientRequest::PingWaiting(resource))) => {
-                ClientReply::Waiting(inner.acquiring(&resource))
+                ClientReply::Waiting(inner.waiting_on(&resource))
             }
             (Some(inner), Ok(ClientRequest::Turn { resource, waiter })) => {
                 inner.turn(&resource, waiter);
@@ -2158,6 +2181,53 @@ mod unreachable_waiter_tests {
         assert_eq!(b.stats().probes_sent, 0, "{:?}", b.stats());
     }
 
+    /// Two acquires of one node wait for a killed holder (its revokes fail; the
+    /// manager queued both requests when it refused them). Once recovery releases the
+    /// holder's tokens one is granted and the other finds the token in the cache: it
+    /// must take its request out of the manager's queue. It did not (only attempts
+    /// and queue waits counted as having left a request there), and the left-over
+    /// request held every other node's conflicting acquire — the killed node's
+    /// recovering survivor's recount in the kill -9 rounds, 179.6 s — while the node's
+    /// own later acquires of the resource kept it alive by answering `PingWaiting`,
+    /// for the manager's whole waiter lease.
+    #[test]
+    fn acquires_that_waited_for_a_killed_holder_leave_no_request_queued() {
+        let (m, registry) = setup();
+        let b = client(&registry, NodeId(2));
+        m.acquire(AcquireRequest::whole(DEAD, inode(5), Xw))
+            .expect("the killed node held the directory");
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let b = b.clone();
+                std::thread::spawn(move || b.acquire_whole(inode(5), Xw))
+            })
+            .collect();
+        // Both were refused for the killed holder and found it unreachable: both are
+        // queued at the manager.
+        wait_for("both acquires to be refused for the killed holder", || {
+            m.waiters(inode(5)).len() == 2
+        });
+        assert_eq!(m.waiters(inode(5)), vec![NodeId(2), NodeId(2)]);
+        assert!(b.stats().peers_unreachable >= 1, "{:?}", b.stats());
+        // Recovery releases what the killed node held.
+        m.release_node(DEAD);
+        for t in threads {
+            t.join()
+                .expect("an acquire thread")
+                .expect("served once the killed holder's tokens are released");
+        }
+        assert_eq!(
+            m.waiters(inode(5)),
+            Vec::<NodeId>::new(),
+            "a request of an acquire that ended is still queued"
+        );
+        // Another node is served at once, without waiting behind a left-over request.
+        let c = client(&registry, NodeId(4));
+        c.acquire_whole(inode(5), Xw)
+            .expect("c revokes b and is served");
+        assert_eq!(c.stats().queued, 0, "{:?}", c.stats());
+    }
+
     /// A cache whose flushes wait until the test opens the gate: a revoke that lasts
     /// as long as the test wants, whatever the machine's speed.
     #[derive(Default)]
@@ -2192,6 +2262,45 @@ mod unreachable_waiter_tests {
             assert!(start.elapsed() < HANG_GUARD, "gave up waiting for {what}");
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// A live node's left-over request (a cancel that never arrived) is dropped even
+    /// while the node runs another acquire of the resource. Asked only whether an
+    /// acquire of the resource ran, the node said yes, and the left-over request held
+    /// the others — in the kill -9 rounds for the manager's whole waiter lease, the
+    /// node's new acquire being queued behind the very request the left-over one held
+    /// up. Asked which acquires run, it names only the running one.
+    #[test]
+    fn a_left_over_request_goes_while_the_node_acquires_again() {
+        let (m, registry) = setup();
+        let a = client(&registry, NodeId(1));
+        let b = client(&registry, NodeId(2));
+        let c = client(&registry, NodeId(3));
+        let gate = Arc::new(GateCache::default());
+        a.set_cache_flush(gate.clone());
+        a.acquire_whole(inode(7), Xw).expect("a holds");
+        // Node 3's left-over request: queued, its acquire long gone.
+        let mut req = AcquireRequest::whole(NodeId(3), inode(7), Xw);
+        req.waiter = Some(1000);
+        assert!(matches!(m.acquire(req), Err(TokenError::Conflict { .. })));
+        // Node 3 acquires the inode again: it revokes a, whose flush waits at the gate.
+        let c2 = c.clone();
+        let tc = std::thread::spawn(move || c2.acquire_whole(inode(7), Xw));
+        wait_for("a's flush", || gate.entered.load(Ordering::SeqCst) == 1);
+        // b is queued behind node 3's two requests; after QUEUE_PROBE_AFTER it asks
+        // node 3 which of its acquires run, and the left-over request goes.
+        let b2 = b.clone();
+        let tb = std::thread::spawn(move || b2.acquire_whole(inode(7), Xw));
+        wait_for("the left-over request to be dropped", || {
+            m.stats().waiters_dropped == 1
+        });
+        assert_eq!(m.waiters(inode(7)), vec![NodeId(3), NodeId(2)]);
+        assert!(b.stats().probes_sent >= 1, "{:?}", b.stats());
+        *gate.open.lock() = true;
+        gate.opened.notify_all();
+        tc.join().expect("c's thread").expect("c is served");
+        tb.join().expect("b's thread").expect("b is served after c");
+        assert!(m.waiters(inode(7)).is_empty());
     }
 
     /// A request queued behind an older one is told by the manager when its turn

@@ -183,7 +183,8 @@ impl mako_rt::Service for RawHandler {
                 Err(e) => ClientReply::Failed(e),
             },
             Ok(ClientRequest::Ping) => ClientReply::Alive,
-            Ok(ClientRequest::PingWaiting(_)) => ClientReply::Waiting(true),
+            // Never queued: its requests carry no waiter id.
+            Ok(ClientRequest::PingWaiting(_)) => ClientReply::Waiting(Vec::new()),
             Ok(ClientRequest::Turn { .. }) => ClientReply::Alive,
             Ok(ClientRequest::HeldIn { .. }) => {
                 ClientReply::Failed(TokenError::Transport("not a token client".into()))

@@ -1197,15 +1197,16 @@ impl TokenManager {
         dropped
     }
 
-    /// Drop `node`'s queued requests on `resource` (it answered that it does not wait
-    /// for it: `ManagerRequest::DropWaitersOn`).
-    pub fn drop_waiters_on(&self, node: NodeId, resource: ResourceId) -> usize {
+    /// Drop `node`'s queued requests on `resource` other than those of its acquires
+    /// `keep` (it answered which of them run: `ManagerRequest::DropWaitersOn`);
+    /// returns how many.
+    pub fn drop_waiters_on(&self, node: NodeId, resource: ResourceId, keep: &[u64]) -> usize {
         let mut shard = self.shard(&resource).lock();
         let Some(t) = shard.resources.get_mut(&resource) else {
             return 0;
         };
         let before = t.waiters.len();
-        t.waiters.retain(|w| w.node != node);
+        t.waiters.retain(|w| w.node != node || keep.contains(&w.id));
         let dropped = before - t.waiters.len();
         let mut turns = Vec::new();
         t.turns(resource, &mut turns);

@@ -38,12 +38,16 @@ pub enum ManagerRequest {
     /// stays (only recovery may take that from it); if it lives and still waits, it
     /// is queued again, at the back, when it asks again.
     DropWaiters(NodeId),
-    /// `node` answered that it no longer waits for `resource` (`ClientRequest::
-    /// PingWaiting`): its queued requests there are left over (a cancel that never
-    /// arrived, or an earlier incarnation of the node) and stand in nobody's way.
+    /// `node` answered which of its acquires of `resource` run (`ClientRequest::
+    /// PingWaiting`): its queued requests there other than `keep` are left over (a
+    /// cancel that never arrived, an earlier incarnation of the node) and stand in
+    /// nobody's way. One of `node`'s acquires that began after its answer and was
+    /// queued meanwhile is dropped too: it is queued again, at the back, when it asks
+    /// again (as after `DropWaiters`).
     DropWaitersOn {
         node: NodeId,
         resource: ResourceId,
+        keep: Vec<u64>,
     },
     /// Drop everything a node holds (it unmounted, or recovery released it).
     ReleaseNode(NodeId),
@@ -90,10 +94,10 @@ pub enum ClientRequest {
     /// behind for a while: if one does not answer, its requests are dropped from the
     /// manager's queue (`ManagerRequest::DropWaiters`).
     Ping,
-    /// Are you there, and do you still wait for `resource` (an acquire of it is
-    /// running)? Asked like `Ping`; a node that is there but does not wait has its
-    /// requests on the resource dropped (`ManagerRequest::DropWaitersOn`), which
-    /// otherwise would hold the queue for the manager's whole waiter lease.
+    /// Are you there, and which of your acquires of `resource` run? Asked like
+    /// `Ping`; the node's queued requests on the resource of acquires that no longer
+    /// run are dropped (`ManagerRequest::DropWaitersOn`), which otherwise would hold
+    /// the queue for the manager's whole waiter lease.
     PingWaiting(ResourceId),
     /// From the manager: queued request `waiter` of this node on `resource` has nobody
     /// older in its way any more — ask again now (docs/coherence.md section 2). Sent
@@ -111,8 +115,9 @@ pub enum ClientReply {
     Revoked,
     /// The answer to `Ping`.
     Alive,
-    /// The answer to `PingWaiting`: whether an acquire of the resource is running.
-    Waiting(bool),
+    /// The answer to `PingWaiting`: the ids (`AcquireRequest::waiter`) of the
+    /// node's running acquires of the resource, which may be queued.
+    Waiting(Vec<u64>),
     /// The answer to `HeldIn`.
     Held(Vec<HeldToken>),
     Failed(TokenError),
@@ -160,8 +165,12 @@ impl ManagerService {
                 m.drop_waiters(node);
                 ManagerReply::Done
             }
-            ManagerRequest::DropWaitersOn { node, resource } => {
-                m.drop_waiters_on(node, resource);
+            ManagerRequest::DropWaitersOn {
+                node,
+                resource,
+                keep,
+            } => {
+                m.drop_waiters_on(node, resource, &keep);
                 ManagerReply::Done
             }
             ManagerRequest::ReleaseNode(node) => {
