@@ -351,8 +351,7 @@ impl Inner {
         for lane in self.all_lanes() {
             let conn = lane.state.lock().conn.clone();
             if let Some(conn) = conn {
-                if conn.close_if_idle(now, idle_ms) {
-                    Counters::add(&self.stats.idle_closed);
+                if conn.close_if_idle(now, idle_ms, &self.stats.idle_closed) {
                     tracing::debug!(node = %conn.node, peer = %conn.peer, "closed an idle connection");
                 }
             }
@@ -524,10 +523,20 @@ impl Conn {
         true
     }
 
-    fn close_if_idle(&self, now_ms: u64, idle_ms: u64) -> bool {
+    /// Closes the connection if no call waits on it and it was last used `idle_ms`
+    /// ago, counting it in `closed` before anyone can see it closed: counted after,
+    /// a caller that saw the connection gone (and the peer see it close) could still
+    /// read the old count.
+    fn close_if_idle(&self, now_ms: u64, idle_ms: u64, closed: &AtomicU64) -> bool {
         let last_used = self.last_used_ms.load(Relaxed);
         self.close_if(
-            |pending| pending.calls.is_empty() && now_ms.saturating_sub(last_used) >= idle_ms,
+            |pending| {
+                let idle = pending.calls.is_empty() && now_ms.saturating_sub(last_used) >= idle_ms;
+                if idle {
+                    Counters::add(closed);
+                }
+                idle
+            },
             "idle (idleSocketTimeout)",
         )
     }
