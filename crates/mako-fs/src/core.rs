@@ -1439,13 +1439,31 @@ impl Core {
     /// counter only grows, and at least past what it returns): so the generations of one
     /// number only grow, across nodes and mounts, until they wrap after 2^32 lives. A slot
     /// never used, cleared by fsck or unreadable as an inode starts from the counter.
+    ///
+    /// On a file system of one node (one recovery log, `ownership::shared` false) the
+    /// slot is not read from disk when the inode file says it is a hole (never used: the
+    /// file never shrinks) or its chunk is cached: nothing but this node writes the
+    /// inode file while it is mounted, and every inode it commits goes into the cached
+    /// chunk too (`encode_inode`), so the cached slot is what the disk holds, or older
+    /// only by lives this node gave (its counter is past those). With several nodes
+    /// the slot is read under the new number's token as above: another node may have
+    /// given the number a life since the chunk was read (`generation_slot_reads`
+    /// counts the reads).
     pub fn generation_for(&self, ino: u64) -> FsResult<u32> {
-        let last = match self.read_inode(ino) {
-            Ok(old) => Some(old.generation),
-            // Blank (never used, or cleared), or damage that fsck reports as a damaged
-            // free slot: nothing is known of earlier lives.
-            Err(FsError::Stale(_) | FsError::Corrupt(_)) => None,
-            Err(e) => return Err(e),
+        let last = match self.cached_generation(ino) {
+            Some(known) => known,
+            None => {
+                self.stats
+                    .generation_slot_reads
+                    .fetch_add(1, Ordering::Relaxed);
+                match self.read_inode(ino) {
+                    Ok(old) => Some(old.generation),
+                    // Blank (never used, or cleared), or damage that fsck reports as a
+                    // damaged free slot: nothing is known of earlier lives.
+                    Err(FsError::Stale(_) | FsError::Corrupt(_)) => None,
+                    Err(e) => return Err(e),
+                }
+            }
         };
         let mut generation = 0;
         let _ = self
@@ -1458,6 +1476,38 @@ impl Core {
                 Some(generation.wrapping_add(1))
             });
         Ok(generation)
+    }
+
+    /// The last generation of `ino`'s slot known without a disk read, on a file system
+    /// of one node only (`generation_for`): `Some(None)` for a slot with no life (a
+    /// hole of the inode file, blank, or not an inode), `Some(Some(g))` for one, `None`
+    /// when the slot must be read.
+    fn cached_generation(&self, ino: u64) -> Option<Option<u32>> {
+        if crate::ownership::shared(self) {
+            return None;
+        }
+        if !self.inode_slot_exists(ino) {
+            return Some(None);
+        }
+        let isz = self.inode_bytes() as u64;
+        let chunk = self.inode_chunk_bytes();
+        let off = ino * isz;
+        let within = (off % chunk) as usize;
+        let slot = self.pool.get((INODE_CACHE_KEY, off / chunk))?;
+        let buf = slot.buf.lock();
+        if !buf.loaded || buf.bytes.len() < within + isz as usize {
+            return None;
+        }
+        let bytes = &buf.bytes[within..within + isz as usize];
+        if Inode::is_blank(bytes) {
+            return Some(None);
+        }
+        let da = self
+            .metafile_da(self.metadata_inodes().inode_file, off)
+            .ok()?;
+        // A slot that does not decode is read from disk as before (which reports it).
+        let inode = Inode::decode(bytes, self.inode_bytes(), ino, Location::Disk(da)).ok()?;
+        Some(Some(inode.generation))
     }
 
     pub fn invalidate_kernel_inode(&self, ino: u64) {

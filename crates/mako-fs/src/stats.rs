@@ -18,6 +18,8 @@ pub struct FsStats {
     pub stat_cache_hits: AtomicU64,
     /// Inodes read again alone into a cached inode-file chunk (granted since it was read).
     pub inode_slot_rereads: AtomicU64,
+    /// Slots read to learn a new inode's last generation (`Core::generation_for`).
+    pub generation_slot_reads: AtomicU64,
     pub dir_splits: AtomicU64,
     /// Inode-file blocks made ahead for other nodes' first segments (`Core::inode_file_growth`).
     pub inode_file_blocks_ahead: AtomicU64,
@@ -67,6 +69,7 @@ impl FsStats {
             f("inode_cache_misses", &self.inode_misses),
             f("stat_cache_hits", &self.stat_cache_hits),
             f("inode_slot_rereads", &self.inode_slot_rereads),
+            f("generation_slot_reads", &self.generation_slot_reads),
             f("dir_splits", &self.dir_splits),
             f("inode_file_blocks_ahead", &self.inode_file_blocks_ahead),
             f("dir_entries_moved", &self.dir_entries_moved),

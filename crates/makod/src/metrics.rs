@@ -336,6 +336,7 @@ fn counter_help(name: &str) -> String {
         "inode_cache_misses" => "Inode lookups that read the inode from disk.",
         "stat_cache_hits" => "Attribute requests answered from the stat cache (maxStatCache).",
         "inode_slot_rereads" => "Inodes read again alone into a cached inode-file chunk (granted to this node since the chunk was read).",
+        "generation_slot_reads" => "Inode-file slots read to learn the last generation of a new inode's number (several nodes, or not cached).",
         "dir_splits" => "Directory block splits.",
         "inode_file_blocks_ahead" => "Inode-file blocks made ahead for other nodes' first inode-map segments.",
         "corruptions_detected" => "Metadata structures that failed validation when read, and integrity failures (checksum-valid metadata that says something impossible; the mount turns read-only).",
