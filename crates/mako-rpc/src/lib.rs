@@ -6,12 +6,15 @@
 //! - `auth`: the cluster key and the challenge–response both ends run at connect;
 //! - `config`: `RpcConfig`, from mako-config's connection parameters;
 //! - `transport`: `TcpTransport`, lanes per peer, deadlines, the caller side;
-//! - `server`: accepting, authenticating, dispatching to handler threads.
+//! - `server`: accepting, authenticating, dispatching to handler threads;
+//! - `dedup`: the server's memory of requests, so a request resent after its
+//!   connection closed runs once.
 //!
 //! It knows bytes, services and nodes, not file systems.
 
 pub mod auth;
 pub mod config;
+mod dedup;
 mod io;
 pub mod server;
 pub mod stats;

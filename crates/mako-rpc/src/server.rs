@@ -8,12 +8,14 @@
 //! calls another node cannot stall any socket.
 
 use crate::auth::{self, Role, Transcript};
+use crate::dedup::Admit;
 use crate::io::{send_control, write_frames, OutFrame};
 use crate::stats::Counters;
 use crate::transport::Inner;
 use crate::wire::{
-    self, decode_body, read_frame, Auth, FrameError, Header, Hello, HelloAck, Kind, LaneClass,
-    Refuse, WireError, CONTROL_BODY_MAX, FLAG_BULK, VERSION_MAX, VERSION_MIN,
+    self, decode_body, read_frame, Auth, AuthV2, FrameError, Header, Hello, HelloAck, Kind,
+    LaneClass, Refuse, WireError, CONTROL_BODY_MAX, FLAG_BULK, VERSION_MAX, VERSION_MIN,
+    VERSION_RESEND,
 };
 use bytes::Bytes;
 use mako_rt::{NodeId, ServiceId};
@@ -81,6 +83,9 @@ struct Session {
     node: NodeId,
     version: u16,
     lane: LaneClass,
+    /// The client's incarnation (version 2 clients): its requests are remembered, so a
+    /// copy sent again runs once (`dedup`).
+    incarnation: Option<u64>,
 }
 
 /// Reads one handshake frame (bounded to a control body).
@@ -188,7 +193,16 @@ where
             }))
         }
     }
-    let client: Auth = decode_body("authentication", &body)?;
+    // A version 2 client names its incarnation; one that sends a plain `Auth` is
+    // served without the memory of its requests (it does not resend them).
+    let (client, incarnation) = if version >= VERSION_RESEND {
+        match decode_body::<AuthV2>("authentication", &body) {
+            Ok(a) => (Auth { proof: a.proof }, Some(a.incarnation)),
+            Err(_) => (decode_body::<Auth>("authentication", &body)?, None),
+        }
+    } else {
+        (decode_body::<Auth>("authentication", &body)?, None)
+    };
     if !auth::verify(
         &inner.config.cluster_key,
         Role::Client,
@@ -207,6 +221,7 @@ where
         node: NodeId(hello.node),
         version,
         lane: hello.lane,
+        incarnation,
     })
 }
 
@@ -227,6 +242,14 @@ pub(crate) fn tune_socket(stream: &TcpStream) {
         .with_retries(KEEPALIVE_PROBES);
     // Best effort: a socket without keepalive still works, its calls have deadlines.
     let _ = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive);
+}
+
+/// A duplicate of the connection's socket (its own descriptor), to shut it down from
+/// outside. `None` if the system has no descriptor to spare: the connection works,
+/// only `reset_inbound` cannot reach it.
+fn control_handle(r: &BufReader<tokio::net::tcp::OwnedReadHalf>) -> Option<std::net::TcpStream> {
+    let sock = socket2::SockRef::from(r.get_ref().as_ref());
+    sock.try_clone().ok().map(std::net::TcpStream::from)
 }
 
 /// Accepts connections until the transport shuts down (the runtime drops this task).
@@ -276,6 +299,15 @@ async fn serve(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
         }
     };
     Counters::add(&inner.stats.accepted);
+    // A second handle on the socket, so `TcpTransport::reset_inbound` can shut it down
+    // as a network fault would (the read below then ends).
+    let conn_id = inner.inbound_seq.fetch_add(1, Relaxed);
+    if let Some(ctl) = control_handle(&r) {
+        inner
+            .inbound_ctl
+            .lock()
+            .insert(conn_id, (session.node, ctl));
+    }
     tracing::debug!(%peer, node = %session.node, lane = %session.lane, version = session.version, "node connected");
     let (tx, rx) = unbounded_channel();
     let writer = inner.handle.spawn(async move {
@@ -316,6 +348,13 @@ async fn serve(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
                     tracing::warn!(%peer, node = %session.node, "closing connection: the node was removed from the cluster");
                     break;
                 }
+                if let Some(inc) = session.incarnation {
+                    if let Admit::Handled =
+                        inner.dedup.admit(session.node, inc, &h, &tx, &inner.stats)
+                    {
+                        continue;
+                    }
+                }
                 let received = Instant::now();
                 // Waiting here for a free handler holds back this connection's
                 // reading only (TCP flow control), never another connection's.
@@ -332,6 +371,7 @@ async fn serve(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
         }
     }
     inner.inbound.fetch_sub(1, Relaxed);
+    inner.inbound_ctl.lock().remove(&conn_id);
     // Closing both halves closes the socket; replies still being computed are dropped
     // (their caller gets a lost connection or a timeout).
     writer.abort();
@@ -344,10 +384,43 @@ fn reply_header(session: &Session, request: &Header, kind: Kind, body: &[u8]) ->
     h
 }
 
-fn send_error(session: &Session, request: &Header, tx: &UnboundedSender<OutFrame>, e: WireError) {
-    let body = wire::encode_body(&e);
-    let h = reply_header(session, request, Kind::Error, &body);
-    let _ = tx.send(OutFrame::new(&h, Bytes::from(body)));
+fn send_error(
+    inner: &Inner,
+    session: &Session,
+    request: &Header,
+    tx: &UnboundedSender<OutFrame>,
+    e: WireError,
+) {
+    answer(
+        inner,
+        session,
+        request,
+        tx,
+        Kind::Error,
+        Bytes::from(wire::encode_body(&e)),
+    );
+}
+
+/// Sends the answer of `request` on its connection and, for a version 2 client, to the
+/// copies of it waiting and into the memory for later copies.
+fn answer(
+    inner: &Inner,
+    session: &Session,
+    request: &Header,
+    tx: &UnboundedSender<OutFrame>,
+    kind: Kind,
+    body: Bytes,
+) {
+    let mut h = reply_header(session, request, kind, &body);
+    if kind == Kind::Reply && body.len() > inner.config.small_msg_size_threshold {
+        h.flags |= FLAG_BULK;
+    }
+    let _ = tx.send(OutFrame::new(&h, body.clone()));
+    if let Some(inc) = session.incarnation {
+        inner
+            .dedup
+            .answered(session.node, inc, request, kind, &body);
+    }
 }
 
 /// Hands one request to its service on a handler thread.
@@ -361,16 +434,22 @@ fn dispatch(
     tx: UnboundedSender<OutFrame>,
 ) {
     let Some(service) = service_from_wire(h.service) else {
-        send_error(session, &h, &tx, WireError::UnknownService(h.service));
+        send_error(
+            inner,
+            session,
+            &h,
+            &tx,
+            WireError::UnknownService(h.service),
+        );
         return;
     };
     let Some(handler) = inner.registry.service(inner.me, service) else {
-        send_error(session, &h, &tx, WireError::NoService);
+        send_error(inner, session, &h, &tx, WireError::NoService);
         return;
     };
     if let Err(reason) = inner.registry.admit(session.node, service) {
         tracing::debug!(node = %inner.me, from = %session.node, ?service, %reason, "refused a request");
-        send_error(session, &h, &tx, WireError::Refused(reason));
+        send_error(inner, session, &h, &tx, WireError::Refused(reason));
         return;
     }
     let session = *session;
@@ -381,7 +460,7 @@ fn dispatch(
         if h.deadline_ms > 0 && received.elapsed() > Duration::from_millis(h.deadline_ms.into()) {
             // Its caller has already given up: running it would only add load.
             Counters::add(&inner.stats.requests_expired);
-            send_error(&session, &h, &tx, WireError::Expired);
+            send_error(&inner, &session, &h, &tx, WireError::Expired);
             return;
         }
         Counters::add(&inner.stats.requests_dispatched);
@@ -394,15 +473,9 @@ fn dispatch(
                     len: reply.len() as u64,
                     max: inner.config.max_frame_bytes as u64,
                 };
-                send_error(&session, &h, &tx, e);
+                send_error(&inner, &session, &h, &tx, e);
             }
-            Ok(reply) => {
-                let mut rh = reply_header(&session, &h, Kind::Reply, &reply);
-                if reply.len() > inner.config.small_msg_size_threshold {
-                    rh.flags |= FLAG_BULK;
-                }
-                let _ = tx.send(OutFrame::new(&rh, Bytes::from(reply)));
-            }
+            Ok(reply) => answer(&inner, &session, &h, &tx, Kind::Reply, Bytes::from(reply)),
             Err(panic) => {
                 Counters::add(&inner.stats.handler_panics);
                 let what = panic
@@ -411,7 +484,7 @@ fn dispatch(
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "a panic".to_string());
                 tracing::error!(node = %inner.me, from = %session.node, ?service, panic = %what, "a request handler panicked");
-                send_error(&session, &h, &tx, WireError::HandlerPanicked(what));
+                send_error(&inner, &session, &h, &tx, WireError::HandlerPanicked(what));
             }
         }
     });

@@ -50,6 +50,16 @@ counters! {
     requests_expired,
     /// Handlers that panicked (a bug; the caller gets an error, the server lives on).
     handler_panics,
+    /// Requests this node sent again because their connection closed before the answer
+    /// came (version 2 peers: the server runs each request once).
+    resends,
+    /// Copies of requests that had run here, answered with the answer kept.
+    copies_answered,
+    /// Copies of requests still running here, answered when the original finished.
+    copies_joined,
+    /// Copies of requests that had run here whose answer was not kept (or was
+    /// acknowledged): answered "reply lost", not run again.
+    copies_lost,
 }
 
 impl Counters {

@@ -14,8 +14,8 @@ use crate::io::{send_control, write_frames, OutFrame};
 use crate::server::{self, read_control, HandshakeFail, READ_BUFFER_BYTES};
 use crate::stats::{Counters, RpcStats};
 use crate::wire::{
-    decode_body, read_frame, Auth, FrameError, Header, Hello, HelloAck, Kind, LaneClass, Refuse,
-    WireError, FLAG_BULK, VERSION_MAX, VERSION_MIN,
+    decode_body, read_frame, Auth, AuthV2, FrameError, Header, Hello, HelloAck, Kind, LaneClass,
+    Refuse, WireError, FLAG_BULK, FLAG_RESENT, VERSION_MAX, VERSION_MIN, VERSION_RESEND,
 };
 use bytes::Bytes;
 use mako_rt::{CallOptions, NodeId, Priority, Registry, ServiceId, Transport, TransportError};
@@ -69,7 +69,27 @@ pub(crate) struct Inner {
     next_lane: AtomicUsize,
     closed: AtomicBool,
     started: Instant,
+    /// Drawn at start: request ids are unique under it, so a server recognises a
+    /// request sent again (version 2).
+    incarnation: u64,
+    ids: Mutex<Ids>,
+    /// The server side's memory of its clients' requests (`dedup`).
+    pub dedup: crate::dedup::Dedup,
+    /// Served connections: a duplicate of each socket, to shut it down from outside.
+    pub inbound_ctl: Mutex<HashMap<u64, (NodeId, std::net::TcpStream)>>,
+    pub inbound_seq: AtomicU64,
 }
+
+/// Request ids, and per peer the ids still waiting for an answer (their lowest is
+/// what requests acknowledge: every lower id to that peer is done).
+#[derive(Default)]
+struct Ids {
+    next: u64,
+    waiting: HashMap<NodeId, std::collections::BTreeSet<u64>>,
+}
+
+/// How often a request is sent again after its connection closed before its answer.
+const RESENDS_MAX: u32 = 3;
 
 /// One of the connections to a peer, made on demand and remade after it closes.
 struct Lane {
@@ -96,7 +116,6 @@ struct Conn {
     version: u16,
     tx: UnboundedSender<OutFrame>,
     pending: Mutex<Pending>,
-    next_id: AtomicU64,
     /// Milliseconds since the transport started at the last frame sent or received.
     last_used_ms: AtomicU64,
     tasks: Mutex<Vec<AbortHandle>>,
@@ -110,18 +129,28 @@ struct Pending {
 struct Waiter {
     service: ServiceId,
     deadline: Duration,
-    reply: SyncSender<Result<Bytes, TransportError>>,
+    reply: SyncSender<Answer>,
+}
+
+/// What a waiting call receives.
+enum Answer {
+    /// The reply, or the server's error answer.
+    Done(Result<Bytes, TransportError>),
+    /// The connection closed before an answer came: the request may or may not have
+    /// run (a version 2 call is sent again; the server runs it once).
+    Closed(TransportError),
 }
 
 /// A request on its way: what `finish` needs to wait for the reply.
 struct InFlight {
     conn: Arc<Conn>,
     id: u64,
-    reply: Receiver<Result<Bytes, TransportError>>,
+    reply: Receiver<Answer>,
     to: NodeId,
     service: ServiceId,
     options: CallOptions,
     deadline: Instant,
+    request: Bytes,
 }
 
 /// Why a call could not start on a connection.
@@ -215,6 +244,61 @@ impl Inner {
                 ),
             });
         }
+        let id = self.new_id(to);
+        let started = self.start_with_id(to, service, request, options, deadline, id, false);
+        if started.is_err() {
+            self.done_id(to, id);
+        }
+        started
+    }
+
+    /// A new request id for a call to `to`, waiting until `done_id`. Allocated and
+    /// registered under one lock, so no lower id can be registered after a request
+    /// acknowledged everything below it.
+    fn new_id(&self, to: NodeId) -> u64 {
+        let mut ids = self.ids.lock();
+        ids.next += 1;
+        let id = ids.next;
+        ids.waiting.entry(to).or_default().insert(id);
+        id
+    }
+
+    fn done_id(&self, to: NodeId, id: u64) {
+        let mut ids = self.ids.lock();
+        if let Some(w) = ids.waiting.get_mut(&to) {
+            w.remove(&id);
+            if w.is_empty() {
+                ids.waiting.remove(&to);
+            }
+        }
+    }
+
+    /// What a request `id` to `to` acknowledges: the distance down to the lowest id
+    /// still waiting (every id to `to` below that is done).
+    fn acked(&self, to: NodeId, id: u64) -> u16 {
+        let ids = self.ids.lock();
+        let lowest = ids
+            .waiting
+            .get(&to)
+            .and_then(|w| w.first().copied())
+            .unwrap_or(id)
+            .min(id);
+        u16::try_from(id - lowest).unwrap_or(u16::MAX)
+    }
+
+    /// Queues request `id` on a connection to `to` (`resent`: a copy after its
+    /// connection closed).
+    #[allow(clippy::too_many_arguments)]
+    fn start_with_id(
+        self: &Arc<Self>,
+        to: NodeId,
+        service: ServiceId,
+        request: Bytes,
+        options: CallOptions,
+        deadline: Instant,
+        id: u64,
+        resent: bool,
+    ) -> Result<InFlight, TransportError> {
         let lanes = self.lanes_of(to);
         let timeout = TransportError::Timeout {
             node: to,
@@ -236,8 +320,16 @@ impl Inner {
                 }
                 Err(Some(reason)) => return Err(unreachable(to, reason)),
             };
-            match conn.start(self, service, request.clone(), options, deadline) {
-                Ok((id, reply)) => {
+            match conn.start(
+                self,
+                service,
+                request.clone(),
+                options,
+                deadline,
+                id,
+                resent,
+            ) {
+                Ok(reply) => {
                     Counters::add(&self.stats.requests_sent);
                     return Ok(InFlight {
                         conn,
@@ -247,6 +339,7 @@ impl Inner {
                         service,
                         options,
                         deadline,
+                        request,
                     });
                 }
                 Err(StartError::Closed) => continue,
@@ -258,28 +351,61 @@ impl Inner {
         ))
     }
 
-    /// Waits for the reply of `call` until its deadline.
-    fn finish(&self, call: InFlight) -> Result<Bytes, TransportError> {
-        let remaining = call.deadline.saturating_duration_since(Instant::now());
-        match call.reply.recv_timeout(remaining) {
-            Ok(result) => result,
-            Err(RecvTimeoutError::Timeout) => {
-                // Withdraw the waiter; a reply that slipped in meanwhile still counts.
-                call.conn.pending.lock().calls.remove(&call.id);
-                if let Ok(result) = call.reply.try_recv() {
-                    return result;
+    /// Waits for the reply of `call` until its deadline. A call whose connection to a
+    /// version 2 peer closed before the answer came is sent again under its id (at most
+    /// `RESENDS_MAX` times): the peer runs it once and answers the copy.
+    fn finish(self: &Arc<Self>, call: InFlight) -> Result<Bytes, TransportError> {
+        let (to, id) = (call.to, call.id);
+        let result = self.finish_resending(call);
+        self.done_id(to, id);
+        result
+    }
+
+    fn finish_resending(self: &Arc<Self>, mut call: InFlight) -> Result<Bytes, TransportError> {
+        let mut resends = 0;
+        loop {
+            let remaining = call.deadline.saturating_duration_since(Instant::now());
+            let closed = match call.reply.recv_timeout(remaining) {
+                Ok(Answer::Done(result)) => return result,
+                Ok(Answer::Closed(e)) => e,
+                Err(RecvTimeoutError::Timeout) => {
+                    // Withdraw the waiter; a reply that slipped in meanwhile still counts.
+                    call.conn.pending.lock().calls.remove(&call.id);
+                    match call.reply.try_recv() {
+                        Ok(Answer::Done(result)) => return result,
+                        Ok(Answer::Closed(_)) | Err(_) => {}
+                    }
+                    Counters::add(&self.stats.timeouts);
+                    return Err(TransportError::Timeout {
+                        node: call.to,
+                        service: call.service,
+                        deadline: call.options.deadline,
+                    });
                 }
-                Counters::add(&self.stats.timeouts);
-                Err(TransportError::Timeout {
-                    node: call.to,
-                    service: call.service,
-                    deadline: call.options.deadline,
-                })
+                Err(RecvTimeoutError::Disconnected) => unreachable(
+                    call.to,
+                    "the connection dropped the request without an answer",
+                ),
+            };
+            if call.conn.version < VERSION_RESEND
+                || resends == RESENDS_MAX
+                || Instant::now() >= call.deadline
+                || self.closed.load(Relaxed)
+            {
+                return Err(closed);
             }
-            Err(RecvTimeoutError::Disconnected) => Err(unreachable(
+            resends += 1;
+            Counters::add(&self.stats.resends);
+            tracing::debug!(node = %call.to, id = call.id, %closed, "sending a request again");
+            call = self.start_with_id(
                 call.to,
-                "the connection dropped the request without an answer",
-            )),
+                call.service,
+                call.request.clone(),
+                call.options,
+                call.deadline,
+                call.id,
+                true,
+            )?;
         }
     }
 
@@ -351,8 +477,7 @@ impl Inner {
         for lane in self.all_lanes() {
             let conn = lane.state.lock().conn.clone();
             if let Some(conn) = conn {
-                if conn.close_if_idle(now, idle_ms) {
-                    Counters::add(&self.stats.idle_closed);
+                if conn.close_if_idle(now, idle_ms, &self.stats.idle_closed) {
                     tracing::debug!(node = %conn.node, peer = %conn.peer, "closed an idle connection");
                 }
             }
@@ -460,9 +585,10 @@ impl Conn {
         body: Bytes,
         options: CallOptions,
         deadline: Instant,
-    ) -> Result<(u64, Receiver<Result<Bytes, TransportError>>), StartError> {
+        id: u64,
+        resent: bool,
+    ) -> Result<Receiver<Answer>, StartError> {
         let (reply_tx, reply_rx) = sync_channel(1);
-        let id = self.next_id.fetch_add(1, Relaxed);
         {
             let mut pending = self.pending.lock();
             if !pending.open {
@@ -481,6 +607,12 @@ impl Conn {
         let mut h = Header::new(self.version, Kind::Request, body.len());
         h.service = service as u16;
         h.request_id = id;
+        if self.version >= VERSION_RESEND {
+            h.acked = inner.acked(self.node, id);
+            if resent {
+                h.flags |= FLAG_RESENT;
+            }
+        }
         h.deadline_ms = u32::try_from(remaining.as_millis())
             .unwrap_or(u32::MAX)
             .max(1);
@@ -493,7 +625,7 @@ impl Conn {
             self.pending.lock().calls.remove(&id);
             return Err(StartError::Closed);
         }
-        Ok((id, reply_rx))
+        Ok(reply_rx)
     }
 
     /// Closes the connection: every waiting call fails at once (not at its deadline).
@@ -513,7 +645,7 @@ impl Conn {
             std::mem::take(&mut pending.calls)
         };
         for (_, w) in waiters {
-            let _ = w.reply.try_send(Err(unreachable(
+            let _ = w.reply.try_send(Answer::Closed(unreachable(
                 self.node,
                 format!("the connection to {} closed: {why}", self.peer),
             )));
@@ -524,10 +656,20 @@ impl Conn {
         true
     }
 
-    fn close_if_idle(&self, now_ms: u64, idle_ms: u64) -> bool {
+    /// Closes the connection if no call waits on it and it was last used `idle_ms`
+    /// ago, counting it in `closed` before anyone can see it closed: counted after,
+    /// a caller that saw the connection gone (and the peer see it close) could still
+    /// read the old count.
+    fn close_if_idle(&self, now_ms: u64, idle_ms: u64, closed: &AtomicU64) -> bool {
         let last_used = self.last_used_ms.load(Relaxed);
         self.close_if(
-            |pending| pending.calls.is_empty() && now_ms.saturating_sub(last_used) >= idle_ms,
+            |pending| {
+                let idle = pending.calls.is_empty() && now_ms.saturating_sub(last_used) >= idle_ms;
+                if idle {
+                    Counters::add(closed);
+                }
+                idle
+            },
             "idle (idleSocketTimeout)",
         )
     }
@@ -587,7 +729,6 @@ async fn connect(
             open: true,
             calls: HashMap::new(),
         }),
-        next_id: AtomicU64::new(1),
         last_used_ms: AtomicU64::new(inner.now_ms()),
         tasks: Mutex::new(Vec::new()),
     });
@@ -688,7 +829,15 @@ async fn client_handshake(
         return Err(HandshakeFail::Refused(reason));
     }
     let proof = auth::proof(&inner.config.cluster_key, Role::Client, &transcript);
-    send_control(w, ack.version, Kind::Auth, &Auth { proof }).await?;
+    if ack.version >= VERSION_RESEND {
+        let auth = AuthV2 {
+            proof,
+            incarnation: inner.incarnation,
+        };
+        send_control(w, ack.version, Kind::Auth, &auth).await?;
+    } else {
+        send_control(w, ack.version, Kind::Auth, &Auth { proof }).await?;
+    }
     let (h, body) = read_control(r).await?;
     match h.kind {
         Kind::AuthOk if h.version == ack.version => Ok(ack.version),
@@ -747,7 +896,7 @@ async fn read_replies(inner: Arc<Inner>, conn: Arc<Conn>, mut r: BufReader<Owned
         } else {
             Err(remote_error(conn.node, &waiter, &body))
         };
-        match waiter.reply.try_send(result) {
+        match waiter.reply.try_send(Answer::Done(result)) {
             Ok(()) => Counters::add(&inner.stats.replies_received),
             Err(_) => Counters::add(&inner.stats.late_replies),
         }
@@ -781,6 +930,13 @@ fn remote_error(node: NodeId, waiter: &Waiter, body: &[u8]) -> TransportError {
         Ok(WireError::HandlerPanicked(what)) => unreachable(
             node,
             format!("its {service:?} handler panicked ({what}); a bug: see that node's log"),
+        ),
+        Ok(WireError::ReplyLost) => unreachable(
+            node,
+            format!(
+                "its {service:?} request ran there, but its answer was lost with the \
+                 connection and not kept for the copy sent again"
+            ),
         ),
         Err(e) => unreachable(node, format!("its answer could not be read: {e}")),
     }
@@ -847,6 +1003,11 @@ impl TcpTransport {
             next_lane: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             started: Instant::now(),
+            incarnation: rand::random(),
+            ids: Mutex::new(Ids::default()),
+            dedup: Default::default(),
+            inbound_ctl: Mutex::new(HashMap::new()),
+            inbound_seq: AtomicU64::new(0),
             config,
         });
         runtime.spawn(server::accept_loop(inner.clone(), listener));
@@ -936,6 +1097,29 @@ impl TcpTransport {
             .flat_map(|l| l.iter())
             .filter(|l| l.state.lock().conn.as_ref().is_some_and(|c| c.is_open()))
             .count()
+    }
+
+    /// Closes this node's connections to `node` as a network fault would: calls waiting
+    /// on them are sent again on new connections (a version 2 peer runs each once).
+    /// For tests and fault drills.
+    pub fn reset_connections(&self, node: NodeId) {
+        self.inner.close_node(node, "reset (a fault drill)");
+    }
+
+    /// Shuts down the connections `node` opened to this node as a network fault
+    /// would; answers not yet sent on them are lost with them. For tests and fault
+    /// drills.
+    pub fn reset_inbound(&self, node: NodeId) {
+        for (n, s) in self.inner.inbound_ctl.lock().values() {
+            if *n == node {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+
+    /// Requests of `node` this node remembers so a copy of one runs once.
+    pub fn remembered_requests(&self, node: NodeId) -> usize {
+        self.inner.dedup.remembered(node)
     }
 
     /// Open incoming connections (served, authenticated).

@@ -13,9 +13,9 @@
 //! | 0 | 4 | magic | `MKRP` |
 //! | 4 | 2 | version | protocol version the frame is encoded in |
 //! | 6 | 1 | kind | [`Kind`] |
-//! | 7 | 1 | flags | [`FLAG_BULK`]; other bits must be zero |
+//! | 7 | 1 | flags | [`FLAG_BULK`], [`FLAG_RESENT`] (version 2); other bits must be zero |
 //! | 8 | 2 | service | `ServiceId` number (requests), else 0 |
-//! | 10 | 2 | reserved | zero |
+//! | 10 | 2 | acked | version 2 requests: every request of this client to this server with an id below `request id - acked` has been answered or given up (the server may forget it); zero in version 1 |
 //! | 12 | 8 | request id | matches a reply to its request |
 //! | 20 | 4 | deadline ms | time the caller still waits (requests), else 0 |
 //! | 24 | 4 | body length | bytes after the header |
@@ -34,7 +34,13 @@ pub const MAGIC: [u8; 4] = *b"MKRP";
 /// version's header layout, so any two versions can at least refuse each other clearly.
 pub const VERSION_MIN: u16 = 1;
 /// Newest protocol version this build speaks.
-pub const VERSION_MAX: u16 = 1;
+pub const VERSION_MAX: u16 = 2;
+/// First version with resent requests: the client names its incarnation at
+/// authentication ([`AuthV2`]), request ids are unique per incarnation, requests carry
+/// `acked`, and a request whose connection closed before its answer came is sent again
+/// with [`FLAG_RESENT`] under the same id; the server runs each id once and answers a
+/// copy from what it remembers (docs/coherence.md section 1).
+pub const VERSION_RESEND: u16 = 2;
 /// Bytes in a frame header.
 pub const HEADER_BYTES: usize = 32;
 /// Largest body of a handshake frame: nothing before authentication may make the
@@ -45,7 +51,10 @@ pub const NONCE_BYTES: usize = 32;
 
 /// Flag: the body is a bulk payload (informational: lanes are chosen by the sender).
 pub const FLAG_BULK: u8 = 1;
-const FLAGS_KNOWN: u8 = FLAG_BULK;
+/// Flag (version 2 requests): a copy of a request sent before on a connection that
+/// closed before its answer came (informational: the server recognises copies by id).
+pub const FLAG_RESENT: u8 = 2;
+const FLAGS_KNOWN: u8 = FLAG_BULK | FLAG_RESENT;
 
 /// What a frame is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +123,8 @@ pub struct Header {
     pub request_id: u64,
     pub deadline_ms: u32,
     pub body_len: u32,
+    /// Version 2 requests: ids below `request_id - acked` are done (see the layout).
+    pub acked: u16,
 }
 
 impl Header {
@@ -126,6 +137,7 @@ impl Header {
             service: 0,
             request_id: 0,
             deadline_ms: 0,
+            acked: 0,
             // Bodies are bounded by the frame limit (at most u32::MAX) before they are
             // sent; saturating keeps an impossible length visible to the receiver.
             body_len: u32::try_from(body_len).unwrap_or(u32::MAX),
@@ -140,7 +152,7 @@ impl Header {
             kind: self.kind as u8,
             flags: self.flags,
             service: U16::new(self.service),
-            reserved: U16::new(0),
+            reserved: U16::new(self.acked),
             request_id: U64::new(self.request_id),
             deadline_ms: U32::new(self.deadline_ms),
             body_len: U32::new(self.body_len),
@@ -174,7 +186,8 @@ impl Header {
             return Err(FrameError::UnknownVersion(version));
         }
         let kind = Kind::from_wire(raw.kind).ok_or(FrameError::UnknownKind(raw.kind))?;
-        if raw.flags & !FLAGS_KNOWN != 0 || raw.reserved.get() != 0 {
+        let acked_allowed = version >= VERSION_RESEND && kind == Kind::Request;
+        if raw.flags & !FLAGS_KNOWN != 0 || (raw.reserved.get() != 0 && !acked_allowed) {
             return Err(FrameError::UnknownFlags {
                 flags: raw.flags,
                 reserved: raw.reserved.get(),
@@ -195,6 +208,7 @@ impl Header {
             request_id: raw.request_id.get(),
             deadline_ms: raw.deadline_ms.get(),
             body_len,
+            acked: raw.reserved.get(),
         })
     }
 }
@@ -318,6 +332,16 @@ pub struct Auth {
     pub proof: [u8; NONCE_BYTES],
 }
 
+/// Client → server, version 2: the proof and the client transport's incarnation (a
+/// random number drawn when it started), under which its request ids are unique. A
+/// version 2 server also accepts a plain [`Auth`]; that client's requests are then not
+/// recognised when resent (it does not resend).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthV2 {
+    pub proof: [u8; NONCE_BYTES],
+    pub incarnation: u64,
+}
+
 /// Either way: why the connection is refused.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Refuse {
@@ -339,6 +363,9 @@ pub enum WireError {
     ReplyTooLarge { len: u64, max: u64 },
     /// The server does not serve the caller (`Registry::admit`: e.g. it was expelled).
     Refused(String),
+    /// A resent request that was run, whose answer the server no longer has (too large
+    /// to keep, or over its memory for answers): it ran once, its answer is lost.
+    ReplyLost,
 }
 
 /// Encodes a control body.
@@ -381,7 +408,29 @@ mod tests {
             request_id: 0x0102_0304_0506_0708,
             deadline_ms: 1500,
             body_len: 77,
+            acked: 0,
         }
+    }
+
+    #[test]
+    fn acked_is_carried_by_version_2_requests_only() {
+        let mut h = header();
+        h.version = VERSION_RESEND;
+        h.acked = 513;
+        h.flags |= FLAG_RESENT;
+        assert_eq!(Header::decode(&h.encode(), 1000).unwrap(), h);
+        // A version 1 frame, or a reply, with the field set is refused.
+        let mut v1 = h;
+        v1.version = VERSION_MIN;
+        v1.flags = FLAG_BULK;
+        let e = Header::decode(&v1.encode(), 1000).unwrap_err();
+        assert!(
+            matches!(e, FrameError::UnknownFlags { reserved: 513, .. }),
+            "{e}"
+        );
+        let mut reply = h;
+        reply.kind = Kind::Reply;
+        assert!(Header::decode(&reply.encode(), 1000).is_err());
     }
 
     #[test]

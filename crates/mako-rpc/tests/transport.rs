@@ -627,3 +627,113 @@ fn a_post_is_delivered_and_nobody_waits_for_its_reply() {
     t1.post(NodeId(1), ServiceId::TokenClient, b"x".to_vec(), options());
     wait_for("the post to its own node", || echo.calls() == 1);
 }
+
+/// Counts the requests it runs; the first one waits for `release` (if set) and may
+/// shut the caller's connections down before answering, so its answer is lost.
+struct Once {
+    runs: std::sync::atomic::AtomicU64,
+    started: std::sync::atomic::AtomicBool,
+    release: Arc<Gate>,
+    hold_first: bool,
+    drop_first_answer: std::sync::OnceLock<std::sync::Weak<mako_rpc::TcpTransport>>,
+}
+
+impl mako_rt::Service for Once {
+    fn handle(&self, from: NodeId, request: &[u8]) -> Vec<u8> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.runs.fetch_add(1, SeqCst);
+        if n == 0 {
+            self.started.store(true, SeqCst);
+            if self.hold_first {
+                self.release.handle(from, request);
+            }
+            if let Some(t) = self.drop_first_answer.get().and_then(|w| w.upgrade()) {
+                // The answer goes out after this: onto a connection shut down.
+                t.reset_inbound(from);
+            }
+        }
+        format!("run {n}").into_bytes()
+    }
+}
+
+fn once(hold_first: bool) -> Arc<Once> {
+    Arc::new(Once {
+        runs: Default::default(),
+        started: Default::default(),
+        release: Gate::new(),
+        hold_first,
+        drop_first_answer: Default::default(),
+    })
+}
+
+/// The connection closes while the server runs the request: the caller sends it again
+/// on a new connection, the server does not run it again but answers the copy when the
+/// original finishes. Without the server's memory the copy would run (`run 1`).
+#[test]
+fn a_request_whose_connection_closes_while_it_runs_is_sent_again_and_runs_once() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (_key, nodes) = cluster(2, |_| {});
+    let svc = once(true);
+    nodes[1].register(ServiceId::FileSystem, svc.clone());
+    let t1 = nodes[0].transport.clone();
+    let caller =
+        std::thread::spawn(move || t1.call(NodeId(2), ServiceId::FileSystem, vec![1], options()));
+    wait_for("the request to run", || svc.started.load(SeqCst));
+    nodes[0].transport.reset_connections(NodeId(2));
+    wait_for("the copy to arrive", || {
+        nodes[1].transport.stats().copies_joined == 1
+    });
+    svc.release.open();
+    let reply = caller.join().unwrap().expect("the call succeeds");
+    assert_eq!(&reply[..], b"run 0");
+    assert_eq!(svc.runs.load(SeqCst), 1);
+    assert_eq!(nodes[0].transport.stats().resends, 1);
+}
+
+/// The answer is lost with its connection after the request ran: the copy gets the
+/// answer the server kept, and the request is not run again.
+#[test]
+fn a_request_whose_answer_is_lost_gets_the_kept_answer_and_runs_once() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (_key, nodes) = cluster(2, |_| {});
+    let svc = once(false);
+    let _ = svc
+        .drop_first_answer
+        .set(Arc::downgrade(&nodes[1].transport));
+    nodes[1].register(ServiceId::FileSystem, svc.clone());
+    let reply = nodes[0]
+        .transport
+        .call(NodeId(2), ServiceId::FileSystem, vec![1], options())
+        .expect("the call succeeds");
+    assert_eq!(&reply[..], b"run 0");
+    assert_eq!(svc.runs.load(SeqCst), 1);
+    let (client, server) = (nodes[0].transport.stats(), nodes[1].transport.stats());
+    assert!(client.resends >= 1, "{client:?}");
+    // The copy met the original running (its answer not sent yet) or finished.
+    assert!(
+        server.copies_answered + server.copies_joined >= 1,
+        "{server:?}"
+    );
+    assert_eq!(server.copies_lost, 0, "{server:?}");
+}
+
+/// Answered requests are forgotten as the caller acknowledges them: the server's
+/// memory stays as small as the calls in flight.
+#[test]
+fn answered_requests_are_forgotten_as_they_are_acknowledged() {
+    let (_key, nodes) = cluster(2, |_| {});
+    nodes[1].register(ServiceId::FileSystem, Echo::new("2"));
+    for i in 0..500u32 {
+        nodes[0]
+            .transport
+            .call(
+                NodeId(2),
+                ServiceId::FileSystem,
+                i.to_le_bytes().to_vec(),
+                options(),
+            )
+            .unwrap();
+    }
+    // Each request acknowledges every earlier one: only the last is remembered.
+    assert_eq!(nodes[1].transport.remembered_requests(NodeId(1)), 1);
+}

@@ -153,6 +153,9 @@ pub enum RecoveryFault {
     SkipReplay,
     /// Replay its log but never release its tokens.
     SkipTokenRelease,
+    /// A token manager taken over from a crashed node (`FaultKind::ManagerCrash`)
+    /// starts from an empty table without asking the survivors what they hold.
+    RebuildWithoutReports,
 }
 
 /// Background work of one node, as the daemon's worker threads would do it.
@@ -183,10 +186,12 @@ pub struct SimCluster {
     pub net: Arc<SimNet>,
     pub clock: Arc<SimClock>,
     pub disks: Vec<Arc<SimDisk>>,
-    pub manager: Arc<TokenManager>,
-    /// Node 0's transport through which the manager tells queued requesters that
-    /// their turn came (`TokenManager::notify_through` holds it weakly).
-    _manager_transport: Arc<dyn mako_rt::Transport>,
+    /// The token manager and its node: node 0, or after node 0 crashed with it
+    /// (`crash_manager`) its successor's, rebuilt from the survivors' tokens.
+    manager: Mutex<(Arc<TokenManager>, u32)>,
+    /// The manager nodes' transports through which a manager tells queued requesters
+    /// that their turn came (`TokenManager::notify_through` holds it weakly).
+    manager_transports: Mutex<Vec<Arc<dyn mako_rt::Transport>>>,
     /// The token thief's client (see `ClusterConfig::thief`).
     pub thief: Option<TokenClient>,
     /// Mounted nodes by node number (None before mount and after unmount).
@@ -261,8 +266,8 @@ impl SimCluster {
             clock: Arc::new(SimClock::new(sim)),
             config,
             disks,
-            manager,
-            _manager_transport: manager_transport,
+            manager: Mutex::new((manager, 0)),
+            manager_transports: Mutex::new(vec![manager_transport]),
             thief,
             mounted: Mutex::new((0..nodes).map(|_| None).collect()),
             fences: Mutex::new(
@@ -301,8 +306,8 @@ impl SimCluster {
             fs_index: 0,
             clock: self.clock.clone(),
             transport: self.net.transport(NodeId(node)),
-            managers: ManagerMap::single(NodeId(0)),
-            fs_manager: NodeId(0),
+            managers: ManagerMap::single(NodeId(self.manager_node())),
+            fs_manager: NodeId(self.manager_node()),
             registry: Some(self.net.registry().clone()),
         }
     }
@@ -375,6 +380,65 @@ impl SimCluster {
         }
     }
 
+    /// The token manager now.
+    pub fn manager(&self) -> Arc<TokenManager> {
+        self.manager.lock().0.clone()
+    }
+
+    /// The node hosting the token manager now.
+    pub fn manager_node(&self) -> u32 {
+        self.manager.lock().1
+    }
+
+    /// Node 0 crashes with the token manager (`crash`): the lowest-numbered mounted
+    /// node takes the manager over at once (as a raft election among the survivors
+    /// would pick one; the election's own delay is not modelled), every node and the
+    /// token thief route to it, and it starts a rebuild (docs/coherence.md section
+    /// 7b) that waits for every survivor's report (`rebuild_manager`) and for node 0's
+    /// recovery. Returns the new manager node.
+    /// With `RecoveryFault::RebuildWithoutReports` (the checker's test) it asks
+    /// nobody.
+    pub fn crash_manager(&self, fault: RecoveryFault) -> u32 {
+        let failed = self.manager_node();
+        self.crash(failed);
+        self.net
+            .registry()
+            .unregister(NodeId(failed), ServiceId::TokenManager);
+        let cores = self.cores();
+        let successor = cores
+            .first()
+            .map(|(n, _)| *n)
+            .expect("a node survives the manager");
+        let manager = Arc::new(TokenManager::new(self.manager().limits()));
+        let transport = self
+            .net
+            .serve_token_manager(NodeId(successor), manager.clone());
+        let map = ManagerMap::single(NodeId(successor));
+        let mut live: Vec<NodeId> = cores.iter().map(|(n, _)| NodeId(*n)).collect();
+        for (_, core) in &cores {
+            core.tokens.client().set_managers(map.clone());
+        }
+        if let Some(thief) = &self.thief {
+            thief.set_managers(map.clone());
+            live.push(thief.node());
+        }
+        if fault == RecoveryFault::RebuildWithoutReports {
+            live.clear();
+        }
+        manager.begin_rebuild(map, 0, &live, &[NodeId(failed)]);
+        self.manager_transports.lock().push(transport);
+        *self.manager.lock() = (manager, successor);
+        successor
+    }
+
+    /// The new manager asks the survivors what they hold (`crash_manager`), until all
+    /// answered or were recovered. Returns the rounds of asking.
+    pub fn rebuild_manager(&self) -> u32 {
+        let (manager, node) = self.manager.lock().clone();
+        let transport = self.net.transport(NodeId(node));
+        manager.collect_reports(&*transport, std::time::Duration::from_millis(1))
+    }
+
     /// Node `node`'s process stops (SIGSTOP): none of its tasks runs, messages to it
     /// wait (and time out), its lease is not renewed; I/O it submitted still lands.
     pub fn pause(&self, node: u32) {
@@ -439,13 +503,13 @@ impl SimCluster {
             )));
         };
         match fault {
-            RecoveryFault::None => {
+            RecoveryFault::None | RecoveryFault::RebuildWithoutReports => {
                 let mut rep = mako_fs::recovery::recover_failed_node(&fs.core, failed)?;
                 mako_fs::recovery::recount_after(&fs.core, &mut rep);
                 Ok(Some(rep))
             }
             RecoveryFault::SkipReplay => {
-                self.manager.release_node(NodeId(failed));
+                self.manager().release_node(NodeId(failed));
                 Ok(None)
             }
             RecoveryFault::SkipTokenRelease => {

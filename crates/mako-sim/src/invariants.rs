@@ -82,7 +82,7 @@ pub fn check(cluster: &SimCluster, checks: Checks) -> Vec<String> {
 }
 
 fn tokens(cluster: &SimCluster, cores: &[(u32, std::sync::Arc<Core>)], out: &mut Vec<String>) {
-    let table = cluster.manager.dump();
+    let table = cluster.manager().dump();
     for (r, holders) in &table {
         out.extend(
             conflicting(holders)

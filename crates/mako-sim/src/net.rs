@@ -362,6 +362,7 @@ fn token_label(service: ServiceId, request: &[u8]) -> Option<String> {
                 ClientRequest::Ping => "ping".into(),
                 ClientRequest::PingWaiting(r) => format!("ping waiting {}", r.kind.as_str()),
                 ClientRequest::Turn { resource, .. } => format!("turn {}", resource.kind.as_str()),
+                ClientRequest::HeldIn { .. } => "held in".into(),
             })
         }
         _ => None,

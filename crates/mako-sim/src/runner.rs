@@ -61,9 +61,10 @@ pub struct SeedConfig {
     /// `mako_fs::directory::CROWD_NODES` of every node, if not the default
     /// (`Core::crowd_nodes`; `MAKO_SIM_CROWD_NODES` sets it for any run).
     pub crowd_nodes: Option<u32>,
-    /// Crash a node (not node 0, which hosts the token manager) at a random point of
-    /// a random step; a survivor recovers it; it may rejoin a few steps later
-    /// (`CrashPlan`). `MAKO_SIM_CRASH=1` turns it on for any run.
+    /// Crash a node (not node 0, which hosts the token manager, unless the fault is
+    /// `FaultKind::ManagerCrash`) at a random point of a random step; a survivor
+    /// recovers it; it may rejoin a few steps later (`CrashPlan`). `MAKO_SIM_CRASH=1`
+    /// turns it on for any run.
     pub crash: bool,
     /// TEST ONLY: a broken recovery (the checker's own test).
     pub recovery_fault: RecoveryFault,
@@ -90,12 +91,18 @@ pub enum FaultKind {
     /// no more I/O, the node silent to the lease manager), the manager expels it and a
     /// survivor recovers its log (needs leases).
     BadDisk,
+    /// Node 0 crashes with the token manager it hosts: the lowest-numbered survivor
+    /// takes the manager over and rebuilds its table from the survivors' held tokens
+    /// (`SimCluster::crash_manager`, docs/coherence.md section 7b); a survivor
+    /// recovers node 0 after the detection delay, as for `Crash`. Without leases (the
+    /// lease manager is on node 0 too, and does not move yet).
+    ManagerCrash,
 }
 
 impl FaultKind {
     /// Needs the lease model (detection by lease expiry and expel).
     pub fn needs_leases(self) -> bool {
-        self != FaultKind::Crash
+        !matches!(self, FaultKind::Crash | FaultKind::ManagerCrash)
     }
 }
 
@@ -163,6 +170,12 @@ impl CrashPlan {
             0 => return None,
             1 => kinds[0],
             n => kinds[rng.below(n as u64) as usize],
+        };
+        // The manager's node is node 0; the survivor that recovers it is drawn as
+        // for any other node (`by` is never `node`, which stands in for it).
+        let (node, by) = match kind {
+            FaultKind::ManagerCrash => (0, if by == 0 { node } else { by }),
+            _ => (node, by),
         };
         Some(CrashPlan {
             node,
@@ -1023,12 +1036,24 @@ fn run_step(
             pending.fetch_sub(1, Ordering::SeqCst);
         });
     }
-    if let Some(c) = crash.filter(|c| c.kind == FaultKind::Crash) {
+    if let Some(c) = crash.filter(|c| !c.kind.needs_leases()) {
         let (cluster, pending, recovery) = (cluster.clone(), pending.clone(), recovery.clone());
         let fault = config.recovery_fault;
         sim.spawn(format!("s{step}-crash-n{}", c.node), move || {
             mako_diag::sched::sleep(Duration::from_micros(c.delay_micros));
-            cluster.crash(c.node);
+            if c.kind == FaultKind::ManagerCrash {
+                let successor = cluster.crash_manager(fault);
+                let rounds = cluster.rebuild_manager();
+                if verbose() {
+                    eprintln!(
+                        "  step {step}: node {successor} took the token manager over from node {}, {} report(s) in {rounds} round(s)",
+                        c.node,
+                        cluster.manager().stats().reports
+                    );
+                }
+            } else {
+                cluster.crash(c.node);
+            }
             mako_diag::sched::sleep(CRASH_DETECTION);
             let r = cluster
                 .recover(c.by, c.node, fault)

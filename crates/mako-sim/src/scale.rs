@@ -391,7 +391,7 @@ pub fn run_scale_on(
                 return fail(format!("setup on node 0: {e}"));
             }
             cluster.net.reset_stats();
-            shared.lock().tokens[0] = cluster.manager.stats();
+            shared.lock().tokens[0] = cluster.manager().stats();
             let pending = Arc::new(AtomicU64::new(nodes as u64));
             let name = match workload {
                 ScaleWorkload::CreateStorm | ScaleWorkload::CreateStormInBlocks => &b"storm"[..],
@@ -428,7 +428,7 @@ pub fn run_scale_on(
             }
             mako_diag::sched::wait_until("scale phase", || pending.load(Ordering::SeqCst) == 0);
             shared.lock().net = Some(cluster.net.stats());
-            shared.lock().tokens[1] = cluster.manager.stats();
+            shared.lock().tokens[1] = cluster.manager().stats();
             let errors = shared.lock().errors.clone();
             let bad = check_result(&cluster, workload, nodes, &errors);
             shared.lock().check_failures = bad;
@@ -476,6 +476,8 @@ pub fn run_scale_on(
                 waiters_expired: b.waiters_expired - a.waiters_expired,
                 waiters_dropped: b.waiters_dropped - a.waiters_dropped,
                 turns: b.turns - a.turns,
+                rebuild_refused: b.rebuild_refused - a.rebuild_refused,
+                reports: b.reports - a.reports,
             }
         },
         wall: started.elapsed(),

@@ -16,7 +16,7 @@
 //! failing seed prints the command that replays it.
 
 use mako_sim::cluster::RecoveryFault;
-use mako_sim::runner::{run_seeds, SeedPlan};
+use mako_sim::runner::{run_seeds, FaultKind, SeedPlan};
 use mako_sim::{run_seed, SeedConfig, SeedFailure};
 
 /// Steps per seed (the setup and the final read-back come on top).
@@ -35,8 +35,16 @@ fn config(seed: u64, nodes: u32, fault: RecoveryFault) -> SeedConfig {
 }
 
 fn run(test: &str, plan: SeedPlan) {
+    run_kind(test, plan, FaultKind::Crash);
+}
+
+fn run_kind(test: &str, plan: SeedPlan, kind: FaultKind) {
     let nodes = plan.nodes;
-    let summary = run_seeds(&plan, true, |seed| config(seed, nodes, RecoveryFault::None));
+    let summary = run_seeds(&plan, true, |seed| {
+        let mut c = config(seed, nodes, RecoveryFault::None);
+        c.fault_kinds = vec![kind];
+        c
+    });
     summary.report(
         "recovery",
         test,
@@ -61,17 +69,62 @@ fn crash_and_recover_three_nodes() {
     run("crash_and_recover_three_nodes", SeedPlan::from_env(10, 3));
 }
 
+/// Node 0 crashes with the token manager: node 1 takes it over and rebuilds its table
+/// from the survivors' held tokens (docs/coherence.md section 7b), a survivor
+/// recovers node 0; the same checks as for any crash (12 seeds of three nodes and 12
+/// of two; `MAKO_SIM_LONG=1` ten times as many).
+#[test]
+fn the_token_manager_moves_off_a_crashed_node_three_nodes() {
+    run_kind(
+        "the_token_manager_moves_off_a_crashed_node_three_nodes",
+        SeedPlan::from_env(12, 3),
+        FaultKind::ManagerCrash,
+    );
+}
+
+#[test]
+fn the_token_manager_moves_off_a_crashed_node_two_nodes() {
+    run_kind(
+        "the_token_manager_moves_off_a_crashed_node_two_nodes",
+        SeedPlan::from_env(12, 2),
+        FaultKind::ManagerCrash,
+    );
+}
+
 /// Seeds tried before the checker is declared blind to a broken recovery.
 const SEEDS_MAX: u64 = 30;
 
 /// The first seed whose run fails with `fault` in the recovery, and its failure.
 fn first_caught(fault: RecoveryFault) -> (u64, SeedFailure) {
+    first_caught_in(fault, FaultKind::Crash, 2)
+}
+
+fn first_caught_in(fault: RecoveryFault, kind: FaultKind, nodes: u32) -> (u64, SeedFailure) {
     for seed in 1..=SEEDS_MAX {
-        if let Err(f) = run_seed(&config(seed, 2, fault)) {
+        let mut c = config(seed, nodes, fault);
+        c.fault_kinds = vec![kind];
+        if let Err(f) = run_seed(&c) {
             return (seed, f);
         }
     }
     panic!("{fault:?} was not caught in {SEEDS_MAX} seeds");
+}
+
+/// A token manager taken over from crashed node 0 that does not ask the survivors
+/// what they hold grants their tokens again: caught (two nodes believe they hold
+/// conflicting tokens, or one more than the table records).
+#[test]
+fn a_rebuild_without_reports_is_caught() {
+    let (seed, failure) = first_caught_in(
+        RecoveryFault::RebuildWithoutReports,
+        FaultKind::ManagerCrash,
+        3,
+    );
+    eprintln!("caught at seed {seed}: {failure}");
+    assert!(!failure.message.contains("panicked"), "{failure}");
+    let mut c = config(seed, 3, RecoveryFault::None);
+    c.fault_kinds = vec![FaultKind::ManagerCrash];
+    run_seed(&c).unwrap_or_else(|f| panic!("seed {seed} fails without the fault too: {f}"));
 }
 
 /// A recovery that releases the failed node's tokens without replaying its log: what

@@ -20,7 +20,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::TokenError;
 use crate::held_ranges::HeldRanges;
-use crate::manager::{validate_range, validate_request, AcquireRequest, Condition, Holder};
+use crate::manager::{
+    validate_range, validate_request, AcquireRequest, Condition, HeldToken, Holder,
+};
 use crate::mode::{compatible, covers, TokenMode};
 use crate::protocol::{ClientReply, ClientRequest, ManagerReply, ManagerRequest};
 use crate::range::ByteRange;
@@ -78,13 +80,23 @@ impl ManagerMap {
         ManagerMap { nodes: vec![node] }
     }
     pub fn manager_for(&self, resource: &ResourceId) -> NodeId {
+        self.nodes
+            .get(self.slot_for(resource))
+            .copied()
+            .unwrap_or(NodeId(0))
+    }
+
+    /// The index in `nodes` of the shard of `resource`. A failed manager node's slot
+    /// is taken over by another node (docs/coherence.md section 7b) without moving
+    /// any resource to another slot.
+    pub fn slot_for(&self, resource: &ResourceId) -> usize {
         if self.nodes.len() <= 1 {
-            return self.nodes.first().copied().unwrap_or(NodeId(0));
+            return 0;
         }
         let mut h = resource.id ^ (u64::from(resource.fs) << 40) ^ ((resource.kind as u64) << 56);
         h = h.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         h ^= h >> 31;
-        self.nodes[(h % self.nodes.len() as u64) as usize]
+        (h % self.nodes.len() as u64) as usize
     }
 }
 
@@ -215,6 +227,12 @@ struct ResState {
     holds: Vec<HoldEntry>,
     revoking: Vec<ByteRange>,
     busy: bool,
+    /// An acquire's request is with the manager (a grant may be on its way): a report
+    /// to a rebuilding manager waits for its answer (`ClientInner::held_in`).
+    asking: bool,
+    /// Pieces being downgraded at the manager (a revoke's step 5): no longer in `held`
+    /// meanwhile, but still held in the weaker mode, so reported as held.
+    downgrading: Vec<(ByteRange, TokenMode)>,
 }
 
 impl ResState {
@@ -265,7 +283,9 @@ struct ClientInner {
     id: usize,
     node: NodeId,
     transport: Arc<dyn Transport>,
-    managers: ManagerMap,
+    /// Changed only when a manager node's slot moves (`ClientRequest::HeldIn`,
+    /// `TokenClient::set_managers`).
+    managers: parking_lot::RwLock<ManagerMap>,
     cache_flush: OnceLock<Arc<dyn CacheFlush>>,
     shards: Box<[(CountedMutex<Shard>, Condvar)]>,
     limits: TokenClientLimits,
@@ -418,7 +438,6 @@ impl ClientInner {
         resource: &ResourceId,
         request: ManagerRequest,
     ) -> Result<ManagerReply, TokenError> {
-        let to = self.managers.manager_for(resource);
         // A call whose connection broke (`TransportError::Unreachable`) may or may not
         // have been handled. Relinquish and downgrade are idempotent (giving up what is
         // no longer held, weakening to what is already held, change nothing) and this
@@ -431,6 +450,7 @@ impl ClientInner {
         );
         let mut resent = 0;
         loop {
+            let to = self.managers.read().manager_for(resource);
             match mako_rt::call(
                 &*self.transport,
                 to,
@@ -438,6 +458,11 @@ impl ClientInner {
                 &request,
                 self.options(),
             ) {
+                // The manager node failed and another took its slot over meanwhile
+                // (docs/coherence.md section 7b): ask the new one. Whatever the failed
+                // one did with the request is lost with its table.
+                Err(mako_rt::TransportError::Unreachable { .. })
+                    if self.managers.read().manager_for(resource) != to => {}
                 Err(mako_rt::TransportError::Unreachable { .. })
                     if idempotent && resent < IDEMPOTENT_RESENDS_MAX =>
                 {
@@ -520,6 +545,19 @@ impl ClientInner {
         waiter.is_some_and(|w| self.turns.lock().get_mut(&w).is_some_and(std::mem::take))
     }
 
+    /// Pause before asking a rebuilding manager shard again; fails once the wait for
+    /// a failed holder (`holder_down_wait_ms`, which `waited` counts) is spent.
+    fn wait_rebuild(&self, waited: &mut Duration, e: TokenError) -> Result<(), TokenError> {
+        let wait_max = Duration::from_millis(self.holder_down_wait_ms.load(Ordering::Relaxed));
+        if *waited >= wait_max {
+            return Err(e);
+        }
+        let retry = Duration::from_millis(self.limits.holder_down_retry_ms.max(1));
+        self::pause(retry);
+        *waited += retry;
+        Ok(())
+    }
+
     fn expect_done(reply: ManagerReply) -> Result<(), TokenError> {
         match reply {
             ManagerReply::Done => Ok(()),
@@ -545,6 +583,58 @@ impl ClientInner {
             }
             cv.wait(&mut shard);
         }
+    }
+
+    /// A manager took over slot `slot` (`ClientRequest::HeldIn`): route by `managers`
+    /// from now on and report what this node holds on the slot's resources. Each
+    /// resource is read while no acquire of it is with a manager (`asking`): a grant on
+    /// its way is in the cache first (the rebuilding manager grants nothing, so only
+    /// the failed one's could be). A token being given up is reported until it left
+    /// the cache, and pieces being downgraded in their weaker mode; a revoke does not
+    /// wait for the report, nor the report for the revoke (whose cache flush may need
+    /// a token of the rebuilding slot). Anything given up after the report is
+    /// relinquished to the new manager, which may have recorded it from the report
+    /// after that; it then records more than is held, never less (see
+    /// `TokenManager::apply_report`).
+    fn held_in(&self, slot: usize, managers: ManagerMap) -> Vec<HeldToken> {
+        *self.managers.write() = managers.clone();
+        let mut out = Vec::new();
+        for (lock, cv) in self.shards.iter() {
+            let mut shard = lock.lock();
+            loop {
+                let busy = shard
+                    .res
+                    .iter()
+                    .any(|(r, st)| st.asking && managers.slot_for(r) == slot);
+                if !busy {
+                    break;
+                }
+                cv.wait(&mut shard);
+            }
+            out.extend(
+                shard
+                    .res
+                    .iter()
+                    .filter(|(r, st)| {
+                        managers.slot_for(r) == slot
+                            && !(st.held.is_empty() && st.downgrading.is_empty())
+                    })
+                    .map(|(r, st)| {
+                        let mut held = st.held.clone();
+                        for (range, mode) in &st.downgrading {
+                            held.grant(*range, *mode);
+                        }
+                        HeldToken {
+                            resource: *r,
+                            pieces: held.pieces().to_vec(),
+                            version: st.version,
+                            metanode: st.metanode,
+                        }
+                    }),
+            );
+        }
+        out.sort_by_key(|t| t.resource);
+        out
     }
 
     /// Steps 1-6 of a revoke (docs/coherence.md section 2), for a request from another
@@ -603,6 +693,9 @@ impl ClientInner {
             None => Vec::new(),
         };
         st.held.remove(range);
+        if let Some(k) = keep {
+            st.downgrading = kept.iter().map(|r| (*r, k)).collect();
+        }
         drop(shard);
         // 5. Tell the manager, and wait for its answer.
         let mut rest = vec![range];
@@ -645,6 +738,7 @@ impl ClientInner {
         // The weakened parts are held again (the manager records them so).
         let mut shard = lock.lock();
         let st = shard.res.entry(resource).or_default();
+        st.downgrading.clear();
         if let (Some(k), true) = (keep, result.is_ok()) {
             for r in kept {
                 st.held.grant(r, k);
@@ -697,7 +791,7 @@ impl TokenClient {
                 id: CLIENT_IDS.fetch_add(1, Ordering::Relaxed),
                 node,
                 transport,
-                managers,
+                managers: parking_lot::RwLock::new(managers),
                 cache_flush: OnceLock::new(),
                 shards,
                 limits,
@@ -977,6 +1071,7 @@ impl TokenClient {
                 return Ok(());
             }
             st.busy = true;
+            st.asking = true;
             drop(shard);
             // 2. Ask the manager; a grant goes into the cache before anyone can revoke
             //    it (revokes wait while `busy`). A turn notice from before this ask is
@@ -987,6 +1082,7 @@ impl TokenClient {
             let mut shard = lock.lock();
             let st = shard.res.entry(resource).or_default();
             st.busy = false;
+            st.asking = false;
             cv.notify_all();
             let (copyset, wanted, effective_required, metanode) = match reply {
                 Ok(ManagerReply::Granted(g)) => {
@@ -1085,6 +1181,15 @@ impl TokenClient {
                     }
                     pause = (pause * 2).min(poll_first * QUEUE_POLL_GROWTH_MAX);
                     req.revoke_answers = 0;
+                    continue;
+                }
+                // The manager shard is rebuilding its table (its node failed): ask
+                // again once it is done, as for a failed holder.
+                Ok(ManagerReply::Failed(e @ TokenError::Rebuilding { .. })) => {
+                    drop(shard);
+                    inner.wait_rebuild(&mut waited_down, e)?;
+                    req.revoke_answers = 0;
+                    queued = None;
                     continue;
                 }
                 Ok(ManagerReply::Failed(e)) => {
@@ -1433,7 +1538,7 @@ impl TokenClient {
     /// proceed. Call only once what `node` held dirty is safe: its recovery log
     /// replayed (`mako_fs::recovery::recover_failed_node`).
     pub fn release_failed_node(&self, node: NodeId) -> Result<(), TokenError> {
-        let mut managers = self.inner.managers.nodes.clone();
+        let mut managers = self.inner.managers.read().nodes.clone();
         managers.sort();
         managers.dedup();
         if managers.is_empty() {
@@ -1461,14 +1566,30 @@ impl TokenClient {
         resource: ResourceId,
         become_if_none: bool,
     ) -> Result<Option<NodeId>, TokenError> {
-        match self.inner.ask_manager(
-            &resource,
-            ManagerRequest::LocateMetanode {
-                node: self.inner.node,
-                resource,
-                become_if_none,
-            },
-        )? {
+        let mut waited = Duration::ZERO;
+        loop {
+            match self.inner.ask_manager(
+                &resource,
+                ManagerRequest::LocateMetanode {
+                    node: self.inner.node,
+                    resource,
+                    become_if_none,
+                },
+            )? {
+                ManagerReply::Failed(e @ TokenError::Rebuilding { .. }) => {
+                    self.inner.wait_rebuild(&mut waited, e)?;
+                }
+                reply => return self.metanode_located(resource, reply),
+            }
+        }
+    }
+
+    fn metanode_located(
+        &self,
+        resource: ResourceId,
+        reply: ManagerReply,
+    ) -> Result<Option<NodeId>, TokenError> {
+        match reply {
             ManagerReply::Metanode(m) => {
                 if m == Some(self.inner.node) {
                     let (lock, _) = self.inner.shard(&resource);
@@ -1561,9 +1682,27 @@ impl TokenClient {
             .unwrap_or_default()
     }
 
+    /// Route by `managers` from now on: a failed manager node's slot was taken over
+    /// by another node (docs/coherence.md section 7b). The new manager's
+    /// `ClientRequest::HeldIn` does the same; this tells a node before it is asked.
+    pub fn set_managers(&self, managers: ManagerMap) {
+        *self.inner.managers.write() = managers;
+    }
+
+    /// What this node would answer to `ClientRequest::HeldIn` (tests).
+    #[cfg(test)]
+    pub(crate) fn report_for_tests(&self, slot: usize, managers: ManagerMap) -> Vec<HeldToken> {
+        self.inner.held_in(slot, managers)
+    }
+
+    /// The manager routing in use.
+    pub fn managers(&self) -> ManagerMap {
+        self.inner.managers.read().clone()
+    }
+
     /// The manager node whose token manager shard keeps `resource`.
     pub fn manager_of(&self, resource: &ResourceId) -> NodeId {
-        self.inner.managers.manager_for(resource)
+        self.inner.managers.read().manager_for(resource)
     }
 
     /// Every resource with cached tokens, with what is held on it.
@@ -1634,6 +1773,9 @@ impl mako_rt::Service for ClientService {
             (Some(inner), Ok(ClientRequest::Turn { resource, waiter })) => {
                 inner.turn(&resource, waiter);
                 ClientReply::Alive
+            }
+            (Some(inner), Ok(ClientRequest::HeldIn { slot, managers })) => {
+                ClientReply::Held(inner.held_in(slot as usize, managers))
             }
             (
                 Some(inner),

@@ -175,6 +175,21 @@ pub enum TokenError {
         attempts: u32,
         last_copyset: Vec<Holder>,
     },
+    /// The manager shard of the resource was just restarted on a new node and is
+    /// rebuilding its table from the nodes' held tokens (docs/coherence.md section
+    /// 7b): nothing is granted until every live node answered and every failed node
+    /// was recovered. The requester asks again after a pause.
+    #[error(
+        "the token manager shard of {resource} is rebuilding its table: waiting for {} \
+         to report the tokens they hold, and for the recovery of {}; ask again shortly",
+        nodes_text(reporting),
+        nodes_text(recovering)
+    )]
+    Rebuilding {
+        resource: ResourceId,
+        reporting: Vec<NodeId>,
+        recovering: Vec<NodeId>,
+    },
 }
 
 fn nodes_text(nodes: &[NodeId]) -> String {

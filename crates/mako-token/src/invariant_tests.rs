@@ -185,6 +185,9 @@ impl mako_rt::Service for RawHandler {
             Ok(ClientRequest::Ping) => ClientReply::Alive,
             Ok(ClientRequest::PingWaiting(_)) => ClientReply::Waiting(true),
             Ok(ClientRequest::Turn { .. }) => ClientReply::Alive,
+            Ok(ClientRequest::HeldIn { .. }) => {
+                ClientReply::Failed(TokenError::Transport("not a token client".into()))
+            }
             Err(e) => ClientReply::Failed(TokenError::Transport(e.to_string())),
         };
         mako_rt::encode("revoke reply", &reply).expect("encode")

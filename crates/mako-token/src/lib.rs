@@ -23,6 +23,8 @@ pub use rustc_hash::FxHasher;
 
 #[cfg(test)]
 mod invariant_tests;
+#[cfg(test)]
+mod rebuild_tests;
 
 pub use client::{
     AcquireOptions, CacheFlush, Hold, ManagerMap, NoCache, TokenClient, TokenClientLimits,
@@ -30,8 +32,8 @@ pub use client::{
 };
 pub use error::TokenError;
 pub use manager::{
-    AcquireRequest, Condition, Grant, Holder, TokenManager, TokenManagerLimits, TokenStats,
-    SHARD_COUNT_DEFAULT,
+    AcquireRequest, Condition, Grant, HeldToken, Holder, TokenManager, TokenManagerLimits,
+    TokenStats, SHARD_COUNT_DEFAULT,
 };
 pub use mode::{compatible, covers, join, TokenMode};
 pub use protocol::{ClientReply, ClientRequest, ManagerReply, ManagerRequest, ManagerService};

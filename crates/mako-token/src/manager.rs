@@ -6,8 +6,9 @@
 //! its turn came (`ClientRequest::Turn`, through the transport given with
 //! `TokenManager::notify_through`), sent without waiting, so that waiters do not poll.
 
+use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -16,6 +17,7 @@ use mako_rt::{CallOptions, ServiceId, Transport};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+use crate::client::ManagerMap;
 use crate::error::TokenError;
 use crate::held_ranges::HeldRanges;
 use crate::mode::{compatible, TokenMode};
@@ -172,6 +174,40 @@ impl fmt::Display for Holder {
     }
 }
 
+/// What a node holds on one resource, as it reports it to a rebuilding manager shard
+/// (`ClientRequest::HeldIn`, docs/coherence.md section 7b).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldToken {
+    pub resource: ResourceId,
+    /// The held pieces, in order, not overlapping.
+    pub pieces: Vec<(ByteRange, TokenMode)>,
+    /// The structure version the node last heard of (`Grant::version`).
+    pub version: u64,
+    /// The manager named the node the resource's metanode (or owner) and it still
+    /// holds a write mode there.
+    pub metanode: bool,
+}
+
+/// A shard being rebuilt (`TokenManager::begin_rebuild`).
+struct Rebuild {
+    /// The routing the rebuilt slot belongs to: only resources routed to `slot` are
+    /// refused while it lasts (the same manager may serve other slots meanwhile).
+    map: ManagerMap,
+    slot: usize,
+    /// Live nodes whose report has not arrived.
+    reporting: BTreeSet<NodeId>,
+    /// Failed nodes not yet recovered (`release_node`): what they held is unknown, and
+    /// their logs may hold changes to anything they held, so nothing of the slot is
+    /// granted before their recovery replayed them.
+    recovering: BTreeSet<NodeId>,
+}
+
+impl Rebuild {
+    fn done(&self) -> bool {
+        self.reporting.is_empty() && self.recovering.is_empty()
+    }
+}
+
 /// Counters for diagnostics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenStats {
@@ -197,6 +233,10 @@ pub struct TokenStats {
     pub waiters_dropped: u64,
     /// Notices sent to queued requesters that their turn came (`ClientRequest::Turn`).
     pub turns: u64,
+    /// Requests refused because the shard was rebuilding (`TokenError::Rebuilding`).
+    pub rebuild_refused: u64,
+    /// Reports of held tokens taken in by a rebuild (`TokenManager::apply_report`).
+    pub reports: u64,
 }
 
 /// A request waiting for its turn on a resource (see `AcquireRequest::waiter`).
@@ -424,6 +464,11 @@ pub struct TokenManager {
     notifier: OnceLock<Weak<dyn Transport>>,
     /// Origin of the manager's time when no simulation scheduler is installed.
     start: Instant,
+    /// A slot being rebuilt (`begin_rebuild`); `rebuilding` says so without the lock.
+    rebuild: Mutex<Option<Rebuild>>,
+    rebuilding: AtomicBool,
+    rebuild_refused: AtomicU64,
+    reports: AtomicU64,
 }
 
 fn resource_of(req: &AcquireRequest) -> ResourceId {
@@ -456,6 +501,171 @@ impl TokenManager {
             turns_sent: AtomicU64::new(0),
             notifier: OnceLock::new(),
             start: Instant::now(),
+            rebuild: Mutex::new(None),
+            rebuilding: AtomicBool::new(false),
+            rebuild_refused: AtomicU64::new(0),
+            reports: AtomicU64::new(0),
+        }
+    }
+
+    /// Start rebuilding the slot `slot` of `map` (docs/coherence.md section 7b): this
+    /// manager takes over the slot of a manager node that failed, whose table is lost.
+    /// Until every node of `live` reported what it holds there (`apply_report`) and
+    /// every node of `failed` was recovered (`release_node`), requests that could
+    /// grant or name a metanode on a resource of the slot are refused with
+    /// `TokenError::Rebuilding`; giving up (relinquish, downgrade, cancel) and
+    /// versions are taken as usual. Queued requests of the old table are gone: their
+    /// requesters ask again and queue anew. `collect_reports` asks the nodes.
+    pub fn begin_rebuild(&self, map: ManagerMap, slot: usize, live: &[NodeId], failed: &[NodeId]) {
+        let rebuild = Rebuild {
+            map,
+            slot,
+            reporting: live.iter().copied().collect(),
+            recovering: failed
+                .iter()
+                .copied()
+                .filter(|n| !live.contains(n))
+                .collect(),
+        };
+        let done = rebuild.done();
+        *self.rebuild.lock() = (!done).then_some(rebuild);
+        self.rebuilding.store(!done, Ordering::SeqCst);
+    }
+
+    /// Is a rebuild running? (Nodes still to report or to be recovered.)
+    pub fn is_rebuilding(&self) -> bool {
+        self.rebuilding.load(Ordering::SeqCst)
+    }
+
+    /// The nodes a running rebuild still waits for: (to report, to be recovered).
+    pub fn rebuild_waits_for(&self) -> (Vec<NodeId>, Vec<NodeId>) {
+        match &*self.rebuild.lock() {
+            Some(r) => (
+                r.reporting.iter().copied().collect(),
+                r.recovering.iter().copied().collect(),
+            ),
+            None => (Vec::new(), Vec::new()),
+        }
+    }
+
+    /// The refusal for a request on `resource` while its slot is rebuilding.
+    pub fn rebuild_refusal(&self, resource: ResourceId) -> Option<TokenError> {
+        if !self.rebuilding.load(Ordering::SeqCst) {
+            return None;
+        }
+        let rebuild = self.rebuild.lock();
+        let r = rebuild.as_ref()?;
+        if r.map.slot_for(&resource) != r.slot {
+            return None;
+        }
+        self.rebuild_refused.fetch_add(1, Ordering::Relaxed);
+        Some(TokenError::Rebuilding {
+            resource,
+            reporting: r.reporting.iter().copied().collect(),
+            recovering: r.recovering.iter().copied().collect(),
+        })
+    }
+
+    /// Take in `node`'s report of what it holds in the rebuilt slot. Returns whether it
+    /// was taken: a report from a node the rebuild does not wait for (it reported
+    /// already, or was recovered meanwhile: it holds nothing) is dropped. Each piece is
+    /// recorded as the node reports it; a node that gave part of it up after making
+    /// the report may be recorded holding more than it does, never less, and the next
+    /// revoke of it clears that (giving up what is not held is answered, and
+    /// relinquished, as usual).
+    pub fn apply_report(&self, node: NodeId, held: &[HeldToken]) -> bool {
+        let mut rebuild = self.rebuild.lock();
+        let Some(r) = rebuild.as_mut() else {
+            return false;
+        };
+        if !r.reporting.remove(&node) {
+            return false;
+        }
+        self.reports.fetch_add(1, Ordering::Relaxed);
+        for token in held {
+            if r.map.slot_for(&token.resource) != r.slot {
+                continue;
+            }
+            let mut shard = self.shard(&token.resource).lock();
+            let entry = shard.resources.entry(token.resource).or_default();
+            let mut mine = entry.node(node).cloned().unwrap_or_default();
+            let old_len = mine.len();
+            for (range, mode) in &token.pieces {
+                if !range.is_empty() {
+                    mine.grant(*range, *mode);
+                }
+            }
+            let new_len = mine.len();
+            self.tokens.fetch_add(new_len - old_len, Ordering::Relaxed);
+            entry.set(node, mine);
+            entry.version = entry.version.max(token.version);
+            if token.metanode && entry.metanode.is_none() && entry.writes(node) {
+                entry.metanode = Some(node);
+            }
+            if entry.is_unused() {
+                shard.resources.remove(&token.resource);
+            }
+        }
+        if r.done() {
+            *rebuild = None;
+            self.rebuilding.store(false, Ordering::SeqCst);
+        }
+        true
+    }
+
+    /// Ask every node a running rebuild waits for what it holds in the slot
+    /// (`ClientRequest::HeldIn`, all at once), take the answers in, and ask again
+    /// those that did not answer after `retry`, until every live node answered or
+    /// was recovered (a node that fails meanwhile is recovered like any failed node,
+    /// which ends the wait for it). Returns the number of rounds. Recoveries the
+    /// rebuild still waits for after that end it when they release their nodes.
+    pub fn collect_reports(&self, transport: &dyn Transport, retry: Duration) -> u32 {
+        let mut rounds = 0;
+        loop {
+            let (request, nodes) = {
+                let rebuild = self.rebuild.lock();
+                let Some(r) = rebuild.as_ref() else {
+                    return rounds;
+                };
+                if r.reporting.is_empty() {
+                    return rounds;
+                }
+                let request = crate::protocol::ClientRequest::HeldIn {
+                    slot: u32::try_from(r.slot).unwrap_or(u32::MAX),
+                    managers: r.map.clone(),
+                };
+                (request, r.reporting.iter().copied().collect::<Vec<_>>())
+            };
+            rounds += 1;
+            let body = mako_rt::encode("held in", &request).unwrap_or_default();
+            let calls = nodes
+                .iter()
+                .map(|n| (*n, ServiceId::TokenClient, body.clone()))
+                .collect();
+            let options = CallOptions {
+                deadline: TURN_DEADLINE,
+                ..CallOptions::default()
+            };
+            let answers = transport.call_many(calls, options);
+            let mut missing = false;
+            for (node, answer) in nodes.iter().zip(answers) {
+                let reply = answer.ok().and_then(|b| {
+                    mako_rt::decode::<crate::protocol::ClientReply>("held reply", &b).ok()
+                });
+                match reply {
+                    Some(crate::protocol::ClientReply::Held(held)) => {
+                        self.apply_report(*node, &held);
+                    }
+                    _ => missing = true,
+                }
+            }
+            if missing {
+                if mako_diag::sched::active() {
+                    mako_diag::sched::sleep(retry);
+                } else {
+                    std::thread::sleep(retry);
+                }
+            }
         }
     }
 
@@ -534,6 +744,9 @@ impl TokenManager {
         self.revokes
             .fetch_add(u64::from(req.revoke_answers), Ordering::Relaxed);
         validate_request(&req)?;
+        if let Some(e) = self.rebuild_refusal(req.resource) {
+            return Err(e);
+        }
         let mut shard = self.shard(&resource_of(&req)).lock();
         if let Some(t) = shard.resources.get_mut(&req.resource) {
             let lease = Duration::from_millis(self.limits.waiter_lease_ms);
@@ -882,6 +1095,16 @@ impl TokenManager {
         }
         self.tokens.fetch_sub(dropped, Ordering::Relaxed);
         self.send_turns(turns);
+        // A released node holds nothing: a rebuild waits for it no more.
+        let mut rebuild = self.rebuild.lock();
+        if let Some(r) = rebuild.as_mut() {
+            r.reporting.remove(&node);
+            r.recovering.remove(&node);
+            if r.done() {
+                *rebuild = None;
+                self.rebuilding.store(false, Ordering::SeqCst);
+            }
+        }
         dropped
     }
 
@@ -1056,6 +1279,8 @@ impl TokenManager {
             waiters_expired: self.waiters_expired.load(Ordering::Relaxed),
             waiters_dropped: self.waiters_dropped.load(Ordering::Relaxed),
             turns: self.turns_sent.load(Ordering::Relaxed),
+            rebuild_refused: self.rebuild_refused.load(Ordering::Relaxed),
+            reports: self.reports.load(Ordering::Relaxed),
         }
     }
 }

@@ -2,8 +2,9 @@
 //! node's `TokenClient` and its token manager shard, and between a requester and the
 //! holders it revokes (docs/coherence.md section 2). Plain data, postcard on the wire.
 
+use crate::client::ManagerMap;
 use crate::error::TokenError;
-use crate::manager::{AcquireRequest, Grant, Holder, TokenManager, TokenStats};
+use crate::manager::{AcquireRequest, Grant, HeldToken, Holder, TokenManager, TokenStats};
 use crate::mode::TokenMode;
 use crate::range::ByteRange;
 use crate::resource::{NodeId, ResourceId};
@@ -99,6 +100,10 @@ pub enum ClientRequest {
     /// without waiting for the answer (`Transport::post`); a lost one costs the waiter
     /// its slow safety poll (`TokenClientLimits::queue_poll_ms`).
     Turn { resource: ResourceId, waiter: u64 },
+    /// From a manager that took over slot `slot` of the routing (its previous node
+    /// failed) and rebuilds its table (docs/coherence.md section 7b): route by
+    /// `managers` from now on, and report every token held on a resource of the slot.
+    HeldIn { slot: u32, managers: ManagerMap },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -108,6 +113,8 @@ pub enum ClientReply {
     Alive,
     /// The answer to `PingWaiting`: whether an acquire of the resource is running.
     Waiting(bool),
+    /// The answer to `HeldIn`.
+    Held(Vec<HeldToken>),
     Failed(TokenError),
 }
 
@@ -165,7 +172,11 @@ impl ManagerService {
                 node,
                 resource,
                 become_if_none,
-            } => ManagerReply::Metanode(m.locate_metanode(node, resource, become_if_none)),
+            } => match m.rebuild_refusal(resource) {
+                // The metanode may be a node that has not reported yet.
+                Some(e) => ManagerReply::Failed(e),
+                None => ManagerReply::Metanode(m.locate_metanode(node, resource, become_if_none)),
+            },
             ManagerRequest::ResignMetanode { node, resource } => {
                 m.resign_metanode(node, resource);
                 ManagerReply::Done

@@ -231,11 +231,12 @@ pub fn control_frame<T: serde::Serialize>(version: u16, kind: Kind, body: &T) ->
     wire::frame_bytes(&Header::new(version, kind, body.len()), &body)
 }
 
-/// Hello and authentication as node `me` with `key`, by hand: the stream is then a
-/// member's connection on which requests may be sent.
+/// Hello and authentication as node `me` with `key`, by hand, speaking protocol
+/// version 1 only (as an older release would: no incarnation, no resent requests):
+/// the stream is then a member's connection on which `request_frame`s may be sent.
 pub fn raw_authenticate(addr: SocketAddr, key: &ClusterKey, me: u32) -> TcpStream {
     let mut s = raw_connect(addr);
-    let hello = hello(me, wire::VERSION_MIN, wire::VERSION_MAX);
+    let hello = hello(me, wire::VERSION_MIN, wire::VERSION_MIN);
     s.write_all(&control_frame(wire::VERSION_MIN, Kind::Hello, &hello))
         .unwrap();
     let (h, body) = raw_read_frame(&mut s);
