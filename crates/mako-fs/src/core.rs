@@ -276,6 +276,10 @@ pub struct InodeState {
     pub indirect: CountedMutex<FastMap<(u8, u64), IndNode>>,
     /// Directory blocks by logical index.
     pub dir_blocks: CountedMutex<FastMap<u64, DirNode>>,
+    /// `TokenClient::grant_clock` when the cached directory blocks were last read again
+    /// (`directory::refresh_cached`): a grant of the directory's names (or of its inode
+    /// in `xw`) after it means their clean pages may be stale (`directory::cover`).
+    pub names_seen: AtomicU64,
     /// Extended attributes outside the inode with their xattr blocks (`xattr`); `None`
     /// until first used.
     pub xattr: CountedMutex<Option<crate::xattr::Overflow>>,
@@ -369,6 +373,7 @@ impl InodeHandle {
                     inbox: inbox.clone(),
                     indirect: CountedMutex::new(&INODE_INDIRECT_LOCK, FastMap::default()),
                     dir_blocks: CountedMutex::new(&INODE_DIR_BLOCKS_LOCK, FastMap::default()),
+                    names_seen: AtomicU64::new(0),
                     xattr: CountedMutex::new(&INODE_XATTR_LOCK, None),
                     deleted: false,
                     stale: false,

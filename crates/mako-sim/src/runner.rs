@@ -59,7 +59,7 @@ pub struct SeedConfig {
     /// TEST ONLY: a broken revoke to inject in every node (the checker's own test).
     pub revoke_fault: RevokeFault,
     /// `mako_fs::directory::CROWD_NODES` of every node, if not the default
-    /// (`Core::crowd_nodes`).
+    /// (`Core::crowd_nodes`; `MAKO_SIM_CROWD_NODES` sets it for any run).
     pub crowd_nodes: Option<u32>,
     /// Crash a node (not node 0, which hosts the token manager, unless the fault is
     /// `FaultKind::ManagerCrash`) at a random point of a random step; a survivor
@@ -120,7 +120,7 @@ impl SeedConfig {
             checks: Checks::from_env(),
             verify: !env_flag("MAKO_SIM_NO_CHECKS"),
             revoke_fault: RevokeFault::None,
-            crowd_nodes: None,
+            crowd_nodes: env_u64("MAKO_SIM_CROWD_NODES").map(|n| n as u32),
             crash: env_flag("MAKO_SIM_CRASH"),
             recovery_fault: RecoveryFault::None,
             fault_kinds: vec![FaultKind::Crash],
@@ -1552,6 +1552,7 @@ pub fn replay_command_in(file: &str, test: &str, nodes: u32, seed: u64, ignored:
         "MAKO_SIM_NO_CHECKS",
         "MAKO_SIM_CRASH",
         "MAKO_SIM_STEPS",
+        "MAKO_SIM_CROWD_NODES",
     ] {
         if let Ok(v) = std::env::var(name) {
             env.push_str(&format!("{name}={v} "));
