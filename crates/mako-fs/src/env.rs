@@ -57,6 +57,15 @@ impl NodeEnv {
     /// node 0, each node reaching them and the others through the in-process transport.
     /// The network transport of the next issue replaces exactly this.
     pub fn in_process_cluster(n: u32) -> Vec<NodeEnv> {
+        Self::in_process_nodes(&(0..n).collect::<Vec<_>>())
+    }
+
+    /// Nodes `nodes` of one cluster in this process, as `in_process_cluster`, with the
+    /// token manager and the file-system manager on node 0 whether or not node 0 is
+    /// one of them. The manager tells queued requests their turn through node 0's
+    /// transport when node 0 is one of them; otherwise its waiters find their turn by
+    /// their safety poll.
+    pub fn in_process_nodes(nodes: &[u32]) -> Vec<NodeEnv> {
         let registry = Registry::new();
         let manager = Arc::new(TokenManager::new(TokenManagerLimits {
             tokens_max: 10_000_000,
@@ -69,20 +78,25 @@ impl NodeEnv {
                 manager: manager.clone(),
             }),
         );
-        let transports: Vec<Arc<dyn Transport>> = (0..n.max(1))
-            .map(|node| {
+        let transports: Vec<Arc<dyn Transport>> = nodes
+            .iter()
+            .map(|&node| {
                 Arc::new(InProcessTransport::new(NodeId(node), registry.clone()))
                     as Arc<dyn Transport>
             })
             .collect();
         // Node 0's transport lives as long as node 0's environment.
-        manager.notify_through(Arc::downgrade(&transports[0]));
-        (0..n)
-            .map(|node| NodeEnv {
+        if let Some(i) = nodes.iter().position(|&n| n == 0) {
+            manager.notify_through(Arc::downgrade(&transports[i]));
+        }
+        nodes
+            .iter()
+            .zip(transports)
+            .map(|(&node, transport)| NodeEnv {
                 node,
                 fs_index: 0,
                 clock: Arc::new(SystemClock::new()),
-                transport: transports[node as usize].clone(),
+                transport,
                 managers: ManagerMap::single(NodeId(0)),
                 fs_manager: NodeId(0),
                 registry: Some(registry.clone()),

@@ -154,31 +154,13 @@ fn a_create_on_one_node_reads_no_slot_for_its_generation() {
 /// number a life since this node cached the chunk.
 #[test]
 fn a_create_on_a_shared_file_system_reads_its_slot() {
-    use mako_rt::{InProcessTransport, NodeId, Registry, ServiceId, SystemClock};
-    use mako_token::{ManagerMap, ManagerService, TokenManager};
-    use std::sync::Arc;
     let disks = MemDisks::new(4, 64 << 20);
     disks.format(&mako_fs::mkfs::MkfsParams {
         log_count: 2,
         ..small_params()
     });
-    let registry = Registry::new();
-    registry.register(
-        NodeId(0),
-        ServiceId::TokenManager,
-        Arc::new(ManagerService {
-            manager: Arc::new(TokenManager::default()),
-        }),
-    );
-    let env = mako_fs::env::NodeEnv {
-        node: 0,
-        fs_index: 0,
-        clock: Arc::new(SystemClock::new()),
-        transport: Arc::new(InProcessTransport::new(NodeId(0), registry.clone())),
-        managers: ManagerMap::single(NodeId(0)),
-        fs_manager: NodeId(0),
-        registry: Some(registry.clone()),
-    };
+    // Node 0 of a file system two nodes may mount.
+    let env = mako_fs::env::NodeEnv::in_process_nodes(&[0]).remove(0);
     let m = mako_fs::mount::mount_node(
         disks.as_dyn(),
         FsConfig {

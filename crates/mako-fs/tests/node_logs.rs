@@ -13,8 +13,6 @@ use mako_fs::mkfs::{MkfsParams, BLOCK_ALLOC_MAP_INO, INODE_FILE_INO};
 use mako_fs::mount::{mount_node, Mounted};
 use mako_fs::test_util::{pattern, small_config, small_params, MemDisks};
 use mako_fs::FsConfig;
-use mako_rt::{InProcessTransport, NodeId, Registry, ServiceId, SystemClock};
-use mako_token::{ManagerMap, ManagerService, TokenManager};
 use std::sync::Arc;
 
 const C: Ctx = Ctx {
@@ -46,26 +44,7 @@ fn config() -> FsConfig {
 /// Environments of `nodes` of one cluster in this process: one registry, the token
 /// manager on node 0 (whether or not node 0 mounts).
 fn cluster(nodes: &[u32]) -> Vec<NodeEnv> {
-    let registry = Registry::new();
-    registry.register(
-        NodeId(0),
-        ServiceId::TokenManager,
-        Arc::new(ManagerService {
-            manager: Arc::new(TokenManager::default()),
-        }),
-    );
-    nodes
-        .iter()
-        .map(|&i| NodeEnv {
-            node: i,
-            fs_index: 0,
-            clock: Arc::new(SystemClock::new()),
-            transport: Arc::new(InProcessTransport::new(NodeId(i), registry.clone())),
-            managers: ManagerMap::single(NodeId(0)),
-            fs_manager: NodeId(0),
-            registry: Some(registry.clone()),
-        })
-        .collect()
+    NodeEnv::in_process_nodes(nodes)
 }
 
 fn fsck_clean(disks: &[Arc<dyn Disk>]) {

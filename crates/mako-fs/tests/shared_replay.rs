@@ -19,8 +19,6 @@ use mako_fs::fs::{Ctx, FileSystem, SetAttr, ROOT_INO};
 use mako_fs::mount::{mount_node, Mounted};
 use mako_fs::test_util::{pattern, small_config, small_params, MemDisks};
 use mako_fs::{FsConfig, MkfsParams};
-use mako_rt::{InProcessTransport, NodeId, Registry, ServiceId, SystemClock};
-use mako_token::{ManagerMap, ManagerService, TokenManager};
 use std::sync::Arc;
 
 const CTX: Ctx = Ctx {
@@ -49,28 +47,9 @@ fn config() -> FsConfig {
 /// Mount nodes `nodes` of the file system on `disks`, meeting through one in-process
 /// registry with the token manager on node 0 (mounted or not).
 fn mount_nodes(disks: &MemDisks, nodes: &[u32]) -> Vec<Mounted> {
-    let registry = Registry::new();
-    registry.register(
-        NodeId(0),
-        ServiceId::TokenManager,
-        Arc::new(ManagerService {
-            manager: Arc::new(TokenManager::default()),
-        }),
-    );
-    nodes
-        .iter()
-        .map(|&i| {
-            let env = NodeEnv {
-                node: i,
-                fs_index: 0,
-                clock: Arc::new(SystemClock::new()),
-                transport: Arc::new(InProcessTransport::new(NodeId(i), registry.clone())),
-                managers: ManagerMap::single(NodeId(0)),
-                fs_manager: NodeId(0),
-                registry: Some(registry.clone()),
-            };
-            mount_node(disks.as_dyn(), config(), env).expect("mount")
-        })
+    NodeEnv::in_process_nodes(nodes)
+        .into_iter()
+        .map(|env| mount_node(disks.as_dyn(), config(), env).expect("mount"))
         .collect()
 }
 

@@ -10,9 +10,6 @@ use mako_fs::fs::{Ctx, FileSystem, ROOT_INO};
 use mako_fs::mount::{mount_node, Mounted};
 use mako_fs::test_util::{pattern, small_config, small_params, MemDisks};
 use mako_fs::{FsConfig, MkfsParams};
-use mako_rt::{InProcessTransport, NodeId, Registry, ServiceId, SystemClock};
-use mako_token::{ManagerMap, ManagerService, TokenManager};
-use std::sync::Arc;
 
 const CTX: Ctx = Ctx {
     uid: 0,
@@ -32,31 +29,13 @@ impl TwoNodes {
             log_count: n,
             ..small_params()
         });
-        let registry = Registry::new();
-        registry.register(
-            NodeId(0),
-            ServiceId::TokenManager,
-            Arc::new(ManagerService {
-                manager: Arc::new(TokenManager::default()),
-            }),
-        );
         let cfg = FsConfig {
             background_workers: false,
             ..small_config()
         };
-        let nodes = (0..n)
-            .map(|i| {
-                let env = NodeEnv {
-                    node: i,
-                    fs_index: 0,
-                    clock: Arc::new(SystemClock::new()),
-                    transport: Arc::new(InProcessTransport::new(NodeId(i), registry.clone())),
-                    managers: ManagerMap::single(NodeId(0)),
-                    fs_manager: NodeId(0),
-                    registry: Some(registry.clone()),
-                };
-                mount_node(disks.as_dyn(), cfg.clone(), env).expect("mount")
-            })
+        let nodes = NodeEnv::in_process_cluster(n)
+            .into_iter()
+            .map(|env| mount_node(disks.as_dyn(), cfg.clone(), env).expect("mount"))
             .collect();
         TwoNodes { disks, nodes }
     }
