@@ -567,7 +567,8 @@ fn take(core: &Core, st: &mut InodeState, cookie: u64) -> FsResult<()> {
 /// three-node simulation's workload moves almost every directory into blocks, which
 /// found a shared writer's entry count applied twice (seeds 3 and 43, fixed: docs/
 /// coherence.md section 4, "Entry and link counts") and a lookup in a page older than
-/// its grant (seed 53, fixed: `fresh`); seeds 1-300 pass with it now, but the real
+/// its grant (seed 53, fixed: `fresh`); seeds 1-300 passed with it (1-90 checked on
+/// the latest schedules), but the real
 /// cluster's figures with it are not measured yet. `Core::crowd_nodes` holds a node's
 /// threshold; the simulation can set another, `SeedConfig::crowd_nodes`.)
 pub const CROWD_NODES: u32 = 3;
