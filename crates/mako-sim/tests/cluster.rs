@@ -41,10 +41,13 @@ fn a_crowd_of_one_counts_entries_once() {
 /// name token found it granted already (to another operation of the same node, which
 /// had not read the cached directory blocks again yet) looked the name up in a page
 /// read before the grant and missed a directory another node had created (ENOENT;
-/// `directory::fresh`, docs/coherence.md section 4).
+/// `directory::fresh`, docs/coherence.md section 4). The schedules changed since, and
+/// seed 53 no longer fails without `fresh`; seed 86 does on today's (node 2's `lseek
+/// SEEK_DATA` at the end of a file finds data at step 24; how the stale page leads
+/// there is not traced), so both run.
 #[test]
 fn a_crowd_of_one_reads_pages_as_new_as_their_grant() {
-    crowd_of_one(&[53]);
+    crowd_of_one(&[53, 86]);
 }
 
 /// Three nodes with `CROWD_NODES` 1 (`MAKO_SIM_LONG=1`: 300 seeds; `MAKO_SIM_SEEDS`,
