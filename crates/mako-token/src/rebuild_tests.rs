@@ -396,3 +396,51 @@ fn a_report_does_not_wait_for_a_revoke_that_waits_for_the_rebuild() {
     );
     assert_eq!(new.holders(file(3))[0].node, NodeId(2));
 }
+
+/// A manager of several (makod's manager nodes, `serve_slots`) refuses the slots it
+/// does not serve until it begins their rebuild (a client that saw the slot move first
+/// asks again), and a failed node whose recovery released it before the rebuild began
+/// is not waited for (the release would otherwise be lost, and the slot refused for
+/// good).
+#[test]
+fn a_manager_serves_its_slots_only_and_counts_a_release_made_before_the_rebuild() {
+    let m = TokenManager::default();
+    let before = ManagerMap {
+        nodes: vec![NEW, OLD],
+    };
+    let after = ManagerMap {
+        nodes: vec![NEW, NEW],
+    };
+    let in_slot = |slot: usize| {
+        (1..)
+            .map(inode)
+            .find(|r| before.slot_for(r) == slot)
+            .expect("a resource of the slot")
+    };
+    let (mine, lost) = (in_slot(0), in_slot(1));
+    m.serve_slots(before.clone(), NEW);
+    assert_eq!(m.serving(), Some(before));
+    m.acquire(AcquireRequest::whole(NodeId(1), mine, Ro))
+        .expect("its own slot is served");
+    assert!(
+        refused(&m, AcquireRequest::whole(NodeId(1), lost, Ro)),
+        "a slot not taken over yet is refused"
+    );
+    // The failed node's recovery comes first, then the takeover.
+    m.release_node(OLD);
+    m.begin_rebuild(after.clone(), 1, &[NodeId(1), NodeId(2)], &[OLD]);
+    assert_eq!(m.serving(), Some(after));
+    assert_eq!(
+        m.rebuild_waits_for(),
+        (vec![NodeId(1), NodeId(2)], Vec::new()),
+        "the failed node was released before: only the reports are waited for"
+    );
+    assert!(refused(&m, AcquireRequest::whole(NodeId(2), lost, Ro)));
+    assert!(m.apply_report(NodeId(1), &[]));
+    assert!(m.apply_report(NodeId(2), &[]));
+    assert!(!m.is_rebuilding());
+    m.acquire(AcquireRequest::whole(NodeId(2), lost, Xw))
+        .expect("the rebuilt slot is served");
+    m.acquire(AcquireRequest::whole(NodeId(1), mine, Ro))
+        .expect("its own slot still is");
+}

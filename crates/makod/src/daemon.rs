@@ -320,8 +320,8 @@ impl Daemon {
             .into_iter()
             .map(|d| d as Arc<dyn mako_disk::Disk>)
             .collect();
-        let mounted =
-            mako_fs::mount::mount_node(disks, fs_config(cfg), net.env(0, routing)).with_context(|| {
+        let mounted = mako_fs::mount::mount_node(disks, fs_config(cfg), net.env(0, routing))
+            .with_context(|| {
                 format!(
                     "node {} ({}): mounting file system {name}",
                     net.me.id, net.me.name

@@ -29,9 +29,9 @@
 //!   (`RemoteDisk`, failing over down the list) where it has not
 //!   (`DiskRoute::choose`), so a node with no disk access at all mounts too.
 //!
-//! Not yet: the manager role sharded over several manager nodes, the manager's
-//! takeover when it fails, recovery of a failed node's log and tokens by the others
-//! (issue 14), and more than one file system mounted by a node of such a cluster.
+//! A failed manager node's token-manager slot is taken over by another manager node
+//! (`crate::shards`). Not yet: more than one file system mounted by a node of such a
+//! cluster.
 
 use anyhow::{bail, Context, Result};
 use mako_config::EffectiveConfig;

@@ -88,6 +88,8 @@ pub struct ShardWatch {
 }
 
 struct WatchState {
+    /// The configuration epoch of the newest configuration seen.
+    epoch: u64,
     map: ManagerMap,
     /// Each serving node but this one: the lease epoch its table was seen at, and
     /// whether it was expelled then (restarted before its rejoin: its table is the new
@@ -95,7 +97,11 @@ struct WatchState {
     serving: BTreeMap<NodeId, (u64, bool)>,
 }
 
-fn serving_of(config: &ClusterConfig, map: &ManagerMap, me: NodeId) -> BTreeMap<NodeId, (u64, bool)> {
+fn serving_of(
+    config: &ClusterConfig,
+    map: &ManagerMap,
+    me: NodeId,
+) -> BTreeMap<NodeId, (u64, bool)> {
     map.nodes
         .iter()
         .filter(|m| **m != me)
@@ -117,7 +123,11 @@ impl ShardWatch {
             quorum,
             me,
             managers: managers.to_vec(),
-            state: Mutex::new(WatchState { map, serving }),
+            state: Mutex::new(WatchState {
+                epoch: config.epoch,
+                map,
+                serving,
+            }),
             client: OnceLock::new(),
             lost: OnceLock::new(),
             checked: Mutex::new(None),
@@ -157,8 +167,13 @@ impl ShardWatch {
             *checked = Some(Instant::now());
         }
         let config = self.quorum.read_local();
-        let new = token_routing(&config, &self.managers);
         let mut state = self.state.lock();
+        // Never by an older configuration than one seen.
+        if config.epoch < state.epoch {
+            return Ok(());
+        }
+        state.epoch = config.epoch;
+        let new = token_routing(&config, &self.managers);
         if new != state.map {
             // Moves: each slot to a node that never lost its table, one slot per node
             // at a time (a manager rebuilds one slot at a time).
@@ -168,8 +183,14 @@ impl ShardWatch {
                     taken.entry(*now).or_default().push(i);
                 }
             }
-            if let Some((to, slots)) = taken.iter().find(|(to, s)| s.len() > 1 || lost(&config, **to)) {
-                let from: Vec<String> = slots.iter().map(|i| state.map.nodes[*i].to_string()).collect();
+            if let Some((to, slots)) = taken
+                .iter()
+                .find(|(to, s)| s.len() > 1 || lost(&config, **to))
+            {
+                let from: Vec<String> = slots
+                    .iter()
+                    .map(|i| state.map.nodes[*i].to_string())
+                    .collect();
                 return self.fence(format!(
                     "the token manager slots {slots:?} (of {}) moved to {to} at once; rebuilding \
                      more than one slot on a node at a time is not supported, so the tokens \
@@ -232,13 +253,28 @@ pub fn run_takeover(
     stop: Arc<AtomicBool>,
 ) {
     let mut last: Option<ManagerMap> = None;
+    let mut seen = 0u64;
     while !stop.load(Ordering::SeqCst) {
-        let config = quorum.read_local();
-        // Before the configuration is known (the quorum not joined yet) nothing moves.
-        if config.nodes.is_empty() {
+        // The first routing from the configuration as committed (a restarted node's
+        // own copy may be the one it stopped with), then from this node's copy.
+        let config = match &last {
+            None => match quorum.read_config() {
+                Ok(c) => c,
+                Err(_) => {
+                    std::thread::sleep(CHECK_INTERVAL);
+                    continue;
+                }
+            },
+            Some(_) => quorum.read_local(),
+        };
+        // Before the configuration is known (the quorum not joined yet) nothing moves;
+        // nor by an older configuration than one seen (a restarted node's copy catches
+        // up from the one it stopped with).
+        if config.nodes.is_empty() || config.epoch < seen {
             std::thread::sleep(CHECK_INTERVAL);
             continue;
         }
+        seen = config.epoch;
         let map = token_routing(&config, &managers);
         match &last {
             None => {
@@ -254,11 +290,27 @@ pub fn run_takeover(
                     .into_iter()
                     .filter(|i| old.nodes.get(*i) != Some(&me))
                     .collect();
+                // Slots that moved away are no longer served here; a slot taken over is
+                // served once its rebuild began (`begin_rebuild`), never before.
+                let mut served = map.clone();
+                for i in &new {
+                    served.nodes[*i] = old.nodes[*i];
+                }
+                manager.serve_slots(served, me);
                 match new.as_slice() {
                     [] => {}
                     [slot] => {
                         let failed = old.nodes[*slot];
-                        rebuild(&manager, &config, &*transport, &map, *slot, failed, me, &stop);
+                        rebuild(
+                            &manager,
+                            &config,
+                            &*transport,
+                            &map,
+                            *slot,
+                            failed,
+                            me,
+                            &stop,
+                        );
                     }
                     slots => tracing::error!(
                         "token manager of {me}: slots {slots:?} moved here at once; rebuilding \
@@ -275,7 +327,9 @@ pub fn run_takeover(
 }
 
 fn slots_of(map: &ManagerMap, me: NodeId) -> Vec<usize> {
-    (0..map.nodes.len()).filter(|i| map.nodes[*i] == me).collect()
+    (0..map.nodes.len())
+        .filter(|i| map.nodes[*i] == me)
+        .collect()
 }
 
 /// Rebuilds slot `slot` of `map`, lost with `failed`: begins the rebuild, collects every
