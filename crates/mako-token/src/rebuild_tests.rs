@@ -444,3 +444,81 @@ fn a_manager_serves_its_slots_only_and_counts_a_release_made_before_the_rebuild(
     m.acquire(AcquireRequest::whole(NodeId(1), mine, Ro))
         .expect("its own slot still is");
 }
+
+/// A transport to which one node is dead: calls to it are `Unreachable`.
+struct DeadNode(Arc<dyn Transport>, NodeId);
+
+impl Transport for DeadNode {
+    fn local_node(&self) -> NodeId {
+        self.0.local_node()
+    }
+    fn call(
+        &self,
+        to: NodeId,
+        service: ServiceId,
+        request: Vec<u8>,
+        options: mako_rt::CallOptions,
+    ) -> Result<Vec<u8>, mako_rt::TransportError> {
+        if to == self.1 {
+            return Err(mako_rt::TransportError::Unreachable {
+                node: to,
+                reason: "killed".into(),
+            });
+        }
+        self.0.call(to, service, request, options)
+    }
+}
+
+/// A request to a manager node that does not answer waits for its slot to move
+/// (`set_manager_failover_wait`) and then goes to the new node; without the wait
+/// (one manager node: nowhere to move) it fails at once, as does one whose wait runs
+/// out.
+#[test]
+fn a_request_to_a_dead_manager_waits_for_its_slot_to_move() {
+    let registry = Registry::new();
+    let new = Arc::new(TokenManager::default());
+    registry.register(
+        NEW,
+        ServiceId::TokenManager,
+        Arc::new(ManagerService {
+            manager: new.clone(),
+        }),
+    );
+    let me = NodeId(1);
+    let transport: Arc<dyn Transport> = Arc::new(DeadNode(
+        Arc::new(InProcessTransport::new(me, registry.clone())),
+        OLD,
+    ));
+    let client = TokenClient::new(
+        me,
+        transport,
+        ManagerMap::single(OLD),
+        TokenClientLimits::default(),
+    );
+    // No wait: the transport's error at once.
+    let e = client
+        .acquire(inode(1), Ro, ByteRange::WHOLE, ByteRange::WHOLE)
+        .expect_err("the only manager is dead");
+    assert!(matches!(e, TokenError::Transport(_)), "{e}");
+    // A wait that runs out fails the same way.
+    client.set_manager_failover_wait(Duration::from_millis(50));
+    let e = client
+        .acquire(inode(1), Ro, ByteRange::WHOLE, ByteRange::WHOLE)
+        .expect_err("nothing moves the slot");
+    assert!(matches!(e, TokenError::Transport(_)), "{e}");
+    // The slot moves while the request waits: it is served by the new node.
+    client.set_manager_failover_wait(Duration::from_secs(600));
+    let asking = {
+        let client = client.clone();
+        std::thread::spawn(move || client.acquire(inode(1), Ro, ByteRange::WHOLE, ByteRange::WHOLE))
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    client.set_managers(ManagerMap::single(NEW));
+    asking
+        .join()
+        .expect("the acquire's thread")
+        .expect("granted by the slot's new node");
+    wait_for("the new manager to record the grant", || {
+        new.holders(inode(1)).iter().any(|h| h.node == me)
+    });
+}
