@@ -782,6 +782,19 @@ impl ClientInner {
             );
             result = result.and(reply.and_then(Self::expect_done));
         }
+        // A downgrade that failed (its manager node failed or was cut off while it
+        // was asked) leaves the weakened parts unheld: the caches kept clean under
+        // them go too, before anything else can use the resource (`busy` is still
+        // set). Keeping them cached without a token let a read trust them after
+        // another node changed the file (faults seed 8 of
+        // `the_cluster_manager_is_cut_off_in_a_minority`).
+        if keep.is_some() && !kept.is_empty() && result.is_err() {
+            if let Some(f) = self.cache_flush.get() {
+                if let Err(e) = f.flush_and_invalidate(resource, range, None) {
+                    result = result.and(Err(e));
+                }
+            }
+        }
         // The weakened parts are held again (the manager records them so).
         let mut shard = lock.lock();
         let st = shard.res.entry(resource).or_default();
