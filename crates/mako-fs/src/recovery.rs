@@ -1136,8 +1136,8 @@ pub fn recount_after(core: &crate::core::Core, report: &mut NodeRecoveryReport) 
 /// attributes, the number; what lies in other nodes' space is handed to them as this
 /// node's foreign free), under its inode in `xw` and its data in `xw`, and only if it
 /// still has no links and the generation the log left (its number was not used again
-/// since), and this node's kernel holds no reference to it (its own last close frees it
-/// then). Committed at the end. Returns the inodes freed, and those that could not be,
+/// since), and no file of this node has it open (its own last close frees it then).
+/// Committed at the end. Returns the inodes freed, and those that could not be,
 /// with why.
 #[allow(clippy::type_complexity)]
 pub fn reclaim_orphans(
@@ -1181,17 +1181,7 @@ fn reclaim(core: &crate::core::Core, ino: u64, generation: u32) -> FsResult<bool
             ByteRange::WHOLE,
             ByteRange::WHOLE,
         )?;
-        // Open or known to this node's kernel: its own last close or forget frees it.
-        if core.lookups.lock().get(&ino).copied().unwrap_or(0) > 0 {
-            return Ok(false);
-        }
         let cached = core.cached_handle(ino);
-        if cached
-            .as_ref()
-            .is_some_and(|h| h.opens.load(std::sync::atomic::Ordering::SeqCst) > 0)
-        {
-            return Ok(false);
-        }
         // What is committed now, under the token: the replay's image, or what another
         // node wrote since.
         let inode = match core.read_inode(ino) {
@@ -1204,6 +1194,22 @@ fn reclaim(core: &crate::core::Core, ino: u64, generation: u32) -> FsResult<bool
             || inode.flags & mako_format::inode::FLAG_SYSTEM != 0
         {
             return Ok(false);
+        }
+        // Open here too: this node's last close frees it, once its cached copy says it
+        // has no links. Only known to this node's kernel (a lookup, from reading it
+        // before the failed node unlinked it) is no reason to keep it: its forget finds
+        // it freed.
+        if let Some(h) = &cached {
+            if h.opens.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                let mut st = h.state.write();
+                if !st.dirty && !st.deleted {
+                    st.inode = inode;
+                    st.indirect.lock().clear();
+                    st.dir_blocks.lock().clear();
+                    st.stale = false;
+                }
+                return Ok(false);
+            }
         }
         // A segment this node owns says for sure whether the number is in use; one it
         // does not own is the owner's to free (a foreign free), and its number is in

@@ -521,6 +521,10 @@ fn orphan_of_a_failed_node(kind: Orphan) -> Result<String, String> {
                         fs1.open(a.ino).map_err(e("open"))?;
                         fs1.write(a.ino, 0, &data, false).map_err(e("write"))?;
                         fs1.fsync(a.ino, false).map_err(e("fsync f"))?;
+                        // Node 0's kernel knows the file too (it read it): a lookup
+                        // without an open does not keep it after node 1 is gone.
+                        fs0.lookup(d.ino, b"f").map_err(e("lookup on node 0"))?;
+                        fs0.add_lookup(a.ino);
                         fs1.unlink(d.ino, b"f").map_err(e("unlink"))?;
                         a.ino
                     }
@@ -562,6 +566,8 @@ fn orphan_of_a_failed_node(kind: Orphan) -> Result<String, String> {
                         rep.summary()
                     ));
                 }
+                // Node 0's kernel lets its lookup go: nothing left to free.
+                fs0.forget(ino, 1);
                 cluster.rejoin(1).map_err(e("rejoin"))?;
                 cluster.unmount(1).map_err(e("unmount 1"))?;
                 cluster.unmount(0).map_err(e("unmount 0"))?;
