@@ -89,11 +89,12 @@ fn p99_during(
 }
 
 #[test]
-#[ignore = "not yet in CI: 20 rounds take about 3 min (180 s of rounds, 198 s in all, \
-            load average 12), at the edge of what CI can spend, and not yet 3 green runs in a \
-            row: a run's final fsck found an unlinked inode of 70037 bytes in use (before \
-            recovery freed orphans a survivor's kernel held a lookup of; see docs/coherence.md \
-            7a); run with --ignored"]
+#[ignore = "not yet in CI: 20 rounds take 3-3.5 min (198 s and 208 s in all, load average \
+            about 12, the second with a clippy run beside), over the 3 min CI can spend, and \
+            only one green run since the fix: the run before it ended with fsck finding an \
+            unlinked inode of 70037 bytes in use (an orphan of a killed node that a survivor's \
+            kernel had looked up, which recovery now frees, docs/coherence.md 7a); 3 green runs \
+            in a row are still to show; run with --ignored"]
 fn kill9_rounds_lose_nothing_fsynced() {
     if !require_fuse("kill9_rounds_lose_nothing_fsynced") {
         return;
