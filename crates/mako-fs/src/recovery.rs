@@ -85,6 +85,14 @@ pub struct ReplayReport {
     /// whose entry counts a survivor recounts after replaying a failed node's log
     /// (`recount_directories`).
     pub directories: std::collections::BTreeSet<u64>,
+    /// Inodes whose last replayed image has no links while the log does not show their
+    /// number freed (no image of their inode-map segment with their bit clear), with
+    /// their generation: files the node unlinked while they were still open or looked
+    /// up there, and numbers it freed in other nodes' segments without having handed
+    /// the free to the owner yet (`ownership::deliver_frees` waits for the checkpoint).
+    /// Both would stay allocated with no name; a survivor's recovery frees them
+    /// (`reclaim_orphans`).
+    pub orphans: std::collections::BTreeMap<u64, u32>,
 }
 
 /// Committed transactions that are damaged, with a valid transaction after them: what
@@ -488,6 +496,63 @@ pub fn replay_failed(nsd: &dyn Nsd, desc: &Descriptor, node: u32) -> FsResult<Re
     replay_with(nsd, desc, node, false, true)
 }
 
+/// The inodes the last images of `latest` leave with no links and in use
+/// (`ReplayReport::orphans`). Images are physical: inodes and inode-map segments are
+/// found by their magic at every slot boundary and must decode whole (checksum
+/// included); a segment image of the log says whether the node freed a number there.
+fn orphans_of(desc: &Descriptor, latest: &Latest) -> std::collections::BTreeMap<u64, u32> {
+    use mako_format::inode_map_segment::{InodeMapSegment, INODE_MAP_MAGIC};
+    let inode_bytes = desc.geometry.inode_bytes as usize;
+    let per_segment = desc.inodes_per_segment;
+    let seg_bytes = InodeMapSegment::slot_bytes(per_segment);
+    let inode_magic = (mako_format::inode::INODE_MAGIC as u32).to_le_bytes();
+    let seg_magic = (INODE_MAP_MAGIC as u32).to_le_bytes();
+    let mut unlinked = std::collections::BTreeMap::new();
+    let mut segments: std::collections::BTreeMap<u32, InodeMapSegment> = Default::default();
+    if inode_bytes == 0 || per_segment == 0 {
+        return unlinked;
+    }
+    let mut full = Vec::new();
+    for (da, (_, img)) in latest {
+        full.clear();
+        full.extend_from_slice(&img.bytes);
+        full.resize(img.length as usize, 0);
+        let step = inode_bytes.min(512);
+        let mut at = 0;
+        while at + 18 <= full.len() {
+            let head = &full[at..at + 4];
+            if head == inode_magic && at + inode_bytes <= full.len() {
+                let ino = u64::from_le_bytes(full[at + 10..at + 18].try_into().expect("8 bytes"));
+                let loc = Location::Disk(*da);
+                if let Ok(i) = Inode::decode(&full[at..], desc.geometry.inode_bytes, ino, loc) {
+                    if i.nlink == 0 && i.flags & mako_format::inode::FLAG_SYSTEM == 0 {
+                        unlinked.insert(ino, i.generation);
+                    } else {
+                        unlinked.remove(&ino);
+                    }
+                }
+            } else if head == seg_magic && at % 512 == 0 && at + seg_bytes <= full.len() {
+                let seg = u32::from_le_bytes(full[at + 10..at + 14].try_into().expect("4 bytes"));
+                let loc = Location::Disk(*da);
+                if let Ok(s) = InodeMapSegment::decode(&full[at..], seg, per_segment, loc) {
+                    segments.insert(seg, s);
+                }
+            }
+            at += step;
+        }
+    }
+    unlinked.retain(|&ino, _| {
+        let seg = (ino / per_segment as u64) as u32;
+        segments.get(&seg).is_none_or(|s| {
+            let bit = ino % per_segment as u64;
+            s.bitmap
+                .get(bit as usize / 64)
+                .is_none_or(|w| w >> (bit % 64) & 1 == 1)
+        })
+    });
+    unlinked
+}
+
 /// The directories whose pages an image holds (a directory page starts with its magic
 /// and names its directory: `mako_format::dir_block::encode_page`). Pages start at
 /// sector boundaries of the image; something else that looks like one only costs a
@@ -519,6 +584,10 @@ pub struct NodeRecoveryReport {
     pub recount_fixed: Vec<(u64, u64, u64)>,
     /// Directories that could not be recounted, and why.
     pub recount_failed: Vec<(u64, String)>,
+    /// Orphans of the failed node freed after the replay (`reclaim_orphans`), and the
+    /// ones that could not be, with why.
+    pub reclaimed: Vec<u64>,
+    pub reclaim_failed: Vec<(u64, String)>,
 }
 
 impl NodeRecoveryReport {
@@ -538,6 +607,16 @@ impl NodeRecoveryReport {
         }
         for (ino, why) in &self.recount_failed {
             line += &format!("; directory {ino} not recounted: {why}");
+        }
+        if !self.reclaimed.is_empty() {
+            line += &format!(
+                "; {} inode(s) it left in use with no links freed {:?}",
+                self.reclaimed.len(),
+                self.reclaimed
+            );
+        }
+        for (ino, why) in &self.reclaim_failed {
+            line += &format!("; inode {ino} with no links not freed: {why}");
         }
         line
     }
@@ -572,9 +651,14 @@ impl NodeRecoveryReport {
 ///    the recovery — its tokens released — must not wait for it.
 ///
 /// Operations that need none of `failed`'s tokens never wait for any of this.
-/// Not covered: frees `failed` made in other nodes' space after their transaction
-/// was checkpointed but before it delivered them (`ownership::deliver_frees`) are
-/// lost with its memory: those blocks leak until fsck reclaims them.
+/// 4. With the recount, the caller frees the orphans the replay found
+///    (`reclaim_orphans`, with `replay.orphans`): files `failed` had unlinked while
+///    open, and inode numbers it freed in other nodes' segments but had not handed over.
+///
+/// Not covered: space `failed` freed in other nodes' regions (its log holds no record
+/// of those frees), and inode numbers freed there after their transaction was
+/// checkpointed but before it delivered them (`ownership::deliver_frees`), are lost
+/// with its memory: they leak until fsck reclaims them.
 pub fn recover_failed_node(
     core: &crate::core::Core,
     failed: u32,
@@ -600,6 +684,8 @@ pub fn recover_failed_node(
         replay,
         recount_fixed: Vec::new(),
         recount_failed: Vec::new(),
+        reclaimed: Vec::new(),
+        reclaim_failed: Vec::new(),
     };
     tracing::info!("{}", report.summary());
     Ok(report)
@@ -661,6 +747,7 @@ fn replay_with(
     if !report.lost.is_empty() && !around_damage {
         return Err(damage_error(&report, log_ino));
     }
+    report.orphans = orphans_of(desc, &latest);
     let lsn = report.head_lsn;
     // 5. In place: the last image of each address, in address order.
     // Adjacent images (neighbouring inodes, pages of one block) go out as one write.
@@ -1035,6 +1122,119 @@ pub fn recount_after(core: &crate::core::Core, report: &mut NodeRecoveryReport) 
     report.recounted = report.replay.directories.len();
     report.recount_fixed = fixed;
     report.recount_failed = failed;
+    let (freed, failed) = reclaim_orphans(core, &report.replay.orphans);
+    report.reclaimed = freed;
+    report.reclaim_failed = failed;
+}
+
+/// Free the orphans a failed node left (`ReplayReport::orphans`), on a survivor after
+/// the replay and the release of the failed node's tokens: files it had unlinked while
+/// they were open or looked up there (POSIX keeps such a file until its last close; the
+/// node that held it open is gone, so nobody will close it), and numbers it freed in
+/// other nodes' inode-map segments that it had not yet handed to their owner. Each is
+/// freed as its own last close would have (`workers::free_inode`: blocks, extended
+/// attributes, the number; what lies in other nodes' space is handed to them as this
+/// node's foreign free), under its inode in `xw` and its data in `xw`, and only if it
+/// still has no links and the generation the log left (its number was not used again
+/// since), and no file of this node has it open (its own last close frees it then).
+/// Committed at the end. Returns the inodes freed, and those that could not be,
+/// with why.
+#[allow(clippy::type_complexity)]
+pub fn reclaim_orphans(
+    core: &crate::core::Core,
+    orphans: &std::collections::BTreeMap<u64, u32>,
+) -> (Vec<u64>, Vec<(u64, String)>) {
+    let (mut freed, mut failed) = (Vec::new(), Vec::new());
+    for (&ino, &generation) in orphans {
+        match reclaim(core, ino, generation) {
+            Ok(true) => freed.push(ino),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!("inode {ino}, left with no links by a failed node: not freed: {e}");
+                failed.push((ino, e.to_string()));
+            }
+        }
+    }
+    if !freed.is_empty() {
+        if let Err(e) = core.journal.commit(core) {
+            for ino in freed.drain(..) {
+                failed.push((ino, format!("the commit of its free failed: {e}")));
+            }
+        }
+    }
+    (freed, failed)
+}
+
+/// Free one orphan (`reclaim_orphans`): `true` if it was freed here.
+fn reclaim(core: &crate::core::Core, ino: u64, generation: u32) -> FsResult<bool> {
+    use crate::coherence::Need;
+    use mako_token::{ByteRange, TokenMode};
+    if ino >= core.imap.inodes_max() {
+        return Ok(false);
+    }
+    crate::op::run(core, || {
+        crate::op::hold_inode(core, ino, Need::Exclusive)?;
+        crate::op::hold_range(
+            core,
+            core.tokens.data(ino),
+            TokenMode::Xw,
+            ByteRange::WHOLE,
+            ByteRange::WHOLE,
+        )?;
+        let cached = core.cached_handle(ino);
+        // What is committed now, under the token: the replay's image, or what another
+        // node wrote since.
+        let inode = match core.read_inode(ino) {
+            Ok(i) => i,
+            Err(FsError::Stale(_) | FsError::NotFound(_)) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        if inode.nlink > 0
+            || inode.generation != generation
+            || inode.flags & mako_format::inode::FLAG_SYSTEM != 0
+        {
+            return Ok(false);
+        }
+        // Open here too: this node's last close frees it, once its cached copy says it
+        // has no links. Only known to this node's kernel (a lookup, from reading it
+        // before the failed node unlinked it) is no reason to keep it: its forget finds
+        // it freed.
+        if let Some(h) = &cached {
+            if h.opens.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                let mut st = h.state.write();
+                if !st.dirty && !st.deleted {
+                    st.inode = inode;
+                    st.indirect.lock().clear();
+                    st.dir_blocks.lock().clear();
+                    st.stale = false;
+                }
+                return Ok(false);
+            }
+        }
+        // A segment this node owns says for sure whether the number is in use; one it
+        // does not own is the owner's to free (a foreign free), and its number is in
+        // use there: the log shows no free of it.
+        let segment = core.imap.segment_of(ino);
+        if core.imap.is_owned(segment) && !core.imap.is_used(ino) {
+            return Ok(false);
+        }
+        let h = cached.unwrap_or_else(|| {
+            let h = core.new_handle(inode.clone());
+            core.inodes.lock().insert(ino, h.clone());
+            h
+        });
+        let _tx = core.begin();
+        let mut st = h.state.write();
+        if st.deleted || st.dirty {
+            return Ok(false);
+        }
+        st.inode = inode.clone();
+        st.indirect.lock().clear();
+        st.dir_blocks.lock().clear();
+        st.stale = false;
+        crate::workers::free_inode(core, &mut st)?;
+        Ok(true)
+    })
 }
 
 /// Recount the entries of `dirs` on this node (step 3 of `recover_failed_node`), each

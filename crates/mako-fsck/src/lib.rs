@@ -192,6 +192,17 @@ fn check(
     let mut recs = scan.recs;
     cancelled(opts)?;
     let ns = namespace::plan(&l, &mut recs, scan.slots, &mut problems, progress);
+    if !offline {
+        // Mounted: an inode in use with no links may be a file open on a live node
+        // (its last close frees it), not damage.
+        problems.retain(|p| {
+            let open = p.kind == ProblemKind::UnlinkedInode;
+            if open {
+                report.open_unlinked.extend(p.ino);
+            }
+            !open
+        });
+    }
     let mut abandoned: BTreeSet<u64> = ns
         .free
         .iter()

@@ -241,6 +241,11 @@ pub struct Report {
     pub files_per_sec: f64,
     /// e2fsck-style exit code of this run.
     pub exit_code: i32,
+    /// Online only: inodes in use with no links — files still open (or known to a
+    /// kernel) on a live node after their last name went, which POSIX keeps until their
+    /// last close. Not a problem while the file system is mounted; offline (every node
+    /// down) such an inode is one (`unlinked_inode`).
+    pub open_unlinked: Vec<u64>,
 }
 
 impl Report {
@@ -257,6 +262,7 @@ impl Report {
             elapsed_secs: 0.0,
             files_per_sec: 0.0,
             exit_code: EXIT_CLEAN,
+            open_unlinked: Vec::new(),
         }
     }
 

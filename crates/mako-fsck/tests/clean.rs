@@ -305,3 +305,35 @@ fn the_valid_log_header_copy_with_the_greater_tail_wins() {
     put_log_header(&ins, 1, &clean);
     assert!(fsck(&disks, false).is_clean());
 }
+
+/// A file in use with no links is one still open on a live node while the file system
+/// is mounted (its last close frees it): the online check counts it and reports no
+/// problem; offline, every node down, nobody can close it any more: `unlinked_inode`.
+#[test]
+fn an_open_unlinked_file_is_an_error_only_offline() {
+    let fx = fixture();
+    let disks = fx.restore();
+    let ins = Inspect::open(&disks);
+    let ino = fx.ino("/tiny");
+    let mut e = ins.inline_entries(ROOT_INO);
+    e.retain(|x| x.name != b"tiny");
+    ins.set_inline_entries(ROOT_INO, e);
+    let mut i = ins.inode(ino);
+    i.nlink = 0;
+    ins.put_inode(&i);
+    let reader = CountingReader {
+        nsd: LocalNsd::new(disks.as_dyn(), 16),
+        reads: AtomicU64::new(0),
+    };
+    let online = check_through(&ins.desc, &reader, &Options::check(), &NoProgress).unwrap();
+    assert!(online.is_clean(), "{}", online.render());
+    assert_eq!(online.open_unlinked, vec![ino]);
+    let offline = mako_fsck::check_offline(disks.as_dyn(), &Options::check(), &NoProgress).unwrap();
+    assert!(
+        offline
+            .of_kind(ProblemKind::UnlinkedInode)
+            .any(|p| p.ino == Some(ino)),
+        "{}",
+        offline.render()
+    );
+}

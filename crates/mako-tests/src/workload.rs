@@ -39,6 +39,9 @@ pub struct Journal {
     pub pending: Option<Vec<(PathBuf, Doubt)>>,
     /// Operations acknowledged (over all rounds).
     pub ops: u64,
+    /// Names an operation changed or may have changed since the last `settle_touched`:
+    /// what [`check_touched`] checks (a round's check need not read every name again).
+    pub touched: std::collections::BTreeSet<PathBuf>,
 }
 
 /// One operation of a worker, timed.
@@ -53,6 +56,16 @@ pub struct Timed {
 }
 
 impl Journal {
+    /// Forget the names touched so far (every view of them was checked).
+    pub fn settle_touched(&mut self) {
+        self.touched.clear();
+    }
+
+    fn set_pending(&mut self, pending: Vec<(PathBuf, Doubt)>) {
+        self.touched.extend(pending.iter().map(|(p, _)| p.clone()));
+        self.pending = Some(pending);
+    }
+
     /// The last name (in name order) the journal says holds acknowledged contents:
     /// a file its node wrote and fsynced, which a survivor may need its tokens for.
     pub fn last_written(&self) -> Option<(PathBuf, Content)> {
@@ -127,7 +140,7 @@ pub fn work(
                 let to = name(n);
                 let c = journal.lock().unwrap().acked[&from];
                 let post = vec![(from.clone(), None), (to.clone(), c)];
-                journal.lock().unwrap().pending = Some(
+                journal.lock().unwrap().set_pending(
                     post.iter()
                         .map(|(p, c)| (p.clone(), Doubt::Then(*c)))
                         .collect(),
@@ -140,7 +153,10 @@ pub fn work(
             } else if kind == 6 && existing.len() > 3 {
                 let victim = existing[(n as usize / 7) % existing.len()].clone();
                 let post = vec![(victim.clone(), None)];
-                journal.lock().unwrap().pending = Some(vec![(victim.clone(), Doubt::Then(None))]);
+                journal
+                    .lock()
+                    .unwrap()
+                    .set_pending(vec![(victim.clone(), Doubt::Then(None))]);
                 let start = Instant::now();
                 let r = std::fs::remove_file(mount.join(&victim))
                     .and_then(|_| sync_dir(&mount.join(dir)));
@@ -159,7 +175,10 @@ pub fn work(
                         + (n as usize % 333),
                 };
                 let post = vec![(target.clone(), Some(c))];
-                journal.lock().unwrap().pending = Some(vec![(target.clone(), Doubt::Any)]);
+                journal
+                    .lock()
+                    .unwrap()
+                    .set_pending(vec![(target.clone(), Doubt::Any)]);
                 let start = Instant::now();
                 let r = write_synced(&mount.join(&target), &pattern(c.seed, c.len))
                     .and_then(|_| sync_dir(&mount.join(dir)));
@@ -185,10 +204,24 @@ pub fn work(
 /// (the pending operation resolved either way; a name a write in doubt left with
 /// other contents is removed, so that it is absent for everyone).
 pub fn check_journal(node: u32, journal: &Mutex<Journal>, mount: &Path, seen_from: u32) {
+    check_names(node, journal, mount, seen_from, false)
+}
+
+/// [`check_journal`] of the names touched since the last `Journal::settle_touched`
+/// only (and the pending operation's): a round's check, cheap however long the run.
+pub fn check_touched(node: u32, journal: &Mutex<Journal>, mount: &Path, seen_from: u32) {
+    check_names(node, journal, mount, seen_from, true)
+}
+
+fn check_names(node: u32, journal: &Mutex<Journal>, mount: &Path, seen_from: u32, touched: bool) {
     let mut j = journal.lock().unwrap();
     let pending: BTreeMap<PathBuf, Doubt> =
         j.pending.take().unwrap_or_default().into_iter().collect();
-    let mut names: Vec<PathBuf> = j.acked.keys().cloned().collect();
+    let mut names: Vec<PathBuf> = if touched {
+        j.touched.iter().cloned().collect()
+    } else {
+        j.acked.keys().cloned().collect()
+    };
     names.extend(pending.keys().cloned());
     names.sort();
     names.dedup();

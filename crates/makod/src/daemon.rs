@@ -1641,7 +1641,7 @@ fn recount_in_background(
     core: std::sync::Arc<mako_fs::core::Core>,
     mut report: mako_fs::recovery::NodeRecoveryReport,
 ) {
-    if report.replay.directories.is_empty() {
+    if report.replay.directories.is_empty() && report.replay.orphans.is_empty() {
         return;
     }
     let name = fs.to_string();
@@ -1652,14 +1652,19 @@ fn recount_in_background(
             mako_fs::recovery::recount_after(&core, &mut report);
             tracing::warn!(
                 "{name}: entry counts after the recovery of node {} recounted in {} ms: {} \
-                 directories, {} fixed {:?}, {} not recounted {:?}",
+                 directories, {} fixed {:?}, {} not recounted {:?}; inodes it left in use \
+                 with no links: {} freed {:?}, {} not freed {:?}",
                 report.failed,
                 started.elapsed().as_millis(),
                 report.recounted,
                 report.recount_fixed.len(),
                 report.recount_fixed,
                 report.recount_failed.len(),
-                report.recount_failed
+                report.recount_failed,
+                report.reclaimed.len(),
+                report.reclaimed,
+                report.reclaim_failed.len(),
+                report.reclaim_failed
             );
         });
     if let Err(e) = spawned {
