@@ -43,11 +43,15 @@ pub struct ClusterConfig {
     /// back at once. It makes revokes happen even with one node.
     pub thief: Thief,
     /// Leases and the lease fence (`crate::lease`): every node renews a lease with the
-    /// manager on node 0, which expels a node that stops renewing; every mount's disks
-    /// are behind its node's lease. None: no leases (a crash is detected by the test).
+    /// cluster manager (node 0 first, elected by the quorum), which expels a node that
+    /// stops renewing; every mount's disks are behind its node's lease. None: no
+    /// leases (a crash is detected by the test).
     pub leases: Option<mako_cluster::lease::LeaseTimes>,
     /// TEST ONLY: false turns the nodes' own lease fence off (the checker's test).
     pub lease_fence: bool,
+    /// TEST ONLY: false lets the cluster manager grant leases without a majority of
+    /// the quorum confirming that it leads (the checker's test).
+    pub lease_quorum_check: bool,
     /// TEST ONLY: false turns the file system panic off (`mako_fs::core::FsPanic`, the
     /// checker's test): a node that cannot write its log only turns read-only, keeps
     /// its tokens and stays in the cluster.
@@ -104,6 +108,7 @@ impl ClusterConfig {
             // MAKO_SIM_THIEF=whole) fails the buffer check.
             thief: Thief::from_env(Thief::Large),
             leases: None,
+            lease_quorum_check: true,
             lease_fence: true,
             fs_panic: true,
         }
@@ -249,6 +254,7 @@ impl SimCluster {
         let manager_transport = net.serve_token_manager(NodeId(0), manager.clone());
         let nodes = config.nodes as usize;
         let leases_times = config.leases;
+        let lease_quorum_check = config.lease_quorum_check;
         let thief = (config.thief != Thief::Off).then(|| {
             let id = NodeId(config.nodes);
             let client = TokenClient::new(
@@ -277,13 +283,15 @@ impl SimCluster {
             ),
             crashed: Mutex::new(Vec::new()),
             leases: leases_times.map(|times| {
-                crate::lease::SimLeases::new(
+                let l = crate::lease::SimLeases::new(
                     sim,
                     Arc::new(SimClock::new(sim)),
                     net.clone(),
                     nodes as u32,
                     times,
-                )
+                );
+                l.quorum_check.store(lease_quorum_check, Ordering::Relaxed);
+                l
             }),
             zombies: Mutex::new((0..nodes).map(|_| None).collect()),
             expels: Mutex::new(Vec::new()),
@@ -392,23 +400,38 @@ impl SimCluster {
 
     /// Node 0 crashes with the token manager (`crash`): the lowest-numbered mounted
     /// node takes the manager over at once (as a raft election among the survivors
-    /// would pick one; the election's own delay is not modelled), every node and the
-    /// token thief route to it, and it starts a rebuild (docs/coherence.md section
-    /// 7b) that waits for every survivor's report (`rebuild_manager`) and for node 0's
-    /// recovery. Returns the new manager node.
-    /// With `RecoveryFault::RebuildWithoutReports` (the checker's test) it asks
-    /// nobody.
+    /// would pick one; the election's own delay is not modelled) and rebuilds it
+    /// (`move_manager`). Returns the new manager node.
     pub fn crash_manager(&self, fault: RecoveryFault) -> u32 {
         let failed = self.manager_node();
         self.crash(failed);
+        self.move_manager(None, fault)
+    }
+
+    /// The token manager leaves its node (crashed, or expelled: its process may still
+    /// run, cut off or stopped, and its table is no longer the cluster's): `successor`
+    /// (or the lowest-numbered mounted node) serves a new one, every mounted node and
+    /// the token thief route to it, and it starts a rebuild (docs/coherence.md section
+    /// 7b) that waits for every survivor's report (`rebuild_manager`) and for the
+    /// failed node's recovery. Returns the new manager node.
+    /// With `RecoveryFault::RebuildWithoutReports` (the checker's test) it asks
+    /// nobody.
+    pub fn move_manager(&self, successor: Option<u32>, fault: RecoveryFault) -> u32 {
+        let failed = self.manager_node();
         self.net
             .registry()
             .unregister(NodeId(failed), ServiceId::TokenManager);
-        let cores = self.cores();
-        let successor = cores
-            .first()
-            .map(|(n, _)| *n)
-            .expect("a node survives the manager");
+        let cores: Vec<(u32, Arc<Core>)> = self
+            .cores()
+            .into_iter()
+            .filter(|(n, _)| *n != failed)
+            .collect();
+        let successor = successor.unwrap_or_else(|| {
+            cores
+                .first()
+                .map(|(n, _)| *n)
+                .expect("a node survives the manager")
+        });
         let manager = Arc::new(TokenManager::new(self.manager().limits()));
         let transport = self
             .net

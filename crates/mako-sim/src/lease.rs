@@ -4,13 +4,26 @@
 //! simulated clock; around them, what makod's `lease.rs` does with real threads, as
 //! simulated tasks:
 //!
-//! - every node renews its lease with the cluster manager (node 0) every
+//! - the cluster manager is the raft leader of the quorum nodes (`quorum`: nodes 0,
+//!   1 and 2 of a cluster of three or more, node 0 alone in a smaller one); it starts
+//!   on node 0. The replicated state (who leads, the lease records) is shared memory
+//!   here, as raft's committed log is to every node; what raft adds is modelled by
+//!   messages: a manager grants a lease, or commits an expel, only after a majority
+//!   of the quorum answered it (`confirm`, raft's read-index round), so a manager cut
+//!   off in a minority, or stopped, grants nothing, not even to itself, and its own
+//!   lease runs out; a quorum node whose renewal failed, if a majority of the quorum
+//!   (itself included) has lost the manager too, takes the lead (`elect`: a new term,
+//!   the lowest-numbered such node first) and gives every node a whole lease from
+//!   then, as makod's watch does when its node becomes the leader;
+//! - every node renews its lease with the cluster manager every
 //!   `failureDetectionTime / 5` (`renew_loop`, a task of the node: a paused node does
-//!   not renew);
-//! - the manager watches every lease (`watch_loop`), pings a node whose lease ran
-//!   out, and after `minMissedPingTimeout` of unanswered pings expels it: the expel is
-//!   recorded (the replicated configuration's lease record) and the expel hook runs
-//!   (the runner's recovery of the node by a survivor);
+//!   not renew), and at once with the new one after a failed renewal;
+//! - the manager watches every lease (`watch_loop`, on every node, working on the
+//!   manager's), pings a node whose lease ran out, and after `minMissedPingTimeout`
+//!   of unanswered pings expels it: the expel is recorded (the replicated
+//!   configuration's lease record) and the expel hook runs on the manager's node
+//!   (the runner's recovery of the node by a survivor, after moving the token manager
+//!   off it if it hosted it);
 //! - every disk of a mount is behind the node's lease (`LeaseDisk`, the copy of
 //!   makod's `FencedDisk::check`): an I/O is refused once the lease ran out, the node
 //!   was expelled, or it rejoined at a newer epoch than the mount's;
@@ -33,6 +46,19 @@ pub struct LeaseRecord {
     pub epoch: u64,
     /// When the manager expelled epoch `epoch` (simulated time), and why.
     pub expelled: Option<(Duration, String)>,
+    /// The cluster manager that expelled it.
+    pub expelled_by: u32,
+}
+
+/// A cluster manager that took the lead from another (`SimLeases::takeovers`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Takeover {
+    pub term: u64,
+    pub from: u32,
+    pub to: u32,
+    /// Simulated time of the takeover, and of the old manager's last grant.
+    pub at: Duration,
+    pub last_grant: Duration,
 }
 
 /// A write that reached a disk after its mount's lease epoch was expelled.
@@ -57,7 +83,19 @@ pub struct SimLeases {
     net: Arc<SimNet>,
     /// Each node's current lease (replaced when it rejoins).
     leases: Mutex<Vec<Arc<NodeLease>>>,
-    monitor: Mutex<LeaseMonitor>,
+    /// The quorum nodes: the cluster manager is one of them, elected by a majority.
+    quorum: Vec<u32>,
+    /// The cluster manager last elected and its term (raft's committed leadership).
+    manager: Mutex<(u32, u64)>,
+    /// Per node, whom it believes to lead, at which term: a deposed manager cut off
+    /// from the others still believes it leads.
+    views: Mutex<Vec<(u32, u64)>>,
+    /// Per node: when (simulated time) the manager last granted its renewal.
+    last_grant: Mutex<Vec<Duration>>,
+    takeovers: Mutex<Vec<Takeover>>,
+    /// Per node, its watch of the others while it is the manager (a new one from each
+    /// takeover: a new manager gives every node a whole lease).
+    monitors: Vec<Mutex<LeaseMonitor>>,
     records: Mutex<Vec<LeaseRecord>>,
     fenced_writes: Mutex<Vec<FencedWrite>>,
     on_expel: Mutex<Option<ExpelHook>>,
@@ -65,6 +103,9 @@ pub struct SimLeases {
     /// leave instead of renewing, and do not answer pings, until they rejoin.
     panicked: Mutex<Vec<Option<String>>>,
     stop: AtomicBool,
+    /// TEST ONLY: false lets a manager lease without a majority's confirmation
+    /// (`ClusterConfig::lease_quorum_check`, the checker's test).
+    pub quorum_check: AtomicBool,
 }
 
 impl SimLeases {
@@ -77,12 +118,15 @@ impl SimLeases {
         nodes: u32,
         times: LeaseTimes,
     ) -> Arc<SimLeases> {
-        let mut monitor = LeaseMonitor::new(clock.clone(), times);
+        let monitors = (0..nodes)
+            .map(|_| Mutex::new(LeaseMonitor::new(clock.clone(), times)))
+            .collect::<Vec<_>>();
+        for n in 1..nodes {
+            monitors[0].lock().watch(NodeId(n));
+        }
+        let quorum = if nodes >= 3 { vec![0, 1, 2] } else { vec![0] };
         let leases = (0..nodes)
-            .map(|n| {
-                if n != 0 {
-                    monitor.watch(NodeId(n));
-                }
+            .map(|_| {
                 let l = Arc::new(NodeLease::new(clock.clone(), times));
                 l.rejoined(1, clock.monotonic());
                 l
@@ -94,12 +138,18 @@ impl SimLeases {
             clock,
             net: net.clone(),
             leases: Mutex::new(leases),
-            monitor: Mutex::new(monitor),
+            quorum,
+            manager: Mutex::new((0, 1)),
+            views: Mutex::new(vec![(0, 1); nodes as usize]),
+            last_grant: Mutex::new(vec![Duration::ZERO; nodes as usize]),
+            takeovers: Mutex::new(Vec::new()),
+            monitors,
             records: Mutex::new(
                 (0..nodes)
                     .map(|_| LeaseRecord {
                         epoch: 1,
                         expelled: None,
+                        expelled_by: 0,
                     })
                     .collect(),
             ),
@@ -107,6 +157,7 @@ impl SimLeases {
             on_expel: Mutex::new(None),
             panicked: Mutex::new(vec![None; nodes as usize]),
             stop: AtomicBool::new(false),
+            quorum_check: AtomicBool::new(true),
         });
         // As makod's fence: token, metanode and space requests of an expelled node
         // are refused until it rejoins.
@@ -147,9 +198,157 @@ impl SimLeases {
         for node in 0..n {
             self.start_renewal(node);
         }
-        let me = self.clone();
-        self.sim
-            .spawn_in(Some(0), "lease-watch", move || me.watch_loop());
+        for node in self.quorum.clone() {
+            let me = self.clone();
+            self.sim
+                .spawn_in(Some(node), format!("lease-watch-n{node}"), move || {
+                    me.watch_loop(node)
+                });
+        }
+    }
+
+    /// The cluster manager now.
+    pub fn manager(&self) -> u32 {
+        self.manager.lock().0
+    }
+
+    /// Every change of cluster manager so far.
+    pub fn takeovers(&self) -> Vec<Takeover> {
+        self.takeovers.lock().clone()
+    }
+
+    /// Node `n`'s view of who leads: (manager, term).
+    fn view(&self, n: u32) -> (u32, u64) {
+        self.views.lock()[n as usize]
+    }
+
+    /// Node `n` heard from node `from` (raft messages carry the term): it adopts a
+    /// newer leader `from` knows of.
+    fn learn(&self, n: u32, from: u32) {
+        let mut v = self.views.lock();
+        if v[from as usize].1 > v[n as usize].1 {
+            v[n as usize] = v[from as usize];
+        }
+    }
+
+    /// Whether node `me` still leads, confirmed by a majority of the quorum answering
+    /// it now (itself included): raft's round of heartbeats before a leader serves a
+    /// read or commits. A node cut off in a minority confirms nothing; one that hears
+    /// of a newer term learns it was deposed.
+    fn confirm(&self, me: u32) -> bool {
+        self.confirm_for(me) == Some(true)
+    }
+
+    /// `confirm`, and for a lease grant: `Some(false)` when node `me` leads on without
+    /// a majority, which only the checker's test allows (`quorum_check` off: a manager
+    /// granting from its local copy of the configuration, which knows nothing of what
+    /// the majority decided since, such as its own expel).
+    fn confirm_for(&self, me: u32) -> Option<bool> {
+        if self.view(me).0 != me {
+            return None;
+        }
+        let need = self.quorum.len() / 2 + 1;
+        let mut have = usize::from(self.quorum.contains(&me));
+        for &q in &self.quorum {
+            if have >= need {
+                break;
+            }
+            if q == me {
+                continue;
+            }
+            if matches!(
+                self.call(me, q, &LeaseRequest::Ping),
+                Some(LeaseReply::Pong)
+            ) {
+                self.learn(me, q);
+                have += 1;
+            }
+        }
+        if self.view(me).0 != me {
+            return None;
+        }
+        if have >= need {
+            Some(true)
+        } else if !self.quorum_check.load(Ordering::Relaxed) {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// Node `me` asks every quorum node it reaches who leads (after a failed renewal).
+    fn refresh_view(&self, me: u32) {
+        for &q in &self.quorum {
+            if q != me
+                && matches!(
+                    self.call(me, q, &LeaseRequest::Ping),
+                    Some(LeaseReply::Pong)
+                )
+            {
+                self.learn(me, q);
+            }
+        }
+    }
+
+    /// Node `me`, a quorum node whose renewal with manager `old` failed, stands for
+    /// election: it takes the lead (a new term) if a majority of the quorum (itself
+    /// included), `old` left out, answers it and has lost `old` too (no grant from it
+    /// for a renewal interval: raft's pre-vote, so that one node's bad link does not
+    /// depose a manager the others reach). The voters learn the new leader; the others
+    /// learn it when they next hear from one that knows.
+    fn elect(&self, me: u32, old: u32) {
+        if !self.quorum.contains(&me) || self.view(me).0 != old || me == old {
+            return;
+        }
+        let now = self.clock.monotonic();
+        let lost = |n: u32| {
+            now.saturating_sub(self.last_grant.lock()[n as usize]) >= self.times.renew_interval()
+        };
+        if !lost(me) {
+            return;
+        }
+        let need = self.quorum.len() / 2 + 1;
+        let mut voters = vec![me];
+        for &q in &self.quorum {
+            if voters.len() >= need {
+                break;
+            }
+            if q == me || q == old {
+                continue;
+            }
+            if matches!(
+                self.call(me, q, &LeaseRequest::Ping),
+                Some(LeaseReply::Pong)
+            ) && lost(q)
+                && self.view(q).0 == old
+            {
+                voters.push(q);
+            }
+        }
+        if voters.len() < need {
+            return;
+        }
+        let mut m = self.manager.lock();
+        if m.0 != old {
+            return;
+        }
+        *m = (me, m.1 + 1);
+        let view = *m;
+        drop(m);
+        {
+            let mut v = self.views.lock();
+            for q in &voters {
+                v[*q as usize] = view;
+            }
+        }
+        let last_grant = self.last_grant.lock()[old as usize];
+        self.takeovers.lock().push(Takeover {
+            term: view.1,
+            from: old,
+            to: me,
+            at: self.clock.monotonic(),
+            last_grant,
+        });
     }
 
     /// Stop the renewal and watch tasks (they end at their next wake-up).
@@ -228,9 +427,9 @@ impl SimLeases {
         self.panicked.lock()[node as usize].is_some()
     }
 
-    /// The manager expels `node` now (`reason`), unless it is already, and runs the
-    /// expel hook on a task of its own.
-    fn expel(&self, n: u32, reason: String) {
+    /// Manager `by` expels `node` now (`reason`), unless it is already, and runs the
+    /// expel hook on a task of its node. The caller confirmed its lead (`confirm`).
+    fn expel(&self, by: u32, n: u32, reason: String) {
         let epoch = {
             let mut r = self.records.lock();
             let rec = &mut r[n as usize];
@@ -238,12 +437,13 @@ impl SimLeases {
                 return;
             }
             rec.expelled = Some((self.clock.monotonic(), reason));
+            rec.expelled_by = by;
             rec.epoch
         };
-        self.monitor.lock().forget(NodeId(n));
+        self.monitors[by as usize].lock().forget(NodeId(n));
         if let Some(hook) = self.on_expel.lock().clone() {
             self.sim
-                .spawn_in(Some(0), format!("expel-n{n}"), move || hook(n, epoch));
+                .spawn_in(Some(by), format!("expel-n{n}"), move || hook(n, epoch));
         }
     }
 
@@ -259,9 +459,14 @@ impl SimLeases {
         };
         self.panicked.lock()[node as usize] = None;
         let lease = Arc::new(NodeLease::new(self.clock.clone(), self.times));
-        lease.rejoined(epoch, self.clock.monotonic());
+        let now = self.clock.monotonic();
+        lease.rejoined(epoch, now);
+        self.last_grant.lock()[node as usize] = now;
         self.leases.lock()[node as usize] = lease;
-        self.monitor.lock().watch(NodeId(node));
+        // Its rejoin is a raft write: it knows the leader from then.
+        let view = *self.manager.lock();
+        self.views.lock()[node as usize] = view;
+        self.monitors[view.0 as usize].lock().watch(NodeId(node));
         self.start_renewal(node);
         epoch
     }
@@ -295,52 +500,97 @@ impl SimLeases {
                 Some(reason) => LeaseRequest::Leave { epoch, reason },
                 None => LeaseRequest::Renew { epoch },
             };
-            match self.call(node, 0, &request) {
-                Some(LeaseReply::Granted { epoch }) => lease.granted(epoch, sent),
+            let manager = self.view(node).0;
+            let renewed = match self.call(node, manager, &request) {
+                Some(LeaseReply::Granted { epoch }) => {
+                    lease.granted(epoch, sent);
+                    self.last_grant.lock()[node as usize] = sent;
+                    true
+                }
                 Some(
                     LeaseReply::Expelled { epoch, by, reason }
                     | LeaseReply::Recovering { epoch, by, reason },
-                ) => lease.expelled(epoch, by, reason),
-                _ => {}
+                ) => {
+                    lease.expelled(epoch, by, reason);
+                    true
+                }
+                _ => false,
+            };
+            if renewed {
+                mako_diag::sched::sleep(self.times.renew_interval());
+            } else {
+                // The manager did not answer: stand for election if it is lost, ask
+                // who leads now, and try again soon.
+                self.elect(node, manager);
+                self.refresh_view(node);
+                mako_diag::sched::sleep(self.times.renew_interval() / 4);
             }
-            mako_diag::sched::sleep(self.times.renew_interval());
         }
     }
 
-    fn watch_loop(&self) {
+    /// Node `me`'s watch of every lease, while it is the cluster manager.
+    fn watch_loop(&self, me: u32) {
+        let mut was_manager = self.view(me).0 == me;
         while !self.stop.load(Ordering::SeqCst) {
-            let watched = self.monitor.lock().watched();
-            for node in watched {
-                let n = node.0;
-                if self.records.lock()[n as usize].expelled.is_some() {
-                    self.monitor.lock().forget(node);
-                    continue;
-                }
-                let step = self.monitor.lock().step(node);
-                match step {
-                    Watch::Active => {}
-                    Watch::Arbitrating => {
-                        let answered =
-                            matches!(self.call(0, n, &LeaseRequest::Ping), Some(LeaseReply::Pong));
-                        self.monitor.lock().pinged(node, answered);
-                    }
-                    Watch::Expel => {
-                        let silent = self.monitor.lock().silent_for(node).unwrap_or_default();
-                        let reason = format!(
-                            "no lease renewal for {silent:?} (failureDetectionTime {:?}) and no answer to pings for minMissedPingTimeout {:?}",
-                            self.times.lease, self.times.missed_ping
-                        );
-                        self.expel(n, reason);
+            let manager = self.view(me).0 == me;
+            if manager && !was_manager {
+                // A new manager gives every node a whole lease from now.
+                let mut m = LeaseMonitor::new(self.clock.clone(), self.times);
+                let records = self.records.lock();
+                for (n, r) in records.iter().enumerate() {
+                    if n as u32 != me && r.expelled.is_none() {
+                        m.watch(NodeId(n as u32));
                     }
                 }
+                *self.monitors[me as usize].lock() = m;
+            }
+            was_manager = manager;
+            if manager {
+                self.watch_once(me);
             }
             mako_diag::sched::sleep(self.times.renew_interval() / 2);
         }
     }
+
+    fn watch_once(&self, me: u32) {
+        let monitor = &self.monitors[me as usize];
+        let watched = monitor.lock().watched();
+        for node in watched {
+            let n = node.0;
+            if self.records.lock()[n as usize].expelled.is_some() {
+                monitor.lock().forget(node);
+                continue;
+            }
+            let step = monitor.lock().step(node);
+            match step {
+                Watch::Active => {}
+                Watch::Arbitrating => {
+                    let answered = matches!(
+                        self.call(me, n, &LeaseRequest::Ping),
+                        Some(LeaseReply::Pong)
+                    );
+                    monitor.lock().pinged(node, answered);
+                }
+                Watch::Expel => {
+                    // An expel is a raft write: only a confirmed manager commits it.
+                    if !self.confirm(me) {
+                        return;
+                    }
+                    let silent = monitor.lock().silent_for(node).unwrap_or_default();
+                    let reason = format!(
+                        "no lease renewal for {silent:?} (failureDetectionTime {:?}) and no answer to pings for minMissedPingTimeout {:?}",
+                        self.times.lease, self.times.missed_ping
+                    );
+                    self.expel(me, n, reason);
+                }
+            }
+        }
+    }
 }
 
-/// The lease service of one node: renewals (answered by the manager, node 0) and the
-/// manager's pings (answered by anyone).
+/// The lease service of one node: renewals (answered by the cluster manager, once a
+/// majority of the quorum confirmed it leads) and the manager's pings (answered by
+/// anyone).
 struct LeaseService {
     leases: Arc<SimLeases>,
     me: u32,
@@ -353,33 +603,46 @@ impl Service for LeaseService {
             // A node whose file system panicked does not answer (`fs_panicked`).
             Ok(LeaseRequest::Ping) if l.silent(self.me) => LeaseReply::NotManager { leader: None },
             Ok(LeaseRequest::Ping) => LeaseReply::Pong,
-            Ok(LeaseRequest::Renew { .. } | LeaseRequest::Leave { .. }) if self.me != 0 => {
+            Ok(LeaseRequest::Renew { .. } | LeaseRequest::Leave { .. })
+                if l.view(self.me).0 != self.me =>
+            {
                 LeaseReply::NotManager {
-                    leader: Some(NodeId(0)),
+                    leader: Some(NodeId(l.view(self.me).0)),
                 }
+            }
+            // Not confirmed by a majority (cut off, or deposed meanwhile): no grant.
+            Ok(LeaseRequest::Leave { .. }) if !l.confirm(self.me) => {
+                LeaseReply::NotManager { leader: None }
             }
             Ok(LeaseRequest::Leave { epoch, reason }) => {
                 if l.records.lock()[from.0 as usize].epoch == epoch {
-                    l.expel(from.0, reason);
+                    l.expel(self.me, from.0, reason);
                 }
                 let rec = l.records.lock()[from.0 as usize].clone();
                 let (_, reason) = rec.expelled.unwrap_or_default();
                 LeaseReply::Expelled {
                     epoch: rec.epoch,
-                    by: NodeId(0),
+                    by: NodeId(rec.expelled_by),
                     reason,
                 }
             }
             Ok(LeaseRequest::Renew { .. }) => {
                 let rec = l.records.lock()[from.0 as usize].clone();
+                let confirmed = l.confirm_for(self.me);
                 match rec.expelled {
+                    // Not confirmed by a majority (cut off, or deposed meanwhile): no
+                    // grant.
+                    _ if confirmed.is_none() => LeaseReply::NotManager { leader: None },
+                    // TEST ONLY: a manager without a majority grants from its local
+                    // copy of the configuration, which knows of no expel since.
+                    Some(_) if confirmed == Some(false) => LeaseReply::Granted { epoch: rec.epoch },
                     Some((_, reason)) => LeaseReply::Expelled {
                         epoch: rec.epoch,
-                        by: NodeId(0),
+                        by: NodeId(rec.expelled_by),
                         reason,
                     },
                     None => {
-                        l.monitor.lock().renewed(from);
+                        l.monitors[self.me as usize].lock().renewed(from);
                         LeaseReply::Granted { epoch: rec.epoch }
                     }
                 }

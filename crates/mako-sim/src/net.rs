@@ -95,6 +95,9 @@ pub struct SimNet {
     /// Nodes cut off from every other node (a network partition of one node): nothing
     /// it sends arrives, nothing sent to it arrives, until the partition heals.
     cut: Mutex<std::collections::BTreeSet<NodeId>>,
+    /// A node whose failed calls to it count as lost messages of the caller
+    /// (`set_lossy_target`).
+    lossy_target: Mutex<Option<NodeId>>,
 }
 
 impl SimNet {
@@ -107,7 +110,17 @@ impl SimNet {
             stats: Mutex::new(NetStats::default()),
             nodes: Mutex::new(Default::default()),
             cut: Mutex::new(Default::default()),
+            lossy_target: Mutex::new(None),
         })
+    }
+
+    /// Calls to `node` that fail (cut off, stopped past the caller's deadline, its
+    /// service gone) count as lost messages of the caller from now on: the caller's
+    /// operations that fail are uncertain (they may or may not have taken effect) and
+    /// are checked by running them again. For a fault of the token manager's node,
+    /// whose requests fail with EIO until another node serves the manager.
+    pub fn set_lossy_target(&self, node: NodeId) {
+        *self.lossy_target.lock() = Some(node);
     }
 
     /// Cut `node` off from every other node (a partition of one node).
@@ -377,12 +390,8 @@ pub struct SimTransport {
     net: Arc<SimNet>,
 }
 
-impl Transport for SimTransport {
-    fn local_node(&self) -> NodeId {
-        self.me
-    }
-
-    fn call(
+impl SimTransport {
+    fn call_once(
         &self,
         to: NodeId,
         service: ServiceId,
@@ -440,6 +449,26 @@ impl Transport for SimTransport {
         net.reaches(self.me, self.epoch, to)?;
         net.crosses_cut(to, self.me)?;
         Ok(reply)
+    }
+}
+
+impl Transport for SimTransport {
+    fn local_node(&self) -> NodeId {
+        self.me
+    }
+
+    fn call(
+        &self,
+        to: NodeId,
+        service: ServiceId,
+        request: Vec<u8>,
+        options: CallOptions,
+    ) -> Result<Vec<u8>, TransportError> {
+        let r = self.call_once(to, service, request, options);
+        if r.is_err() && to != self.me && *self.net.lossy_target.lock() == Some(to) {
+            *self.net.stats.lock().lost_by.entry(self.me).or_default() += 1;
+        }
+        r
     }
 
     /// A task of its own makes the call; nobody waits for it.

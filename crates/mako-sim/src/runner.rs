@@ -95,14 +95,35 @@ pub enum FaultKind {
     /// takes the manager over and rebuilds its table from the survivors' held tokens
     /// (`SimCluster::crash_manager`, docs/coherence.md section 7b); a survivor
     /// recovers node 0 after the detection delay, as for `Crash`. Without leases (the
-    /// lease manager is on node 0 too, and does not move yet).
+    /// crash is detected after a fixed delay; `ManagerPause` and `ManagerPartition`
+    /// are the faults of the cluster manager under leases).
     ManagerCrash,
+    /// Node 0, the cluster manager and the token manager's node, stops (SIGSTOP) for
+    /// longer than its lease: the other quorum nodes elect a new cluster manager, which
+    /// expels node 0 once its lease ran out, moves the token manager to itself and
+    /// rebuilds it from the survivors' tokens, and has a survivor recover node 0's log
+    /// (needs leases and three nodes: a majority of the quorum without node 0).
+    /// Survivors' calls to the old token manager meanwhile fail (EIO, as in makod
+    /// today): those operations are uncertain (`SimNet::set_lossy_target`).
+    ManagerPause,
+    /// As `ManagerPause`, but node 0 is cut off from every other node (a minority of
+    /// one): it keeps running, confirms nothing with the quorum, so grants no lease
+    /// (not even its own) and must not write after its lease ran out.
+    ManagerPartition,
 }
 
 impl FaultKind {
     /// Needs the lease model (detection by lease expiry and expel).
     pub fn needs_leases(self) -> bool {
         !matches!(self, FaultKind::Crash | FaultKind::ManagerCrash)
+    }
+
+    /// A fault of node 0, the cluster manager and the token manager's node.
+    pub fn of_the_manager(self) -> bool {
+        matches!(
+            self,
+            FaultKind::ManagerCrash | FaultKind::ManagerPause | FaultKind::ManagerPartition
+        )
     }
 }
 
@@ -173,9 +194,14 @@ impl CrashPlan {
         };
         // The manager's node is node 0; the survivor that recovers it is drawn as
         // for any other node (`by` is never `node`, which stands in for it).
-        let (node, by) = match kind {
-            FaultKind::ManagerCrash => (0, if by == 0 { node } else { by }),
-            _ => (node, by),
+        assert!(
+            !matches!(kind, FaultKind::ManagerPause | FaultKind::ManagerPartition) || nodes >= 3,
+            "{kind:?} needs three nodes or more: a majority of the quorum (nodes 0, 1, 2) without node 0 elects the new cluster manager"
+        );
+        let (node, by) = if kind.of_the_manager() {
+            (0, if by == 0 { node } else { by })
+        } else {
+            (node, by)
         };
         Some(CrashPlan {
             node,
@@ -412,6 +438,14 @@ fn drive(
     let nodes = config.cluster.nodes;
     // Leases first: a mount does I/O, which needs one.
     let crash = CrashPlan::draw(config);
+    if crash.is_some_and(|c| {
+        matches!(
+            c.kind,
+            FaultKind::ManagerPause | FaultKind::ManagerPartition
+        )
+    }) {
+        cluster.net.set_lossy_target(mako_rt::NodeId(0));
+    }
     if let Some(leases) = &cluster.leases {
         let (cl, fault) = (cluster.clone(), config.recovery_fault);
         leases.set_on_expel(Arc::new(move |n, epoch| {
@@ -421,6 +455,20 @@ fn drive(
                 )),
                 Some(c) => {
                     cl.expelled(n);
+                    if n == cl.manager_node() {
+                        // The token manager's node was expelled: the new cluster
+                        // manager serves it now, rebuilt from the survivors' tokens,
+                        // before the survivor replays the expelled node's log.
+                        let to = cl.leases.as_ref().map(|l| l.manager());
+                        let successor = cl.move_manager(to, fault);
+                        let rounds = cl.rebuild_manager();
+                        if verbose() {
+                            eprintln!(
+                                "  node {successor} took the token manager over from expelled node {n}, {} report(s) in {rounds} round(s)",
+                                cl.manager().stats().reports
+                            );
+                        }
+                    }
                     cl.recover(c.by, n, fault)
                         .map(|r| {
                             r.map_or_else(|| format!("broken recovery {fault:?}"), |r| r.summary())
@@ -983,7 +1031,7 @@ fn run_step(
         sim.spawn(format!("s{step}-{:?}-n{}", c.kind, c.node), move || {
             mako_diag::sched::sleep(Duration::from_micros(c.delay_micros));
             match c.kind {
-                FaultKind::Pause => cluster.pause(c.node),
+                FaultKind::Pause | FaultKind::ManagerPause => cluster.pause(c.node),
                 FaultKind::BadDisk => {
                     cluster.break_disks(c.node);
                     // Its next commit (if anything is dirty) and checkpoint (a sync,
@@ -1019,7 +1067,7 @@ fn run_step(
                 mako_diag::sched::wait_until("expel and recovery", || expelled(&cluster));
             }
             match c.kind {
-                FaultKind::Pause => cluster.resume(c.node),
+                FaultKind::Pause | FaultKind::ManagerPause => cluster.resume(c.node),
                 FaultKind::BadDisk => {}
                 _ => cluster.heal(c.node),
             }

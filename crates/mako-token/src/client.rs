@@ -292,6 +292,10 @@ struct ClientInner {
     /// `limits.holder_down_wait_ms`, changeable after the client is made
     /// (`TokenClient::set_holder_down_wait`: makod derives it from the lease times).
     holder_down_wait_ms: AtomicU64,
+    /// How long a request whose manager node does not answer waits for the node's slot
+    /// to move to another manager node (`TokenClient::set_manager_failover_wait`); 0:
+    /// it fails at once.
+    failover_wait_ms: AtomicU64,
     covered: AtomicU64,
     manager_calls: AtomicU64,
     revokes_sent: AtomicU64,
@@ -469,8 +473,33 @@ impl ClientInner {
                         self.limits.holder_down_retry_ms.max(1),
                     ));
                 }
+                // The manager node may have failed: wait for its slot to move
+                // (`set_manager_failover_wait`), then ask the new node.
+                Err(e @ mako_rt::TransportError::Unreachable { .. }) => {
+                    if !self.wait_for_new_manager(resource, to) {
+                        return Err(TokenError::Transport(e.to_string()));
+                    }
+                }
                 r => return r.map_err(|e| TokenError::Transport(e.to_string())),
             }
+        }
+    }
+
+    /// Waits until the slot of `resource` is routed to another node than `failed`
+    /// (true), or the manager failover wait ran out (false).
+    fn wait_for_new_manager(&self, resource: &ResourceId, failed: NodeId) -> bool {
+        let wait_max = Duration::from_millis(self.failover_wait_ms.load(Ordering::Relaxed));
+        let retry = Duration::from_millis(self.limits.holder_down_retry_ms.max(1));
+        let mut waited = Duration::ZERO;
+        loop {
+            if self.managers.read().manager_for(resource) != failed {
+                return true;
+            }
+            if waited >= wait_max {
+                return false;
+            }
+            self::pause(retry);
+            waited += retry;
         }
     }
 
@@ -753,6 +782,19 @@ impl ClientInner {
             );
             result = result.and(reply.and_then(Self::expect_done));
         }
+        // A downgrade that failed (its manager node failed or was cut off while it
+        // was asked) leaves the weakened parts unheld: the caches kept clean under
+        // them go too, before anything else can use the resource (`busy` is still
+        // set). Keeping them cached without a token let a read trust them after
+        // another node changed the file (faults seed 8 of
+        // `the_cluster_manager_is_cut_off_in_a_minority`).
+        if keep.is_some() && !kept.is_empty() && result.is_err() {
+            if let Some(f) = self.cache_flush.get() {
+                if let Err(e) = f.flush_and_invalidate(resource, range, None) {
+                    result = result.and(Err(e));
+                }
+            }
+        }
         // The weakened parts are held again (the manager records them so).
         let mut shard = lock.lock();
         let st = shard.res.entry(resource).or_default();
@@ -814,6 +856,7 @@ impl TokenClient {
                 shards,
                 limits,
                 holder_down_wait_ms: AtomicU64::new(limits.holder_down_wait_ms),
+                failover_wait_ms: AtomicU64::new(0),
                 covered: AtomicU64::new(0),
                 manager_calls: AtomicU64::new(0),
                 revokes_sent: AtomicU64::new(0),
@@ -839,6 +882,18 @@ impl TokenClient {
     pub fn set_holder_down_wait(&self, wait: Duration) {
         let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
         self.inner.holder_down_wait_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// How long a request to a manager node that does not answer
+    /// (`TransportError::Unreachable`) waits for that node's slot to be taken over by
+    /// another manager node (docs/coherence.md section 7b: the routing changes through
+    /// `set_managers` or the new manager's `ClientRequest::HeldIn`), then goes to the
+    /// new one; past it, or with 0 (the default: a cluster with one manager node, whose
+    /// slot has nowhere to go), the request fails. The request is never sent again to
+    /// the node that did not answer (it may have handled it).
+    pub fn set_manager_failover_wait(&self, wait: Duration) {
+        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        self.inner.failover_wait_ms.store(ms, Ordering::Relaxed);
     }
 
     pub fn set_cache_flush(&self, flush: Arc<dyn CacheFlush>) {
@@ -1564,6 +1619,11 @@ impl TokenClient {
         let mut managers = self.inner.managers.read().nodes.clone();
         managers.sort();
         managers.dedup();
+        // The failed node's own shard went with it (section 7b: its slot is rebuilt
+        // by another manager node, which is in the routing too).
+        if managers.len() > 1 {
+            managers.retain(|m| *m != node);
+        }
         if managers.is_empty() {
             managers.push(NodeId(0));
         }

@@ -469,6 +469,15 @@ pub struct TokenManager {
     rebuilding: AtomicBool,
     rebuild_refused: AtomicU64,
     reports: AtomicU64,
+    /// The slots this manager serves (`serve_slots`): the routing and this node. A
+    /// request that could grant on a resource of another slot is refused with
+    /// `TokenError::Rebuilding` (a client that routes a failed manager node's slot here
+    /// before this node began its rebuild asks again). `None`: every resource (one
+    /// manager, or a simulation).
+    serving: Mutex<Option<(ManagerMap, NodeId)>>,
+    /// Nodes released (`release_node`) since this manager started: a rebuild that
+    /// begins after a failed node's recovery does not wait for it (section 7b).
+    released: Mutex<BTreeSet<NodeId>>,
 }
 
 fn resource_of(req: &AcquireRequest) -> ResourceId {
@@ -505,6 +514,8 @@ impl TokenManager {
             rebuilding: AtomicBool::new(false),
             rebuild_refused: AtomicU64::new(0),
             reports: AtomicU64::new(0),
+            serving: Mutex::new(None),
+            released: Mutex::new(BTreeSet::new()),
         }
     }
 
@@ -516,20 +527,48 @@ impl TokenManager {
     /// `TokenError::Rebuilding`; giving up (relinquish, downgrade, cancel) and
     /// versions are taken as usual. Queued requests of the old table are gone: their
     /// requesters ask again and queue anew. `collect_reports` asks the nodes.
+    ///
+    /// A failed node already released here (its recovery ended before the rebuild
+    /// began) is not waited for: a manager node's slot moves once (a node that
+    /// rejoins after losing its table serves no slot again, docs/coherence.md 7b),
+    /// so a release recorded here is the one of that failure. If this manager serves only some slots
+    /// (`serve_slots`), it serves `slot` of `map` from now on too.
     pub fn begin_rebuild(&self, map: ManagerMap, slot: usize, live: &[NodeId], failed: &[NodeId]) {
+        let released = self.released.lock().clone();
         let rebuild = Rebuild {
-            map,
+            map: map.clone(),
             slot,
             reporting: live.iter().copied().collect(),
             recovering: failed
                 .iter()
                 .copied()
-                .filter(|n| !live.contains(n))
+                .filter(|n| !live.contains(n) && !released.contains(n))
                 .collect(),
         };
         let done = rebuild.done();
         *self.rebuild.lock() = (!done).then_some(rebuild);
         self.rebuilding.store(!done, Ordering::SeqCst);
+        // After the rebuild is in place (the slot is refused until it is done): the
+        // slot is this manager's from now on.
+        if let Some((served, me)) = self.serving.lock().as_mut() {
+            if served.nodes.len() == map.nodes.len() {
+                served.nodes[slot] = *me;
+            } else {
+                *served = map;
+            }
+        }
+    }
+
+    /// Serve only the slots `map` gives to `me` (`serving`); a node's manager in a
+    /// cluster of several manager nodes. Slots taken over later are added by
+    /// `begin_rebuild`.
+    pub fn serve_slots(&self, map: ManagerMap, me: NodeId) {
+        *self.serving.lock() = Some((map, me));
+    }
+
+    /// The routing this manager serves by, if it serves only some slots.
+    pub fn serving(&self) -> Option<ManagerMap> {
+        self.serving.lock().as_ref().map(|(m, _)| m.clone())
     }
 
     /// Is a rebuild running? (Nodes still to report or to be recovered.)
@@ -550,6 +589,18 @@ impl TokenManager {
 
     /// The refusal for a request on `resource` while its slot is rebuilding.
     pub fn rebuild_refusal(&self, resource: ResourceId) -> Option<TokenError> {
+        if let Some((map, me)) = self.serving.lock().as_ref() {
+            let slot = map.slot_for(&resource);
+            if map.nodes.get(slot).is_some_and(|n| n != me) {
+                // Not (yet) this node's slot: its takeover has not begun here.
+                self.rebuild_refused.fetch_add(1, Ordering::Relaxed);
+                return Some(TokenError::Rebuilding {
+                    resource,
+                    reporting: Vec::new(),
+                    recovering: vec![map.nodes[slot]],
+                });
+            }
+        }
         if !self.rebuilding.load(Ordering::SeqCst) {
             return None;
         }
@@ -1095,7 +1146,9 @@ impl TokenManager {
         }
         self.tokens.fetch_sub(dropped, Ordering::Relaxed);
         self.send_turns(turns);
-        // A released node holds nothing: a rebuild waits for it no more.
+        // A released node holds nothing: a rebuild waits for it no more, nor one that
+        // begins later.
+        self.released.lock().insert(node);
         let mut rebuild = self.rebuild.lock();
         if let Some(r) = rebuild.as_mut() {
             r.reporting.remove(&node);

@@ -396,3 +396,129 @@ fn a_report_does_not_wait_for_a_revoke_that_waits_for_the_rebuild() {
     );
     assert_eq!(new.holders(file(3))[0].node, NodeId(2));
 }
+
+/// A manager of several (makod's manager nodes, `serve_slots`) refuses the slots it
+/// does not serve until it begins their rebuild (a client that saw the slot move first
+/// asks again), and a failed node whose recovery released it before the rebuild began
+/// is not waited for (the release would otherwise be lost, and the slot refused for
+/// good).
+#[test]
+fn a_manager_serves_its_slots_only_and_counts_a_release_made_before_the_rebuild() {
+    let m = TokenManager::default();
+    let before = ManagerMap {
+        nodes: vec![NEW, OLD],
+    };
+    let after = ManagerMap {
+        nodes: vec![NEW, NEW],
+    };
+    let in_slot = |slot: usize| {
+        (1..)
+            .map(inode)
+            .find(|r| before.slot_for(r) == slot)
+            .expect("a resource of the slot")
+    };
+    let (mine, lost) = (in_slot(0), in_slot(1));
+    m.serve_slots(before.clone(), NEW);
+    assert_eq!(m.serving(), Some(before));
+    m.acquire(AcquireRequest::whole(NodeId(1), mine, Ro))
+        .expect("its own slot is served");
+    assert!(
+        refused(&m, AcquireRequest::whole(NodeId(1), lost, Ro)),
+        "a slot not taken over yet is refused"
+    );
+    // The failed node's recovery comes first, then the takeover.
+    m.release_node(OLD);
+    m.begin_rebuild(after.clone(), 1, &[NodeId(1), NodeId(2)], &[OLD]);
+    assert_eq!(m.serving(), Some(after));
+    assert_eq!(
+        m.rebuild_waits_for(),
+        (vec![NodeId(1), NodeId(2)], Vec::new()),
+        "the failed node was released before: only the reports are waited for"
+    );
+    assert!(refused(&m, AcquireRequest::whole(NodeId(2), lost, Ro)));
+    assert!(m.apply_report(NodeId(1), &[]));
+    assert!(m.apply_report(NodeId(2), &[]));
+    assert!(!m.is_rebuilding());
+    m.acquire(AcquireRequest::whole(NodeId(2), lost, Xw))
+        .expect("the rebuilt slot is served");
+    m.acquire(AcquireRequest::whole(NodeId(1), mine, Ro))
+        .expect("its own slot still is");
+}
+
+/// A transport to which one node is dead: calls to it are `Unreachable`.
+struct DeadNode(Arc<dyn Transport>, NodeId);
+
+impl Transport for DeadNode {
+    fn local_node(&self) -> NodeId {
+        self.0.local_node()
+    }
+    fn call(
+        &self,
+        to: NodeId,
+        service: ServiceId,
+        request: Vec<u8>,
+        options: mako_rt::CallOptions,
+    ) -> Result<Vec<u8>, mako_rt::TransportError> {
+        if to == self.1 {
+            return Err(mako_rt::TransportError::Unreachable {
+                node: to,
+                reason: "killed".into(),
+            });
+        }
+        self.0.call(to, service, request, options)
+    }
+}
+
+/// A request to a manager node that does not answer waits for its slot to move
+/// (`set_manager_failover_wait`) and then goes to the new node; without the wait
+/// (one manager node: nowhere to move) it fails at once, as does one whose wait runs
+/// out.
+#[test]
+fn a_request_to_a_dead_manager_waits_for_its_slot_to_move() {
+    let registry = Registry::new();
+    let new = Arc::new(TokenManager::default());
+    registry.register(
+        NEW,
+        ServiceId::TokenManager,
+        Arc::new(ManagerService {
+            manager: new.clone(),
+        }),
+    );
+    let me = NodeId(1);
+    let transport: Arc<dyn Transport> = Arc::new(DeadNode(
+        Arc::new(InProcessTransport::new(me, registry.clone())),
+        OLD,
+    ));
+    let client = TokenClient::new(
+        me,
+        transport,
+        ManagerMap::single(OLD),
+        TokenClientLimits::default(),
+    );
+    // No wait: the transport's error at once.
+    let e = client
+        .acquire(inode(1), Ro, ByteRange::WHOLE, ByteRange::WHOLE)
+        .expect_err("the only manager is dead");
+    assert!(matches!(e, TokenError::Transport(_)), "{e}");
+    // A wait that runs out fails the same way.
+    client.set_manager_failover_wait(Duration::from_millis(50));
+    let e = client
+        .acquire(inode(1), Ro, ByteRange::WHOLE, ByteRange::WHOLE)
+        .expect_err("nothing moves the slot");
+    assert!(matches!(e, TokenError::Transport(_)), "{e}");
+    // The slot moves while the request waits: it is served by the new node.
+    client.set_manager_failover_wait(Duration::from_secs(600));
+    let asking = {
+        let client = client.clone();
+        std::thread::spawn(move || client.acquire(inode(1), Ro, ByteRange::WHOLE, ByteRange::WHOLE))
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    client.set_managers(ManagerMap::single(NEW));
+    asking
+        .join()
+        .expect("the acquire's thread")
+        .expect("granted by the slot's new node");
+    wait_for("the new manager to record the grant", || {
+        new.holders(inode(1)).iter().any(|h| h.node == me)
+    });
+}

@@ -292,16 +292,18 @@ impl Daemon {
             quorum.read_local().lease_of(me).expelled.is_some()
         })?;
         // After the lease: every token manager shard must serve this node, and one
-        // that has not applied its rejoin yet refuses it for a moment.
-        net.wait_for_manager()?;
+        // that has not applied its rejoin yet refuses it for a moment. The slots are
+        // routed as the configuration says now (a failed manager node's slot moved to
+        // its successor: `crate::shards`), and followed from then on.
+        let managers = net.manager_ids();
+        let shards = Arc::new(crate::lease::ShardWatch::new(quorum.clone(), me, &managers));
+        let routing = shards.routing();
+        net.wait_for_manager(&routing)?;
         let cluster = self.cluster.lock().clone();
         let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
         let (disks, access) = net
             .open_disks(&cluster, &names)
             .with_context(|| format!("opening the disks of {name}"))?;
-        let managers: Vec<mako_rt::NodeId> =
-            net.managers.iter().map(|n| mako_rt::NodeId(n.id)).collect();
-        let shards = Arc::new(crate::lease::ShardWatch::new(quorum.clone(), me, &managers));
         let fenced: Vec<Arc<crate::lease::FencedDisk>> = disks
             .into_iter()
             .map(|inner| {
@@ -318,8 +320,8 @@ impl Daemon {
             .into_iter()
             .map(|d| d as Arc<dyn mako_disk::Disk>)
             .collect();
-        let mounted =
-            mako_fs::mount::mount_node(disks, fs_config(cfg), net.env(0)).with_context(|| {
+        let mounted = mako_fs::mount::mount_node(disks, fs_config(cfg), net.env(0, routing))
+            .with_context(|| {
                 format!(
                     "node {} ({}): mounting file system {name}",
                     net.me.id, net.me.name
@@ -345,11 +347,15 @@ impl Daemon {
         }
         // A holder that does not answer a revoke is waited for as long as its expel
         // and recovery may take, not the token client's default of 10 minutes.
-        mounted
-            .core()
-            .tokens
-            .client()
-            .set_holder_down_wait(crate::lease::holder_down_wait(lease.times()));
+        let client = mounted.core().tokens.client();
+        client.set_holder_down_wait(crate::lease::holder_down_wait(lease.times()));
+        // A manager node that does not answer is waited for as long: its slot moves to
+        // another manager node once it is expelled (`crate::shards`). With one manager
+        // node there is nowhere to move: fail at once, as before.
+        if managers.len() > 1 {
+            client.set_manager_failover_wait(crate::lease::holder_down_wait(lease.times()));
+        }
+        shards.set_client(client.clone());
         if let Err(e) = self.recover_at_mount(name, &mounted) {
             if let Err(u) = mounted.unmount() {
                 tracing::warn!("{name}: unmounting after the failed recovery: {u}");
@@ -1438,6 +1444,23 @@ pub fn run(root: &Path) -> Result<()> {
                 d.recover_expelled(node, epoch);
             }
         }));
+        // A manager node serves its slots, and takes over the slot of a manager node
+        // that failed (`crate::shards`).
+        if let Some(manager) = &net.token_manager {
+            let (manager, quorum, transport, stop) = (
+                manager.clone(),
+                member.quorum(),
+                net.transport.clone() as Arc<dyn mako_rt::Transport>,
+                stop.clone(),
+            );
+            let managers = net.manager_ids();
+            std::thread::Builder::new()
+                .name("token-takeover".into())
+                .spawn(move || {
+                    crate::shards::run_takeover(manager, quorum, transport, me, managers, stop)
+                })
+                .context("starting the token-takeover thread")?;
+        }
         *daemon.member.lock() = Some(member);
     }
     tracing::info!(

@@ -12,6 +12,7 @@ mod metrics;
 mod mount_state;
 mod net;
 mod recovery;
+mod shards;
 
 use clap::Parser;
 use std::path::PathBuf;

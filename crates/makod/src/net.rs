@@ -29,9 +29,9 @@
 //!   (`RemoteDisk`, failing over down the list) where it has not
 //!   (`DiskRoute::choose`), so a node with no disk access at all mounts too.
 //!
-//! Not yet: the manager role sharded over several manager nodes, the manager's
-//! takeover when it fails, recovery of a failed node's log and tokens by the others
-//! (issue 14), and more than one file system mounted by a node of such a cluster.
+//! A failed manager node's token-manager slot is taken over by another manager node
+//! (`crate::shards`). Not yet: more than one file system mounted by a node of such a
+//! cluster.
 
 use anyhow::{bail, Context, Result};
 use mako_config::EffectiveConfig;
@@ -75,6 +75,8 @@ pub struct NetNode {
     pub registry: Arc<Registry>,
     /// The NSD service of this node, if it is a server of some disks.
     pub nsd: Option<Arc<NsdServer>>,
+    /// This node's token manager, on a manager node (`crate::shards`).
+    pub token_manager: Option<Arc<TokenManager>>,
 }
 
 /// How a mounted node reaches one disk (`mako status`).
@@ -252,6 +254,7 @@ impl NetNode {
             transport,
             registry,
             nsd,
+            token_manager,
         }))
     }
 
@@ -399,27 +402,31 @@ impl NetNode {
             .map_or_else(|| id.to_string(), |n| n.name.clone())
     }
 
-    /// The environment `mount_node` mounts this node's file system with.
-    pub fn env(&self, fs_index: u32) -> NodeEnv {
+    /// The manager nodes of cluster.toml, slot by slot.
+    pub fn manager_ids(&self) -> Vec<NodeId> {
+        self.managers.iter().map(|n| NodeId(n.id)).collect()
+    }
+
+    /// The environment `mount_node` mounts this node's file system with, routing
+    /// token requests by `managers` (`crate::shards::token_routing`).
+    pub fn env(&self, fs_index: u32, managers: ManagerMap) -> NodeEnv {
         NodeEnv {
             node: self.me.id,
             fs_index,
             clock: Arc::new(SystemClock::new()),
             transport: self.transport.clone(),
-            managers: ManagerMap {
-                nodes: self.managers.iter().map(|n| NodeId(n.id)).collect(),
-            },
+            managers,
             fs_manager: NodeId(self.manager.id),
             registry: Some(self.registry.clone()),
         }
     }
 
-    /// Waits until every manager node's token service answers (this node's own at
-    /// once): a mount takes tokens from every shard. A refusal (another cluster key)
-    /// ends the wait at once.
-    pub fn wait_for_manager(&self) -> Result<()> {
+    /// Waits until the token service of every manager node that serves a slot of
+    /// `routing` answers (this node's own at once): a mount takes tokens from every
+    /// shard. A refusal (another cluster key) ends the wait at once.
+    pub fn wait_for_manager(&self, routing: &ManagerMap) -> Result<()> {
         for manager in &self.managers {
-            if manager.id != self.me.id {
+            if manager.id != self.me.id && routing.nodes.contains(&NodeId(manager.id)) {
                 self.wait_for_one_manager(manager)?;
             }
         }
