@@ -746,6 +746,20 @@ impl Model {
                 whence,
             } => {
                 let x = walk!(path);
+                if self.get(x).kind == Kind::Dir {
+                    // A directory's size is the file system's own (its blocks): Linux
+                    // file systems seek in it as in one run of data up to that size.
+                    // Any offset at or past the one asked, or ENXIO past the end.
+                    return match got {
+                        Ok(Value::Offset(o)) if *o >= *offset => Ok(Expect::Checked),
+                        Err(e) if e.errno == libc::ENXIO => {
+                            Ok(Expect::Fails(&[libc::ENXIO], "past the directory's end"))
+                        }
+                        _ => Err(format!(
+                            "lseek of a directory from {offset}: neither an offset at or past it nor ENXIO"
+                        )),
+                    };
+                }
                 let d = &self.get(x).data;
                 let size = d.len() as u64;
                 if *offset >= size {
