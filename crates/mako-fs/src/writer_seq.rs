@@ -101,10 +101,14 @@ impl Writer {
         }
     }
 
-    /// A new sequence number, outstanding until `answered`.
+    /// A new sequence number, outstanding until `answered`. Drawn and made outstanding
+    /// under one lock: a number drawn but not yet outstanding could be passed by
+    /// another request's `acked`, and its receiver would take it for an answered one
+    /// and drop it.
     pub fn next_seq(&self) -> u64 {
+        let mut o = self.outstanding.lock();
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
-        self.outstanding.lock().insert(seq);
+        o.insert(seq);
         seq
     }
 
