@@ -492,6 +492,11 @@ pub struct Core {
     /// that dies between its log commit and the metanode's answer leaves (the
     /// simulation's `a_crash_between_a_page_commit_and_its_count_is_recounted`).
     pub counts_unsent: AtomicBool,
+    /// Keys of this node's resent requests, and its batches of frees in other nodes'
+    /// space (`writer_seq`, docs/coherence.md section 1).
+    pub writer: crate::writer_seq::Writer,
+    /// Keys of other nodes' requests this node applied (`writer_seq`).
+    pub applied: crate::writer_seq::Applied,
     /// `directory::CROWD_NODES` of this node: a test may store another threshold (the
     /// simulation's `SeedConfig::crowd_nodes`).
     pub crowd_nodes: AtomicU32,
@@ -671,6 +676,7 @@ impl Core {
         let alloc_slot_bytes = crate::alloc_map::segment_slot_bytes(&desc);
         let pool = PagePool::new(cfg.pagepool_bytes);
         let seed = env.clock.wall().as_secs() as u32;
+        let incarnation = crate::writer_seq::draw_incarnation(env.clock.wall());
         Core {
             nsd,
             desc: CountedMutex::new(&DESCRIPTOR_LOCK, desc),
@@ -709,6 +715,8 @@ impl Core {
             chunk_misses: Mutex::new(Default::default()),
             revoke_fault: std::sync::atomic::AtomicU8::new(0),
             counts_unsent: AtomicBool::new(false),
+            writer: crate::writer_seq::Writer::new(node, incarnation),
+            applied: Default::default(),
             crowd_nodes: AtomicU32::new(crate::directory::CROWD_NODES),
         }
     }

@@ -39,6 +39,7 @@ pub mod stat_cache;
 pub mod stats;
 pub mod test_util;
 pub mod workers;
+pub mod writer_seq;
 pub mod xattr;
 
 pub use crate::core::{Core, FsConfig, KernelInvalidator};

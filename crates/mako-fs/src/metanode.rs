@@ -14,6 +14,7 @@
 
 use crate::core::{timestamp, Core, InodeHandle, InodeState};
 use crate::error::{FsError, FsResult};
+use crate::writer_seq::{Key, Outcome, Seen};
 use mako_format::error::Location;
 use mako_format::inode::{Inode, Timestamp};
 use mako_format::DiskAddress;
@@ -46,9 +47,13 @@ pub struct Update {
     pub ctime: (i64, u32),
     pub sets: Vec<SetBlock>,
     /// A directory's entry count and link count change by these (not idempotent:
-    /// each update is applied once; the transport delivers each request once).
+    /// each update is applied once; the metanode remembers `key`).
     pub entries_delta: i64,
     pub nlink_delta: i64,
+    /// The update's idempotency key (`writer_seq`): every copy `to_metanode` sends
+    /// carries the same one, and a metanode that applied it answers a copy without
+    /// applying it again. None for an update applied where it is made.
+    pub key: Option<Key>,
 }
 
 /// Requests of the `FileSystem` service.
@@ -72,7 +77,12 @@ pub enum FsRequest {
     /// Free these extents (raw address, subblocks) and inode numbers in the receiver's
     /// regions and segments: the sender freed them in files it changed, and the
     /// transactions that did are checkpointed (`ownership::deliver_frees`).
+    /// `key` makes a copy harmless (`writer_seq`); `to` is the incarnation of the
+    /// receiver the sender means (0: not known yet): another one answers
+    /// `Incarnation` and frees nothing.
     Free {
+        key: Key,
+        to: u64,
         extents: Vec<(u64, u32)>,
         inos: Vec<u64>,
     },
@@ -97,6 +107,8 @@ pub enum FsReply {
     /// that does not answer, and sends it again to the next one.
     Unavailable(String),
     Failed(String),
+    /// The receiver is this incarnation, not the one the request named: it did nothing.
+    Incarnation(u64),
 }
 
 /// A shared writer's view of a file whose metanode is another node.
@@ -173,14 +185,14 @@ impl Service for FsService {
 }
 
 fn serve(core: &Arc<Core>, req: FsRequest) -> FsResult<FsReply> {
-    if let FsRequest::Free { extents, inos } = &req {
-        // Only what this node still owns is freed in its map; the rest becomes its own
-        // foreign free and travels on.
-        crate::ownership::apply_frees(core, extents, inos)?;
-        core.stats
-            .foreign_frees_served
-            .fetch_add(1, Ordering::Relaxed);
-        return Ok(FsReply::Done);
+    if let FsRequest::Free {
+        key,
+        to,
+        extents,
+        inos,
+    } = &req
+    {
+        return Ok(serve_free(core, key, *to, extents, inos));
     }
     let ino = match &req {
         FsRequest::GetAttr { ino } | FsRequest::GetBlocks { ino, .. } => *ino,
@@ -243,7 +255,42 @@ fn serve(core: &Arc<Core>, req: FsRequest) -> FsResult<FsReply> {
                     || u.entries_delta != 0
                     || u.nlink_delta != 0
                     || u.size_at_least > st.inode.size;
-                apply_update(core, &mut st, &u)?;
+                // Looked up and recorded under the inode's lock: a copy arriving while
+                // the first is applied finds it applied.
+                if let Some(key) = &u.key {
+                    match core.applied.check(key) {
+                        Seen::New => {}
+                        Seen::Copy(Outcome::Failed(e)) => {
+                            core.stats.copies_answered.fetch_add(1, Ordering::Relaxed);
+                            return Ok(FsReply::Failed(e));
+                        }
+                        Seen::Copy(_) | Seen::Acknowledged => {
+                            // Applied once: answered as the first copy was (made durable
+                            // if it lasts), not applied again.
+                            core.stats.copies_answered.fetch_add(1, Ordering::Relaxed);
+                            drop(st);
+                            drop(_tx);
+                            let lasting =
+                                !u.sets.is_empty() || u.entries_delta != 0 || u.nlink_delta != 0;
+                            return Ok(if lasting {
+                                commit_for_writer(core)
+                            } else {
+                                FsReply::Done
+                            });
+                        }
+                    }
+                }
+                let applied = apply_update(core, &mut st, &u);
+                if let Some(key) = &u.key {
+                    core.applied.record(
+                        key,
+                        match &applied {
+                            Ok(()) => Outcome::Applied,
+                            Err(e) => Outcome::Failed(e.to_string()),
+                        },
+                    );
+                }
+                applied?;
                 lasting
             };
             if lasting {
@@ -258,6 +305,52 @@ fn serve(core: &Arc<Core>, req: FsRequest) -> FsResult<FsReply> {
         }
         FsRequest::Sync { .. } => Ok(commit_for_writer(core)),
         FsRequest::Free { .. } => Ok(FsReply::Done),
+    }
+}
+
+/// Free what another node freed in this node's regions and segments, once per key
+/// (`writer_seq`): a copy of a batch this incarnation applied is answered as the first
+/// was and frees nothing. A batch meant for another incarnation of this node (one
+/// that may have applied it before it restarted) is refused.
+fn serve_free(core: &Core, key: &Key, to: u64, extents: &[(u64, u32)], inos: &[u64]) -> FsReply {
+    if to != core.writer.incarnation {
+        return FsReply::Incarnation(core.writer.incarnation);
+    }
+    let _one = core.applied.free_apply.lock();
+    match core.applied.check(key) {
+        Seen::New => {}
+        Seen::Copy(Outcome::Running) => {
+            return FsReply::Unavailable("a copy of these frees is being applied".into())
+        }
+        Seen::Copy(Outcome::Failed(e)) => {
+            core.stats.copies_answered.fetch_add(1, Ordering::Relaxed);
+            return FsReply::Failed(e);
+        }
+        Seen::Copy(Outcome::Applied) | Seen::Acknowledged => {
+            core.stats.copies_answered.fetch_add(1, Ordering::Relaxed);
+            return FsReply::Done;
+        }
+    }
+    if let Err(e) = core.check_writable() {
+        // Nothing freed: a later copy may be.
+        core.applied.forget(key);
+        return FsReply::Unavailable(e.to_string());
+    }
+    // Only what this node still owns is freed in its map; the rest becomes its own
+    // foreign free and travels on.
+    match crate::ownership::apply_frees(core, extents, inos) {
+        Ok(()) => {
+            core.applied.record(key, Outcome::Applied);
+            core.stats
+                .foreign_frees_served
+                .fetch_add(1, Ordering::Relaxed);
+            FsReply::Done
+        }
+        Err(e) => {
+            // Perhaps part freed: no copy frees anything again.
+            core.applied.record(key, Outcome::Failed(e.to_string()));
+            FsReply::Failed(e.to_string())
+        }
     }
 }
 
@@ -476,6 +569,7 @@ fn take_over(
                 sets: p.pending,
                 entries_delta: p.entries_delta,
                 nlink_delta: p.nlink_delta,
+                key: None,
             },
         )
     })
@@ -761,6 +855,8 @@ pub fn report(core: &Core, h: &InodeHandle) -> FsResult<()> {
             sets: s.pending.clone(),
             entries_delta: s.entries_delta,
             nlink_delta: s.nlink_delta,
+            // Every copy `to_metanode` sends carries this key.
+            key: Some(core.writer.key(core.writer.next_seq())),
         };
         // The counts are not idempotent: from here on they are this report's, not the
         // shared view's (taken under the same lock, so two reports never send one
@@ -791,6 +887,11 @@ pub fn report(core: &Core, h: &InodeHandle) -> FsResult<()> {
         return give_back_counts(core, h, &update);
     }
     let sent = to_metanode(core, h, &FsRequest::Update(update.clone()));
+    if let Some(key) = &update.key {
+        // Answered, or given up: no copy of it is sent again (counts that no metanode
+        // took go back into the view and travel under a new key).
+        core.writer.answered(key.seq);
+    }
     let outcome = match sent {
         Ok(Some(FsReply::Done)) => Ok(true),
         Ok(Some(other)) => Err(FsError::Token(format!(
@@ -831,6 +932,7 @@ fn give_back_counts(core: &Core, h: &InodeHandle, update: &Update) -> FsResult<(
         sets: Vec::new(),
         entries_delta: update.entries_delta,
         nlink_delta: update.nlink_delta,
+        key: None,
     };
     crate::journal::complete_change(|| {
         let _tx = core.begin();

@@ -25,6 +25,7 @@
 use crate::core::Core;
 use crate::error::{FsError, FsResult};
 use crate::journal::{OWNER_ALLOC_MAP, OWNER_INODE_MAP};
+use crate::writer_seq::FreeBatch;
 use mako_disk::BufferType;
 use mako_format::alloc_segment::AllocSegment;
 use mako_format::error::Location;
@@ -249,15 +250,14 @@ pub fn apply_frees(core: &Core, extents: &[(u64, u32)], inos: &[u64]) -> FsResul
 }
 
 /// Send the checkpointed frees in other nodes' regions and segments to their owners
-/// (or take an unowned one and free here). What cannot be delivered now stays queued.
+/// (or take an unowned one and free here). What cannot be delivered now stays queued,
+/// as the same batch under the same key (`writer_seq`): a copy its receiver already
+/// applied is answered without freeing anything twice.
 /// Blocks: call with no lock, no transaction handle and no hold open.
 pub fn deliver_frees(core: &Core) -> FsResult<()> {
     let extents = core.alloc.take_foreign_frees();
     let inos = core.imap.take_foreign_frees();
-    if extents.is_empty() && inos.is_empty() {
-        return Ok(());
-    }
-    // Per owner resource: what goes there.
+    // Per owner resource: what goes there, one batch each.
     let mut by_region: BTreeMap<usize, Vec<(DiskAddress, u32)>> = BTreeMap::new();
     for (da, n) in extents {
         match core.alloc.region_of(da) {
@@ -272,31 +272,81 @@ pub fn deliver_frees(core: &Core) -> FsResult<()> {
             .or_default()
             .push(ino);
     }
-    let mut result = Ok(());
+    let mut fresh = Vec::new();
     for (r, list) in by_region {
-        let sent = deliver(core, core.tokens.region(r as u32), &list, &[]);
-        if let Err(e) = sent {
-            core.alloc.return_foreign_frees(list);
-            result = result.and(Err(e));
-        }
+        fresh.push(FreeBatch {
+            resource: core.tokens.region(r as u32),
+            extents: list,
+            inos: Vec::new(),
+            seq: core.writer.next_seq(),
+            sent_to: None,
+        });
     }
     for (s, list) in by_segment {
-        let sent = deliver(core, core.tokens.segment(s as u32), &[], &list);
-        if let Err(e) = sent {
-            core.imap.return_foreign_frees(list);
-            result = result.and(Err(e));
+        fresh.push(FreeBatch {
+            resource: core.tokens.segment(s as u32),
+            extents: Vec::new(),
+            inos: list,
+            seq: core.writer.next_seq(),
+            sent_to: None,
+        });
+    }
+    // The batches left over from earlier deliveries first (a concurrent delivery has
+    // taken its own out of the queue: each batch is sent by one thread at a time).
+    let mut batches = std::mem::take(&mut *core.writer.frees.lock());
+    batches.extend(fresh);
+    let mut result = Ok(());
+    let mut kept = Vec::new();
+    for mut batch in batches {
+        match deliver(core, &mut batch) {
+            Ok(()) => core.writer.answered(batch.seq),
+            Err(e) => {
+                kept.push(batch);
+                result = result.and(Err(e));
+            }
         }
     }
+    core.writer.frees.lock().extend(kept);
     result
 }
 
-fn deliver(
-    core: &Core,
-    resource: ResourceId,
-    extents: &[(DiskAddress, u32)],
-    inos: &[u64],
-) -> FsResult<()> {
-    let raw: Vec<(u64, u32)> = extents.iter().map(|(da, n)| (da.raw(), *n)).collect();
+/// Frees queued for other nodes and not answered yet (batches, extents and inode
+/// numbers in them).
+pub fn frees_queued(core: &Core) -> (usize, usize) {
+    let q = core.writer.frees.lock();
+    (
+        q.len(),
+        q.iter().map(|b| b.extents.len() + b.inos.len()).sum(),
+    )
+}
+
+/// A batch a receiver other than `sent_to` would apply, while `sent_to` may have
+/// applied it already and its answer was lost: the space it frees leaks (fsck
+/// reclaims it) rather than risking a free applied twice (a block handed to two
+/// files).
+fn abandon(batch: &FreeBatch, now: &str) -> FsResult<()> {
+    let (node, incarnation) = batch.sent_to.unwrap_or_default();
+    tracing::warn!(
+        "{}: {} extents and {} inode numbers freed in another node's space were sent to \
+         node {node} (incarnation {incarnation:x}) without an answer, and {now} owns it: \
+         not sent again (leaked until fsck reclaims them)",
+        batch.resource,
+        batch.extents.len(),
+        batch.inos.len()
+    );
+    Ok(())
+}
+
+/// Deliver one batch. Ok when it is answered (or abandoned); Err leaves it queued.
+fn deliver(core: &Core, batch: &mut FreeBatch) -> FsResult<()> {
+    let raw: Vec<(u64, u32)> = batch.extents.iter().map(|(da, n)| (da.raw(), *n)).collect();
+    let resource = batch.resource;
+    let abandoned = |core: &Core, batch: &FreeBatch, now: &str| {
+        core.stats
+            .foreign_frees_abandoned
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        abandon(batch, now)
+    };
     for _ in 0..4 {
         let owner = core
             .tokens
@@ -304,32 +354,75 @@ fn deliver(
             .locate_metanode(resource, false)
             .map_err(crate::coherence::token_error)?;
         match owner {
-            Some(n) if n == core.tokens.node() => return apply_frees(core, &raw, inos),
+            Some(n) if n == core.tokens.node() => {
+                if batch.sent_to.is_some() {
+                    return abandoned(core, batch, "this node");
+                }
+                return apply_frees(core, &raw, &batch.inos);
+            }
             Some(n) => {
+                let to = core.writer.peer(n.0).unwrap_or(0);
+                if batch.sent_to.is_some_and(|s| s != (n.0, to)) {
+                    return abandoned(core, batch, &format!("node {n}"));
+                }
                 let req = crate::metanode::FsRequest::Free {
+                    key: core.writer.key(batch.seq),
+                    to,
                     extents: raw.clone(),
-                    inos: inos.to_vec(),
+                    inos: batch.inos.clone(),
                 };
-                match crate::metanode::call_node(core, n, &req)? {
+                let reply = match crate::metanode::call_node(core, n, &req) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // It may have been applied: from now on only this receiver
+                        // (which remembers the key) may get the batch. With `to`
+                        // unknown the receiver freed nothing (it answers
+                        // `Incarnation`).
+                        if to != 0 {
+                            batch.sent_to = Some((n.0, to));
+                        }
+                        return Err(e);
+                    }
+                };
+                match reply {
                     crate::metanode::FsReply::Done => {
                         core.stats
                             .foreign_frees_sent
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         return Ok(());
                     }
-                    crate::metanode::FsReply::Failed(e) => {
+                    // The receiver's incarnation, learnt; it freed nothing.
+                    crate::metanode::FsReply::Incarnation(i) => core.writer.set_peer(n.0, i),
+                    // Nothing freed (its log cannot commit now, or a copy is being
+                    // applied): later.
+                    crate::metanode::FsReply::Unavailable(e) => {
                         return Err(FsError::Token(format!(
-                            "node {n} could not free what this node freed in its space: {e}"
+                            "node {n} could not free what this node freed in its space now: {e}"
                         )))
+                    }
+                    crate::metanode::FsReply::Failed(e) => {
+                        // Perhaps part freed: never sent again (every copy would get
+                        // this answer).
+                        core.stats
+                            .foreign_frees_abandoned
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tracing::error!(
+                            "node {n} could not free what this node freed in its space \
+                             (not sent again; fsck reclaims what it did not free): {e}"
+                        );
+                        return Ok(());
                     }
                     // Not the owner any more: look again.
                     _ => continue,
                 }
             }
             None => {
+                if batch.sent_to.is_some() {
+                    return abandoned(core, batch, "nobody");
+                }
                 // Nobody owns it: take it and free here.
                 if take_and_own(core, resource)? {
-                    return apply_frees(core, &raw, inos);
+                    return apply_frees(core, &raw, &batch.inos);
                 }
             }
         }

@@ -49,6 +49,11 @@ pub struct FsStats {
     /// Frees in other nodes' space this node sent to them, and served for them.
     pub foreign_frees_sent: AtomicU64,
     pub foreign_frees_served: AtomicU64,
+    /// Batches of frees given up: a copy may have been applied by a receiver that
+    /// can no longer tell (`writer_seq`); their space leaks until fsck reclaims it.
+    pub foreign_frees_abandoned: AtomicU64,
+    /// Copies of resent requests (updates, frees) answered without applying them.
+    pub copies_answered: AtomicU64,
 }
 
 impl FsStats {
@@ -87,6 +92,8 @@ impl FsStats {
             f("regions_acquired", &self.regions_acquired),
             f("foreign_frees_sent", &self.foreign_frees_sent),
             f("foreign_frees_served", &self.foreign_frees_served),
+            f("foreign_frees_abandoned", &self.foreign_frees_abandoned),
+            f("copies_answered", &self.copies_answered),
         ]
     }
 }
