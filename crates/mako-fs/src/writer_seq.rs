@@ -54,14 +54,13 @@ pub struct Key {
     pub acked: u64,
 }
 
-/// A fresh incarnation: unique per `Core` in a process (a counter) and across
-/// restarts (the node's wall clock at mount).
+/// A fresh incarnation: the node's wall clock (the injected one) when its `Core` is
+/// made, in nanoseconds: a restarted node is made later. Nothing process-wide goes
+/// into it, so that a simulated seed run twice in one process draws the same values
+/// (`a_crash_seed_replays_bit_for_bit`); two `Core`s of one node made at the same
+/// nanosecond of a frozen clock would share one (no test does that).
 pub fn draw_incarnation(wall: std::time::Duration) -> u64 {
-    static MADE: AtomicU64 = AtomicU64::new(0);
-    let made = MADE.fetch_add(1, Ordering::Relaxed);
-    (wall.as_nanos() as u64)
-        .wrapping_add(made.wrapping_mul(0x9e37_79b9_7f4a_7c15))
-        .max(1)
+    (wall.as_nanos() as u64).max(1)
 }
 
 /// A batch of frees in another node's region or segment, with its key: sent (and sent

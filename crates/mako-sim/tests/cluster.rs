@@ -42,9 +42,10 @@ fn a_crowd_of_one_counts_entries_once() {
 /// had not read the cached directory blocks again yet) looked the name up in a page
 /// read before the grant and missed a directory another node had created (ENOENT;
 /// `directory::fresh`, docs/coherence.md section 4). The schedules changed since, and
-/// seed 53 no longer fails without `fresh`; seed 86 does on today's (node 2's `lseek
-/// SEEK_DATA` at the end of a file finds data at step 24; how the stale page leads
-/// there is not traced), so both run.
+/// seed 53 no longer fails without `fresh`. Seed 86 did, at step 24, but that failure
+/// was the model's (`lseek SEEK_DATA` in directory `/f`, which the model checked as an
+/// empty file; fixed), so it may not guard `fresh` either: a seed that fails without
+/// `fresh` on today's schedules is still to be found. Both run.
 #[test]
 fn a_crowd_of_one_reads_pages_as_new_as_their_grant() {
     crowd_of_one(&[53, 86]);
