@@ -257,6 +257,32 @@ fn seeds_97_and_209_an_answer_fixed_before_the_expel() {
     run_seed(&config(209, 2, &[FaultKind::BadDisk], true)).unwrap_or_else(|f| panic!("{f}"));
 }
 
+/// Seed 610 of `bad_disk_panics_the_node_s_file_system` (2 nodes), found by this
+/// simulation: node 1, whose file system had panicked, was still the metanode of
+/// `/records`; node 0, a shared writer, asked it for the file's state and got the
+/// error of a disk read its panic refused (`PanicFence`), and node 0's write failed
+/// with EIO. Fixed in the metanode service: a node that is fenced (its lease, its
+/// file system panic) answers `Unavailable`, which the asker waits out like a
+/// metanode that does not answer (its recovery, then a new metanode).
+#[test]
+fn seed_610_a_panicked_metanode_is_waited_out() {
+    let kinds = [FaultKind::BadDisk];
+    run_seed(&config(610, 2, &kinds, true)).unwrap_or_else(|f| panic!("{f}"));
+}
+
+/// Seed 1299 of `bad_disk_panics_the_node_s_file_system` (2 nodes), found by this
+/// simulation: node 1's write-behind allocated a block for `/records` in memory, then
+/// the block's write failed (the bad path): the mount turned read-only (the operation
+/// had changed memory) but its file system did not panic, so it kept its tokens, and
+/// node 0's write, which needed one of them, failed with EIO (the revoke could not
+/// flush). Fixed in `file_io::flush_block`: a data write that fails after the block's
+/// allocation changed panics the file system, as a failed metadata write does.
+#[test]
+fn seed_1299_a_failed_data_write_after_an_allocation_panics() {
+    let kinds = [FaultKind::BadDisk];
+    run_seed(&config(1299, 2, &kinds, true)).unwrap_or_else(|f| panic!("{f}"));
+}
+
 /// Seed 58 of `pause_past_the_lease` (2 nodes), found by this simulation: node 1 is
 /// paused during `rename /records /spool/f` after its log record was written; node 0
 /// expels it, replays its log and runs the rename again (it succeeds); node 1 then
