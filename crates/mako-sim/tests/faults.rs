@@ -15,14 +15,14 @@
 //! (those that need the expelled node's tokens included) succeed once it is
 //! recovered; fsck is clean at the end.
 //!
-//! The cheap mode (the default: 2 nodes, 6 steps) is what a CI run covers: 1,000
-//! fault seeds (256 each of pause, partition and bad disk at two nodes, 160 of the
-//! cluster manager cut off and 72 of it paused at three), plus the checker's own tests;
-//! the whole binary took about 1 min on the 2-core machine under load. A seed of
-//! the manager's pause costs about 20 of the others: survivors' token requests sent to
-//! the paused manager wait out the call deadline (60 s simulated) before the new
-//! manager's token takeover goes on, and every lease and call timer of that minute
-//! runs. `MAKO_SIM_LONG=1` runs ten times the seeds, `MAKO_SIM_SEEDS`,
+//! The cheap mode (the default: 2 nodes, 6 steps) is what a CI run covers: 2,048
+//! fault seeds (512 each of pause, partition and bad disk at two nodes, 256 each of the
+//! cluster manager cut off and paused at three), plus the checker's own tests; the
+//! whole binary takes about 1.5 min on the 2-core machine under load. A call waiting
+//! for an answer from a stopped node gives up when that node is expelled
+//! (`SimNet::give_up_on`, as makod's transport should): before, survivors' token
+//! requests sent to a paused manager waited out their 60 s call deadline, and a
+//! manager pause seed cost about 20 others. `MAKO_SIM_LONG=1` runs ten times the seeds, `MAKO_SIM_SEEDS`,
 //! `MAKO_SIM_SEED_BASE`, `MAKO_SIM_NODES`, `MAKO_SIM_JOBS`, `MAKO_SIM_STEPS` choose
 //! them; a failing seed prints the command that replays it.
 
@@ -73,24 +73,24 @@ fn run(test: &str, plan: SeedPlan, kinds: &[FaultKind]) {
     assert_eq!(summary.seeds, plan.count, "every seed ran");
 }
 
-/// A node paused for longer than its lease (256 seeds, about 5 s alone on the 2-core
-/// machine, 10 s loaded).
+/// A node paused for longer than its lease (512 seeds, about 13 s loaded on the 2-core
+/// machine).
 #[test]
 fn pause_past_the_lease() {
     run(
         "pause_past_the_lease",
-        SeedPlan::from_env(256, 2),
+        SeedPlan::from_env(512, 2),
         &[FaultKind::Pause],
     );
 }
 
-/// A node cut off from the others by a partition, healed after its recovery (256
+/// A node cut off from the others by a partition, healed after its recovery (512
 /// seeds, as long as the pause's).
 #[test]
 fn partition_of_one_node() {
     run(
         "partition_of_one_node",
-        SeedPlan::from_env(256, 2),
+        SeedPlan::from_env(512, 2),
         &[FaultKind::Partition],
     );
 }
@@ -99,25 +99,58 @@ fn partition_of_one_node() {
 /// nodes 1 and 2 elect a new cluster manager, which expels node 0, takes the token
 /// manager over (rebuilt from the survivors' tokens) and has a survivor replay node
 /// 0's log; node 0 runs again fenced, and (in half the seeds) rejoins (three nodes,
-/// 72 seeds, about 35 s loaded: the costliest fault seeds, see the module doc).
+/// 256 seeds, about 17 s loaded).
 #[test]
 fn the_cluster_manager_pauses_past_its_lease() {
     run(
         "the_cluster_manager_pauses_past_its_lease",
-        SeedPlan::from_env(72, 3),
+        SeedPlan::from_env(256, 3),
         &[FaultKind::ManagerPause],
+    );
+}
+
+/// Survivors' calls already sent to a paused manager give up when it is expelled
+/// (`SimNet::give_up_on`) and go to the manager's successor: a seed's simulated time
+/// is then far below the 60 s call deadline they waited out before (about 0.4 s a
+/// seed now; every seed that hit the wait took more than 60 s). Simulated time, so
+/// the bound is not a wall-clock assertion.
+#[test]
+fn calls_to_a_paused_manager_give_up_at_its_expel() {
+    let plan = SeedPlan {
+        base: 1,
+        count: 16,
+        nodes: 3,
+        jobs: 1,
+    };
+    let summary = run_seeds(&plan, true, |seed| {
+        config(seed, 3, &[FaultKind::ManagerPause], true)
+    });
+    summary.report(
+        "faults",
+        "calls_to_a_paused_manager_give_up_at_its_expel",
+        3,
+        "nodes with a [ManagerPause] fault each",
+        false,
+    );
+    let deadline = Duration::from_millis(mako_token::TokenClientLimits::default().call_deadline_ms);
+    assert!(
+        summary.simulated < deadline,
+        "16 manager pause seeds took {:?} simulated in all: a call waited out its {:?} \
+         deadline for the paused manager instead of giving up at its expel",
+        summary.simulated,
+        deadline
     );
 }
 
 /// Node 0, the cluster manager, is cut off in a minority of one: it runs on but
 /// confirms nothing with the quorum, so its own lease runs out and it must not write;
-/// the majority elects a new manager, as for a pause (three nodes, 160 seeds, about 5
+/// the majority elects a new manager, as for a pause (three nodes, 256 seeds, about 17
 /// s loaded).
 #[test]
 fn the_cluster_manager_is_cut_off_in_a_minority() {
     run(
         "the_cluster_manager_is_cut_off_in_a_minority",
-        SeedPlan::from_env(160, 3),
+        SeedPlan::from_env(256, 3),
         &[FaultKind::ManagerPartition],
     );
 }
@@ -156,12 +189,12 @@ fn seed_8_a_failed_downgrade_drops_what_it_kept() {
 
 /// A node's path to the disks goes bad for good (every write and sync EIO): its file
 /// system panics at its next log write, it is expelled and recovered by a survivor,
-/// and (in half the seeds) it rejoins with the path repaired (256 seeds).
+/// and (in half the seeds) it rejoins with the path repaired (512 seeds).
 #[test]
 fn bad_disk_panics_the_node_s_file_system() {
     run(
         "bad_disk_panics_the_node_s_file_system",
-        SeedPlan::from_env(256, 2),
+        SeedPlan::from_env(512, 2),
         &[FaultKind::BadDisk],
     );
 }
