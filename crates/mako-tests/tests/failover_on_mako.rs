@@ -22,6 +22,10 @@
 //! survivors' operations during recovery — node 0's in its own directory, which no
 //! other node reads, so they never need the victim, apart from the others, which may
 //! wait for the victim's tokens —, log replay time) are printed, not asserted.
+//!
+//! `a_survivor_that_mounts_recovers_where_the_manager_does_not` (in CI, about 13 s):
+//! the cluster manager does not mount the file system, so the killed node is
+//! recovered by the survivor that does (docs/cluster.md "Recovery of a failed node").
 
 use mako_tests::cluster::{is_mounted, require_fuse};
 use mako_tests::netcluster::{line_of, NetCluster, NetClusterOptions};
