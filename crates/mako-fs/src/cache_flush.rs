@@ -66,6 +66,9 @@ impl mako_token::CacheFlush for FsCacheFlush {
             ResourceKind::InodeMapSegment => crate::ownership::revoke_segment(&core, resource.id),
             // Covers no cached state: the loop check of a rename reads under it.
             ResourceKind::RenameLock => Ok(()),
+            // Covers no cached state: a recovery holds it while it replays a failed
+            // node's log, and releases it when done.
+            ResourceKind::RecoveryLog => Ok(()),
         };
         r.map_err(|e| {
             // Fenced (its lease ran out, it was expelled): this node can no longer
