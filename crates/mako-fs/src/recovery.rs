@@ -865,6 +865,7 @@ pub fn pending(
         log_ino: log.ino,
     };
     let (mut report, _, latest) = scan_with(&r, desc, node)?;
+    report.orphans = orphans_of(desc, &latest);
     report.image_bytes = latest.values().map(|(_, i)| i.length as u64).sum();
     report.duration = started.elapsed();
     Ok((report, latest.into_values().map(|(_, i)| i).collect()))
