@@ -421,6 +421,9 @@ pub trait KernelInvalidator: Send + Sync {
 /// See `Core::mount_fence`.
 pub type MountFence = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
+/// See `Core::answer_hook`.
+pub type AnswerHook = Arc<dyn Fn() + Send + Sync>;
+
 /// Most bytes of inode-file blocks one growth makes ahead for other nodes' first
 /// segments (`Core::inode_file_growth`), 1,024 nodes' first blocks of 64 KiB: zeroed
 /// by the growing operation, a rare pause of that many writes (the seeds' inode
@@ -461,6 +464,16 @@ pub struct Core {
     /// operation checks it when it starts and before it returns (`op::run`): an
     /// expelled node's mount answers nothing from its cache, whose tokens are gone.
     pub mount_fence: std::sync::OnceLock<MountFence>,
+    /// TEST ONLY (the simulation's checker): called on the operation's thread when an
+    /// operation's answer is fixed, its final fence check passed with its holds still
+    /// kept (`op::run`). What it answers was read or changed before that check, while
+    /// the node still held its lease: a pause between this moment and the caller
+    /// seeing the answer does not make the answer stale.
+    pub answer_hook: std::sync::OnceLock<AnswerHook>,
+    /// TEST ONLY: skip an operation's final fence check (`op::run`), so a node paused
+    /// in the middle of an operation answers from what it read before its lease ran
+    /// out (the checker's test: it must catch it).
+    pub test_no_answer_fence: AtomicBool,
     /// The file system's panic on this node (`FsPanic`): set when a write of its
     /// recovery log (or of its metadata in place) fails.
     pub fs_panic: Arc<FsPanic>,
@@ -699,6 +712,8 @@ impl Core {
             shutting_down: AtomicBool::new(false),
             use_tick: AtomicU64::new(0),
             mount_fence: std::sync::OnceLock::new(),
+            answer_hook: std::sync::OnceLock::new(),
+            test_no_answer_fence: AtomicBool::new(false),
             fs_panic: Arc::new(FsPanic::default()),
             generation: AtomicU32::new(seed),
             node,

@@ -816,57 +816,73 @@ pub fn flush_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
     let ino = h.ino;
     drop(st);
     let write_len = desired as usize * sb;
-    if buf.loaded {
-        // A block that stays where it is, with the disk holding everything outside the
-        // dirty range, gets just its dirty pages (an fsync after a small write must not
-        // cost a whole-block write); otherwise the whole allocation. Bytes past the
-        // buffer's end read as zero (a truncate cut them) while the disk may still hold
-        // old bytes there, so then the write runs to the end of the allocation.
-        let (alo, ahi) = match buf.dirty {
-            Some((lo, hi)) if target == cur && buf.on_disk => {
-                let alo = (lo as usize / IO_ALIGN * IO_ALIGN).min(write_len);
-                let ahi = if buf.bytes.len() < write_len {
-                    write_len
+    let written = (|| -> FsResult<()> {
+        if buf.loaded {
+            // A block that stays where it is, with the disk holding everything outside the
+            // dirty range, gets just its dirty pages (an fsync after a small write must not
+            // cost a whole-block write); otherwise the whole allocation. Bytes past the
+            // buffer's end read as zero (a truncate cut them) while the disk may still hold
+            // old bytes there, so then the write runs to the end of the allocation.
+            let (alo, ahi) = match buf.dirty {
+                Some((lo, hi)) if target == cur && buf.on_disk => {
+                    let alo = (lo as usize / IO_ALIGN * IO_ALIGN).min(write_len);
+                    let ahi = if buf.bytes.len() < write_len {
+                        write_len
+                    } else {
+                        (hi as usize).next_multiple_of(IO_ALIGN).min(write_len)
+                    };
+                    match grown_from {
+                        // Grown in place: the new subblocks are written whole, from the old
+                        // end of the allocation on at the latest (zeros past the buffer).
+                        Some(old) => (alo.min(old as usize * sb / IO_ALIGN * IO_ALIGN), write_len),
+                        None => (alo, ahi),
+                    }
+                }
+                _ => (0, write_len),
+            };
+            if ahi > alo {
+                if buf.bytes.len() >= ahi {
+                    core.nsd
+                        .write(target.offset_by(alo as u64), &buf.bytes[alo..ahi], tag(ino))?;
                 } else {
-                    (hi as usize).next_multiple_of(IO_ALIGN).min(write_len)
-                };
-                match grown_from {
-                    // Grown in place: the new subblocks are written whole, from the old
-                    // end of the allocation on at the latest (zeros past the buffer).
-                    Some(old) => (alo.min(old as usize * sb / IO_ALIGN * IO_ALIGN), write_len),
-                    None => (alo, ahi),
+                    let mut padded = AlignedBuf::with_capacity(ahi - alo);
+                    padded.extend_from_slice(&buf.bytes[alo.min(buf.bytes.len())..]);
+                    padded.resize(ahi - alo, 0);
+                    core.nsd
+                        .write(target.offset_by(alo as u64), &padded, tag(ino))?;
                 }
             }
-            _ => (0, write_len),
-        };
-        if ahi > alo {
-            if buf.bytes.len() >= ahi {
+        } else {
+            // Only a dirty range is valid: write its sectors, reading the edge sectors.
+            let (lo, hi) = buf
+                .dirty
+                .map(|(a, b)| (a as usize, b as usize))
+                .expect("dirty");
+            let alo = lo / 512 * 512;
+            let ahi = hi.next_multiple_of(512).min(write_len);
+            let mut tmp = AlignedBuf::zeroed(ahi - alo);
+            if alo < lo || hi < ahi {
                 core.nsd
-                    .write(target.offset_by(alo as u64), &buf.bytes[alo..ahi], tag(ino))?;
-            } else {
-                let mut padded = AlignedBuf::with_capacity(ahi - alo);
-                padded.extend_from_slice(&buf.bytes[alo.min(buf.bytes.len())..]);
-                padded.resize(ahi - alo, 0);
-                core.nsd
-                    .write(target.offset_by(alo as u64), &padded, tag(ino))?;
+                    .read(target.offset_by(alo as u64), &mut tmp, tag(ino))?;
             }
-        }
-    } else {
-        // Only a dirty range is valid: write its sectors, reading the edge sectors.
-        let (lo, hi) = buf
-            .dirty
-            .map(|(a, b)| (a as usize, b as usize))
-            .expect("dirty");
-        let alo = lo / 512 * 512;
-        let ahi = hi.next_multiple_of(512).min(write_len);
-        let mut tmp = AlignedBuf::zeroed(ahi - alo);
-        if alo < lo || hi < ahi {
+            tmp[lo - alo..hi - alo].copy_from_slice(&buf.bytes[lo..hi]);
             core.nsd
-                .read(target.offset_by(alo as u64), &mut tmp, tag(ino))?;
+                .write(target.offset_by(alo as u64), &tmp, tag(ino))?;
         }
-        tmp[lo - alo..hi - alo].copy_from_slice(&buf.bytes[lo..hi]);
-        core.nsd
-            .write(target.offset_by(alo as u64), &tmp, tag(ino))?;
+        Ok(())
+    })();
+    if let Err(e) = written {
+        if blocks_change {
+            // The block's new allocation is in memory only, and the operation failed
+            // after changing it: the mount turns read-only (`journal`), keeping its
+            // tokens, so a revoke of them could never flush and other nodes' operations
+            // would fail. As for a failed write of metadata, the file system panics
+            // (unless the error is the lease fence): the node is expelled and a
+            // survivor recovers it (faults seed 1299 of
+            // `bad_disk_panics_the_node_s_file_system`).
+            core.log_write_failed("a data block write after its allocation changed", &e);
+        }
+        return Err(e);
     }
     core.journal.note_ordered_write();
     // A loaded buffer now matches its disk copy (what the write skipped already did).

@@ -176,6 +176,18 @@ impl Service for FsService {
                 core.stats.metanode_served.fetch_add(1, Ordering::Relaxed);
                 match serve(&core, req) {
                     Ok(r) => r,
+                    // This node can no longer serve (its lease ran out, it was
+                    // expelled, its file system panicked: a disk read refused by
+                    // the fence): as a metanode that does not answer, the asker
+                    // waits for its recovery and a new metanode rather than fail
+                    // (faults seed 610 of `bad_disk_panics_the_node_s_file_system`:
+                    // a survivor's write got EIO from its panicked metanode).
+                    Err(e)
+                        if matches!(e, FsError::Disk(mako_disk::DiskError::Fenced { .. }))
+                            || core.check_fence().is_err() =>
+                    {
+                        FsReply::Unavailable(e.to_string())
+                    }
                     Err(e) => FsReply::Failed(e.to_string()),
                 }
             }

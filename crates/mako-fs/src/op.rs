@@ -139,8 +139,15 @@ pub fn run<T>(core: &Core, mut f: impl FnMut() -> FsResult<T>) -> FsResult<T> {
                 }
                 // Still under its holds: a node fenced meanwhile (a pause past its
                 // lease) may have lost the tokens behind what it read or changed.
-                if result.is_ok() {
+                if result.is_ok()
+                    && !core
+                        .test_no_answer_fence
+                        .load(std::sync::atomic::Ordering::Relaxed)
+                {
                     core.check_fence()?;
+                    if let Some(hook) = core.answer_hook.get() {
+                        hook();
+                    }
                 }
                 drop(frame.holds);
                 return result;

@@ -24,6 +24,14 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+thread_local! {
+    /// When the operation running on this thread (a runner's operation task) last had
+    /// its answer fixed (`mako_fs::core::Core::answer_hook`: its final fence check
+    /// passed, its holds kept), in simulated wall time.
+    pub static ANSWERED: std::cell::Cell<Option<mako_format::inode::Timestamp>> =
+        const { std::cell::Cell::new(None) };
+}
+
 /// The shape of a simulated cluster.
 #[derive(Clone, Debug)]
 pub struct ClusterConfig {
@@ -56,6 +64,10 @@ pub struct ClusterConfig {
     /// checker's test): a node that cannot write its log only turns read-only, keeps
     /// its tokens and stays in the cluster.
     pub fs_panic: bool,
+    /// TEST ONLY: false skips every operation's final fence check
+    /// (`mako_fs::core::Core::test_no_answer_fence`, the checker's test): a node paused
+    /// in the middle of an operation answers it after its expel.
+    pub answer_fence: bool,
 }
 
 /// What the token thief steals.
@@ -111,6 +123,7 @@ impl ClusterConfig {
             lease_quorum_check: true,
             lease_fence: true,
             fs_panic: true,
+            answer_fence: true,
         }
     }
 
@@ -368,6 +381,15 @@ impl SimCluster {
                 .fs_panic
                 .set_hook(Arc::new(move |why: &str| leases.fs_panicked(node, why)));
         }
+        // The checker's record of when an operation's answer was fixed (`ANSWERED`).
+        let clock = self.clock.clone();
+        let _ = m.core().answer_hook.set(Arc::new(move || {
+            let at = mako_fs::core::timestamp(mako_rt::Clock::wall(clock.as_ref()));
+            ANSWERED.with(|a| a.set(Some(at)));
+        }));
+        m.core()
+            .test_no_answer_fence
+            .store(!self.config.answer_fence, Ordering::Relaxed);
         m.core()
             .fs_panic
             .test_off

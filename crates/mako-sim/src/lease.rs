@@ -441,6 +441,10 @@ impl SimLeases {
             rec.epoch
         };
         self.monitors[by as usize].lock().forget(NodeId(n));
+        // Calls waiting for an answer from the expelled node give up (as makod's
+        // transport does at an expel): a token manager node paused past its lease no
+        // longer holds its callers for their whole call deadline.
+        self.net.give_up_on(NodeId(n));
         if let Some(hook) = self.on_expel.lock().clone() {
             self.sim
                 .spawn_in(Some(by), format!("expel-n{n}"), move || hook(n, epoch));
@@ -457,6 +461,7 @@ impl SimLeases {
             rec.expelled = None;
             rec.epoch
         };
+        self.net.stop_giving_up_on(NodeId(node));
         self.panicked.lock()[node as usize] = None;
         let lease = Arc::new(NodeLease::new(self.clock.clone(), self.times));
         let now = self.clock.monotonic();

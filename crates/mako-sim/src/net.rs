@@ -98,6 +98,9 @@ pub struct SimNet {
     /// A node whose failed calls to it count as lost messages of the caller
     /// (`set_lossy_target`).
     lossy_target: Mutex<Option<NodeId>>,
+    /// Expelled nodes: a call waiting for one of them to run again gives up
+    /// (`give_up_on`).
+    given_up: Mutex<std::collections::BTreeSet<NodeId>>,
 }
 
 impl SimNet {
@@ -111,6 +114,7 @@ impl SimNet {
             nodes: Mutex::new(Default::default()),
             cut: Mutex::new(Default::default()),
             lossy_target: Mutex::new(None),
+            given_up: Mutex::new(Default::default()),
         })
     }
 
@@ -121,6 +125,19 @@ impl SimNet {
     /// whose requests fail with EIO until another node serves the manager.
     pub fn set_lossy_target(&self, node: NodeId) {
         *self.lossy_target.lock() = Some(node);
+    }
+
+    /// `node` was expelled: a call waiting for it (stopped, `Sim::pause_group`) fails
+    /// now as unreachable instead of at its deadline. Whatever the request did there is
+    /// the expelled node's, which recovery undoes or keeps; a token manager's table is
+    /// rebuilt by its successor from what the survivors hold.
+    pub fn give_up_on(&self, node: NodeId) {
+        self.given_up.lock().insert(node);
+    }
+
+    /// `node` rejoined: calls to it wait for it again.
+    pub fn stop_giving_up_on(&self, node: NodeId) {
+        self.given_up.lock().remove(&node);
     }
 
     /// Cut `node` off from every other node (a partition of one node).
@@ -156,6 +173,12 @@ impl SimNet {
         deadline: Duration,
     ) -> Result<(), TransportError> {
         while self.sim.is_paused(to.0) {
+            if self.given_up.lock().contains(&to) {
+                return Err(TransportError::Unreachable {
+                    node: to,
+                    reason: "it was expelled while this call waited for its answer".into(),
+                });
+            }
             let now = mako_diag::sched::current().map_or(since, |s| s.now());
             let waited = now.saturating_sub(since);
             if waited >= deadline {

@@ -1005,6 +1005,9 @@ fn run_step(
         );
     }
     let results: Arc<Mutex<Vec<Slot>>> = Arc::new(Mutex::new(vec![None; plan.len()]));
+    // When each operation's answer was fixed (`Core::answer_hook`): None if no
+    // operation of it passed its final fence check.
+    let answered: Arc<Mutex<Vec<Option<Timestamp>>>> = Arc::new(Mutex::new(vec![None; plan.len()]));
     let bg_errors: Arc<Mutex<Vec<(u32, String)>>> = Arc::new(Mutex::new(Vec::new()));
     // Calls each node made that lost a message before the step (`NetConfig::
     // loss_probability`): a node whose calls lost some in the step may see its
@@ -1115,16 +1118,23 @@ fn run_step(
         let Some(fs) = cluster.fs(p.node) else {
             return Err((Some(step), format!("node {} is not mounted", p.node)));
         };
-        let (cluster, results, pending, p) =
-            (cluster.clone(), results.clone(), pending.clone(), p.clone());
+        let (cluster, results, answered, pending, p) = (
+            cluster.clone(),
+            results.clone(),
+            answered.clone(),
+            pending.clone(),
+            p.clone(),
+        );
         sim.spawn_in(
             Some(p.node),
             format!("s{step}-n{}-op{i}", p.node),
             move || {
                 mako_diag::sched::sleep(Duration::from_micros(p.delay_micros));
+                crate::cluster::ANSWERED.with(|a| a.set(None));
                 let start = now(&cluster);
                 let outcome = ops::exec(&fs, &p.op);
                 let end = now(&cluster);
+                answered.lock()[i] = crate::cluster::ANSWERED.with(|a| a.take());
                 results.lock()[i] = Some((outcome, start, end));
                 pending.fetch_sub(1, Ordering::SeqCst);
             },
@@ -1206,8 +1216,14 @@ fn run_step(
         .collect();
     let first_observer = order.len();
     order.extend(&observers);
-    // A paused or partitioned node's operations that ended after it was expelled must
-    // have failed: it no longer held its tokens, nor could it write.
+    // A paused or partitioned node's operations whose answer was fixed after it was
+    // expelled must have failed: it no longer held its tokens, nor could it write. The
+    // answer is fixed at the operation's last final fence check (`Core::answer_hook`,
+    // in `op::run`: after everything it read or changed, its holds still kept): a
+    // pause between that check and the caller seeing the answer (the node stopped
+    // right after it) does not make the answer stale (2-node seeds 97 and 209). An
+    // operation that succeeded without passing any final fence check (none ran, or
+    // the node's fence is broken) is judged by its end.
     if let Some(c) = crash.filter(|c| c.kind.needs_leases()) {
         let expelled_at = cluster
             .leases
@@ -1215,16 +1231,34 @@ fn run_step(
             .and_then(|l| l.record(c.node).expelled.map(|(at, _)| at));
         if let Some(at) = expelled_at {
             let at = nanos(mako_fs::core::timestamp(crate::SIM_EPOCH + at));
-            for (p, r) in plan.iter().zip(&results) {
+            let answered = answered.lock();
+            for ((p, r), answered) in plan.iter().zip(&results).zip(answered.iter()) {
                 if let (true, Some((outcome @ Ok(_), _, end))) = (p.node == c.node, r) {
-                    if nanos(*end) > at && verify {
+                    let answer = answered.unwrap_or(*end);
+                    if verbose() && nanos(*end) > at {
+                        eprintln!(
+                            "  step {step} [node {}] {} ended {} ns after the expel, its answer fixed {} ns before it",
+                            p.node,
+                            p.op,
+                            nanos(*end) - at,
+                            answered.map_or("(no final fence check)".into(), |a| {
+                                (at - nanos(a)).to_string()
+                            })
+                        );
+                    }
+                    if nanos(answer) > at && verify {
                         return Err((
                             Some(step),
                             format!(
-                                "node {} was expelled ({:?}) during {}, which then succeeded after the expel: {}",
+                                "node {} was expelled ({:?}) during {}, which then succeeded with an answer fixed after the expel ({}): {}",
                                 c.node,
                                 c.kind,
                                 p.op,
+                                if answered.is_some() {
+                                    "its final fence check passed after it"
+                                } else {
+                                    "it ended after it, no final fence check passed"
+                                },
                                 show_outcome(outcome)
                             ),
                         ));

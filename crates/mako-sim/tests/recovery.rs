@@ -17,7 +17,18 @@
 
 use mako_sim::cluster::RecoveryFault;
 use mako_sim::runner::{run_seeds, FaultKind, SeedPlan};
-use mako_sim::{run_seed, SeedConfig, SeedFailure};
+use mako_sim::{run_seed, SeedConfig, SeedFailure, SimCluster};
+use parking_lot::Mutex;
+use std::sync::Arc;
+
+use mako_fs::fs::{Ctx, ROOT_INO};
+
+/// The caller of the hand-written scenarios below.
+const C: Ctx = Ctx {
+    uid: 0,
+    gid: 0,
+    pid: 1,
+};
 
 /// Steps per seed (the setup and the final read-back come on top).
 fn steps() -> u32 {
@@ -160,129 +171,116 @@ fn a_recovery_without_token_release_is_caught() {
 /// (simulated time, log size).
 #[test]
 fn a_survivor_replays_a_full_log() {
-    use mako_fs::fs::{Ctx, ROOT_INO};
-    use mako_sim::{ClusterConfig, Sim, SimCluster, SimConfig};
-    use parking_lot::Mutex;
-    use std::sync::Arc;
     use std::time::Duration;
-    const C: Ctx = Ctx {
-        uid: 0,
-        gid: 0,
-        pid: 1,
-    };
-    let sim = Sim::new(1, SimConfig::default());
-    let mut cc = ClusterConfig::small(2);
-    cc.thief = mako_sim::Thief::Off;
-    let cluster = SimCluster::new(&sim, cc).expect("cluster");
-    let out: Arc<Mutex<Option<Result<String, String>>>> = Arc::new(Mutex::new(None));
-    {
-        let (cluster, out) = (cluster.clone(), out.clone());
-        sim.spawn_task("driver", move || {
-            let r = (|| -> Result<String, String> {
-                let e = |w: &'static str| move |x: mako_fs::error::FsError| format!("{w}: {x}");
-                cluster.mount(0).map_err(e("mount 0"))?;
-                cluster.mount(1).map_err(e("mount 1"))?;
-                let (fs0, fs1) = (cluster.fs(0).unwrap(), cluster.fs(1).unwrap());
-                let mine = fs0.mkdir(C, ROOT_INO, b"zero", 0o755, 0).map_err(e("mkdir"))?;
-                fs0.fsync(mine.ino, false).map_err(e("fsync"))?;
-                let core = fs1.core.clone();
-                let cap = core.journal.capacity();
-                let checkpoints = || {
-                    core.journal
-                        .stats
-                        .checkpoints
-                        .load(std::sync::atomic::Ordering::Relaxed)
-                };
-                let mut dirs = Vec::new();
-                while core.journal.used_bytes() < cap * 8 / 10 && checkpoints() == 0 {
-                    let n = dirs.len();
-                    let d = fs1
-                        .mkdir(C, ROOT_INO, format!("d{n}").as_bytes(), 0o755, 0)
-                        .map_err(e("mkdir"))?;
-                    for k in 0..50u32 {
-                        let a = fs1
-                            .create(C, d.ino, format!("f{k}").as_bytes(), 0o644, 0, true)
-                            .map_err(e("create"))?;
-                        fs1.setxattr(a.ino, b"user.k", &k.to_le_bytes(), 0)
-                            .map_err(e("setxattr"))?;
-                    }
-                    fs1.fsync(d.ino, false).map_err(e("fsync"))?;
-                    dirs.push(d.ino);
+    let (cluster, r) = two_mounted_nodes(
+        1,
+        move |cluster, fs0, fs1| {
+            let mine = fs0
+                .mkdir(C, ROOT_INO, b"zero", 0o755, 0)
+                .map_err(e("mkdir"))?;
+            fs0.fsync(mine.ino, false).map_err(e("fsync"))?;
+            let core = fs1.core.clone();
+            let cap = core.journal.capacity();
+            let checkpoints = || {
+                core.journal
+                    .stats
+                    .checkpoints
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            };
+            let mut dirs = Vec::new();
+            while core.journal.used_bytes() < cap * 8 / 10 && checkpoints() == 0 {
+                let n = dirs.len();
+                let d = fs1
+                    .mkdir(C, ROOT_INO, format!("d{n}").as_bytes(), 0o755, 0)
+                    .map_err(e("mkdir"))?;
+                for k in 0..50u32 {
+                    let a = fs1
+                        .create(C, d.ino, format!("f{k}").as_bytes(), 0o644, 0, true)
+                        .map_err(e("create"))?;
+                    fs1.setxattr(a.ino, b"user.k", &k.to_le_bytes(), 0)
+                        .map_err(e("setxattr"))?;
                 }
-                if checkpoints() > 0 {
-                    return Err("the log checkpointed before it was full".into());
+                fs1.fsync(d.ino, false).map_err(e("fsync"))?;
+                dirs.push(d.ino);
+            }
+            if checkpoints() > 0 {
+                return Err("the log checkpointed before it was full".into());
+            }
+            let used = core.journal.used_bytes();
+            // Never synced: may be lost (it is: the crash comes first).
+            fs1.create(C, dirs[0], b"unsynced", 0o644, 0, true)
+                .map_err(e("create"))?;
+            cluster.crash(1);
+            let t = |c: &SimCluster| mako_rt::Clock::monotonic(c.clock.as_ref());
+            let crashed_at = t(&cluster);
+            // Node 0, before the recovery: a listing of node 1's directory waits
+            // for it; a create in its own directory does not.
+            let listing: Arc<Mutex<Option<(Duration, usize)>>> = Arc::new(Mutex::new(None));
+            {
+                let (cluster, listing, d) = (cluster.clone(), listing.clone(), dirs[0]);
+                let fs0 = fs0.clone();
+                mako_sim::current().unwrap().spawn("listing", move || {
+                    let n = fs0.readdir(d, 0, 1000).map(|v| v.len()).unwrap_or(0);
+                    *listing.lock() = Some((t(&cluster), n));
+                });
+            }
+            fs0.create(C, mine.ino, b"own", 0o644, 0, true)
+                .map_err(e("create in node 0's own directory"))?;
+            let own_done = t(&cluster);
+            mako_diag::sched::sleep(Duration::from_millis(5));
+            if listing.lock().is_some() {
+                return Err(
+                    "node 0's listing of node 1's directory did not wait for the recovery".into(),
+                );
+            }
+            let started = t(&cluster);
+            let rep =
+                mako_fs::recovery::recover_failed_node(&fs0.core, 1).map_err(e("recovery"))?;
+            let recovered = t(&cluster);
+            mako_diag::sched::wait_until("listing", || listing.lock().is_some());
+            let (listed_at, names) = listing.lock().unwrap();
+            // ".", ".." and the 50 fsynced names; not the unsynced one.
+            if names != 52 {
+                return Err(format!(
+                    "node 0 listed {names} entries of d0 after the recovery, not 52"
+                ));
+            }
+            if own_done >= started || listed_at < recovered {
+                return Err(format!(
+                "the create in node 0's own directory ended at {own_done:?} (recovery began {started:?}), \
+                 the listing of node 1's directory at {listed_at:?} (recovery ended {recovered:?})"
+            ));
+            }
+            for (n, d) in dirs.iter().enumerate() {
+                let got = fs0.readdir(*d, 0, 1000).map_err(e("readdir"))?.len();
+                if got != 52 {
+                    return Err(format!("d{n}: {got} entries after the recovery, not 52"));
                 }
-                let used = core.journal.used_bytes();
-                // Never synced: may be lost (it is: the crash comes first).
-                fs1.create(C, dirs[0], b"unsynced", 0o644, 0, true)
-                    .map_err(e("create"))?;
-                cluster.crash(1);
-                let t = |c: &SimCluster| mako_rt::Clock::monotonic(c.clock.as_ref());
-                let crashed_at = t(&cluster);
-                // Node 0, before the recovery: a listing of node 1's directory waits
-                // for it; a create in its own directory does not.
-                let listing: Arc<Mutex<Option<(Duration, usize)>>> = Arc::new(Mutex::new(None));
-                {
-                    let (cluster, listing, d) = (cluster.clone(), listing.clone(), dirs[0]);
-                    let fs0 = fs0.clone();
-                    mako_sim::current().unwrap().spawn("listing", move || {
-                        let n = fs0.readdir(d, 0, 1000).map(|v| v.len()).unwrap_or(0);
-                        *listing.lock() = Some((t(&cluster), n));
-                    });
-                }
-                fs0.create(C, mine.ino, b"own", 0o644, 0, true)
-                    .map_err(e("create in node 0's own directory"))?;
-                let own_done = t(&cluster);
-                mako_diag::sched::sleep(Duration::from_millis(5));
-                if listing.lock().is_some() {
-                    return Err("node 0's listing of node 1's directory did not wait for the recovery".into());
-                }
-                let started = t(&cluster);
-                let rep = mako_fs::recovery::recover_failed_node(&fs0.core, 1)
-                    .map_err(e("recovery"))?;
-                let recovered = t(&cluster);
-                mako_diag::sched::wait_until("listing", || listing.lock().is_some());
-                let (listed_at, names) = listing.lock().unwrap();
-                // ".", ".." and the 50 fsynced names; not the unsynced one.
-                if names != 52 {
-                    return Err(format!("node 0 listed {names} entries of d0 after the recovery, not 52"));
-                }
-                if own_done >= started || listed_at < recovered {
-                    return Err(format!(
-                        "the create in node 0's own directory ended at {own_done:?} (recovery began {started:?}), \
-                         the listing of node 1's directory at {listed_at:?} (recovery ended {recovered:?})"
-                    ));
-                }
-                for (n, d) in dirs.iter().enumerate() {
-                    let got = fs0.readdir(*d, 0, 1000).map_err(e("readdir"))?.len();
-                    if got != 52 {
-                        return Err(format!("d{n}: {got} entries after the recovery, not 52"));
-                    }
-                }
-                let again = cluster.rejoin(1).map_err(e("rejoin"))?;
-                if again.transactions > 0 {
-                    return Err(format!("node 1 replayed its log again: {}", again.summary()));
-                }
-                cluster.unmount(1).map_err(e("unmount 1"))?;
-                cluster.unmount(0).map_err(e("unmount 0"))?;
-                Ok(format!(
-                    "node 0 replayed node 1's full log ({:.2} of {:.2} MiB in use, {} transactions, {} images, {:.2} MiB written in place) \
-                     in {:?} simulated ({} ms real); crash to recovery start {:?} (the test's detection delay)",
-                    used as f64 / (1 << 20) as f64,
-                    cap as f64 / (1 << 20) as f64,
-                    rep.replay.transactions,
-                    rep.replay.images,
-                    rep.replay.image_bytes as f64 / (1 << 20) as f64,
-                    recovered - started,
-                    rep.replay.duration.as_millis(),
-                    started - crashed_at,
-                ))
-            })();
-            *out.lock() = Some(r);
-        });
-    }
-    sim.run().unwrap_or_else(|f| panic!("{}", f.message));
-    let r = out.lock().take().expect("the driver finished");
+            }
+            let again = cluster.rejoin(1).map_err(e("rejoin"))?;
+            if again.transactions > 0 {
+                return Err(format!(
+                    "node 1 replayed its log again: {}",
+                    again.summary()
+                ));
+            }
+            cluster.unmount(1).map_err(e("unmount 1"))?;
+            cluster.unmount(0).map_err(e("unmount 0"))?;
+            Ok(format!(
+            "node 0 replayed node 1's full log ({:.2} of {:.2} MiB in use, {} transactions, {} images, {:.2} MiB written in place) \
+             in {:?} simulated ({} ms real); crash to recovery start {:?} (the test's detection delay)",
+            used as f64 / (1 << 20) as f64,
+            cap as f64 / (1 << 20) as f64,
+            rep.replay.transactions,
+            rep.replay.images,
+            rep.replay.image_bytes as f64 / (1 << 20) as f64,
+            recovered - started,
+            rep.replay.duration.as_millis(),
+            started - crashed_at,
+        ))
+        },
+        |f| panic!("{}", f),
+    );
     match r {
         Ok(line) => eprintln!("{line}"),
         Err(e) => panic!("{e}"),
@@ -321,48 +319,35 @@ fn a_crash_between_a_page_commit_and_its_count_is_recounted() {
 /// summary, or `Err` when the seed's schedule did not make node 1 a shared writer (a
 /// failure of what is tested panics).
 fn count_recount_seed(seed: u64) -> Result<String, String> {
-    use mako_fs::fs::{Ctx, ROOT_INO};
-    use mako_sim::{ClusterConfig, Sim, SimCluster, SimConfig};
-    use parking_lot::Mutex;
-    use std::sync::Arc;
-    const C: Ctx = Ctx {
-        uid: 0,
-        gid: 0,
-        pid: 1,
-    };
-    let sim = Sim::new(seed, SimConfig::default());
-    let mut cc = ClusterConfig::small(2);
-    cc.thief = mako_sim::Thief::Off;
-    let cluster = SimCluster::new(&sim, cc).expect("cluster");
-    let out: Arc<Mutex<Option<Result<String, String>>>> = Arc::new(Mutex::new(None));
     const SETUP: &str = "setup: ";
-    {
-        let (cluster, out) = (cluster.clone(), out.clone());
-        sim.spawn_task("driver", move || {
-            let r = (|| -> Result<String, String> {
-                let e = |w: &'static str| move |x: mako_fs::error::FsError| format!("{w}: {x}");
-                cluster.mount(0).map_err(e("mount 0"))?;
-                cluster.mount(1).map_err(e("mount 1"))?;
-                let (fs0, fs1) = (cluster.fs(0).unwrap(), cluster.fs(1).unwrap());
-                // A directory leaves its inode as soon as another node waits for it
-                // (`directory::CROWD_NODES` 1): node 1 then writes in it beside node 0.
-                for fs in [&fs0, &fs1] {
-                    fs.core
-                        .crowd_nodes
-                        .store(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                let d = fs0.mkdir(C, ROOT_INO, b"shared", 0o755, 0).map_err(e("mkdir"))?;
-                // Node 0 creates in the directory all along, so that node 1's creates
-                // get the directory inode in `rw` beside it (a node alone in it gets
-                // `xw`) and node 1 becomes a shared writer.
-                let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-                let made0: Arc<Mutex<Result<u64, String>>> = Arc::new(Mutex::new(Ok(0)));
-                {
-                    let (fs0, stop, made0, dir) = (fs0.clone(), stop.clone(), made0.clone(), d.ino);
-                    mako_sim::current().unwrap().spawn("node 0 creates", move || {
+    let (cluster, r) = two_mounted_nodes(
+        seed,
+        move |cluster, fs0, fs1| {
+            // A directory leaves its inode as soon as another node waits for it
+            // (`directory::CROWD_NODES` 1): node 1 then writes in it beside node 0.
+            for fs in [&fs0, &fs1] {
+                fs.core
+                    .crowd_nodes
+                    .store(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            let d = fs0
+                .mkdir(C, ROOT_INO, b"shared", 0o755, 0)
+                .map_err(e("mkdir"))?;
+            // Node 0 creates in the directory all along, so that node 1's creates
+            // get the directory inode in `rw` beside it (a node alone in it gets
+            // `xw`) and node 1 becomes a shared writer.
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let made0: Arc<Mutex<Result<u64, String>>> = Arc::new(Mutex::new(Ok(0)));
+            {
+                let (fs0, stop, made0, dir) = (fs0.clone(), stop.clone(), made0.clone(), d.ino);
+                mako_sim::current()
+                    .unwrap()
+                    .spawn("node 0 creates", move || {
                         let mut k = 0u64;
                         while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                            if let Err(x) = fs0.create(C, dir, format!("a{k}").as_bytes(), 0o644, 0, true) {
+                            if let Err(x) =
+                                fs0.create(C, dir, format!("a{k}").as_bytes(), 0o644, 0, true)
+                            {
                                 *made0.lock() = Err(format!("node 0's create a{k}: {x}"));
                                 return;
                             }
@@ -370,74 +355,70 @@ fn count_recount_seed(seed: u64) -> Result<String, String> {
                             *made0.lock() = Ok(k);
                         }
                     });
-                }
-                let shared = |fs: &mako_fs::fs::FileSystem| {
-                    fs.core
-                        .cached_handle(d.ino)
-                        .is_some_and(|h| h.state.read().shared.is_some())
-                };
-                // Node 0 is the directory's metanode when node 1 comes.
-                mako_diag::sched::wait_until("node 0's first create", || {
-                    made0.lock().as_ref().map_or(true, |k| *k > 0)
-                });
-                let mut made1 = 0u64;
-                while !shared(&fs1) {
-                    if made1 == 500 {
-                        stop.store(true, std::sync::atomic::Ordering::SeqCst);
-                        return Err(format!(
-                            "{SETUP}node 1 never became a shared writer of the directory in \
-                             500 creates"
-                        ));
-                    }
-                    fs1.create(C, d.ino, format!("b{made1}").as_bytes(), 0o644, 0, true)
-                        .map_err(e("create on node 1"))?;
-                    made1 += 1;
-                }
-                fs1.core
-                    .counts_unsent
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-                fs1.create(C, d.ino, b"c", 0o644, 0, true)
-                    .map_err(e("create c on node 1"))?;
-                if !shared(&fs1) {
-                    return Err("node 1 was no longer a shared writer after its create of c".into());
-                }
-                cluster.crash(1);
-                let mut rep = mako_fs::recovery::recover_failed_node(&fs0.core, 1)
-                    .map_err(e("recovery"))?;
-                mako_fs::recovery::recount_after(&fs0.core, &mut rep);
-                stop.store(true, std::sync::atomic::Ordering::SeqCst);
-                if !rep.recount_failed.is_empty() {
-                    return Err(format!("recount failed: {}", rep.summary()));
-                }
-                if !rep.recount_fixed.iter().any(|(ino, _, _)| *ino == d.ino) {
+            }
+            let shared = |fs: &mako_fs::fs::FileSystem| {
+                fs.core
+                    .cached_handle(d.ino)
+                    .is_some_and(|h| h.state.read().shared.is_some())
+            };
+            // Node 0 is the directory's metanode when node 1 comes.
+            mako_diag::sched::wait_until("node 0's first create", || {
+                made0.lock().as_ref().map_or(true, |k| *k > 0)
+            });
+            let mut made1 = 0u64;
+            while !shared(&fs1) {
+                if made1 == 500 {
+                    stop.store(true, std::sync::atomic::Ordering::SeqCst);
                     return Err(format!(
-                        "the recovery did not fix the directory's count (the window was not hit?): {}",
-                        rep.summary()
+                        "{SETUP}node 1 never became a shared writer of the directory in \
+                     500 creates"
                     ));
                 }
-                mako_diag::sched::sleep(std::time::Duration::from_millis(50));
-                let made0 = made0.lock().clone()?;
-                let names = fs0.readdir(d.ino, 0, 100_000).map_err(e("readdir"))?.len() as u64;
-                // ".", "..", node 0's (the last may or may not have been made when it
-                // stopped), node 1's and c: c's page was committed before the crash.
-                let want = 2 + made0 + made1 + 1;
-                if names != want && names != want + 1 {
-                    return Err(format!(
-                        "node 0 listed {names} entries after the recovery, not {want} \
-                         ({made0} of node 0, {made1} of node 1, and c)"
-                    ));
-                }
-                cluster.rejoin(1).map_err(e("rejoin"))?;
-                cluster.unmount(1).map_err(e("unmount 1"))?;
-                cluster.unmount(0).map_err(e("unmount 0"))?;
-                Ok(rep.summary())
-            })();
-            *out.lock() = Some(r);
-        });
-    }
-    sim.run()
-        .unwrap_or_else(|f| panic!("seed {seed}: {}", f.message));
-    let r = out.lock().take().expect("the driver finished");
+                fs1.create(C, d.ino, format!("b{made1}").as_bytes(), 0o644, 0, true)
+                    .map_err(e("create on node 1"))?;
+                made1 += 1;
+            }
+            fs1.core
+                .counts_unsent
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            fs1.create(C, d.ino, b"c", 0o644, 0, true)
+                .map_err(e("create c on node 1"))?;
+            if !shared(&fs1) {
+                return Err("node 1 was no longer a shared writer after its create of c".into());
+            }
+            cluster.crash(1);
+            let mut rep =
+                mako_fs::recovery::recover_failed_node(&fs0.core, 1).map_err(e("recovery"))?;
+            mako_fs::recovery::recount_after(&fs0.core, &mut rep);
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            if !rep.recount_failed.is_empty() {
+                return Err(format!("recount failed: {}", rep.summary()));
+            }
+            if !rep.recount_fixed.iter().any(|(ino, _, _)| *ino == d.ino) {
+                return Err(format!(
+                    "the recovery did not fix the directory's count (the window was not hit?): {}",
+                    rep.summary()
+                ));
+            }
+            mako_diag::sched::sleep(std::time::Duration::from_millis(50));
+            let made0 = made0.lock().clone()?;
+            let names = fs0.readdir(d.ino, 0, 100_000).map_err(e("readdir"))?.len() as u64;
+            // ".", "..", node 0's (the last may or may not have been made when it
+            // stopped), node 1's and c: c's page was committed before the crash.
+            let want = 2 + made0 + made1 + 1;
+            if names != want && names != want + 1 {
+                return Err(format!(
+                    "node 0 listed {names} entries after the recovery, not {want} \
+                 ({made0} of node 0, {made1} of node 1, and c)"
+                ));
+            }
+            cluster.rejoin(1).map_err(e("rejoin"))?;
+            cluster.unmount(1).map_err(e("unmount 1"))?;
+            cluster.unmount(0).map_err(e("unmount 0"))?;
+            Ok(rep.summary())
+        },
+        |f| panic!("seed {seed}: {}", f),
+    );
     match r {
         Ok(line) => {
             cluster
@@ -488,97 +469,74 @@ enum Orphan {
 /// rejoins; both unmount; fsck must be clean. Without the reclaim fsck finds
 /// `unlinked_inode`.
 fn orphan_of_a_failed_node(kind: Orphan) -> Result<String, String> {
-    use mako_fs::fs::{Ctx, ROOT_INO};
-    use mako_sim::{ClusterConfig, Sim, SimCluster, SimConfig};
-    use parking_lot::Mutex;
-    use std::sync::Arc;
-    const C: Ctx = Ctx {
-        uid: 0,
-        gid: 0,
-        pid: 1,
-    };
-    let sim = Sim::new(7, SimConfig::default());
-    let mut cc = ClusterConfig::small(2);
-    cc.thief = mako_sim::Thief::Off;
-    let cluster = SimCluster::new(&sim, cc).expect("cluster");
-    let out: Arc<Mutex<Option<Result<String, String>>>> = Arc::new(Mutex::new(None));
-    {
-        let (cluster, out) = (cluster.clone(), out.clone());
-        sim.spawn_task("driver", move || {
-            let r = (|| -> Result<String, String> {
-                let e = |w: &'static str| move |x: mako_fs::error::FsError| format!("{w}: {x}");
-                cluster.mount(0).map_err(e("mount 0"))?;
-                cluster.mount(1).map_err(e("mount 1"))?;
-                let (fs0, fs1) = (cluster.fs(0).unwrap(), cluster.fs(1).unwrap());
-                let d = fs0.mkdir(C, ROOT_INO, b"d", 0o755, 0).map_err(e("mkdir"))?;
-                fs0.fsync(d.ino, false).map_err(e("fsync d"))?;
-                let data = vec![7u8; 200_000];
-                let ino = match kind {
-                    Orphan::OpenUnlinked => {
-                        let a = fs1
-                            .create(C, d.ino, b"f", 0o644, 0, true)
-                            .map_err(e("create"))?;
-                        fs1.open(a.ino).map_err(e("open"))?;
-                        fs1.write(a.ino, 0, &data, false).map_err(e("write"))?;
-                        fs1.fsync(a.ino, false).map_err(e("fsync f"))?;
-                        // Node 0's kernel knows the file too (it read it): a lookup
-                        // without an open does not keep it after node 1 is gone.
-                        fs0.lookup(d.ino, b"f").map_err(e("lookup on node 0"))?;
-                        fs0.add_lookup(a.ino);
-                        fs1.unlink(d.ino, b"f").map_err(e("unlink"))?;
-                        a.ino
-                    }
-                    Orphan::Tmpfile => {
-                        let a = fs1.tmpfile(C, d.ino, 0o644, 0).map_err(e("tmpfile"))?;
-                        fs1.open(a.ino).map_err(e("open"))?;
-                        fs1.write(a.ino, 0, &data, false).map_err(e("write"))?;
-                        fs1.fsync(a.ino, false).map_err(e("fsync tmpfile"))?;
-                        a.ino
-                    }
-                    Orphan::ForeignFree => {
-                        // Small enough to live in its inode: space freed in other nodes'
-                        // regions is not covered (see `reclaim_orphans`).
-                        let a = fs0
-                            .create(C, d.ino, b"g", 0o644, 0, true)
-                            .map_err(e("create"))?;
-                        fs0.write(a.ino, 0, &data[..100], false)
-                            .map_err(e("write"))?;
-                        fs0.fsync(a.ino, false).map_err(e("fsync g"))?;
-                        fs1.unlink(d.ino, b"g").map_err(e("unlink on node 1"))?;
-                        a.ino
-                    }
-                };
-                fs1.fsync(d.ino, false).map_err(e("fsync d on node 1"))?;
-                cluster.crash(1);
-                let mut rep =
-                    mako_fs::recovery::recover_failed_node(&fs0.core, 1).map_err(e("recovery"))?;
-                if !rep.replay.orphans.contains_key(&ino) {
-                    return Err(format!(
-                        "{kind:?}: the replay of node 1's log did not find inode {ino} as an \
-                         orphan: {:?}",
-                        rep.replay.orphans
-                    ));
+    let (cluster, r) = two_mounted_nodes(
+        7,
+        move |cluster, fs0, fs1| {
+            let d = fs0.mkdir(C, ROOT_INO, b"d", 0o755, 0).map_err(e("mkdir"))?;
+            fs0.fsync(d.ino, false).map_err(e("fsync d"))?;
+            let data = vec![7u8; 200_000];
+            let ino = match kind {
+                Orphan::OpenUnlinked => {
+                    let a = fs1
+                        .create(C, d.ino, b"f", 0o644, 0, true)
+                        .map_err(e("create"))?;
+                    fs1.open(a.ino).map_err(e("open"))?;
+                    fs1.write(a.ino, 0, &data, false).map_err(e("write"))?;
+                    fs1.fsync(a.ino, false).map_err(e("fsync f"))?;
+                    // Node 0's kernel knows the file too (it read it): a lookup
+                    // without an open does not keep it after node 1 is gone.
+                    fs0.lookup(d.ino, b"f").map_err(e("lookup on node 0"))?;
+                    fs0.add_lookup(a.ino);
+                    fs1.unlink(d.ino, b"f").map_err(e("unlink"))?;
+                    a.ino
                 }
-                mako_fs::recovery::recount_after(&fs0.core, &mut rep);
-                if rep.reclaimed != vec![ino] || !rep.reclaim_failed.is_empty() {
-                    return Err(format!(
-                        "{kind:?}: inode {ino} not freed: {}",
-                        rep.summary()
-                    ));
+                Orphan::Tmpfile => {
+                    let a = fs1.tmpfile(C, d.ino, 0o644, 0).map_err(e("tmpfile"))?;
+                    fs1.open(a.ino).map_err(e("open"))?;
+                    fs1.write(a.ino, 0, &data, false).map_err(e("write"))?;
+                    fs1.fsync(a.ino, false).map_err(e("fsync tmpfile"))?;
+                    a.ino
                 }
-                // Node 0's kernel lets its lookup go: nothing left to free.
-                fs0.forget(ino, 1);
-                cluster.rejoin(1).map_err(e("rejoin"))?;
-                cluster.unmount(1).map_err(e("unmount 1"))?;
-                cluster.unmount(0).map_err(e("unmount 0"))?;
-                Ok(rep.summary())
-            })();
-            *out.lock() = Some(r);
-        });
-    }
-    sim.run()
-        .unwrap_or_else(|f| panic!("{kind:?}: {}", f.message));
-    let r = out.lock().take().expect("the driver finished");
+                Orphan::ForeignFree => {
+                    // Small enough to live in its inode: space freed in other nodes'
+                    // regions is not covered (see `reclaim_orphans`).
+                    let a = fs0
+                        .create(C, d.ino, b"g", 0o644, 0, true)
+                        .map_err(e("create"))?;
+                    fs0.write(a.ino, 0, &data[..100], false)
+                        .map_err(e("write"))?;
+                    fs0.fsync(a.ino, false).map_err(e("fsync g"))?;
+                    fs1.unlink(d.ino, b"g").map_err(e("unlink on node 1"))?;
+                    a.ino
+                }
+            };
+            fs1.fsync(d.ino, false).map_err(e("fsync d on node 1"))?;
+            cluster.crash(1);
+            let mut rep =
+                mako_fs::recovery::recover_failed_node(&fs0.core, 1).map_err(e("recovery"))?;
+            if !rep.replay.orphans.contains_key(&ino) {
+                return Err(format!(
+                    "{kind:?}: the replay of node 1's log did not find inode {ino} as an \
+                 orphan: {:?}",
+                    rep.replay.orphans
+                ));
+            }
+            mako_fs::recovery::recount_after(&fs0.core, &mut rep);
+            if rep.reclaimed != vec![ino] || !rep.reclaim_failed.is_empty() {
+                return Err(format!(
+                    "{kind:?}: inode {ino} not freed: {}",
+                    rep.summary()
+                ));
+            }
+            // Node 0's kernel lets its lookup go: nothing left to free.
+            fs0.forget(ino, 1);
+            cluster.rejoin(1).map_err(e("rejoin"))?;
+            cluster.unmount(1).map_err(e("unmount 1"))?;
+            cluster.unmount(0).map_err(e("unmount 0"))?;
+            Ok(rep.summary())
+        },
+        |f| panic!("{kind:?}: {}", f),
+    );
     let line = r?;
     cluster.fsck().map_err(|e| format!("{kind:?}: {e}"))?;
     Ok(line)
@@ -596,4 +554,49 @@ fn a_failed_nodes_orphans_are_freed_by_its_recovery() {
             Err(e) => panic!("{e}"),
         }
     }
+}
+
+/// The simulation (seed `seed`) of two nodes without the thief whose driver task mounts
+/// both and runs `body` with the cluster and the two file systems; returns the cluster
+/// (for fsck after) and what `body` returned. A failure of the simulation itself goes
+/// to `failed` with its message.
+fn two_mounted_nodes(
+    seed: u64,
+    body: impl FnOnce(
+            Arc<SimCluster>,
+            mako_fs::fs::FileSystem,
+            mako_fs::fs::FileSystem,
+        ) -> Result<String, String>
+        + Send
+        + 'static,
+    failed: impl FnOnce(String),
+) -> (Arc<SimCluster>, Result<String, String>) {
+    use mako_sim::{ClusterConfig, Sim, SimConfig};
+    let sim = Sim::new(seed, SimConfig::default());
+    let mut cc = ClusterConfig::small(2);
+    cc.thief = mako_sim::Thief::Off;
+    let cluster = SimCluster::new(&sim, cc).expect("cluster");
+    let out: Arc<Mutex<Option<Result<String, String>>>> = Arc::new(Mutex::new(None));
+    {
+        let (cluster, out) = (cluster.clone(), out.clone());
+        sim.spawn_task("driver", move || {
+            let r = (|| {
+                cluster.mount(0).map_err(e("mount 0"))?;
+                cluster.mount(1).map_err(e("mount 1"))?;
+                let (fs0, fs1) = (cluster.fs(0).unwrap(), cluster.fs(1).unwrap());
+                body(cluster, fs0, fs1)
+            })();
+            *out.lock() = Some(r);
+        });
+    }
+    if let Err(f) = sim.run() {
+        failed(f.message);
+    }
+    let r = out.lock().take().expect("the driver finished");
+    (cluster, r)
+}
+
+/// An `FsError` as a message saying what failed.
+fn e(what: &'static str) -> impl Fn(mako_fs::error::FsError) -> String {
+    move |x| format!("{what}: {x}")
 }

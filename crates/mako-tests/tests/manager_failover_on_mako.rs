@@ -57,6 +57,21 @@ fn options(create: &[&str], isolated: Vec<u32>) -> NetClusterOptions {
 }
 
 /// How many lines of node `i`'s makod.log contain every one of `words`.
+/// Three quorum nodes (node0 the first cluster manager), the token manager on
+/// `managers` (the file-system manager on the first of them).
+fn three_quorum_nodes(managers: &str) -> NetCluster {
+    NetCluster::up(options(
+        &[
+            "--quorum-nodes",
+            "node0,node1,node2",
+            "--manager-nodes",
+            managers,
+        ],
+        Vec::new(),
+    ))
+    .unwrap_or_else(|e| panic!("three quorum nodes up, the token manager on {managers}: {e:#}"))
+}
+
 fn count(c: &NetCluster, i: u32, words: &[&str]) -> usize {
     c.log_lines(i)
         .iter()
@@ -90,16 +105,7 @@ fn killing_the_cluster_manager_elects_another_recovers_it_and_it_rejoins() {
     if !require_fuse(test) {
         return;
     }
-    let mut c = NetCluster::up(options(
-        &[
-            "--quorum-nodes",
-            "node0,node1,node2",
-            "--manager-nodes",
-            "node1",
-        ],
-        Vec::new(),
-    ))
-    .expect("three quorum nodes up, the token and file-system managers on node1");
+    let mut c = three_quorum_nodes("node1");
     // The lowest quorum node creates raft and is its first leader: the cluster manager.
     let show = c.node_show();
     let victim = cluster_manager(&show).expect("a cluster manager in mako node show");
@@ -587,16 +593,7 @@ fn killing_a_token_manager_node_rebuilds_its_shard_on_a_survivor() {
     if !require_fuse(test) {
         return;
     }
-    let mut c = NetCluster::up(options(
-        &[
-            "--quorum-nodes",
-            "node0,node1,node2",
-            "--manager-nodes",
-            "node0,node1",
-        ],
-        Vec::new(),
-    ))
-    .expect("three quorum nodes up, the token manager on node0 and node1");
+    let mut c = three_quorum_nodes("node0,node1");
     let (victim, successor, holder) = (1u32, 0u32, 2u32);
     let manager_before = cluster_manager(&c.node_show());
 
