@@ -187,8 +187,9 @@ fn abandoned_frees(c: &NetCluster) -> (usize, usize) {
 #[ignore = "not yet in CI: 20 rounds take 3.5-4.5 min at a load average of 16-30 \
             (213-245 s of rounds; main's version before the overlap, 176 s at load 14 with \
             half the operations: the workload runs beside the restart and slows it), over \
-            the 3 min CI can spend; 3 of 5 runs ended in ENOSPC on node 0's workload in \
-            round 15, 17 or 19 (2 GiB file system, about 1,600-1,900 files; cause not found); \
+            the 3 min CI can spend (one green run, at load 6: 178.6 s); 4 of 7 runs ended in \
+            ENOSPC on node 0's workload in round 15, 17 or 19 (2 GiB file system, about \
+            1,600-1,900 files; likely node 0's third of the regions full, docs/cluster.md); \
             fsck -n after the rounds found leaked space in every run that got there \
             (main's version too), frees lost with a killed node (docs/cluster.md), which \
             the test now tells apart from other findings and repairs; run with --ignored"]
