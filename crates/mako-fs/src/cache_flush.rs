@@ -66,6 +66,9 @@ impl mako_token::CacheFlush for FsCacheFlush {
             ResourceKind::InodeMapSegment => crate::ownership::revoke_segment(&core, resource.id),
             // Covers no cached state: the loop check of a rename reads under it.
             ResourceKind::RenameLock => Ok(()),
+            // Covers no cached state: a recovery holds it while it replays a failed
+            // node's log, and releases it when done.
+            ResourceKind::RecoveryLog => Ok(()),
         };
         r.map_err(|e| {
             // Fenced (its lease ran out, it was expelled): this node can no longer
@@ -98,7 +101,23 @@ impl mako_token::CacheFlush for FsCacheFlush {
 /// committed and written in place, then the cached inode dropped or kept read-only.
 fn revoke_inode(core: &Arc<Core>, ino: u64, keep: Option<TokenMode>) -> FsResult<()> {
     core.stats.revokes_inode.fetch_add(1, Ordering::Relaxed);
-    if let Some(h) = core.cached_handle(ino) {
+    let cached = core.cached_handle(ino);
+    if cached.is_none() && keep.is_none() && !crate::ownership::shared(core) {
+        // A file system of one node (one recovery log): the token goes back to a
+        // manager that can give it to nobody else, so nothing need be where another
+        // node would read it. With no cached inode (a freed one, or one evicted with
+        // its attributes) there is nothing to commit either: its images reach the log
+        // with the running transaction, its slot of the cached inode-file chunk is
+        // current (`Core::encode_inode` copies every image there), and a read that
+        // misses the chunk sees the committed images through the overlay. This is
+        // every unlink's release of the freed inode's tokens: it committed the log and
+        // wrote the free image in place with a barrier, a commit for every few unlinks
+        // once the inode cache was full (`bench/create-cost`, docs/performance.md).
+        core.stat_cache.lock().remove(ino);
+        core.invalidate_kernel_attrs(ino);
+        return Ok(());
+    }
+    if let Some(h) = cached {
         file_io::flush_data(core, &h)?;
         // A shared writer's blocks and size reach the metanode before the token goes.
         crate::metanode::report(core, &h)?;

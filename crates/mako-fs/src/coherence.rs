@@ -92,6 +92,10 @@ impl Tokens {
     pub fn rename_lock(&self) -> ResourceId {
         ResourceId::new(self.fs, ResourceKind::RenameLock, 0)
     }
+    /// The claim on node `node`'s recovery log (`recovery::recover_failed_node`).
+    pub fn recovery_log(&self, node: u32) -> ResourceId {
+        ResourceId::new(self.fs, ResourceKind::RecoveryLog, node as u64)
+    }
 
     /// The token acquire that `need` on `ino` calls for.
     pub fn inode_missing(&self, ino: u64, need: Need) -> Missing {

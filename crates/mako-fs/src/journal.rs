@@ -102,6 +102,18 @@ impl Inbox {
         self.inodes.lock().insert(ino);
         self.bytes.fetch_add(self.inode_bytes, Ordering::Relaxed);
     }
+    /// An inode filed in the running transaction leaves it without an image of its own
+    /// (it was freed, and its free image went to the transaction through
+    /// `Journal::add_image`, counted by its size there): take back what filing it
+    /// counted, so that an unlink counts its trimmed free image once instead of two
+    /// whole inodes.
+    pub(crate) fn unfile_inode(&self) {
+        let _ = self
+            .bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                Some(b.saturating_sub(self.inode_bytes))
+            });
+    }
     /// Account `bytes` more of images for the running transaction.
     pub fn note(&self, bytes: u64) {
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -508,7 +520,9 @@ impl Journal {
             "add_image without an open handle"
         );
         note_change();
-        self.inbox.note(image.length as u64);
+        // What the log writes for it: the trimmed image and its record header (a freed
+        // inode's is a few hundred bytes of a 4 KiB slot).
+        self.inbox.note(image.encoded_len() as u64);
         self.extra.lock().push((kind, owner, image));
     }
 

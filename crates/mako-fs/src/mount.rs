@@ -620,6 +620,7 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
     }
     let fs = FileSystem { core: core.clone() };
     fs.getattr(m.root_dir)?;
+    reclaim_own_orphans(&core, &recovery);
     let background = core.cfg.read().background_workers;
     let workers = background.then(|| Workers::start(core));
     Ok(Mounted {
@@ -628,6 +629,34 @@ pub fn mount_node(disks: Vec<Arc<dyn Disk>>, cfg: FsConfig, env: NodeEnv) -> FsR
         workers,
         unmounted: false,
     })
+}
+
+/// On a file system of one node (one recovery log), free the inodes its replayed log
+/// left in use with no links (`ReplayReport::orphans`): files unlinked while they were
+/// still open, or only known to this node's kernel (FUSE frees an unlinked file at its
+/// forget, which may come after a commit has made the unlink durable), when the node
+/// stopped. Nothing can close them any more: each is freed as its last close would have
+/// (`recovery::reclaim_orphans`, committed), so a crash between an unlink's commit and
+/// its free's leaves no inode in use without a name. `mako fsck -n` before the mount
+/// lists them as freed by the next mount, not as damage. With several nodes another
+/// node may have such a file open (its last close there frees it), so they are left.
+fn reclaim_own_orphans(core: &Arc<Core>, recovery: &crate::recovery::ReplayReport) {
+    if recovery.orphans.is_empty()
+        || crate::ownership::shared(core)
+        || core.read_only.load(std::sync::atomic::Ordering::Relaxed)
+    {
+        return;
+    }
+    let (freed, failed) = crate::recovery::reclaim_orphans(core, &recovery.orphans);
+    tracing::warn!(
+        "file system {}: inodes the recovery log left in use with no links (unlinked while \
+         open or known to the kernel when the node stopped): {} freed {:?}, {} not freed {:?}",
+        core.desc.lock().fs_name,
+        freed.len(),
+        freed,
+        failed.len(),
+        failed
+    );
 }
 
 /// Create this node's recovery log at its first mount (`mako_format::log_table`).

@@ -627,6 +627,12 @@ impl NodeRecoveryReport {
 /// `failed` writes nothing more (it stopped, or is fenced: expelled with its lease
 /// expired and its NSD requests refused); this function cannot check that.
 ///
+/// 0. Claim the log: steps 1 and 2 run under `failed`'s `RecoveryLog` token in `xw`
+///    (`Tokens::recovery_log`), released at the end, so two recoveries of one node
+///    never overlap — the second replays nothing (the first left the log empty) and
+///    its release of the tokens is a no-op. A claim whose holder died is waited for
+///    like any token of a failed node (`holder_down_wait_ms`): until that holder is
+///    recovered, which releases its claim with its other tokens.
 /// 1. Replay `failed`'s recovery log onto the disks (`replay`: only what its log may
 ///    still replay — images it wrote in place before a token left it were revoked in
 ///    its log, docs/coherence.md section 7). Every structure it held dirty is covered
@@ -672,11 +678,32 @@ pub fn recover_failed_node(
     if failed >= desc.metadata_inodes.log_count {
         return Err(node_out_of_range(&desc, failed));
     }
-    let replay = replay_failed(core.nsd.as_ref(), &desc, failed)?;
-    core.tokens
-        .client()
-        .release_failed_node(mako_rt::NodeId(failed))
+    // The claim on the log: two survivors recovering `failed` at once (the cluster
+    // manager's choice and a mount, or a recoverer taken for dead that was only slow)
+    // take turns. Without it the slower one could lay an image it read before the
+    // other finished over what a third node wrote after the tokens were released.
+    // The second finds the log empty and replays nothing. A claim whose holder died
+    // is waited for like any token of a failed node: until that node is recovered.
+    use mako_token::{ByteRange, TokenMode};
+    let client = core.tokens.client();
+    let claim = core.tokens.recovery_log(failed);
+    let hold = client
+        .hold(claim, TokenMode::Xw, ByteRange::WHOLE, ByteRange::WHOLE)
         .map_err(crate::coherence::token_error)?;
+    let replayed = replay_failed(core.nsd.as_ref(), &desc, failed).and_then(|replay| {
+        client
+            .release_failed_node(mako_rt::NodeId(failed))
+            .map_err(crate::coherence::token_error)?;
+        Ok(replay)
+    });
+    drop(hold);
+    // Not kept cached: a holder that fails later would make the next recovery of
+    // `failed` wait for its own.
+    let released = client
+        .release(claim, ByteRange::WHOLE)
+        .map_err(crate::coherence::token_error);
+    let replay = replayed?;
+    released?;
     let report = NodeRecoveryReport {
         failed,
         by: core.node,
@@ -838,6 +865,7 @@ pub fn pending(
         log_ino: log.ino,
     };
     let (mut report, _, latest) = scan_with(&r, desc, node)?;
+    report.orphans = orphans_of(desc, &latest);
     report.image_bytes = latest.values().map(|(_, i)| i.length as u64).sum();
     report.duration = started.elapsed();
     Ok((report, latest.into_values().map(|(_, i)| i).collect()))

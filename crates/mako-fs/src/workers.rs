@@ -115,6 +115,11 @@ pub fn free_inode(core: &Core, st: &mut InodeState) -> FsResult<()> {
         ino,
         mako_format::log_record::LogImage::trimmed(da, &bytes),
     );
+    if st.dirty {
+        // Filed in the running transaction, which will write no image of it but the
+        // free image above.
+        core.journal.inbox().unfile_inode();
+    }
     st.dirty = false;
     st.deleted = true;
     core.imap.free(ino)?;

@@ -175,3 +175,127 @@ fn a_create_on_a_shared_file_system_reads_its_slot() {
     assert_eq!(reads, n + 20, "one slot read per create");
     m.unmount().unwrap();
 }
+
+/// An unlink counts what the log writes for it against the running transaction: its
+/// freed inode's trimmed image (a few hundred bytes), not two whole 4 KiB inodes (the
+/// inode filed when its link count dropped, and the free image at its full length).
+/// The sync thread commits when the estimate passes an eighth of the log, so the old
+/// estimate made a commit about every 700 unlinks on a 32 MiB log; here (a 4 MiB log,
+/// soft limit 512 KiB) 400 unlinks now stay within one transaction, where the old
+/// estimate (about 8 KiB each, 3.2 MiB) passed the soft limit six times and the hard
+/// limit (half the log) once.
+#[test]
+fn unlinks_count_their_trimmed_log_images() {
+    let disks = MemDisks::new(4, 64 << 20);
+    disks.format(&mako_fs::mkfs::MkfsParams {
+        log_bytes: 4 << 20,
+        ..small_params()
+    });
+    let m = disks.mount(small_config());
+    let fs = &m.fs;
+    let core = m.core().clone();
+    fs.mkdir(C, ROOT_INO, b"d", 0o755, 0).unwrap();
+    let dir = fs.lookup(ROOT_INO, b"d").unwrap().ino;
+    let n = 400u64;
+    for i in 0..n {
+        fs.create(C, dir, format!("f{i}").as_bytes(), 0o644, 0, true)
+            .unwrap();
+    }
+    fs.sync().unwrap();
+    let j = &core.journal;
+    let commits = j.stats.commits.load(Ordering::Relaxed);
+    for i in 0..n {
+        fs.unlink(dir, format!("f{i}").as_bytes()).unwrap();
+    }
+    let estimate = j.running_bytes(&core);
+    let unlink_commits = j.stats.commits.load(Ordering::Relaxed) - commits;
+    let bytes = j.stats.commit_bytes.load(Ordering::Relaxed);
+    fs.sync().unwrap();
+    let written = j.stats.commit_bytes.load(Ordering::Relaxed) - bytes;
+    eprintln!("{n} unlinks: estimate {estimate} bytes, commit {written} bytes");
+    assert_eq!(
+        unlink_commits,
+        0,
+        "{n} unlinks committed the log {unlink_commits} times (estimate {estimate} bytes, \
+         soft limit {})",
+        j.soft_limit()
+    );
+    // The estimate stays an upper bound of what the commit wrote, and within twice it
+    // (plus the directory's pages and the parent inode, counted whole).
+    assert!(
+        estimate >= written && estimate <= 2 * written + 256 * 1024,
+        "estimate {estimate} bytes for a commit of {written} bytes after {n} unlinks"
+    );
+    m.unmount().unwrap();
+}
+
+/// Unlinks past `maxFilesToCache`, then the sync thread's eviction scan gives the freed
+/// inodes' tokens back (`workers::release_tokens`). How many commits and in-place
+/// writes that costs.
+fn release_after_unlinks(log_count: u32) -> (u64, u64) {
+    let disks = MemDisks::new(4, 64 << 20);
+    disks.format(&mako_fs::mkfs::MkfsParams {
+        log_count,
+        log_bytes: 4 << 20,
+        ..small_params()
+    });
+    let m = disks.mount(FsConfig {
+        max_files_to_cache: 20,
+        ..small_config()
+    });
+    let fs = &m.fs;
+    let core = m.core().clone();
+    fs.mkdir(C, ROOT_INO, b"d", 0o755, 0).unwrap();
+    let dir = fs.lookup(ROOT_INO, b"d").unwrap().ino;
+    let n = 100u64;
+    for i in 0..n {
+        fs.create(C, dir, format!("f{i}").as_bytes(), 0o644, 0, true)
+            .unwrap();
+    }
+    fs.sync().unwrap();
+    for i in 0..n {
+        fs.unlink(dir, format!("f{i}").as_bytes()).unwrap();
+    }
+    let j = &core.journal;
+    let commits = j.stats.commits.load(Ordering::Relaxed);
+    let in_place = j.stats.revoke_writes.load(Ordering::Relaxed);
+    mako_fs::workers::release_tokens(&core).unwrap();
+    let r = (
+        j.stats.commits.load(Ordering::Relaxed) - commits,
+        j.stats.revoke_writes.load(Ordering::Relaxed) - in_place,
+    );
+    // Every name is gone, also after the commit that follows.
+    fs.sync().unwrap();
+    for i in 0..n {
+        assert!(fs.lookup(dir, format!("f{i}").as_bytes()).is_err());
+    }
+    m.unmount().unwrap();
+    r
+}
+
+/// On a file system of one node, giving a freed inode's tokens back neither commits the
+/// log nor writes the free image in place (nobody else can be granted them); it did
+/// both for every freed inode (a commit whenever unlinks had run since the last one,
+/// and an in-place write with a barrier for each).
+#[test]
+fn a_freed_inodes_tokens_go_back_without_log_writes_on_one_node() {
+    let (commits, in_place) = release_after_unlinks(1);
+    assert_eq!(
+        (commits, in_place),
+        (0, 0),
+        "giving back 100 freed inodes' tokens: {commits} commits, {in_place} images \
+         written in place"
+    );
+}
+
+/// With several nodes the free is still committed and written in place before the
+/// tokens go (the next holder may be another node, which reads the disk).
+#[test]
+fn a_freed_inodes_tokens_go_back_after_its_free_is_in_place_with_several_nodes() {
+    let (commits, in_place) = release_after_unlinks(2);
+    assert!(
+        commits >= 1 && in_place >= 100,
+        "giving back 100 freed inodes' tokens: {commits} commits, {in_place} images \
+         written in place (at least 1 and 100 expected)"
+    );
+}

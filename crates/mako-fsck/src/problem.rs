@@ -246,6 +246,12 @@ pub struct Report {
     /// last close. Not a problem while the file system is mounted; offline (every node
     /// down) such an inode is one (`unlinked_inode`).
     pub open_unlinked: Vec<u64>,
+    /// Offline check only (`-n`) of a file system of one node: inodes in use with no
+    /// links that its recovery log leaves so (the last logged image of each has no
+    /// links, and no free of its number is logged): files unlinked while open or known
+    /// to the node's kernel when it stopped. Its next mount frees them
+    /// (`mako_fs::mount`), so they are listed here, not as `unlinked_inode`.
+    pub freed_at_mount: Vec<u64>,
 }
 
 impl Report {
@@ -263,6 +269,7 @@ impl Report {
             files_per_sec: 0.0,
             exit_code: EXIT_CLEAN,
             open_unlinked: Vec::new(),
+            freed_at_mount: Vec::new(),
         }
     }
 
@@ -373,6 +380,15 @@ impl Report {
             for (name, c) in &self.counts {
                 let _ = writeln!(out, "{name:<22} {:>8} {:>8}", c.found, c.fixed);
             }
+        }
+        if !self.freed_at_mount.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nThe recovery log leaves {} inode(s) in use with no links (unlinked while open or known to the kernel \
+                 when the node stopped), which the next mount frees: {:?}",
+                self.freed_at_mount.len(),
+                self.freed_at_mount
+            );
         }
         let _ =
             writeln!(

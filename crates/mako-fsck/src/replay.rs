@@ -24,15 +24,27 @@ use mako_format::DiskAddress;
 use mako_fs::recovery::ReplayReport;
 use std::collections::BTreeMap;
 
-/// Replay (`repair`) or collect (check only) the logs of every node. Returns the
-/// images to lay over reads (empty after an in-place replay).
+/// What the logs leave for the check (`logs`).
+#[derive(Default)]
+pub struct Pending {
+    /// The images to lay over reads (empty after an in-place replay).
+    pub images: Vec<LogImage>,
+    /// Check only: the inodes the logs' last images leave in use with no links, no
+    /// free of their number logged after (`ReplayReport::orphans`), with their
+    /// generation. A mount of a file system of one node frees its own
+    /// (`mako_fs::mount`); after an in-place replay (`-y`) no mount will, and they are
+    /// left to the check (`unlinked_inode`).
+    pub orphans: BTreeMap<u64, u32>,
+}
+
+/// Replay (`repair`) or collect (check only) the logs of every node.
 pub fn logs(
     desc: &Descriptor,
     nsd: &dyn Nsd,
     repair: bool,
     problems: &mut Vec<Problem>,
-) -> Vec<LogImage> {
-    let mut images = Vec::new();
+) -> Pending {
+    let mut out = Pending::default();
     let m = desc.metadata_inodes;
     for node in 0..m.log_count {
         let ino = mako_format::log_table::log_ino(node);
@@ -75,7 +87,10 @@ pub fn logs(
                         .ino(ino),
                     );
                 }
-                images.extend(pending);
+                if !repair {
+                    out.orphans.extend(&report.orphans);
+                }
+                out.images.extend(pending);
             }
             Err(e) => {
                 // The metadata-file phase names a damaged log inode or header; an
@@ -95,7 +110,7 @@ pub fn logs(
             }
         }
     }
-    images
+    out
 }
 
 fn problem(r: &ReplayReport, ino: u64, replayed: bool) -> Option<Problem> {

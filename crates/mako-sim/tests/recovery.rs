@@ -556,6 +556,97 @@ fn a_failed_nodes_orphans_are_freed_by_its_recovery() {
     }
 }
 
+/// Two survivors recover one failed node at once (the cluster manager's choice and a
+/// mount, say): node 2 writes and fsyncs, crashes, and nodes 0 and 1 each run
+/// `recover_failed_node(2)` on a task of their own. The claim on node 2's log (its
+/// `RecoveryLog` token) makes them take turns: exactly one replays the transactions,
+/// the other finds the log empty. Without the claim both scan the log before either
+/// empties it, and both replay (in most of these seeds), which could lay an old
+/// image over what a third node wrote after the first released node 2's tokens.
+fn two_recoveries_at_once(seed: u64) -> Result<String, String> {
+    use mako_sim::{ClusterConfig, Sim, SimConfig};
+    let sim = Sim::new(seed, SimConfig::default());
+    let mut cc = ClusterConfig::small(3);
+    cc.thief = mako_sim::Thief::Off;
+    let cluster = SimCluster::new(&sim, cc).expect("cluster");
+    let setup: Arc<Mutex<Option<Result<(), String>>>> = Arc::new(Mutex::new(None));
+    // Per recovery: (node that ran it, transactions it replayed), or what failed.
+    type Replays = Arc<Mutex<Vec<Result<(u32, u64), String>>>>;
+    let replays: Replays = Arc::default();
+    {
+        let (cluster, setup, replays, sim2) =
+            (cluster.clone(), setup.clone(), replays.clone(), sim.clone());
+        sim.spawn_task("driver", move || {
+            let r = (|| -> Result<(), String> {
+                for n in 0..3 {
+                    cluster.mount(n).map_err(e("mount"))?;
+                }
+                let fs2 = cluster.fs(2).unwrap();
+                let d = fs2.mkdir(C, ROOT_INO, b"d", 0o755, 0).map_err(e("mkdir"))?;
+                for i in 0..8u8 {
+                    let a = fs2
+                        .create(C, d.ino, &[b'f', b'0' + i], 0o644, 0, true)
+                        .map_err(e("create"))?;
+                    fs2.write(a.ino, 0, &vec![i; 20_000], false)
+                        .map_err(e("write"))?;
+                    fs2.fsync(a.ino, false).map_err(e("fsync"))?;
+                }
+                fs2.fsync(d.ino, false).map_err(e("fsync d"))?;
+                cluster.crash(2);
+                for by in [0u32, 1] {
+                    let (fs, replays, cluster) =
+                        (cluster.fs(by).unwrap(), replays.clone(), cluster.clone());
+                    sim2.spawn_task(format!("recover-by-{by}"), move || {
+                        let r = mako_fs::recovery::recover_failed_node(&fs.core, 2)
+                            .map(|rep| (by, rep.replay.transactions))
+                            .map_err(|x| format!("node {by} recovering node 2: {x}"));
+                        let mut got = replays.lock();
+                        got.push(r);
+                        if got.len() < 2 {
+                            return;
+                        }
+                        drop(got);
+                        // The last one done: node 2 rejoins, every node unmounts.
+                        let end = |what: String, r: mako_fs::error::FsResult<()>| {
+                            if let Err(x) = r {
+                                replays.lock().push(Err(format!("{what}: {x}")));
+                            }
+                        };
+                        end("rejoin of node 2".into(), cluster.rejoin(2).map(|_| ()));
+                        for n in 0..3 {
+                            end(format!("unmount {n}"), cluster.unmount(n));
+                        }
+                    });
+                }
+                Ok(())
+            })();
+            *setup.lock() = Some(r);
+        });
+    }
+    sim.run()
+        .unwrap_or_else(|f| panic!("seed {seed}: {}", f.message));
+    setup.lock().take().expect("the driver finished")?;
+    let got: Vec<(u32, u64)> = replays.lock().drain(..).collect::<Result<_, _>>()?;
+    if got.len() != 2 || got.iter().filter(|(_, t)| *t > 0).count() != 1 {
+        return Err(format!(
+            "seed {seed}: two recoveries of node 2 at once, (node, transactions replayed): \
+             {got:?}; exactly one must replay"
+        ));
+    }
+    cluster.fsck().map_err(|e| format!("seed {seed}: {e}"))?;
+    Ok(format!("seed {seed}: {got:?}"))
+}
+
+#[test]
+fn two_recoveries_of_one_node_take_turns() {
+    for seed in 1..=6 {
+        match two_recoveries_at_once(seed) {
+            Ok(line) => eprintln!("{line}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
 /// The simulation (seed `seed`) of two nodes without the thief whose driver task mounts
 /// both and runs `body` with the cluster and the two file systems; returns the cluster
 /// (for fsck after) and what `body` returned. A failure of the simulation itself goes

@@ -365,6 +365,25 @@ impl NetCluster {
         out
     }
 
+    /// `mako startup -N node<i>` of a node that is not isolated, in a thread of its own:
+    /// the test goes on (other nodes' workloads, another node's kill) while node `i`
+    /// starts, rejoins and mounts. The thread ends within the command's time limit;
+    /// a test that fails while it runs should join it before the cluster is dropped,
+    /// so `mako down` of the cleanup does not race the start.
+    pub fn spawn_startup(&self, i: u32) -> Result<std::thread::JoinHandle<Result<CmdOutput>>> {
+        if self.netns.iter().any(|n| n.node == i) {
+            bail!("spawn_startup would start isolated node {i} outside its namespace: use startup");
+        }
+        let (mako, data, node) = (self.mako.clone(), self.data.clone(), format!("node{i}"));
+        Ok(std::thread::spawn(move || {
+            run_cmd(
+                &mako,
+                &["--data-dir", path_str(&data)?, "startup", "-N", &node],
+                CMD_LIMIT,
+            )
+        }))
+    }
+
     /// Takes the link of isolated node `i` down (its end of the veth pair): it can
     /// reach no other node and none reaches it; it keeps running.
     pub fn cut_link(&self, i: u32) -> Result<()> {

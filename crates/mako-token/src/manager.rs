@@ -609,6 +609,14 @@ impl TokenManager {
         if r.map.slot_for(&resource) != r.slot {
             return None;
         }
+        // The claim on a failed node's log is what the recoveries this rebuild waits
+        // for take first (`mako_fs::recovery::recover_failed_node`): refusing it until
+        // they are done would wait forever. Once every live node reported, the table
+        // knows every live holder of a claim; a failed node's claim is absent, and it
+        // writes nothing more (fenced), so granting it is safe.
+        if resource.kind == crate::ResourceKind::RecoveryLog && r.reporting.is_empty() {
+            return None;
+        }
         self.rebuild_refused.fetch_add(1, Ordering::Relaxed);
         Some(TokenError::Rebuilding {
             resource,

@@ -21,6 +21,11 @@ pub enum ResourceKind {
     /// The file system's rename lock: renames that move a directory to another parent
     /// hold it, so the loop check sees a stable tree. `id` is 0.
     RenameLock,
+    /// The claim on a failed node's recovery log: a survivor replays it and releases
+    /// the node's tokens only while it holds this in `xw`, so two recoveries of one
+    /// node never overlap (`mako_fs::recovery::recover_failed_node`). `id` is the
+    /// failed node's number. Covers no cached state.
+    RecoveryLog,
 }
 
 impl ResourceKind {
@@ -39,6 +44,7 @@ impl ResourceKind {
             ResourceKind::AllocRegion => "allocregion",
             ResourceKind::InodeMapSegment => "inodemap",
             ResourceKind::RenameLock => "renamelock",
+            ResourceKind::RecoveryLog => "recoverylog",
         }
     }
 }

@@ -991,10 +991,21 @@ impl Daemon {
 
     /// Recovery of an expelled node, on the cluster manager once the expel is
     /// committed (`crate::recovery`): on every file system of the cluster, by this
-    /// node if it mounts it, else by the first surviving node that does (asked over
-    /// the `Recovery` service), else at the next mount. Logged either way.
+    /// node if it mounts it, else by the surviving nodes in the order of their
+    /// numbers, each asked over the `Recovery` service until one that mounts it has
+    /// recovered it, else at the next mount. Logged either way, and noted for `mako
+    /// node show` (`Leases::note_recovered`).
     pub(crate) fn recover_expelled(&self, node: mako_rt::NodeId, epoch: u64) {
+        let done = self.recover_on_each_fs(node, epoch);
+        if let Ok(member) = self.member() {
+            member.leases.note_recovered(node, epoch, done.join("; "));
+        }
+    }
+
+    /// `recover_expelled` on each file system: what happened on each.
+    fn recover_on_each_fs(&self, node: mako_rt::NodeId, epoch: u64) -> Vec<String> {
         use crate::recovery::{RecoveryReply, RecoveryRequest};
+        let mut outcome = Vec::new();
         let names: Vec<String> = self
             .cluster
             .lock()
@@ -1006,7 +1017,16 @@ impl Daemon {
             match self.recover_here(&fs, node, epoch) {
                 RecoveryReply::NotMounted => {}
                 // Logged by recover_here.
-                RecoveryReply::Recovered { .. } | RecoveryReply::Failed(_) => continue,
+                RecoveryReply::Recovered { millis, .. } => {
+                    outcome.push(format!(
+                        "recovered on {fs} by the cluster manager in {millis} ms"
+                    ));
+                    continue;
+                }
+                RecoveryReply::Failed(e) => {
+                    outcome.push(format!("recovery on {fs} failed: {e}"));
+                    continue;
+                }
             }
             let (Some(net), Ok(member)) = (&self.net, self.member()) else {
                 continue;
@@ -1045,6 +1065,7 @@ impl Daemon {
                              ({millis} ms there): {summary}",
                             started.elapsed().as_millis()
                         );
+                        outcome.push(format!("recovered on {fs} by {survivor} in {millis} ms"));
                         done = true;
                         break;
                     }
@@ -1065,8 +1086,12 @@ impl Daemon {
                      (lease epoch {epoch}) now: the next node that mounts {fs} replays it \
                      before its mount is served"
                 );
+                outcome.push(format!(
+                    "{fs} mounted by no survivor: recovered at its next mount"
+                ));
             }
         }
+        outcome
     }
 
     /// Recovers expelled node `node` on file system `fs` if this node mounts it

@@ -33,7 +33,7 @@ use mako_disk::nsd::IoTag;
 use mako_disk::{Disk, DiskError};
 use mako_rt::{CallOptions, Clock, NodeId, Priority, Service, ServiceId, SystemClock, Transport};
 use parking_lot::Mutex;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -66,6 +66,9 @@ pub struct Leases {
     /// are answered [`LeaseReply::Recovering`], so they do not rejoin (and mount, and
     /// replay their own log) while a survivor replays it.
     recovering: Arc<Mutex<BTreeSet<NodeId>>>,
+    /// On the cluster manager: who recovered each expelled node, per file system, at
+    /// which lease epoch (`Daemon::recover_expelled`; for `mako node show`).
+    recovered: Mutex<BTreeMap<NodeId, (u64, String)>>,
     /// A file system panicked on this node (`fs_panicked`): the reason, sent to the
     /// manager in `LeaseRequest::Leave` instead of renewals until it answers that this
     /// node was expelled.
@@ -96,6 +99,7 @@ impl Leases {
             arbitrating: Mutex::new(BTreeSet::new()),
             on_expel: Mutex::new(None),
             recovering: Arc::new(Mutex::new(BTreeSet::new())),
+            recovered: Mutex::new(BTreeMap::new()),
             leaving: Mutex::new(None),
             stop,
         });
@@ -277,6 +281,23 @@ impl Leases {
                 for id in config.nodes.keys().filter(|id| **id != self.me) {
                     if config.lease_of(*id).expelled.is_none() {
                         m.watch(*id);
+                    }
+                }
+                drop(m);
+                // A node expelled and not rejoined may not have been recovered: the
+                // previous manager may have died before or during its recovery (which
+                // lives in that manager's memory only). Recovering it again is safe:
+                // a log replayed already is empty, and a release of tokens it no
+                // longer holds does nothing (`mako_fs::recovery::recover_failed_node`).
+                for (id, lease) in config.nodes.keys().map(|id| (*id, config.lease_of(*id))) {
+                    if id != self.me && lease.expelled.is_some() {
+                        tracing::info!(
+                            "{id} (lease epoch {}) is expelled and has not rejoined: its \
+                             recovery starts again on this new cluster manager",
+                            lease.epoch
+                        );
+                        self.recovering.lock().insert(id);
+                        self.after_expel(id, lease.epoch);
                     }
                 }
             }
@@ -462,6 +483,23 @@ impl Leases {
     /// while it pings it.
     pub fn arbitrating(&self, node: NodeId) -> bool {
         self.arbitrating.lock().contains(&node)
+    }
+
+    /// On the cluster manager: what the recovery of `node` expelled at lease epoch
+    /// `epoch` did ("being recovered" while it runs), for `mako node show`.
+    pub fn recovery_of(&self, node: NodeId, epoch: u64) -> Option<String> {
+        if self.recovering.lock().contains(&node) {
+            return Some("being recovered".into());
+        }
+        match self.recovered.lock().get(&node) {
+            Some((e, what)) if *e == epoch => Some(what.clone()),
+            _ => None,
+        }
+    }
+
+    /// Notes what the recovery of `node` (lease epoch `epoch`) did (`recovery_of`).
+    pub fn note_recovered(&self, node: NodeId, epoch: u64, what: String) {
+        self.recovered.lock().insert(node, (epoch, what));
     }
 }
 

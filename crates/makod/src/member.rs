@@ -429,12 +429,16 @@ impl Member {
                 let (state, answers, term, epoch) = match states.get(&id) {
                     Some(found) if lease.expelled.is_some() => {
                         let e = lease.expelled.as_ref().expect("checked");
-                        let expel = format!(
+                        let mut expel = format!(
                             "expelled by {} (lease epoch {}): {}",
                             name_of(e.by),
                             lease.epoch,
                             e.reason
                         );
+                        // Known to the cluster manager only (it drives the recovery).
+                        if let Some(r) = self.leases.recovery_of(id, lease.epoch) {
+                            expel += &format!("; {r}");
+                        }
                         match found {
                             Ok(_) => (expel, true, 0, 0),
                             // Keeps "down: …" first: a down node is also expelled.

@@ -21,10 +21,20 @@
 //!
 //! While 1 and 2 run, the manager answers the expelled node's renewals
 //! `LeaseReply::Recovering`, so it does not rejoin and replay its own log at the same
-//! time. Not covered: a node expelled while no node mounts the file system may rejoin
-//! and mount at the moment another node mounts and replays its log (3); and a new
-//! cluster manager does not resume a recovery its predecessor had started (the next
-//! mount does it).
+//! time. Which node mounts what is not replicated: the order of asking (the manager,
+//! then the others by node number) makes the choice deterministic.
+//!
+//! Two recoveries of one node (the manager's and a mount's; a survivor the manager
+//! took for dead that was only slow; a new manager's, which starts the recovery of
+//! every node still expelled again when it is elected, as its predecessor may have
+//! died during one) take turns on the claim on the node's log, its `RecoveryLog`
+//! token (`mako_fs::recovery::recover_failed_node`): the second replays nothing. A
+//! survivor that dies during a recovery leaves its claim held until it is recovered
+//! itself; the manager's call to it fails and the next survivor, asked, waits for it.
+//!
+//! Not covered: a node expelled while no node mounts the file system may rejoin and
+//! mount at the moment another node mounts and replays its log (3): its own replay at
+//! mount does not take the claim.
 
 use mako_rt::{NodeId, Service};
 use serde::{Deserialize, Serialize};
