@@ -84,9 +84,11 @@ fn wait_for(c: &NetCluster, what: &str, done: impl FnMut() -> bool) -> Duration 
     c.wait_for(what, WAIT, done)
 }
 
-/// The node `mako node show` names as cluster manager (`active, cluster manager`).
+/// The node `mako node show` names as cluster manager (state `active, cluster
+/// manager`; other states may name the cluster manager too: "recovered on fs1 by the
+/// cluster manager", "pinged by the cluster manager").
 fn cluster_manager(show: &str) -> Option<u32> {
-    (0..3).find(|i| line_of(show, &format!("node{i}")).contains("cluster manager"))
+    (0..3).find(|i| line_of(show, &format!("node{i}")).contains("active, cluster manager"))
 }
 
 fn max_latency_between(l: &Latencies, from: Duration, to: Duration) -> Duration {
