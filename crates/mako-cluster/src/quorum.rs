@@ -713,8 +713,9 @@ impl Inner {
         }
     }
 
-    /// Asks every quorum node whether it answers (this node answers for itself).
-    /// Returns the ones that answer, the silent ones with why, and the voter
+    /// Asks every quorum node whether it answers (this node answers for itself), until
+    /// a quorum answered or the others are silent. Returns the ones that answered, the
+    /// silent ones with why (complete only when there is no quorum), and the voter
     /// configurations a majority is needed in.
     async fn probe(
         &self,
@@ -735,35 +736,44 @@ impl Inner {
             .max(Duration::from_millis(1));
         let mut answering = BTreeSet::new();
         let mut silent = Vec::new();
-        let mut calls = Vec::new();
+        // Answers come in as they arrive: once a quorum answered, the others are not
+        // waited for (a stopped node's ping would take the whole probe deadline, and
+        // with it the time a proposal after the probe had left: an expel of that very
+        // node timed out, its outcome unknown).
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut asked = 0usize;
         for id in voters {
             if id == raft_id(self.me) {
                 answering.insert(id);
                 continue;
             }
             let transport = self.transport.clone();
-            calls.push((
-                id,
-                tokio::spawn(async move {
-                    send(
-                        &transport,
-                        id,
-                        &ClusterRequest::Ping,
-                        Priority::Small,
-                        deadline,
-                    )
-                    .await
-                }),
-            ));
+            let tx = tx.clone();
+            asked += 1;
+            tokio::spawn(async move {
+                let r = send(
+                    &transport,
+                    id,
+                    &ClusterRequest::Ping,
+                    Priority::Small,
+                    deadline,
+                )
+                .await;
+                let _ = tx.send((id, r));
+            });
         }
-        for (id, call) in calls {
-            match call.await {
-                Ok(Ok(ClusterReply::Pong(_))) => {
+        drop(tx);
+        while asked > 0 && !has_quorum(&joint, &answering) {
+            let Some((id, r)) = rx.recv().await else {
+                break;
+            };
+            asked -= 1;
+            match r {
+                Ok(ClusterReply::Pong(_)) => {
                     answering.insert(id);
                 }
-                Ok(Ok(other)) => silent.push((id, format!("answered {other:?}"))),
-                Ok(Err(e)) => silent.push((id, short_reason(&e))),
-                Err(e) => silent.push((id, format!("probe failed: {e}"))),
+                Ok(other) => silent.push((id, format!("answered {other:?}"))),
+                Err(e) => silent.push((id, short_reason(&e))),
             }
         }
         (answering, silent, joint)

@@ -62,6 +62,9 @@ pub(crate) struct Inner {
     peers: RwLock<BTreeMap<NodeId, SocketAddr>>,
     /// Nodes removed from the cluster: their handshakes are refused, even with the key.
     pub removed: RwLock<std::collections::BTreeSet<NodeId>>,
+    /// Per node, how many times calls waiting for it were told to give up
+    /// (`TcpTransport::give_up_on`: it was expelled).
+    given_up: Mutex<HashMap<NodeId, u64>>,
     lanes: Mutex<HashMap<NodeId, Arc<[Arc<Lane>]>>>,
     /// Lane indices a small message may use, and those a large one may use.
     small_lanes: Vec<usize>,
@@ -145,6 +148,8 @@ enum Answer {
 struct InFlight {
     conn: Arc<Conn>,
     id: u64,
+    /// `Inner::given_up` of `to` when the call was queued.
+    given_up: u64,
     reply: Receiver<Answer>,
     to: NodeId,
     service: ServiceId,
@@ -334,6 +339,7 @@ impl Inner {
                     return Ok(InFlight {
                         conn,
                         id,
+                        given_up: self.given_up_of(to),
                         reply,
                         to,
                         service,
@@ -387,6 +393,12 @@ impl Inner {
                     "the connection dropped the request without an answer",
                 ),
             };
+            if self.given_up_of(call.to) != call.given_up {
+                return Err(unreachable(
+                    call.to,
+                    "it was expelled while this call waited for its answer",
+                ));
+            }
             if call.conn.version < VERSION_RESEND
                 || resends == RESENDS_MAX
                 || Instant::now() >= call.deadline
@@ -449,6 +461,10 @@ impl Inner {
                 lane.begin_connect(self, &mut st, addr);
             }
         }
+    }
+
+    fn given_up_of(&self, node: NodeId) -> u64 {
+        self.given_up.lock().get(&node).copied().unwrap_or(0)
     }
 
     /// Closes every outgoing connection to `node` (its address changed, or it left).
@@ -997,6 +1013,7 @@ impl TcpTransport {
             inbound: AtomicUsize::new(0),
             peers: RwLock::new(config.peers.clone()),
             removed: RwLock::new(Default::default()),
+            given_up: Mutex::new(HashMap::new()),
             lanes: Mutex::new(HashMap::new()),
             small_lanes,
             bulk_lanes,
@@ -1052,6 +1069,18 @@ impl TcpTransport {
         if self.inner.config.all_to_all_connection && node != self.inner.me {
             self.inner.connect_all(node);
         }
+    }
+
+    /// `node` was expelled: the calls waiting for its answers fail now, as
+    /// `Unreachable`, instead of at their deadlines, and are not sent again (its
+    /// connections are closed). A node stopped (`SIGSTOP`, a long stall) keeps its
+    /// connections open, so a caller would otherwise wait out its whole deadline
+    /// (60 s for a token request to a token manager node whose slot has moved to a
+    /// survivor meanwhile). Later calls to `node` connect again as usual.
+    pub fn give_up_on(&self, node: NodeId) {
+        *self.inner.given_up.lock().entry(node).or_insert(0) += 1;
+        self.inner
+            .close_node(node, "the node was expelled: calls waiting for it give up");
     }
 
     /// Forgets `node` (it left the cluster) and closes the connections to it.

@@ -164,6 +164,44 @@ fn a_missed_deadline_is_a_timeout_and_the_late_reply_is_dropped() {
     assert_eq!(t1.stats().timeouts, 1);
 }
 
+/// A call waiting for a node that does not answer (its handler stuck, as a stopped
+/// process's would be) gives up at `give_up_on` (the node was expelled) instead of at
+/// its deadline, and is not sent again; later calls reach the node as usual.
+#[test]
+fn calls_waiting_for_an_expelled_node_give_up() {
+    let (_key, nodes) = cluster(2, |_| {});
+    let gate = Gate::new();
+    nodes[1].register(ServiceId::TokenManager, gate.clone());
+    let echo = Echo::new("2");
+    nodes[1].register(ServiceId::FileSystem, echo.clone());
+    let t1 = nodes[0].transport.clone();
+    let long = CallOptions {
+        priority: Priority::Small,
+        deadline: PATIENCE * 10,
+    };
+    let waiting = {
+        let t1 = t1.clone();
+        std::thread::spawn(move || t1.call(NodeId(2), ServiceId::TokenManager, vec![0; 10], long))
+    };
+    wait_for("the request to reach its handler", || gate.entered() == 1);
+    t1.give_up_on(NodeId(2));
+    // Without the give-up the call waits for the gate, which answers only after
+    // PATIENCE * 2 ("gate never opened"): an answer, not an error.
+    match waiting.join().expect("the caller") {
+        Err(TransportError::Unreachable { node, reason }) => {
+            assert_eq!(node, NodeId(2));
+            assert!(reason.contains("expelled"), "{reason}");
+        }
+        other => panic!("the call did not give up at the expel: {other:?}"),
+    }
+    gate.open();
+    assert_eq!(gate.entered(), 1, "the request was not sent again");
+    let reply = t1
+        .call(NodeId(2), ServiceId::FileSystem, b"x".to_vec(), options())
+        .unwrap();
+    assert_eq!(reply, echo_reply("2", NodeId(1), b"x"));
+}
+
 #[test]
 fn an_unreachable_node_is_reported_without_waiting_for_the_deadline() {
     let (_key, nodes) = cluster(1, |_| {});

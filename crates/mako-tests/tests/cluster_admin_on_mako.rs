@@ -129,7 +129,7 @@ fn the_quorum_elects_a_manager_and_every_node_applies_cluster_and_node_parameter
     let show = wait_active(&c, 3);
     // One cluster manager among the quorum nodes, every node at the same epoch.
     let managers = (0..3)
-        .filter(|i| node_line(&show, &format!("node{i}")).contains("cluster manager"))
+        .filter(|i| node_line(&show, &format!("node{i}")).contains("active, cluster manager"))
         .count();
     assert_eq!(managers, 1, "{show}");
     for i in 0..3 {

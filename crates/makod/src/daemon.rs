@@ -1427,6 +1427,7 @@ pub fn run(root: &Path) -> Result<()> {
         let weak = Arc::downgrade(&daemon);
         let tcp = net.transport.clone();
         let me = mako_rt::NodeId(net.me.id);
+        let expelled_seen = Mutex::new(std::collections::BTreeSet::new());
         member.start_applier(
             &dir,
             Box::new(
@@ -1436,8 +1437,26 @@ pub fn run(root: &Path) -> Result<()> {
                 },
             ),
             // Peers follow the configuration's node list: a node added is reachable
-            // (revokes, raft), a node removed is forgotten and refused.
-            Box::new(move |nodes| {
+            // (revokes, raft), a node removed is forgotten and refused. Calls waiting
+            // for a node expelled since the last epoch give up (a stopped node keeps
+            // its connections open: they would wait out their deadlines, 60 s for a
+            // token request whose manager slot moved to a survivor meanwhile).
+            Box::new(move |config| {
+                let nodes = &config.nodes;
+                let mut seen = expelled_seen.lock();
+                for id in nodes.keys() {
+                    let expelled = config.lease_of(*id).expelled.is_some();
+                    if expelled && *id != me && seen.insert(*id) {
+                        tracing::info!(
+                            "node {} was expelled: calls waiting for its answers give up",
+                            id.0
+                        );
+                        tcp.give_up_on(*id);
+                    } else if !expelled {
+                        seen.remove(id);
+                    }
+                }
+                drop(seen);
                 for (id, e) in nodes {
                     if let Some(addr) = e.addresses.first() {
                         if *id != me && tcp.peers().get(id) != Some(addr) {

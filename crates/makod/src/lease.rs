@@ -28,7 +28,7 @@
 use mako_cluster::lease::{
     Fenced, LeaseMonitor, LeaseReply, LeaseRequest, LeaseTimes, NodeLease, Watch,
 };
-use mako_cluster::{Command, Quorum};
+use mako_cluster::{Command, Quorum, QuorumError};
 use mako_disk::nsd::IoTag;
 use mako_disk::{Disk, DiskError};
 use mako_rt::{CallOptions, Clock, NodeId, Priority, Service, ServiceId, SystemClock, Transport};
@@ -69,6 +69,10 @@ pub struct Leases {
     /// On the cluster manager: who recovered each expelled node, per file system, at
     /// which lease epoch (`Daemon::recover_expelled`; for `mako node show`).
     recovered: Mutex<BTreeMap<NodeId, (u64, String)>>,
+    /// On the cluster manager: expels whose proposal timed out with its outcome
+    /// unknown (lease epoch, reason). If one commits after all, the watch finds the
+    /// node expelled by this node and starts its recovery then.
+    expel_unknown: Mutex<BTreeMap<NodeId, (u64, String)>>,
     /// A file system panicked on this node (`fs_panicked`): the reason, sent to the
     /// manager in `LeaseRequest::Leave` instead of renewals until it answers that this
     /// node was expelled.
@@ -100,6 +104,7 @@ impl Leases {
             on_expel: Mutex::new(None),
             recovering: Arc::new(Mutex::new(BTreeSet::new())),
             recovered: Mutex::new(BTreeMap::new()),
+            expel_unknown: Mutex::new(BTreeMap::new()),
             leaving: Mutex::new(None),
             stop,
         });
@@ -322,6 +327,20 @@ impl Leases {
             if lease.expelled.is_some() || !config.nodes.contains_key(&node) {
                 self.monitor.lock().forget(node);
                 self.arbitrating.lock().remove(&node);
+                let unknown = self.expel_unknown.lock().remove(&node);
+                if let (Some((epoch, reason)), Some(e)) = (unknown, &lease.expelled) {
+                    if epoch == lease.epoch && e.by == self.me {
+                        // Its expel committed after its proposal timed out: without
+                        // this, nobody would recover it (its tokens held for good).
+                        tracing::warn!(
+                            "{node} expelled by {}: {reason} (committed after its proposal \
+                             timed out)",
+                            self.me
+                        );
+                        self.recovering.lock().insert(node);
+                        self.after_expel(node, epoch);
+                    }
+                }
                 continue;
             }
             let step = self.monitor.lock().step(node);
@@ -363,6 +382,17 @@ impl Leases {
                         }
                         Err(e) => {
                             self.recovering.lock().remove(&node);
+                            if matches!(
+                                e,
+                                QuorumError::Timeout {
+                                    outcome_unknown: true,
+                                    ..
+                                }
+                            ) {
+                                self.expel_unknown
+                                    .lock()
+                                    .insert(node, (lease.epoch, reason.clone()));
+                            }
                             tracing::warn!("expelling {node} failed: {e}");
                         }
                     }

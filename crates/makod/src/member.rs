@@ -53,9 +53,10 @@ const APPLIED_PARAMS_FILE: &str = "cluster-params";
 /// (`None`: unset), after the applier saved it in config.toml.
 pub type ApplyParam = Box<dyn Fn(&str, Option<&str>) -> Result<String> + Send + Sync>;
 
-/// Told the nodes of the replicated configuration at each new epoch (makod gives
-/// its transport their addresses and refuses nodes that were removed).
-pub type NodesChanged = Box<dyn Fn(&BTreeMap<NodeId, NodeEntry>) + Send + Sync>;
+/// Told the replicated configuration at each new epoch (makod gives its transport
+/// the nodes' addresses, refuses nodes that were removed, and gives up the calls
+/// waiting for nodes that were expelled).
+pub type NodesChanged = Box<dyn Fn(&Replicated) + Send + Sync>;
 
 /// This node's member of the quorum and its two threads.
 pub struct Member {
@@ -292,7 +293,7 @@ impl Member {
         while !self.stopped() {
             let config = self.quorum.read_local();
             if config.is_created() && nodes_epoch != Some(config.epoch) {
-                nodes_changed(&config.nodes);
+                nodes_changed(&config);
                 nodes_epoch = Some(config.epoch);
             }
             if config.is_created() && applied_epoch != Some(config.epoch) {
