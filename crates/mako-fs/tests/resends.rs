@@ -6,16 +6,16 @@
 //! receiver ran it (what a connection that breaks past the transport's resends, or a
 //! deadline that passes, leaves: the request may have been handled).
 
-use mako_fs::env::NodeEnv;
 use mako_fs::fs::{Ctx, FileSystem, ROOT_INO};
 use mako_fs::metanode::{FsReply, FsRequest, Update};
-use mako_fs::mount::{mount_node, Mounted};
-use mako_fs::test_util::{pattern, small_config, small_params, MemDisks};
-use mako_fs::{FsConfig, MkfsParams};
+use mako_fs::test_util::pattern;
 use mako_rt::{CallOptions, NodeId, ServiceId, Transport, TransportError};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+mod common;
+use common::Nodes;
 
 const CTX: Ctx = Ctx {
     uid: 0,
@@ -73,47 +73,29 @@ impl Transport for LoseOneAnswer {
 }
 
 struct Cluster {
-    disks: MemDisks,
-    nodes: Vec<Mounted>,
+    nodes: Nodes,
     lossy: Arc<Loss>,
 }
 
 impl Cluster {
     fn new(pick: fn(&FsRequest) -> bool) -> Cluster {
-        let disks = MemDisks::new(4, 64 << 20);
-        disks.format(&MkfsParams {
-            log_count: 2,
-            ..small_params()
-        });
-        let cfg = FsConfig {
-            background_workers: false,
-            ..small_config()
-        };
-        let mut envs = NodeEnv::in_process_cluster(2);
         let lossy = Arc::new(Loss {
             armed: AtomicBool::new(false),
             pick,
             lost: AtomicU64::new(0),
         });
-        for env in &mut envs {
+        let nodes = Nodes::new(2, |mut env| {
             env.transport = Arc::new(LoseOneAnswer {
                 inner: env.transport.clone(),
                 loss: lossy.clone(),
             });
-        }
-        let nodes = envs
-            .into_iter()
-            .map(|env| mount_node(disks.as_dyn(), cfg.clone(), env).expect("mount"))
-            .collect();
-        Cluster {
-            disks,
-            nodes,
-            lossy,
-        }
+            env
+        });
+        Cluster { nodes, lossy }
     }
 
     fn fs(&self, n: usize) -> &FileSystem {
-        &self.nodes[n].fs
+        self.nodes.fs(n)
     }
 
     fn stat(&self, n: usize, name: &str) -> u64 {
@@ -128,16 +110,7 @@ impl Cluster {
     }
 
     fn finish(self) {
-        for m in self.nodes {
-            m.unmount().expect("unmount");
-        }
-        let r = mako_fsck::check_offline(
-            self.disks.as_dyn(),
-            &mako_fsck::Options::check(),
-            &mako_fsck::NoProgress,
-        )
-        .expect("fsck runs");
-        assert!(r.is_clean(), "{}", r.render());
+        self.nodes.finish();
     }
 }
 

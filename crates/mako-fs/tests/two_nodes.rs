@@ -5,11 +5,8 @@
 //! find the shared disks clean afterwards. (Concurrency and message reordering are the
 //! simulation's: crates/mako-sim.)
 
-use mako_fs::env::NodeEnv;
 use mako_fs::fs::{Ctx, FileSystem, ROOT_INO};
-use mako_fs::mount::{mount_node, Mounted};
-use mako_fs::test_util::{pattern, small_config, small_params, MemDisks};
-use mako_fs::{FsConfig, MkfsParams};
+use mako_fs::test_util::pattern;
 
 const CTX: Ctx = Ctx {
     uid: 0,
@@ -17,46 +14,8 @@ const CTX: Ctx = Ctx {
     pid: 1,
 };
 
-struct TwoNodes {
-    disks: MemDisks,
-    nodes: Vec<Mounted>,
-}
-
-impl TwoNodes {
-    fn new(n: u32) -> TwoNodes {
-        let disks = MemDisks::new(4, 64 << 20);
-        disks.format(&MkfsParams {
-            log_count: n,
-            ..small_params()
-        });
-        let cfg = FsConfig {
-            background_workers: false,
-            ..small_config()
-        };
-        let nodes = NodeEnv::in_process_cluster(n)
-            .into_iter()
-            .map(|env| mount_node(disks.as_dyn(), cfg.clone(), env).expect("mount"))
-            .collect();
-        TwoNodes { disks, nodes }
-    }
-
-    fn fs(&self, n: usize) -> &FileSystem {
-        &self.nodes[n].fs
-    }
-
-    fn finish(self) {
-        for m in self.nodes {
-            m.unmount().expect("unmount");
-        }
-        let r = mako_fsck::check_offline(
-            self.disks.as_dyn(),
-            &mako_fsck::Options::check(),
-            &mako_fsck::NoProgress,
-        )
-        .expect("fsck runs");
-        assert!(r.is_clean(), "{}", r.render());
-    }
-}
+mod common;
+use common::Nodes as TwoNodes;
 
 fn read_all(fs: &FileSystem, ino: u64) -> Vec<u8> {
     let size = fs.getattr(ino).expect("stat").size;
@@ -65,7 +24,7 @@ fn read_all(fs: &FileSystem, ino: u64) -> Vec<u8> {
 
 #[test]
 fn what_one_node_writes_the_other_reads() {
-    let c = TwoNodes::new(2);
+    let c = TwoNodes::new(2, |e| e);
     let (a, b) = (c.fs(0), c.fs(1));
     let f = a.create(CTX, ROOT_INO, b"f", 0o644, 0, true).unwrap().ino;
     let data = pattern(1, 300_000);
@@ -91,7 +50,7 @@ fn what_one_node_writes_the_other_reads() {
 
 #[test]
 fn names_created_and_removed_on_either_node() {
-    let c = TwoNodes::new(2);
+    let c = TwoNodes::new(2, |e| e);
     let (a, b) = (c.fs(0), c.fs(1));
     let d = a.mkdir(CTX, ROOT_INO, b"d", 0o755, 0).unwrap().ino;
     for i in 0..200 {
@@ -132,7 +91,7 @@ fn names_created_and_removed_on_either_node() {
 
 #[test]
 fn renames_between_nodes() {
-    let c = TwoNodes::new(2);
+    let c = TwoNodes::new(2, |e| e);
     let (a, b) = (c.fs(0), c.fs(1));
     let d1 = a.mkdir(CTX, ROOT_INO, b"d1", 0o755, 0).unwrap().ino;
     let d2 = b.mkdir(CTX, ROOT_INO, b"d2", 0o755, 0).unwrap().ino;
@@ -153,7 +112,7 @@ fn renames_between_nodes() {
 
 #[test]
 fn two_writers_of_one_file_through_the_metanode() {
-    let c = TwoNodes::new(2);
+    let c = TwoNodes::new(2, |e| e);
     let (a, b) = (c.fs(0), c.fs(1));
     let bb = 64 * 1024u64;
     let f = a
