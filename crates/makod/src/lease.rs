@@ -332,13 +332,12 @@ impl Leases {
                     if epoch == lease.epoch && e.by == self.me {
                         // Its expel committed after its proposal timed out: without
                         // this, nobody would recover it (its tokens held for good).
-                        tracing::warn!(
-                            "{node} expelled by {}: {reason} (committed after its proposal \
-                             timed out)",
-                            self.me
-                        );
                         self.recovering.lock().insert(node);
-                        self.after_expel(node, epoch);
+                        self.expelled(
+                            node,
+                            epoch,
+                            &format!("{reason} (committed after its proposal timed out)"),
+                        );
                     }
                 }
                 continue;
@@ -364,37 +363,8 @@ impl Leases {
                         times.lease.as_secs(),
                         times.missed_ping.as_secs()
                     );
-                    let command = Command::Expel {
-                        node,
-                        epoch: lease.epoch,
-                        by: self.me,
-                        reason: reason.clone(),
-                    };
-                    // Marked before the expel commits: its first renewal after it must
-                    // not be told to rejoin before its log is replayed.
-                    self.recovering.lock().insert(node);
-                    match self.quorum.propose_within(command, times.renew_interval()) {
-                        Ok(_) => {
-                            tracing::warn!("{node} expelled by {}: {reason}", self.me);
-                            self.monitor.lock().forget(node);
-                            self.arbitrating.lock().remove(&node);
-                            self.after_expel(node, lease.epoch);
-                        }
-                        Err(e) => {
-                            self.recovering.lock().remove(&node);
-                            if matches!(
-                                e,
-                                QuorumError::Timeout {
-                                    outcome_unknown: true,
-                                    ..
-                                }
-                            ) {
-                                self.expel_unknown
-                                    .lock()
-                                    .insert(node, (lease.epoch, reason.clone()));
-                            }
-                            tracing::warn!("expelling {node} failed: {e}");
-                        }
+                    if let Err(e) = self.expel(node, lease.epoch, reason) {
+                        tracing::warn!("expelling {node} failed: {e}");
                     }
                 }
             }
@@ -409,6 +379,52 @@ impl Leases {
         }
     }
 
+    /// On the cluster manager: expels `node` at lease epoch `epoch` through the quorum.
+    /// An expel whose proposal timed out with its outcome unknown is remembered: if it
+    /// commits after all, the watch starts the node's recovery when it sees it.
+    fn expel(&self, node: NodeId, epoch: u64, reason: String) -> Result<(), QuorumError> {
+        let command = Command::Expel {
+            node,
+            epoch,
+            by: self.me,
+            reason: reason.clone(),
+        };
+        // Marked before the expel commits: its first renewal after it must not be told
+        // to rejoin before its log is replayed.
+        self.recovering.lock().insert(node);
+        match self
+            .quorum
+            .propose_within(command, self.times().renew_interval())
+        {
+            Ok(_) => {
+                self.expelled(node, epoch, &reason);
+                Ok(())
+            }
+            Err(e) => {
+                self.recovering.lock().remove(&node);
+                if matches!(
+                    e,
+                    QuorumError::Timeout {
+                        outcome_unknown: true,
+                        ..
+                    }
+                ) {
+                    self.expel_unknown.lock().insert(node, (epoch, reason));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// On the cluster manager: this node's expel of `node` (lease epoch `epoch`)
+    /// committed: logged, no longer watched, and its recovery started.
+    fn expelled(&self, node: NodeId, epoch: u64, reason: &str) {
+        tracing::warn!("{node} expelled by {}: {reason}", self.me);
+        self.monitor.lock().forget(node);
+        self.arbitrating.lock().remove(&node);
+        self.after_expel(node, epoch);
+    }
+
     /// On the cluster manager: `node` (at lease epoch `epoch`) asks to be expelled, a
     /// file system having panicked on it (`LeaseRequest::Leave`): expelled at once
     /// through raft and recovered, as a failed node; answered as its renewal would be.
@@ -420,28 +436,9 @@ impl Leases {
         let lease = config.lease_of(node);
         if lease.expelled.is_none() && lease.epoch == epoch {
             let reason = format!("it asked to leave: {why}");
-            self.recovering.lock().insert(node);
-            let command = Command::Expel {
-                node,
-                epoch,
-                by: self.me,
-                reason: reason.clone(),
-            };
-            match self
-                .quorum
-                .propose_within(command, self.times().renew_interval())
-            {
-                Ok(_) => {
-                    tracing::warn!("{node} expelled by {}: {reason}", self.me);
-                    self.monitor.lock().forget(node);
-                    self.arbitrating.lock().remove(&node);
-                    self.after_expel(node, epoch);
-                }
-                Err(e) => {
-                    self.recovering.lock().remove(&node);
-                    tracing::warn!("expelling {node}, which asked to leave, failed: {e}");
-                    return LeaseReply::NotManager { leader: None };
-                }
+            if let Err(e) = self.expel(node, epoch, reason.clone()) {
+                tracing::warn!("expelling {node}, which asked to leave, failed: {e}");
+                return LeaseReply::NotManager { leader: None };
             }
             return LeaseReply::Recovering {
                 epoch,
