@@ -338,6 +338,11 @@ impl EffectiveConfig {
         self.flag(ParamId::FuseWritebackCache)
     }
 
+    /// `fuseIoUring`: take FUSE requests over io_uring when the kernel offers it.
+    pub fn fuse_io_uring(&self) -> bool {
+        self.flag(ParamId::FuseIoUring)
+    }
+
     /// `fuseDirectIoFileSize`: files at least this large open with FUSE direct I/O.
     pub fn fuse_direct_io_file_size(&self) -> u64 {
         self.bytes(ParamId::FuseDirectIoFileSize)

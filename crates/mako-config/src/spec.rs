@@ -302,6 +302,7 @@ pub enum ParamId {
     DioSmallSeqWriteThreshold,
     FuseMaxWrite,
     FuseWritebackCache,
+    FuseIoUring,
     FuseDirectIoFileSize,
     FailureDetectionTime,
     MinMissedPingTimeout,
@@ -620,6 +621,22 @@ const PARAM_TABLE: &[ParamSpec] = &[
               while it holds dirty pages, which multi-node coherence does not handle yet, \
               so it is off by default. makod lifts the FUSE device's strict dirty limit \
               when it is on, or the kernel would write back a page or two at a time.",
+    },
+    ParamSpec {
+        id: ParamId::FuseIoUring,
+        name: "fuseIoUring",
+        kind: ParamKind::Bool,
+        default: DefaultValue::Bool(false),
+        scope: Scope::Node,
+        apply: Apply::Restart,
+        unit: "yes/no",
+        doc: "Mako's own: take FUSE requests over io_uring (FUSE_OVER_IO_URING, Linux \
+              6.14+ built with CONFIG_FUSE_IO_URING) instead of reading and writing \
+              /dev/fuse: one queue per CPU, served on that CPU, one system call per \
+              request instead of two. The kernel offers it only while \
+              /sys/module/fuse/parameters/enable_uring is Y (set by root); otherwise, or \
+              if the kernel refuses the queues, makod uses /dev/fuse and logs why \
+              (`mako diag` shows the transport of each mount).",
     },
     ParamSpec {
         id: ParamId::FuseDirectIoFileSize,

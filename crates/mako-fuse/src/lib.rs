@@ -89,6 +89,8 @@ pub struct FuseOptions {
     pub threads: usize,
     /// Largest read/write request (`fuseMaxWrite`).
     pub max_write: u32,
+    /// Take requests over io_uring when the kernel offers it (`fuseIoUring`).
+    pub io_uring: bool,
     /// Files at least this large when opened, and write-only opens, bypass the kernel
     /// page cache (`fuseDirectIoFileSize`); shared so a config change reaches new opens.
     pub direct_io_file_size: Arc<AtomicU64>,
@@ -1907,6 +1909,11 @@ pub fn mount(fs: FileSystem, mountpoint: &Path, opts: &FuseOptions) -> std::io::
     }
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = true;
+    if opts.io_uring {
+        // One queue per CPU, each served by threads/CPUs threads: an entry per thread.
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        config.io_uring_depth = Some(opts.threads.max(1).div_ceil(cpus).clamp(1, 64));
+    }
     fs.core
         .invalidator
         .write()

@@ -392,6 +392,7 @@ impl Daemon {
             writeback_cache: cfg.fuse_writeback_cache(),
             threads: cfg.worker_threads(),
             max_write: cfg.fuse_max_write_bytes(),
+            io_uring: cfg.fuse_io_uring(),
             allow_other: unsafe { libc::geteuid() } == 0,
             fs_name: format!("mako:{name}"),
             flags: flags.clone(),

@@ -125,6 +125,7 @@ pub fn run(root: &Path, n: u32, fs: Option<&str>) -> Result<()> {
                 writeback_cache: cfg.fuse_writeback_cache(),
                 threads: cfg.worker_threads(),
                 max_write: cfg.fuse_max_write_bytes(),
+                io_uring: cfg.fuse_io_uring(),
                 allow_other: unsafe { libc::geteuid() } == 0,
                 fs_name: format!("mako:{name}"),
                 flags: mako_fuse::MountFlags::new(false, mako_fs::fs::AtimePolicy::Relatime),

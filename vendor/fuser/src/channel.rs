@@ -7,6 +7,7 @@ use nix::errno::Errno;
 
 use crate::dev_fuse::DevFuse;
 use crate::passthrough::BackingId;
+use crate::uring::RingSlot;
 
 /// A raw communication channel to the FUSE kernel driver
 #[derive(Debug, Clone)]
@@ -24,6 +25,11 @@ impl Channel {
     /// the given path to the channel.
     pub(crate) fn new(device: Arc<DevFuse>) -> Self {
         Self(device)
+    }
+
+    /// MAKO PATCH: the device, for the io_uring queues.
+    pub(crate) fn dev(&self) -> &Arc<DevFuse> {
+        &self.0
     }
 
     /// Receives data up to the capacity of the given buffer (can block).
@@ -53,7 +59,7 @@ impl Channel {
     pub(crate) fn sender(&self) -> ChannelSender {
         // Since write/writev syscalls are threadsafe, we can simply create
         // a sender by using the same file and use it in other threads.
-        ChannelSender(self.0.clone())
+        ChannelSender(self.0.clone(), None)
     }
 
     /// Clone the FUSE device fd using FUSE_DEV_IOC_CLONE ioctl.
@@ -79,11 +85,21 @@ impl Channel {
     }
 }
 
+/// MAKO PATCH: the second field is the io_uring entry the request came in on, if it
+/// did: its reply goes there instead of to `/dev/fuse`.
 #[derive(Clone, Debug)]
-pub(crate) struct ChannelSender(Arc<DevFuse>);
+pub(crate) struct ChannelSender(Arc<DevFuse>, Option<RingSlot>);
 
 impl ChannelSender {
+    /// MAKO PATCH: a sender that answers through an io_uring entry.
+    pub(crate) fn ring(dev: Arc<DevFuse>, slot: RingSlot) -> Self {
+        ChannelSender(dev, Some(slot))
+    }
+
     pub(crate) fn send(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<()> {
+        if let Some(slot) = &self.1 {
+            return slot.send(bufs);
+        }
         let rc = nix::sys::uio::writev(&self.0, bufs)?;
         // writev is atomic, so do not need to check how many bytes are written.
         // libfuse does not do it either

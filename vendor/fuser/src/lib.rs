@@ -57,6 +57,7 @@ pub use crate::open_flags::OpenFlags;
 pub use crate::passthrough::BackingId;
 pub use crate::poll_events::PollEvents;
 pub use crate::rename_flags::RenameFlags;
+pub use crate::uring::Transport;
 pub use crate::reply::ReplyAttr;
 pub use crate::reply::ReplyBmap;
 pub use crate::reply::ReplyCreate;
@@ -102,6 +103,7 @@ mod request;
 mod request_param;
 mod session;
 mod time;
+mod uring;
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]
@@ -384,6 +386,13 @@ impl KernelConfig {
             None => (u32::from(self.max_background) * 3 / 4) as u16,
             Some(value) => min(value, self.max_background),
         }
+    }
+
+    /// MAKO PATCH: the payload buffer a FUSE-over-io_uring entry needs, as the kernel
+    /// computes it (`max(FUSE_MIN_READ_BUFFER, max_write, max_pages * PAGE_SIZE)`).
+    fn uring_payload_size(&self) -> usize {
+        let pages = usize::from(self.max_pages()) * page_size::get();
+        pages.max(self.max_write as usize).max(8192)
     }
 
     fn max_pages(&self) -> u16 {

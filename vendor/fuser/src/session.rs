@@ -48,6 +48,9 @@ use crate::reply::Reply;
 use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
 use crate::request::RequestWithSender;
+use crate::uring;
+use crate::uring::RingQueue;
+use crate::uring::Transport;
 
 /// The max size of write requests from the kernel. The absolute minimum is 4k,
 /// FUSE recommends at least 128k, max 16M. The FUSE default is 16M on macOS
@@ -142,6 +145,14 @@ pub struct Session<FS: Filesystem> {
     /// MAKO PATCH: whether FUSE_SETXATTR_EXT was negotiated (SETXATTR requests then carry
     /// `fuse_setxattr_ext_in`).
     pub(crate) setxattr_ext: bool,
+    /// MAKO PATCH: how requests come in, and the io_uring queues if they do through
+    /// them (or were set up and refused: their buffers live as long as the session).
+    transport: Transport,
+    rings: Vec<Arc<RingQueue>>,
+    ring_leads: Vec<uring::Lead>,
+    /// MAKO PATCH: set at INIT when FUSE_OVER_IO_URING was negotiated: the payload
+    /// buffer size each ring entry needs.
+    uring_payload: Option<usize>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -190,9 +201,14 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config: options.clone(),
             setxattr_ext: false,
+            transport: Transport::DevFuse(String::new()),
+            rings: Vec::new(),
+            ring_leads: Vec::new(),
+            uring_payload: None,
         };
 
-        session.handshake()?;
+        session.handshake(options.io_uring_depth.is_some())?;
+        session.start_uring();
 
         Ok(session)
     }
@@ -219,9 +235,15 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config,
             setxattr_ext: false,
+            transport: Transport::DevFuse(
+                "not set up for a session from a file descriptor".into(),
+            ),
+            rings: Vec::new(),
+            ring_leads: Vec::new(),
+            uring_payload: None,
         };
 
-        session.handshake()?;
+        session.handshake(false)?;
 
         Ok(session)
     }
@@ -230,6 +252,7 @@ impl<FS: Filesystem> Session<FS> {
     /// the filesystem is unmounted and the given session ends.
     pub fn spawn(self) -> io::Result<BackgroundSession> {
         let sender = self.ch.sender();
+        let transport = self.transport.clone();
         // Take the fuse_session, so that we can unmount it
         let mount = std::mem::take(&mut *self.mount.mount.lock());
         let guard = thread::Builder::new()
@@ -239,6 +262,7 @@ impl<FS: Filesystem> Session<FS> {
             guard,
             sender,
             mount,
+            transport,
         })
     }
 
@@ -258,6 +282,10 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: _,
             config,
             setxattr_ext,
+            transport,
+            rings,
+            ring_leads,
+            uring_payload: _,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -276,6 +304,7 @@ impl<FS: Filesystem> Session<FS> {
         let mut filesystem = Arc::new(filesystem);
 
         let mut channels = Vec::with_capacity(n_threads);
+        let main_ch = ch.clone();
 
         for _ in 0..n_threads_minus_one {
             if config.clone_fd {
@@ -313,6 +342,47 @@ impl<FS: Filesystem> Session<FS> {
             );
         }
 
+        // MAKO PATCH: the io_uring queues' threads, as many per queue as make up the
+        // /dev/fuse threads (a handler may block: one thread per queue would serve one
+        // request of that CPU at a time).
+        let mut ring_threads = Vec::new();
+        let mut ring_leads = ring_leads;
+        if matches!(transport, Transport::IoUring { .. }) && ring_leads.len() == rings.len() {
+            let per_queue = n_threads.div_ceil(rings.len().max(1)).max(1);
+            for (qid, (q, lead)) in rings.iter().zip(&ring_leads).enumerate() {
+                for t in 0..per_queue {
+                    let thread_name = format!("fuser-ring-{qid}-{t}");
+                    let event_loop = SessionEventLoop {
+                        thread_name: thread_name.clone(),
+                        filesystem: filesystem.clone(),
+                        ch: main_ch.clone(),
+                        allowed,
+                        session_owner,
+                        setxattr_ext,
+                    };
+                    let q = q.clone();
+                    if t == 0 {
+                        // The thread that registered the queue serves it too.
+                        let job: uring::Job = Box::new(move || uring::queue_loop(q, event_loop));
+                        if lead.job.send(job).is_err() {
+                            error!("io_uring queue {qid}: its first thread has ended");
+                        }
+                        continue;
+                    }
+                    ring_threads.push(
+                        thread::Builder::new()
+                            .name(thread_name)
+                            .spawn(move || uring::queue_loop(q, event_loop))?,
+                    );
+                }
+            }
+        }
+        for lead in ring_leads.drain(..) {
+            drop(lead.job);
+            ring_threads.push(lead.thread);
+        }
+        drop(main_ch);
+
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
             let res = match thread.join() {
@@ -328,6 +398,16 @@ impl<FS: Filesystem> Session<FS> {
             }
         }
 
+        // The connection ended (the /dev/fuse threads saw ENODEV): end the queues' threads.
+        for q in &rings {
+            q.stop();
+        }
+        for t in ring_threads {
+            if t.join().is_err() && reply.is_ok() {
+                reply = Err(io::Error::other("io_uring queue thread panicked"));
+            }
+        }
+
         let Some(filesystem) = Arc::get_mut(&mut filesystem) else {
             return Err(io::Error::other(
                 "BUG: must have one refcount for filesystem",
@@ -339,7 +419,48 @@ impl<FS: Filesystem> Session<FS> {
         reply
     }
 
-    fn handshake(&mut self) -> io::Result<()> {
+    /// MAKO PATCH: how requests reach this session (and why not io_uring, if not).
+    pub fn transport(&self) -> &Transport {
+        &self.transport
+    }
+
+    /// MAKO PATCH: after INIT, sets up the io_uring queues if io_uring was negotiated,
+    /// and logs which transport is in use and why.
+    fn start_uring(&mut self) {
+        let depth = self.config.io_uring_depth;
+        self.transport = match (depth, self.uring_payload) {
+            (None, _) => Transport::DevFuse("io_uring not asked for".into()),
+            (Some(_), None) => Transport::DevFuse(match uring::module_enabled() {
+                Some(false) => "the kernel does not offer io_uring: \
+                     /sys/module/fuse/parameters/enable_uring is N"
+                    .into(),
+                None => "the kernel does not offer io_uring (no CONFIG_FUSE_IO_URING)".into(),
+                Some(true) => "the kernel did not offer io_uring at INIT".into(),
+            }),
+            (Some(depth), Some(payload)) => {
+                let (rings, leads, res) = uring::start(self.ch.dev(), depth.max(1), payload);
+                let queues = rings.len();
+                self.rings = rings;
+                self.ring_leads = leads;
+                match res {
+                    Ok(()) => Transport::IoUring {
+                        queues,
+                        depth: depth.max(1),
+                    },
+                    Err(e) => Transport::DevFuse(format!("io_uring set-up failed: {e}")),
+                }
+            }
+        };
+        match &self.transport {
+            Transport::IoUring { .. } => info!("FUSE transport: {}", self.transport),
+            Transport::DevFuse(_) if depth.is_some() => {
+                warn!("FUSE transport: {}", self.transport)
+            }
+            Transport::DevFuse(_) => info!("FUSE transport: {}", self.transport),
+        }
+    }
+
+    fn handshake(&mut self, want_uring: bool) -> io::Result<()> {
         let mut buf = FuseReadBuf::new();
         let buf = buf.as_mut();
 
@@ -434,6 +555,12 @@ impl<FS: Filesystem> Session<FS> {
                 <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
                     .send_ll(&ResponseErrno(errno));
                 return Err(error);
+            }
+
+            // MAKO PATCH: FUSE over io_uring, if asked for and offered.
+            if want_uring && init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING) {
+                config.requested |= InitFlags::FUSE_OVER_IO_URING;
+                self.uring_payload = Some(config.uring_payload_size());
             }
 
             // Remember the ABI version supported by kernel and mark the session initialized.
@@ -576,6 +703,8 @@ pub struct BackgroundSession {
     sender: ChannelSender,
     /// Ensures the filesystem is unmounted when the session ends
     mount: Option<Mount>,
+    /// MAKO PATCH: see `Session::transport`.
+    transport: Transport,
 }
 
 impl BackgroundSession {
@@ -590,6 +719,11 @@ impl BackgroundSession {
     /// Returns an object that can be used to send notifications to the kernel
     pub fn notifier(&self) -> Notifier {
         Notifier::new(self.sender.clone())
+    }
+
+    /// MAKO PATCH: how requests reach this session (and why not io_uring, if not).
+    pub fn transport(&self) -> &Transport {
+        &self.transport
     }
 
     /// Join the filesystem thread.

@@ -18,6 +18,10 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// MAKO PATCH: serve requests over io_uring with this many entries per queue (one
+    /// queue per CPU) when the kernel offers `FUSE_OVER_IO_URING`; `None`: `/dev/fuse`
+    /// only. See `Session::transport`.
+    pub io_uring_depth: Option<usize>,
 }
 
 /// Mount options accepted by the FUSE filesystem type
