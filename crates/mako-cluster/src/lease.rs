@@ -316,13 +316,30 @@ impl LeaseMonitor {
     /// A ping of `node` was answered (`true`) or not, now.
     pub fn pinged(&mut self, node: NodeId, answered: bool) {
         let now = self.clock.monotonic();
+        self.pinged_at(node, answered, now);
+    }
+
+    /// A ping sent to `node` at `sent` (this monitor's clock, [`LeaseMonitor::now`])
+    /// was answered or not. An unanswered ping counts from when it was sent: the node
+    /// did not answer from then on, and the time the ping waited for its deadline is
+    /// part of `minMissedPingTimeout`, not added to it (a stopped node was expelled
+    /// about two ping deadlines after failureDetectionTime + minMissedPingTimeout).
+    pub fn pinged_at(&mut self, node: NodeId, answered: bool, sent: Duration) {
         if let Some(w) = self.nodes.get_mut(&node) {
             if answered {
                 w.unanswered_since = None;
-            } else if w.unanswered_since.is_none() {
-                w.unanswered_since = Some(now);
+            } else if w.unanswered_since.is_none() && sent >= w.renewed {
+                // (A ping sent before a renewal that reached us since says nothing
+                // about the new lease: counted, it would expel the node the moment
+                // that lease ends.)
+                w.unanswered_since = Some(sent);
             }
         }
+    }
+
+    /// This monitor's clock now (the send time of a ping, [`LeaseMonitor::pinged_at`]).
+    pub fn now(&self) -> Duration {
+        self.clock.monotonic()
     }
 
     /// Where `node` stands now.
@@ -485,6 +502,30 @@ mod tests {
         // A renewal arriving resets it.
         m.renewed(n);
         assert_eq!(m.step(n), Watch::Active);
+    }
+
+    #[test]
+    fn an_unanswered_ping_counts_from_when_it_was_sent() {
+        // A stopped node: its pings wait out their deadline (here the whole
+        // minMissedPingTimeout) before they fail. It is expelled when the first one
+        // fails, at lease + minMissedPingTimeout, not a ping deadline later.
+        let clock = Arc::new(FakeClock(Mutex::new(s(0))));
+        let mut m = LeaseMonitor::new(clock.clone(), times());
+        let n = NodeId(2);
+        m.watch(n);
+        m.renewed(n);
+        clock.advance(s(10));
+        assert_eq!(m.step(n), Watch::Arbitrating);
+        let sent = m.now();
+        clock.advance(s(3)); // the ping's deadline
+        m.pinged_at(n, false, sent);
+        assert_eq!(m.step(n), Watch::Expel);
+        // A ping sent before a renewal that arrived while it waited says nothing
+        // about the new lease.
+        m.renewed(n);
+        m.pinged_at(n, false, sent);
+        clock.advance(s(10));
+        assert_eq!(m.step(n), Watch::Arbitrating);
     }
 
     #[test]

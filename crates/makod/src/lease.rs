@@ -157,6 +157,34 @@ impl Leases {
         .map_err(|e| e.to_string())
     }
 
+    /// Pings `nodes` at once (one renewal interval to answer); true for each that
+    /// answered.
+    fn ping_all(&self, nodes: Vec<NodeId>) -> Vec<bool> {
+        let Ok(ping) = mako_rt::transport::encode("lease ping", &LeaseRequest::Ping) else {
+            return vec![false; nodes.len()];
+        };
+        let calls = nodes
+            .iter()
+            .map(|n| (*n, ServiceId::Lease, ping.clone()))
+            .collect();
+        self.transport
+            .call_many(
+                calls,
+                CallOptions {
+                    priority: Priority::Small,
+                    deadline: self.times().renew_interval(),
+                },
+            )
+            .into_iter()
+            .map(|r| {
+                matches!(
+                    r.and_then(|b| mako_rt::transport::decode::<LeaseReply>("lease reply", &b)),
+                    Ok(LeaseReply::Pong)
+                )
+            })
+            .collect()
+    }
+
     /// Renews this node's lease every renewal interval, for as long as makod runs.
     fn renew_loop(&self) {
         while !self.stop.load(Ordering::SeqCst) {
@@ -372,6 +400,8 @@ impl Leases {
     fn watch_once(&self) {
         let config = self.quorum.read_local();
         let watched = self.monitor.lock().watched();
+        let mut arbitrating = Vec::new();
+        let mut expel = Vec::new();
         for node in watched {
             let lease = config.lease_of(node);
             if lease.expelled.is_some() || !config.nodes.contains_key(&node) {
@@ -399,24 +429,38 @@ impl Leases {
                 }
                 Watch::Arbitrating => {
                     self.arbitrating.lock().insert(node);
-                    let answered =
-                        matches!(self.call(node, &LeaseRequest::Ping), Ok(LeaseReply::Pong));
-                    self.monitor.lock().pinged(node, answered);
+                    arbitrating.push((node, lease.epoch));
                 }
-                Watch::Expel => {
-                    let silent = self.monitor.lock().silent_for(node).unwrap_or_default();
-                    let times = self.times();
-                    let reason = format!(
-                        "no lease renewal for {:.1} s (failureDetectionTime {} s) and no answer \
-                         to pings for minMissedPingTimeout {} s",
-                        silent.as_secs_f64(),
-                        times.lease.as_secs(),
-                        times.missed_ping.as_secs()
-                    );
-                    if let Err(e) = self.expel(node, lease.epoch, reason) {
-                        tracing::warn!("expelling {node} failed: {e}");
-                    }
+                Watch::Expel => expel.push((node, lease.epoch)),
+            }
+        }
+        // Every node whose lease ran out is pinged at once (a partition that cut off
+        // many nodes costs one ping deadline, not one per node), and looked at again
+        // as soon as its ping is answered or timed out: a ping unanswered for
+        // minMissedPingTimeout since it was sent expels now, not a watch round later.
+        if !arbitrating.is_empty() {
+            let sent = self.monitor.lock().now();
+            let answers = self.ping_all(arbitrating.iter().map(|(n, _)| *n).collect());
+            let mut m = self.monitor.lock();
+            for ((node, epoch), answered) in arbitrating.into_iter().zip(answers) {
+                m.pinged_at(node, answered, sent);
+                if m.step(node) == Watch::Expel {
+                    expel.push((node, epoch));
                 }
+            }
+        }
+        for (node, epoch) in expel {
+            let silent = self.monitor.lock().silent_for(node).unwrap_or_default();
+            let times = self.times();
+            let reason = format!(
+                "no lease renewal for {:.1} s (failureDetectionTime {} s) and no answer \
+                 to pings for minMissedPingTimeout {} s",
+                silent.as_secs_f64(),
+                times.lease.as_secs(),
+                times.missed_ping.as_secs()
+            );
+            if let Err(e) = self.expel(node, epoch, reason) {
+                tracing::warn!("expelling {node} failed: {e}");
             }
         }
         // Nodes that rejoined (or were added) are watched again.
