@@ -10,9 +10,11 @@
 //! never turn it off under each other; turning it off (the fallback test, and putting
 //! back N after the io_uring test) is done only while no other Mako mount exists on the
 //! machine (a test of another process could be using io_uring): otherwise the fallback
-//! test skips and the io_uring test leaves the switch on (harmless: only mounts that ask
-//! for io_uring use it). They skip where the kernel has no FUSE io_uring (no parameter
-//! file) or the switch cannot be written (not root).
+//! test cannot run and the io_uring test leaves the switch on (harmless: only mounts
+//! that ask for io_uring use it). A test that cannot run (another Mako mount, a kernel
+//! without FUSE io_uring: no parameter file, or a switch that cannot be written) fails
+//! like every other (`mako_tests::skip::cannot_run`; `MAKO_ALLOW_SKIP=1` lists it as
+//! skipped instead).
 
 use std::sync::Mutex;
 
@@ -32,15 +34,24 @@ struct UringSwitch {
 impl UringSwitch {
     fn set(test: &str, on: bool) -> Option<UringSwitch> {
         let Ok(was) = std::fs::read_to_string(ENABLE_URING) else {
-            eprintln!("{test}: skipped: no {ENABLE_URING} (kernel without FUSE io_uring)");
+            mako_tests::skip::cannot_run(
+                test,
+                &format!("no {ENABLE_URING} (a kernel without FUSE over io_uring)"),
+            );
             return None;
         };
         if !on && was.trim() != "N" && other_mako_mounts() {
-            eprintln!("{test}: skipped: other Mako mounts exist, {ENABLE_URING} stays on");
+            mako_tests::skip::cannot_run(
+                test,
+                &format!(
+                    "other Mako mounts exist: turning {ENABLE_URING} off under a mount \
+                     that uses io_uring would hang its requests"
+                ),
+            );
             return None;
         }
         if let Err(e) = std::fs::write(ENABLE_URING, if on { "Y" } else { "N" }) {
-            eprintln!("{test}: skipped: cannot write {ENABLE_URING}: {e}");
+            mako_tests::skip::cannot_run(test, &format!("cannot write {ENABLE_URING}: {e}"));
             return None;
         }
         Some(UringSwitch {
