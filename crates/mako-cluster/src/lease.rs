@@ -150,18 +150,32 @@ impl NodeLease {
     }
 
     /// A renewal sent at `sent` (from [`NodeLease::now`] before the call) was granted
-    /// at `epoch`. Ignored while expelled (only [`NodeLease::rejoined`] ends that),
-    /// and never shortens a lease a later renewal already extended.
-    pub fn granted(&self, epoch: u64, sent: Duration) {
+    /// at `epoch`. Never shortens a lease a later renewal already extended. While
+    /// expelled, a grant at the expelled epoch (a reply in flight before the expel) is
+    /// ignored; one at a later epoch is a rejoin that committed after this node's
+    /// proposal of it gave up (the manager grants the epoch the configuration holds,
+    /// and only a rejoin raises it): the node holds its lease again, as after
+    /// [`NodeLease::rejoined`]. True then (else it would stay expelled for good: the
+    /// manager no longer answers that it is).
+    pub fn granted(&self, epoch: u64, sent: Duration) -> bool {
         let until = sent + self.times.lease;
         let mut state = self.state.lock();
         match &*state {
-            LeaseState::Expelled { .. } => {}
+            LeaseState::Expelled {
+                epoch: expelled, ..
+            } if epoch <= *expelled => false,
+            LeaseState::Expelled { .. } => {
+                *state = LeaseState::Held { epoch, until };
+                true
+            }
             LeaseState::Held {
                 epoch: held,
                 until: old,
-            } if *held == epoch && *old >= until => {}
-            _ => *state = LeaseState::Held { epoch, until },
+            } if *held == epoch && *old >= until => false,
+            _ => {
+                *state = LeaseState::Held { epoch, until };
+                false
+            }
         }
     }
 
@@ -431,6 +445,22 @@ mod tests {
         assert!(matches!(lease.check(), Err(Fenced::Expelled { .. })));
         lease.rejoined(2, lease.now());
         assert_eq!(lease.check(), Ok(2));
+        assert_eq!(lease.epoch(), 2);
+    }
+
+    #[test]
+    fn a_grant_at_a_later_epoch_ends_an_expel_whose_rejoin_committed_late() {
+        let clock = Arc::new(FakeClock(Mutex::new(s(0))));
+        let lease = NodeLease::new(clock.clone(), times());
+        assert!(!lease.granted(1, lease.now()));
+        lease.expelled(1, NodeId(0), "lease expired".into());
+        assert!(!lease.granted(1, lease.now()));
+        assert!(matches!(lease.check(), Err(Fenced::Expelled { .. })));
+        // The node's rejoin (epoch 2) timed out on its side but committed: the
+        // manager grants epoch 2 and never says "expelled" again.
+        assert!(lease.granted(2, lease.now()));
+        assert_eq!(lease.check(), Ok(2));
+        assert!(!lease.granted(2, lease.now()));
         assert_eq!(lease.epoch(), 2);
     }
 
