@@ -76,6 +76,13 @@ pub struct Region {
     /// allocations can get now.
     ready: Vec<u64>,
     spb: u64,
+    /// The region's token is being revoked (`AllocMap::stop_allocating`): nothing is
+    /// allocated here any more, and frees here go to the next owner as foreign frees.
+    leaving: bool,
+    /// How many times the region's token began to leave this node (`stop_allocating`):
+    /// kept across `own`, so that a node that took the token can tell whether it left
+    /// again before it started using the map it read (`AllocMap::own_since`).
+    revokes: u64,
 }
 
 pub struct AllocMap {
@@ -261,6 +268,8 @@ impl Region {
             ready: empty.clone(),
             empty,
             spb,
+            leaving: false,
+            revokes: 0,
         }
     }
 
@@ -695,6 +704,9 @@ impl AllocMap {
             )));
         }
         let mut r = self.regions[region].lock();
+        if r.leaving || !self.owned[region].load(Ordering::Acquire) {
+            return Ok(false);
+        }
         let bm = &r.seg.bitmaps[si];
         if !(off..off + cur as u64).all(|i| bit(bm, i)) {
             return Err(self.damage.integrity(
@@ -802,6 +814,11 @@ impl AllocMap {
         }
         let spb = self.geo.subblocks_per_block as u64;
         let mut r = self.regions[region].lock();
+        // Under the region's lock, where `own`, `stop_allocating` and `disown` change
+        // them: a region that left since the check above is not allocated in.
+        if r.leaving || !self.owned[region].load(Ordering::Acquire) {
+            return None;
+        }
         let si = r.seg.slices.iter().position(|s| s.disk == disk)?;
         if r.free[si] < subblocks as u64 {
             return None;
@@ -925,15 +942,19 @@ impl AllocMap {
     pub fn free(&self, da: DiskAddress, subblocks: u32, ino: u64) -> FsResult<()> {
         let doing = format!("freeing {subblocks} subblocks");
         let (region, si, off) = self.locate_or_report(da, subblocks, ino, &doing)?;
-        if !self.owned[region].load(Ordering::Acquire) {
+        let mut r = self.regions[region].lock();
+        if !self.owned[region].load(Ordering::Acquire) || r.leaving {
             // The owner frees it, once the transaction that freed it here is
-            // checkpointed (so this node's log can never write over it again).
+            // checkpointed (so this node's log can never write over it again). A region
+            // whose token is leaving counts as another node's already: its map is
+            // about to be written in place as committed, and a change made here now
+            // would be lost with it; its next owner frees it.
+            drop(r);
             crate::journal::note_change();
             self.fresh.lock().remove(&da);
             self.foreign.lock().push((UNCOMMITTED, da, subblocks));
             return Ok(());
         }
-        let mut r = self.regions[region].lock();
         let n = subblocks as u64;
         let bm = &r.seg.bitmaps[si];
         if let Some(i) = (off..off + n).find(|&i| !bit(bm, i)) {
@@ -1151,20 +1172,18 @@ impl AllocMap {
     /// the regions a node of a cluster does not own when it mounts (before anything is
     /// allocated), and when a region's token leaves after its map was written in place.
     pub fn disown(&self, region: usize) {
+        // Under the region's lock: an allocation that holds it sees the region owned
+        // or not, never half disowned.
+        let mut r = self.regions[region].lock();
         if !self.owned[region].swap(false, Ordering::AcqRel) {
             return;
         }
-        let mut r = self.regions[region].lock();
         let free: u64 = r.free.iter().sum();
         let empty: u64 = r.empty.iter().sum();
         let ready: u64 = r.ready.iter().sum();
         let quarantined: u64 = r.quarantined.iter().sum();
         let pages = std::mem::take(&mut r.dirty_pages).len() as u64;
         let total: u64 = r.seg.slices.iter().map(|s| s.subblocks).sum();
-        drop(r);
-        self.frees
-            .lock()
-            .retain(|(_, da, n)| self.locate(*da, *n).map(|(g, _, _)| g) != Ok(region));
         self.free_subblocks.fetch_sub(free, Ordering::Relaxed);
         self.took_blocks((empty, ready));
         self.quarantined_subblocks
@@ -1175,29 +1194,76 @@ impl AllocMap {
             reserve_for(owned, self.geo.subblocks_per_block),
             Ordering::Relaxed,
         );
+        drop(r);
+        self.frees
+            .lock()
+            .retain(|(_, da, n)| self.locate(*da, *n).map(|(g, _, _)| g) != Ok(region));
+    }
+
+    /// The region's token is about to leave: from now on nothing is allocated in it
+    /// (an allocation that already took its region lock is done, and its operation
+    /// is in flight: the revoke's commit waits for it), and frees in it are queued for
+    /// its next owner (`free`). `disown` ends this once the map is written in place.
+    pub fn stop_allocating(&self, region: usize) {
+        if let Some(r) = self.regions.get(region) {
+            let mut r = r.lock();
+            r.leaving = true;
+            r.revokes += 1;
+        }
+    }
+
+    /// How many times `region`'s token began to leave this node (see `own_since`).
+    pub fn revokes(&self, region: usize) -> u64 {
+        self.regions[region].lock().revokes
+    }
+
+    /// Subblocks of `region` freed and not reusable until a checkpoint.
+    pub fn region_quarantined(&self, region: usize) -> u64 {
+        self.regions[region].lock().quarantined.iter().sum()
+    }
+
+    /// Free subblocks (quarantined ones included) and all subblocks of `region`, as
+    /// this node knows it: exact for a region it owns, as last read for another
+    /// node's (a hint of where space may be).
+    pub fn region_space(&self, region: usize) -> (u64, u64) {
+        let r = self.regions[region].lock();
+        (
+            r.free.iter().sum::<u64>() + r.quarantined.iter().sum::<u64>(),
+            r.seg.slices.iter().map(|s| s.subblocks).sum(),
+        )
     }
 
     /// Start allocating in `region`, from `seg` as read from disk (its last owner wrote
     /// it in place before its token left).
     pub fn own(&self, region: usize, seg: AllocSegment) -> FsResult<()> {
-        if self.is_owned(region) {
-            return Ok(());
-        }
+        self.own_since(region, seg, None).map(|_| ())
+    }
+
+    /// `own`, unless the region's token began to leave this node again since
+    /// `revokes(region)` said `seen` (read before the token was asked for): a token
+    /// granted and revoked before its map was read and used (`revoke_region` then found
+    /// nothing owned to stop) must not be used with that map. False then.
+    pub fn own_since(&self, region: usize, seg: AllocSegment, seen: Option<u64>) -> FsResult<bool> {
         let mut r = self.regions[region].lock();
+        if self.owned[region].load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        if seen.is_some_and(|s| s != r.revokes) {
+            return Ok(false);
+        }
         if seg.slices != r.seg.slices {
+            drop(r);
             return Err(self.damage.integrity(IntegrityError::new(
                 STRUCTURE,
-                format!(
-                    "allocation region {region} read from disk covers {:?}, not {:?}",
-                    seg.slices, r.seg.slices
-                ),
+                format!("allocation region {region} read from disk covers other slices"),
             )));
         }
+        let revokes = r.revokes;
         *r = Region::from_segment(seg, self.geo.subblocks_per_block as u64);
+        r.revokes = revokes;
         let free: u64 = r.free.iter().sum();
         let empty: u64 = r.empty.iter().sum();
         let total: u64 = r.seg.slices.iter().map(|s| s.subblocks).sum();
-        drop(r);
         self.free_subblocks.fetch_add(free, Ordering::Relaxed);
         self.gave_blocks((empty, empty));
         let owned = self.owned_subblocks.fetch_add(total, Ordering::Relaxed) + total;
@@ -1206,7 +1272,7 @@ impl AllocMap {
             Ordering::Relaxed,
         );
         self.owned[region].store(true, Ordering::Release);
-        Ok(())
+        Ok(true)
     }
 
     /// Free and empty-block space (in subblocks) of the regions this node does not

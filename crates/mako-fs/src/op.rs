@@ -95,10 +95,11 @@ pub fn run<T>(core: &Core, mut f: impl FnMut() -> FsResult<T>) -> FsResult<T> {
                 }
             }
             // This node's space ran out (the operation changed nothing: ENOSPC is refused
-            // up front): take one more region nobody owns and run it again.
+            // up front): take one more region (nobody's, or else another node's with
+            // space) and run it again.
             Err(FsError::NoSpace(why)) => {
                 drop(frame.holds);
-                if !crate::ownership::acquire_region(core)? {
+                if !crate::ownership::acquire_or_steal_region(core)? {
                     return Err(FsError::NoSpace(why));
                 }
                 last = format!("space ({why})");

@@ -11,6 +11,15 @@
 //!   inode numbers run out it takes one more, reading its map from disk (the last owner
 //!   wrote it in place when its token left). A file system with one log is mounted by
 //!   one node: it owns everything and takes no token at all.
+//! - **Stealing.** When every region is owned and this node's are full, an operation's
+//!   ENOSPC is not final: the node takes, with a revoke, the region of another node
+//!   with the most free space as last known here (`acquire_or_steal_region`), and
+//!   runs the operation again. The counts it ranks by are stale hints (read at mount,
+//!   or kept when a token left here); the region's map read from disk after the
+//!   revoke decides. Only regions with at least 1/16 of their space free (as known)
+//!   are stolen, most free first: two full nodes do not pass a nearly full region back
+//!   and forth. ENOSPC stands when no region qualifies, and is logged with the space
+//!   the file system has free.
 //! - **Freeing elsewhere.** A block or inode number freed in a region or segment of
 //!   another node (a file another node created) is queued with its transaction. Once
 //!   that transaction is checkpointed (this node's log can never write the freed
@@ -18,9 +27,10 @@
 //!   its map in a transaction of its own; a region nobody owns is taken and freed in
 //!   here. A crash before delivery leaks the space until fsck reclaims it, never
 //!   double-allocates it.
-//! - **Leaving.** When a region's or segment's token is revoked (unmount, a failed node's
-//!   recovery later), what this node changed in it is committed and written in place
-//!   first, then this node stops using it.
+//! - **Leaving.** When a region's or segment's token is revoked (another node steals
+//!   it, a failed node's recovery later), this node stops allocating there first, then
+//!   commits (waiting for the operations in flight) and writes the map in place, then
+//!   forgets it (`revoke_region`).
 
 use crate::core::Core;
 use crate::error::{FsError, FsResult};
@@ -150,12 +160,20 @@ pub fn claim_at_mount(core: &Core) -> FsResult<()> {
 /// Take `resource` (a region or a segment) if nobody holds it, and start using it with
 /// its map as read from disk. False when another node holds it.
 fn take_and_own(core: &Core, resource: ResourceId) -> FsResult<bool> {
+    let index = resource.id as usize;
+    let is_region = resource.kind == mako_token::ResourceKind::AllocRegion;
+    let seen = is_region.then(|| core.alloc.revokes(index));
     if !take(core, resource)? {
         return Ok(false);
     }
-    let index = resource.id as usize;
-    if resource.kind == mako_token::ResourceKind::AllocRegion {
-        core.alloc.own(index, read_region(core, index)?)?;
+    if is_region {
+        // Revoked again before its map was read: another node's now.
+        if !core
+            .alloc
+            .own_since(index, read_region(core, index)?, seen)?
+        {
+            return Ok(false);
+        }
         core.stats
             .regions_acquired
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -198,6 +216,91 @@ pub fn acquire_region(core: &Core) -> FsResult<bool> {
         |r| core.alloc.is_owned(r),
         |r| core.tokens.region(r),
     )
+}
+
+/// A region is stolen only when it had at least this share of its space free as this
+/// node last knew it (docs/coherence.md section 6): a region the nodes would pass back
+/// and forth for a few blocks each is left where it is.
+const STEAL_MIN_FREE_DIVISOR: u64 = 16;
+
+/// This node's space ran out: take one more region nobody owns, or else (every region
+/// owned) take, with a revoke, another node's region with the most free space as last
+/// known here. False when no region anywhere has space this node can take: the
+/// caller's ENOSPC stands (and is logged with what the file system has free).
+/// Blocks: call with no lock, no transaction handle and no hold open.
+pub fn acquire_or_steal_region(core: &Core) -> FsResult<bool> {
+    if acquire_region(core)? {
+        return Ok(true);
+    }
+    if !shared(core) {
+        return Ok(false);
+    }
+    steal_region(core)
+}
+
+/// Take another node's region (module doc, "Stealing"). Candidates are ranked by the
+/// free space this node last knew of (read at mount, or kept when its token left
+/// here): a hint only. The decision is made on the map read from disk after the
+/// revoke, which the old owner wrote in place as committed.
+fn steal_region(core: &Core) -> FsResult<bool> {
+    let count = core.alloc.region_count();
+    let mut candidates: Vec<(u64, u64, usize)> = (0..count)
+        .filter(|&r| !core.alloc.is_owned(r))
+        .map(|r| {
+            let (free, total) = core.alloc.region_space(r);
+            (free, total, r)
+        })
+        .filter(|&(free, total, _)| free > 0 && free >= total / STEAL_MIN_FREE_DIVISOR)
+        .collect();
+    // Most free first; the lowest region number among equals (deterministic).
+    candidates.sort_by(|a, b| b.0.cmp(&a.0).then(a.2.cmp(&b.2)));
+    for (hint, total, r) in candidates {
+        let resource = core.tokens.region(r as u32);
+        let seen = core.alloc.revokes(r);
+        core.tokens
+            .client()
+            .acquire_with_options(
+                resource,
+                TokenMode::Xw,
+                ByteRange::WHOLE,
+                ByteRange::WHOLE,
+                AcquireOptions::default(),
+            )
+            .map_err(crate::coherence::token_error)?;
+        // Its old owner stopped allocating there, committed and wrote the map in place
+        // before the token left it (`revoke_region`): the map on disk is the region.
+        if !core.alloc.own_since(r, read_region(core, r)?, Some(seen))? {
+            // Taken by another node again before this one read its map.
+            continue;
+        }
+        core.stats
+            .regions_acquired
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        core.stats
+            .regions_stolen
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (free, _) = core.alloc.region_space(r);
+        tracing::info!(
+            "node {}: took allocation region {r} from another node (its space ran out): \
+             {free} of {total} subblocks free ({hint} as last known here)",
+            core.node
+        );
+        if free >= total / STEAL_MIN_FREE_DIVISOR && free > 0 {
+            return Ok(true);
+        }
+        // Fuller than known: kept (nobody need steal it back), and the next one tried.
+    }
+    let (unowned_free, _) = core.alloc.unowned_space();
+    tracing::warn!(
+        "node {}: no space left: {} subblocks free in its own regions, {} in other nodes' \
+         (as last known here, none of them with 1/{STEAL_MIN_FREE_DIVISOR} of its region \
+         free), {} subblocks in the file system",
+        core.node,
+        core.alloc.free_subblocks(),
+        unowned_free,
+        core.alloc.total_subblocks()
+    );
+    Ok(false)
 }
 
 /// Take one more inode-map segment nobody owns (this node's numbers ran out).
@@ -459,12 +562,41 @@ pub fn release_all(core: &Core) -> FsResult<()> {
     Ok(())
 }
 
-/// The allocation region's token leaves this node: what it changed there is written in
-/// place (the next owner reads it from disk), then it allocates there no more.
+/// The allocation region's token leaves this node (another node steals it, or a
+/// recovery takes it): the next owner reads the region's map from disk, so it must
+/// hold everything this node ever allocated there. In this order:
+///
+/// 1. Stop allocating there (`AllocMap::stop_allocating`, under the region's lock):
+///    an allocation either took the lock before (done, its operation in flight) or
+///    finds the region leaving and goes elsewhere. Frees there from now on are queued
+///    for the next owner, like any other node's region's.
+/// 2. Commit: the commit waits for every operation in flight (its gate), so every
+///    allocation made before step 1 is in the committed map, with the file that uses
+///    it.
+///    With space freed there and still quarantined (its transaction not checkpointed:
+///    this node's log may still replay an image of a freed indirect or directory
+///    block), also checkpoint: the map on disk shows that space free, and the next
+///    owner may reuse it at once.
+/// 3. Write the committed map in place (durable before the token goes).
+/// 4. Disown: forget the region's counters and its (now unchanged) pages.
+///
+/// Writing in place before stopping (the order until issue 14) lost an allocation
+/// made between the two: the next owner read a map without it and handed it out
+/// again. A token granted here and revoked before this node read the map and started
+/// using it finds nothing owned to stop: step 1 counts the revoke, and the taker
+/// (`AllocMap::own_since`) does not use the map it read.
 pub fn revoke_region(core: &Arc<Core>, region: u64) -> FsResult<()> {
+    let region = region as usize;
+    if region < core.alloc.region_count() {
+        core.alloc.stop_allocating(region);
+        // Read after the stop: a free there from now on is queued for the next owner.
+        if core.alloc.region_quarantined(region) > 0 {
+            core.journal.quiesce(core)?;
+        }
+    }
     core.journal.write_in_place(core, OWNER_ALLOC_MAP)?;
-    if (region as usize) < core.alloc.region_count() {
-        core.alloc.disown(region as usize);
+    if region < core.alloc.region_count() {
+        core.alloc.disown(region);
     }
     Ok(())
 }

@@ -46,6 +46,8 @@ pub struct FsStats {
     pub metanode_named: AtomicU64,
     /// Allocation regions this node took beyond its share at mount (its space ran out).
     pub regions_acquired: AtomicU64,
+    /// Of those, regions taken from another node with a revoke (every region was owned).
+    pub regions_stolen: AtomicU64,
     /// Frees in other nodes' space this node sent to them, and served for them.
     pub foreign_frees_sent: AtomicU64,
     pub foreign_frees_served: AtomicU64,
@@ -90,6 +92,7 @@ impl FsStats {
             f("metanode_sent", &self.metanode_sent),
             f("metanode_named", &self.metanode_named),
             f("regions_acquired", &self.regions_acquired),
+            f("regions_stolen", &self.regions_stolen),
             f("foreign_frees_sent", &self.foreign_frees_sent),
             f("foreign_frees_served", &self.foreign_frees_served),
             f("foreign_frees_abandoned", &self.foreign_frees_abandoned),

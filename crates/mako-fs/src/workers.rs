@@ -327,19 +327,37 @@ impl Drop for Workers {
 }
 
 /// Write one block back; when space is short only because freed space waits for a
-/// checkpoint, checkpoint and try again.
+/// checkpoint, checkpoint and try again. When it is short because a region whose
+/// space backed the block's reservation was taken by another node (`revoke_region`),
+/// take one more region (outside an operation: inside one, `op::run` does, and runs
+/// it again) and try again.
 pub fn writebehind_block(core: &Core, h: &InodeHandle, b: u64) -> FsResult<()> {
-    let Some(_holds) = flush_holds(core, h.ino, b..b + 1) else {
-        return Ok(());
-    };
-    match file_io::flush_block(core, h, b) {
-        Err(FsError::NoSpace(_)) if core.alloc.quarantined_subblocks() > 0 => {
-            core.journal.quiesce(core)?;
-            file_io::flush_block(core, h, b)?;
+    loop {
+        let Some(holds) = flush_holds(core, h.ino, b..b + 1) else {
+            return Ok(());
+        };
+        let r = match file_io::flush_block(core, h, b) {
+            Err(FsError::NoSpace(_)) if core.alloc.quarantined_subblocks() > 0 => {
+                core.journal.quiesce(core)?;
+                file_io::flush_block(core, h, b)
+            }
+            r => r,
+        };
+        match r {
+            Err(FsError::NoSpace(why)) if !crate::op::in_op(core) => {
+                // With no hold open: acquiring may revoke a region elsewhere, whose
+                // commit may wait for an operation that waits for these tokens.
+                drop(holds);
+                if !crate::ownership::acquire_or_steal_region(core)? {
+                    return Err(FsError::NoSpace(why));
+                }
+            }
+            r => {
+                r?;
+                return crate::metanode::report(core, h);
+            }
         }
-        r => r?,
     }
-    crate::metanode::report(core, h)
 }
 
 fn writebehind_loop(core: &Core) {

@@ -674,11 +674,22 @@ impl SimCluster {
                 }
                 for (ino, b) in keys {
                     if let Some(h) = core.cached_handle(ino) {
-                        match mako_fs::file_io::flush_block(core, &h, b) {
+                        let r = match mako_fs::file_io::flush_block(core, &h, b) {
                             // As the write-behind thread: space freed but waiting for a
                             // checkpoint is made usable, then the block is tried again.
                             Err(FsError::NoSpace(_)) if core.alloc.quarantined_subblocks() > 0 => {
                                 core.journal.quiesce(core)?;
+                                mako_fs::file_io::flush_block(core, &h, b)
+                            }
+                            r => r,
+                        };
+                        match r {
+                            // Also as the write-behind thread: a region backing the
+                            // block's reservation was stolen; take one more.
+                            Err(FsError::NoSpace(why)) => {
+                                if !mako_fs::ownership::acquire_or_steal_region(core)? {
+                                    return Err(FsError::NoSpace(why));
+                                }
                                 mako_fs::file_io::flush_block(core, &h, b)?;
                             }
                             r => r?,

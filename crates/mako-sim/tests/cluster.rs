@@ -230,3 +230,394 @@ fn signature(message: &str) -> String {
         None => out,
     }
 }
+
+/// Issue 14: a node whose own regions are full takes another node's region with free
+/// space (a revoke) instead of answering ENOSPC. Three nodes on three 16 MiB disks
+/// write at once: node 0 until ENOSPC, nodes 1 and 2 until 10 % and 5 % of the file
+/// system is in their files (then they stay mounted, owning regions node 0 must
+/// take). Each node deletes some of its own files and some of another node's as it
+/// goes (frees in regions that change hands become frees for the new owner). At node
+/// 0's ENOSPC the file system must be at least 80 % in use (on main, node 0 stopped
+/// at its own share); every file reads back as written on another node, the
+/// cluster's invariants hold (no subblock in two files) and fsck finds the disks
+/// clean. `MAKO_SIM_FILL_SEEDS` sets the seeds (default 16, about half a second
+/// each, from `MAKO_SIM_SEED_BASE`, default 1).
+#[test]
+fn a_full_node_takes_space_from_the_others() {
+    fill_seeds(false);
+}
+
+/// As above, but nodes 1 and 2 go on writing (and deleting their oldest files) until
+/// node 0 meets ENOSPC, so regions are taken from nodes that allocate in them. NOT
+/// PASSING YET (issue 14, left open): a node whose region was taken may hold
+/// reservations of dirty data the rest of its space no longer covers, and the revoke
+/// of that data's token (another node reads or deletes the file) fails with ENOSPC
+/// while it writes the data back (`cluster coherence: ... could not flush cached
+/// data ...: no space left`); two seeds in 30 also ran into the livelock guard.
+#[test]
+#[ignore]
+fn a_full_node_takes_space_from_the_others_while_they_write() {
+    fill_seeds(true);
+}
+
+fn fill_seeds(concurrent: bool) {
+    let count: u64 = std::env::var("MAKO_SIM_FILL_SEEDS")
+        .ok()
+        .map(|v| v.trim().parse().expect("MAKO_SIM_FILL_SEEDS is a number"))
+        .unwrap_or(16);
+    let base: u64 = std::env::var("MAKO_SIM_SEED_BASE")
+        .ok()
+        .map(|v| v.trim().parse().expect("MAKO_SIM_SEED_BASE is a number"))
+        .unwrap_or(1);
+    let mut failed = Vec::new();
+    for seed in base..base + count {
+        let started = std::time::Instant::now();
+        match fill::run(seed, concurrent) {
+            Ok((used, stolen, frees)) => eprintln!(
+                "fill seed {seed}: {:.1} % of the file system in use at node 0's ENOSPC, \
+                 {stolen} regions taken from another node, {frees} batches of frees sent ({:?})",
+                used * 100.0,
+                started.elapsed()
+            ),
+            Err(e) => {
+                eprintln!("fill seed {seed} FAILED: {e}");
+                failed.push(seed);
+            }
+        }
+    }
+    assert!(failed.is_empty(), "fill seeds failed: {failed:?}");
+}
+
+mod fill {
+    use mako_fs::error::FsError;
+    use mako_fs::fs::{Ctx, FileSystem, ROOT_INO};
+    use mako_fs::test_util::pattern;
+    use mako_sim::{Background, ClusterConfig, Sim, SimCluster, SimConfig, Thief};
+    use parking_lot::Mutex;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    const CTX: Ctx = Ctx {
+        uid: 0,
+        gid: 0,
+        pid: 1,
+    };
+    const NODES: u32 = 3;
+    const CHUNK: usize = 64 << 10;
+    const FILE_CHUNKS: usize = 4;
+
+    /// A file written to the end (or as far as space allowed): its node's directory,
+    /// name, the pattern seed and length.
+    #[derive(Clone)]
+    struct Done {
+        dir: u32,
+        name: String,
+        seed: u64,
+        len: usize,
+    }
+
+    #[derive(Default)]
+    struct Shared {
+        files: Vec<Done>,
+        running: u32,
+        /// Node 0's ENOSPC was seen.
+        enospc: bool,
+        failure: Option<String>,
+        used: f64,
+        /// Regions taken from another node, and batches of frees sent to another node.
+        stolen: u64,
+        frees_sent: u64,
+    }
+
+    fn dir_of(fs: &FileSystem, n: u32) -> Result<u64, String> {
+        fs.lookup(ROOT_INO, format!("n{n}").as_bytes())
+            .map(|a| a.ino)
+            .map_err(|e| format!("lookup of /n{n}: {e}"))
+    }
+
+    /// Node `n` writes files of `FILE_CHUNKS` chunks: node 0 until ENOSPC, the others
+    /// until they hold `budget` bytes in their files (`concurrent`: until node 0 met
+    /// ENOSPC, deleting their oldest files to stay under `budget`).
+    fn writer(
+        cluster: &SimCluster,
+        shared: &Mutex<Shared>,
+        seed: u64,
+        n: u32,
+        budget: u64,
+        concurrent: bool,
+    ) -> Result<(), String> {
+        let fs = cluster.fs(n).ok_or("not mounted")?;
+        let dir = dir_of(&fs, n)?;
+        let mut mine: Vec<Done> = Vec::new();
+        for k in 0u64.. {
+            if n != 0 && !concurrent && mine.iter().map(|f| f.len as u64).sum::<u64>() >= budget {
+                return Ok(());
+            }
+            if n != 0 && concurrent {
+                // Nodes 1 and 2 go on until node 0 met ENOSPC, allocating all the while
+                // (their regions are taken from under them, and they take some back),
+                // with at most `budget` bytes in their files.
+                if shared.lock().enospc {
+                    return Ok(());
+                }
+                while !mine.is_empty() && mine.iter().map(|f| f.len as u64).sum::<u64>() >= budget {
+                    let oldest = mine.remove(0);
+                    remove(&fs, shared, &oldest)?;
+                }
+            }
+            let name = format!("f{k}");
+            let pseed = seed * 1_000_000 + n as u64 * 100_000 + k;
+            let data = pattern(pseed, CHUNK * FILE_CHUNKS);
+            let ino = match fs.create(CTX, dir, name.as_bytes(), 0o644, 0, true) {
+                Ok(a) => a.ino,
+                Err(FsError::NoSpace(why)) => return out_of_space(cluster, shared, n, &why),
+                Err(e) => return Err(format!("node {n}: create {name}: {e}")),
+            };
+            // As a program writes: after a short write (the space ran out within the
+            // call), a call for the rest; only an ENOSPC answered for a call's first
+            // block stops it.
+            let mut len = 0;
+            let mut full = None;
+            while len < data.len() {
+                let end = (len + CHUNK).min(data.len()) / CHUNK * CHUNK;
+                let end = if end <= len { data.len() } else { end };
+                match fs.write(ino, len as u64, &data[len..end], false) {
+                    Ok(0) => return Err(format!("node {n}: a write of {name} wrote nothing")),
+                    Ok(w) => len += w,
+                    Err(FsError::NoSpace(why)) => {
+                        full = Some(why);
+                        break;
+                    }
+                    Err(e) => return Err(format!("node {n}: write of {name}: {e}")),
+                }
+            }
+            let done = Done {
+                dir: n,
+                name: name.clone(),
+                seed: pseed,
+                len,
+            };
+            mine.push(done.clone());
+            shared.lock().files.push(done);
+            if let Some(why) = full {
+                return out_of_space(cluster, shared, n, &why);
+            }
+            // Frees: one of its own files every third file, one of another node's
+            // every fifth (a free in another node's space, perhaps in a region that
+            // changed hands since).
+            if k % 3 == 2 {
+                let victim = mine.remove(mine.len() / 2);
+                remove(&fs, shared, &victim)?;
+            }
+            if k % 5 == 4 {
+                let other = shared.lock().files.iter().find(|f| f.dir != n).cloned();
+                if let Some(victim) = other {
+                    remove(&fs, shared, &victim)?;
+                }
+            }
+            if k % 4 == 3 {
+                for work in [
+                    Background::Commit,
+                    Background::Checkpoint,
+                    Background::ReleaseTokens,
+                ] {
+                    cluster
+                        .background(n, work)
+                        .map_err(|e| format!("node {n}: {work:?}: {e}"))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Node `n` met ENOSPC: what node 0 must meet, in a file system at least 80 % in
+    /// use; another node too may meet it then (it wrote less than its budget only
+    /// because node 0 was faster).
+    fn out_of_space(
+        cluster: &SimCluster,
+        shared: &Mutex<Shared>,
+        n: u32,
+        why: &str,
+    ) -> Result<(), String> {
+        let used = used(cluster);
+        if used < 0.8 {
+            return Err(format!(
+                "node {n} met ENOSPC with {:.1} % of the file system in use: {why}",
+                used * 100.0
+            ));
+        }
+        if n == 0 {
+            let mut s = shared.lock();
+            s.enospc = true;
+            s.used = used;
+        }
+        Ok(())
+    }
+
+    fn remove(fs: &FileSystem, shared: &Mutex<Shared>, victim: &Done) -> Result<(), String> {
+        {
+            let mut s = shared.lock();
+            let Some(i) = s
+                .files
+                .iter()
+                .position(|f| f.dir == victim.dir && f.name == victim.name)
+            else {
+                // Another node removed it already.
+                return Ok(());
+            };
+            s.files.remove(i);
+        }
+        let dir = dir_of(fs, victim.dir)?;
+        fs.unlink(dir, victim.name.as_bytes())
+            .map_err(|e| format!("unlink of /n{}/{}: {e}", victim.dir, victim.name))
+    }
+
+    /// Fraction of the file system in use: every region's free space as its owner
+    /// knows it (all regions are owned by now).
+    fn used(cluster: &SimCluster) -> f64 {
+        let cores = cluster.cores();
+        let alloc = &cores[0].1.alloc;
+        let (mut free, mut total) = (0u64, 0u64);
+        for r in 0..alloc.region_count() {
+            let owner = cores
+                .iter()
+                .find(|(_, c)| c.alloc.is_owned(r))
+                .map(|(_, c)| c)
+                .unwrap_or(&cores[0].1);
+            let (f, t) = owner.alloc.region_space(r);
+            free += f;
+            total += t;
+        }
+        1.0 - free as f64 / total as f64
+    }
+
+    fn drive(
+        cluster: &Arc<SimCluster>,
+        shared: &Arc<Mutex<Shared>>,
+        seed: u64,
+        concurrent: bool,
+    ) -> Result<(), String> {
+        for n in 0..NODES {
+            cluster
+                .mount(n)
+                .map_err(|e| format!("mount of node {n}: {e}"))?;
+        }
+        let fs0 = cluster.fs(0).ok_or("node 0 not mounted")?;
+        for n in 0..NODES {
+            fs0.mkdir(CTX, ROOT_INO, format!("n{n}").as_bytes(), 0o755, 0)
+                .map_err(|e| format!("mkdir /n{n}: {e}"))?;
+        }
+        let capacity = fs0.statfs().blocks * fs0.statfs().fragment_bytes as u64;
+        let sim = mako_sim::current().ok_or("not in the simulation")?;
+        shared.lock().running = NODES;
+        for n in 0..NODES {
+            let budget = match n {
+                0 => u64::MAX,
+                1 => capacity / 10,
+                _ => capacity / 20,
+            };
+            let (cluster, shared) = (cluster.clone(), shared.clone());
+            sim.spawn_task(format!("writer {n}"), move || {
+                let r = writer(&cluster, &shared, seed, n, budget, concurrent);
+                let mut s = shared.lock();
+                if let Err(e) = r {
+                    s.failure.get_or_insert(e);
+                }
+                s.running -= 1;
+            });
+        }
+        let mut waited = 0;
+        while shared.lock().running > 0 {
+            mako_diag::sched::sleep(Duration::from_millis(10));
+            waited += 1;
+            if waited > 1_000_000 {
+                return Err("the writers did not finish".into());
+            }
+        }
+        if let Some(e) = shared.lock().failure.clone() {
+            return Err(e);
+        }
+        if !shared.lock().enospc {
+            return Err("node 0 never met ENOSPC".into());
+        }
+        let violations =
+            mako_sim::invariants::check(cluster, mako_sim::invariants::Checks::default());
+        if !violations.is_empty() {
+            return Err(format!("invariants: {violations:?}"));
+        }
+        // Every file as written, read on another node than its writer's.
+        let files = shared.lock().files.clone();
+        for f in &files {
+            let reader = cluster.fs((f.dir + 1) % NODES).ok_or("not mounted")?;
+            let dir = dir_of(&reader, f.dir)?;
+            let a = reader
+                .lookup(dir, f.name.as_bytes())
+                .map_err(|e| format!("lookup of /n{}/{}: {e}", f.dir, f.name))?;
+            if a.size != f.len as u64 {
+                return Err(format!(
+                    "/n{}/{}: size {}, {} written",
+                    f.dir, f.name, a.size, f.len
+                ));
+            }
+            let got = reader
+                .read(a.ino, 0, f.len as u32)
+                .map_err(|e| format!("read of /n{}/{}: {e}", f.dir, f.name))?;
+            if got != pattern(f.seed, CHUNK * FILE_CHUNKS)[..f.len] {
+                return Err(format!(
+                    "/n{}/{}: data differs from what was written",
+                    f.dir, f.name
+                ));
+            }
+        }
+        {
+            use std::sync::atomic::Ordering::Relaxed;
+            let mut s = shared.lock();
+            for (_, core) in cluster.cores() {
+                s.stolen += core.stats.regions_stolen.load(Relaxed);
+                s.frees_sent += core.stats.foreign_frees_sent.load(Relaxed);
+            }
+        }
+        for n in 0..NODES {
+            cluster
+                .unmount(n)
+                .map_err(|e| format!("unmount of node {n}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// One seed: the fraction of the file system in use at node 0's ENOSPC, or what
+    /// failed.
+    pub fn run(seed: u64, concurrent: bool) -> Result<(f64, u64, u64), String> {
+        let sim = Sim::new(
+            seed,
+            SimConfig {
+                hang_timeout: Duration::from_secs(120),
+                ..SimConfig::default()
+            },
+        );
+        let mut config = ClusterConfig::small(NODES);
+        config.thief = Thief::Off;
+        config.disk_bytes = 16 << 20;
+        let cluster = SimCluster::new(&sim, config)?;
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        {
+            let (cluster, shared) = (cluster.clone(), shared.clone());
+            sim.spawn_task("driver", move || {
+                if let Err(e) = drive(&cluster, &shared, seed, concurrent) {
+                    shared.lock().failure.get_or_insert(e);
+                    cluster.abandon();
+                }
+            });
+        }
+        if let Err(e) = sim.run() {
+            cluster.abandon();
+            return Err(e.to_string());
+        }
+        let s = shared.lock();
+        if let Some(e) = &s.failure {
+            return Err(e.clone());
+        }
+        cluster.fsck()?;
+        Ok((s.used, s.stolen, s.frees_sent))
+    }
+}
