@@ -150,18 +150,32 @@ impl NodeLease {
     }
 
     /// A renewal sent at `sent` (from [`NodeLease::now`] before the call) was granted
-    /// at `epoch`. Ignored while expelled (only [`NodeLease::rejoined`] ends that),
-    /// and never shortens a lease a later renewal already extended.
-    pub fn granted(&self, epoch: u64, sent: Duration) {
+    /// at `epoch`. Never shortens a lease a later renewal already extended. While
+    /// expelled, a grant at the expelled epoch (a reply in flight before the expel) is
+    /// ignored; one at a later epoch is a rejoin that committed after this node's
+    /// proposal of it gave up (the manager grants the epoch the configuration holds,
+    /// and only a rejoin raises it): the node holds its lease again, as after
+    /// [`NodeLease::rejoined`]. True then (else it would stay expelled for good: the
+    /// manager no longer answers that it is).
+    pub fn granted(&self, epoch: u64, sent: Duration) -> bool {
         let until = sent + self.times.lease;
         let mut state = self.state.lock();
         match &*state {
-            LeaseState::Expelled { .. } => {}
+            LeaseState::Expelled {
+                epoch: expelled, ..
+            } if epoch <= *expelled => false,
+            LeaseState::Expelled { .. } => {
+                *state = LeaseState::Held { epoch, until };
+                true
+            }
             LeaseState::Held {
                 epoch: held,
                 until: old,
-            } if *held == epoch && *old >= until => {}
-            _ => *state = LeaseState::Held { epoch, until },
+            } if *held == epoch && *old >= until => false,
+            _ => {
+                *state = LeaseState::Held { epoch, until };
+                false
+            }
         }
     }
 
@@ -302,13 +316,30 @@ impl LeaseMonitor {
     /// A ping of `node` was answered (`true`) or not, now.
     pub fn pinged(&mut self, node: NodeId, answered: bool) {
         let now = self.clock.monotonic();
+        self.pinged_at(node, answered, now);
+    }
+
+    /// A ping sent to `node` at `sent` (this monitor's clock, [`LeaseMonitor::now`])
+    /// was answered or not. An unanswered ping counts from when it was sent: the node
+    /// did not answer from then on, and the time the ping waited for its deadline is
+    /// part of `minMissedPingTimeout`, not added to it (a stopped node was expelled
+    /// about two ping deadlines after failureDetectionTime + minMissedPingTimeout).
+    pub fn pinged_at(&mut self, node: NodeId, answered: bool, sent: Duration) {
         if let Some(w) = self.nodes.get_mut(&node) {
             if answered {
                 w.unanswered_since = None;
-            } else if w.unanswered_since.is_none() {
-                w.unanswered_since = Some(now);
+            } else if w.unanswered_since.is_none() && sent >= w.renewed {
+                // (A ping sent before a renewal that reached us since says nothing
+                // about the new lease: counted, it would expel the node the moment
+                // that lease ends.)
+                w.unanswered_since = Some(sent);
             }
         }
+    }
+
+    /// This monitor's clock now (the send time of a ping, [`LeaseMonitor::pinged_at`]).
+    pub fn now(&self) -> Duration {
+        self.clock.monotonic()
     }
 
     /// Where `node` stands now.
@@ -435,6 +466,22 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_at_a_later_epoch_ends_an_expel_whose_rejoin_committed_late() {
+        let clock = Arc::new(FakeClock(Mutex::new(s(0))));
+        let lease = NodeLease::new(clock.clone(), times());
+        assert!(!lease.granted(1, lease.now()));
+        lease.expelled(1, NodeId(0), "lease expired".into());
+        assert!(!lease.granted(1, lease.now()));
+        assert!(matches!(lease.check(), Err(Fenced::Expelled { .. })));
+        // The node's rejoin (epoch 2) timed out on its side but committed: the
+        // manager grants epoch 2 and never says "expelled" again.
+        assert!(lease.granted(2, lease.now()));
+        assert_eq!(lease.check(), Ok(2));
+        assert!(!lease.granted(2, lease.now()));
+        assert_eq!(lease.epoch(), 2);
+    }
+
+    #[test]
     fn the_manager_expels_only_after_lease_plus_missed_pings() {
         let clock = Arc::new(FakeClock(Mutex::new(s(0))));
         let mut m = LeaseMonitor::new(clock.clone(), times());
@@ -455,6 +502,30 @@ mod tests {
         // A renewal arriving resets it.
         m.renewed(n);
         assert_eq!(m.step(n), Watch::Active);
+    }
+
+    #[test]
+    fn an_unanswered_ping_counts_from_when_it_was_sent() {
+        // A stopped node: its pings wait out their deadline (here the whole
+        // minMissedPingTimeout) before they fail. It is expelled when the first one
+        // fails, at lease + minMissedPingTimeout, not a ping deadline later.
+        let clock = Arc::new(FakeClock(Mutex::new(s(0))));
+        let mut m = LeaseMonitor::new(clock.clone(), times());
+        let n = NodeId(2);
+        m.watch(n);
+        m.renewed(n);
+        clock.advance(s(10));
+        assert_eq!(m.step(n), Watch::Arbitrating);
+        let sent = m.now();
+        clock.advance(s(3)); // the ping's deadline
+        m.pinged_at(n, false, sent);
+        assert_eq!(m.step(n), Watch::Expel);
+        // A ping sent before a renewal that arrived while it waited says nothing
+        // about the new lease.
+        m.renewed(n);
+        m.pinged_at(n, false, sent);
+        clock.advance(s(10));
+        assert_eq!(m.step(n), Watch::Arbitrating);
     }
 
     #[test]

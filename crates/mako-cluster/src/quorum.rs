@@ -456,7 +456,7 @@ impl Quorum {
         let end = Instant::now() + deadline;
         self.block(deadline, "the quorum change", async move {
             inner.require_leader()?;
-            if let Some(lost) = inner.lost(end).await {
+            if let Some(lost) = inner.lost().await {
                 return Err(lost);
             }
             let write = inner
@@ -717,9 +717,14 @@ impl Inner {
     /// a quorum answered or the others are silent. Returns the ones that answered, the
     /// silent ones with why (complete only when there is no quorum), and the voter
     /// configurations a majority is needed in.
+    ///
+    /// Each node gets the whole probe deadline, whatever is left of the caller's: a
+    /// ping cut short says nothing about the node (a node that had not learnt the
+    /// cluster manager yet, its deadline spent waiting for one, called the quorum lost
+    /// after pings of 1 ms). A call that probes after its deadline ends at most one
+    /// probe deadline late (`Quorum::block` allows for two).
     async fn probe(
         &self,
-        end: Instant,
     ) -> (
         BTreeSet<RaftNodeId>,
         Vec<(RaftNodeId, String)>,
@@ -729,11 +734,7 @@ impl Inner {
         let membership = m.membership_config.membership();
         let joint: Vec<BTreeSet<RaftNodeId>> = membership.get_joint_config().clone();
         let voters: BTreeSet<RaftNodeId> = membership.voter_ids().collect();
-        let deadline = self
-            .options
-            .probe_deadline
-            .min(remaining(end))
-            .max(Duration::from_millis(1));
+        let deadline = self.options.probe_deadline;
         let mut answering = BTreeSet::new();
         let mut silent = Vec::new();
         // Answers come in as they arrive: once a quorum answered, the others are not
@@ -836,9 +837,10 @@ impl Inner {
         out
     }
 
-    /// `QuorumLost` if the quorum nodes that answer now hold no majority.
-    async fn lost(&self, end: Instant) -> Option<QuorumError> {
-        let (answering, silent, joint) = self.probe(end).await;
+    /// `QuorumLost` if the quorum nodes that answer now hold no majority (each asked
+    /// with the whole probe deadline: [`Inner::probe`]).
+    async fn lost(&self) -> Option<QuorumError> {
+        let (answering, silent, joint) = self.probe().await;
         if has_quorum(&joint, &answering) {
             return None;
         }
@@ -862,7 +864,7 @@ impl Inner {
         self.require_leader()?;
         // Append nothing a majority cannot commit: it would hang, and commit whenever
         // the quorum comes back, long after the caller gave up.
-        if let Some(lost) = self.lost(end).await {
+        if let Some(lost) = self.lost().await {
             return Err(lost);
         }
         let deadline = remaining(end);
@@ -880,7 +882,7 @@ impl Inner {
             Err(_) => {
                 // The entry is in the log and may still commit, whenever a majority
                 // answers again: say so, with why it did not commit in time.
-                let why = match self.lost(end + self.options.probe_deadline).await {
+                let why = match self.lost().await {
                     Some(lost) => format!("the change ({lost})"),
                     None => "the change".to_string(),
                 };
@@ -929,7 +931,7 @@ impl Inner {
             }
             let Some(leader) = self.await_leader(end).await else {
                 // No manager after an election's time: say why if the quorum is gone.
-                if let Some(lost) = self.lost(end).await {
+                if let Some(lost) = self.lost().await {
                     return Err(lost);
                 }
                 last_error = Some(self.not_leader(None));
@@ -976,7 +978,7 @@ impl Inner {
                         node: format!("the cluster manager {}", self.raft_label(leader)),
                         reason: short_reason(&e),
                     });
-                    if let Some(lost) = self.lost(end).await {
+                    if let Some(lost) = self.lost().await {
                         return Err(lost);
                     }
                     self.await_new_leader(leader, end).await;
@@ -1012,7 +1014,7 @@ impl Inner {
             )))) => {
                 // Openraft gives each heartbeat of the check only one heartbeat
                 // interval: a slow answer fails it while the quorum is there.
-                match self.lost(end + self.options.probe_deadline).await {
+                match self.lost().await {
                     Some(lost) => Err(lost),
                     None => Err(QuorumError::Unconfirmed {
                         node: self.label(self.me),
@@ -1020,7 +1022,7 @@ impl Inner {
                     }),
                 }
             }
-            Err(_) => match self.lost(end + self.options.probe_deadline).await {
+            Err(_) => match self.lost().await {
                 Some(lost) => Err(lost),
                 None => Err(QuorumError::Timeout {
                     what: "the read".into(),
@@ -1048,7 +1050,7 @@ impl Inner {
                 });
             }
             let Some(leader) = self.await_leader(end).await else {
-                if let Some(lost) = self.lost(end).await {
+                if let Some(lost) = self.lost().await {
                     return Err(lost);
                 }
                 last_error = Some(self.not_leader(None));

@@ -206,6 +206,49 @@ fn two_of_three_stopped_with_the_leader_quorum_lost_then_regained() {
     quorum_lost_and_regained(true);
 }
 
+/// A change forwarded to the cluster manager whose answer does not come within the
+/// caller's deadline ends in a timeout whose outcome is unknown, never in
+/// `QuorumLost` while every quorum node answers: the probe after the deadline gives
+/// each node its whole probe deadline. (It was cut to what was left of the caller's
+/// deadline, 1 ms at least, so a restarted client's rejoin, forwarded to a busy
+/// manager, failed with "quorum lost: ... node 0 (no answer within 1ms)".)
+#[test]
+fn a_forward_that_times_out_does_not_call_the_quorum_lost() {
+    let c = Cluster::start(&[1, 2, 3], fast_options());
+    let leader = c.bootstrap(&[1, 2, 3]);
+    let epoch = c.create(&[1, 2, 3]);
+    c.converge(epoch);
+    let follower = c.follower(leader);
+    // Every call takes 20 ms, a forward 2 s more: one given 500 ms times out.
+    *c.latency.every.lock() = Duration::from_millis(20);
+    *c.latency.bulk.lock() = Duration::from_secs(2);
+    let e = c
+        .node(follower)
+        .propose_within(
+            Command::AddDisk(disk("d1", &[1])),
+            Duration::from_millis(500),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            QuorumError::Timeout {
+                outcome_unknown: true,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("cluster manager"), "{e}");
+    // The forward was never delivered: with the latency gone the change commits next.
+    *c.latency.bulk.lock() = Duration::ZERO;
+    let next = c
+        .node(follower)
+        .propose(Command::AddDisk(disk("d1", &[1])))
+        .unwrap();
+    assert_eq!(next, epoch + 1);
+}
+
 #[test]
 fn validation_errors_refuse_the_change_on_every_node() {
     let c = Cluster::start(&[1, 2, 3], fast_options());

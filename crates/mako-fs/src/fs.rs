@@ -1701,6 +1701,13 @@ impl FileSystem {
     }
 
     fn write_logged(&self, ino: u64, offset: u64, data: &[u8], append: bool) -> FsResult<usize> {
+        // The inode token for writing before the inode is loaded: loading asks only to
+        // cache it (`ro`), which takes a writer's `xw` away entirely (down to `ro`, then
+        // nothing when this node asks `rw`), so nodes writing one file in turn passed
+        // the inode and its metanode role back and forth at every write. Asked for at
+        // once, `rw` lets the holder keep `rw` and stay the metanode
+        // (docs/coherence.md, "Records of several nodes in one block").
+        self.need(ino, if append { Need::Exclusive } else { Need::Write })?;
         let h = self.handle(ino)?;
         let bb = self.core.block_bytes();
         if append {

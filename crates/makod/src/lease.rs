@@ -77,6 +77,9 @@ pub struct Leases {
     /// manager in `LeaseRequest::Leave` instead of renewals until it answers that this
     /// node was expelled.
     leaving: Mutex<Option<String>>,
+    /// This node's rejoin under way: the lease epoch it was expelled at, when it
+    /// first tried, and how many tries so far (for the log).
+    rejoining: Mutex<Option<(u64, std::time::Instant, u32)>>,
     stop: Arc<AtomicBool>,
 }
 
@@ -106,6 +109,7 @@ impl Leases {
             recovered: Mutex::new(BTreeMap::new()),
             expel_unknown: Mutex::new(BTreeMap::new()),
             leaving: Mutex::new(None),
+            rejoining: Mutex::new(None),
             stop,
         });
         registry.register(me, ServiceId::Lease, Arc::new(LeaseService(leases.clone())));
@@ -151,6 +155,34 @@ impl Leases {
             },
         )
         .map_err(|e| e.to_string())
+    }
+
+    /// Pings `nodes` at once (one renewal interval to answer); true for each that
+    /// answered.
+    fn ping_all(&self, nodes: Vec<NodeId>) -> Vec<bool> {
+        let Ok(ping) = mako_rt::transport::encode("lease ping", &LeaseRequest::Ping) else {
+            return vec![false; nodes.len()];
+        };
+        let calls = nodes
+            .iter()
+            .map(|n| (*n, ServiceId::Lease, ping.clone()))
+            .collect();
+        self.transport
+            .call_many(
+                calls,
+                CallOptions {
+                    priority: Priority::Small,
+                    deadline: self.times().renew_interval(),
+                },
+            )
+            .into_iter()
+            .map(|r| {
+                matches!(
+                    r.and_then(|b| mako_rt::transport::decode::<LeaseReply>("lease reply", &b)),
+                    Ok(LeaseReply::Pong)
+                )
+            })
+            .collect()
     }
 
     /// Renews this node's lease every renewal interval, for as long as makod runs.
@@ -201,7 +233,17 @@ impl Leases {
             None => LeaseRequest::Renew { epoch },
         };
         match self.call(leader, &request) {
-            Ok(LeaseReply::Granted { epoch }) => self.lease.granted(epoch, sent),
+            Ok(LeaseReply::Granted { epoch }) => {
+                if self.lease.granted(epoch, sent) {
+                    *self.rejoining.lock() = None;
+                    tracing::warn!(
+                        "this node, {}, rejoined the cluster at lease epoch {epoch} (its rejoin \
+                         committed after its proposal gave up); file systems mounted before \
+                         the expel stay fenced until mounted again",
+                        self.me
+                    );
+                }
+            }
             Ok(LeaseReply::Expelled { epoch, by, reason }) => {
                 if !matches!(self.lease.check(), Err(Fenced::Expelled { .. })) {
                     tracing::error!(
@@ -232,38 +274,74 @@ impl Leases {
     }
 
     /// Asks for a new epoch after an expel; the lease holds again on success (old
-    /// mounts stay fenced: they were made at the old epoch).
+    /// mounts stay fenced: they were made at the old epoch). One try, given a whole
+    /// lease to commit (a busy manager took longer than the renewal interval tries had
+    /// before); a try that fails is logged with how many were made since the expel,
+    /// and the next renewal makes another once the manager still answers that this
+    /// node is expelled (not while it is being recovered again, by a new manager): the
+    /// mounts waiting for the rejoin bound the wait (`holder_down_wait`, at the
+    /// mount). A try that timed out may commit later: a retry is then refused (the
+    /// epoch moved on), this node's configuration or the next grant says so.
     fn rejoin(&self, epoch: u64) {
         let sent = self.lease.now();
+        let (first, tries) = {
+            let mut r = self.rejoining.lock();
+            let (first, tries) = match *r {
+                Some((e, first, tries)) if e == epoch => (first, tries + 1),
+                _ => (std::time::Instant::now(), 1),
+            };
+            *r = Some((epoch, first, tries));
+            (first, tries)
+        };
         let command = Command::Rejoin {
             node: self.me,
             epoch,
         };
-        match self
-            .quorum
-            .propose_within(command, self.times().renew_interval())
-        {
+        let error = match self.quorum.propose_within(command, self.times().lease) {
             Ok(config_epoch) => {
                 // The learner's copy may not have applied its own change yet.
-                let new = match self
+                match self
                     .quorum
                     .wait_epoch(config_epoch, self.times().renew_interval())
                 {
-                    Ok(config) => config.lease_of(self.me).epoch,
-                    Err(e) => {
-                        tracing::warn!("rejoined, but the new lease epoch is not known yet: {e}");
-                        return;
+                    Ok(config) => {
+                        let new = config.lease_of(self.me).epoch;
+                        self.rejoined(new, sent, tries, first);
                     }
-                };
-                tracing::warn!(
-                    "this node, {}, rejoined the cluster at lease epoch {new}; file systems \
-                     mounted before the expel stay fenced until mounted again",
-                    self.me
-                );
-                self.lease.rejoined(new, sent);
+                    // Committed: the next renewal's grant carries the new epoch.
+                    Err(e) => tracing::warn!(
+                        "rejoined, but the new lease epoch is not known yet ({e}); the next \
+                         renewal brings it"
+                    ),
+                }
+                return;
             }
-            Err(e) => tracing::warn!("rejoining the cluster after an expel failed: {e}"),
+            Err(e) => e,
+        };
+        // A try that timed out may have committed since.
+        let lease = self.quorum.read_local().lease_of(self.me);
+        if lease.expelled.is_none() && lease.epoch > epoch {
+            self.rejoined(lease.epoch, sent, tries, first);
+            return;
         }
+        tracing::warn!(
+            "rejoining the cluster after an expel (lease epoch {epoch}) failed, try {tries} \
+             ({:?} since the first): {error}; the next renewal tries again",
+            first.elapsed()
+        );
+    }
+
+    /// This node's rejoin committed at lease epoch `new`.
+    fn rejoined(&self, new: u64, sent: Duration, tries: u32, first: std::time::Instant) {
+        *self.rejoining.lock() = None;
+        tracing::warn!(
+            "this node, {}, rejoined the cluster at lease epoch {new} (try {tries}, {:?} \
+             after the first); file systems mounted before the expel stay fenced until \
+             mounted again",
+            self.me,
+            first.elapsed()
+        );
+        self.lease.rejoined(new, sent);
     }
 
     fn is_manager(&self) -> bool {
@@ -322,6 +400,8 @@ impl Leases {
     fn watch_once(&self) {
         let config = self.quorum.read_local();
         let watched = self.monitor.lock().watched();
+        let mut arbitrating = Vec::new();
+        let mut expel = Vec::new();
         for node in watched {
             let lease = config.lease_of(node);
             if lease.expelled.is_some() || !config.nodes.contains_key(&node) {
@@ -349,24 +429,38 @@ impl Leases {
                 }
                 Watch::Arbitrating => {
                     self.arbitrating.lock().insert(node);
-                    let answered =
-                        matches!(self.call(node, &LeaseRequest::Ping), Ok(LeaseReply::Pong));
-                    self.monitor.lock().pinged(node, answered);
+                    arbitrating.push((node, lease.epoch));
                 }
-                Watch::Expel => {
-                    let silent = self.monitor.lock().silent_for(node).unwrap_or_default();
-                    let times = self.times();
-                    let reason = format!(
-                        "no lease renewal for {:.1} s (failureDetectionTime {} s) and no answer \
-                         to pings for minMissedPingTimeout {} s",
-                        silent.as_secs_f64(),
-                        times.lease.as_secs(),
-                        times.missed_ping.as_secs()
-                    );
-                    if let Err(e) = self.expel(node, lease.epoch, reason) {
-                        tracing::warn!("expelling {node} failed: {e}");
-                    }
+                Watch::Expel => expel.push((node, lease.epoch)),
+            }
+        }
+        // Every node whose lease ran out is pinged at once (a partition that cut off
+        // many nodes costs one ping deadline, not one per node), and looked at again
+        // as soon as its ping is answered or timed out: a ping unanswered for
+        // minMissedPingTimeout since it was sent expels now, not a watch round later.
+        if !arbitrating.is_empty() {
+            let sent = self.monitor.lock().now();
+            let answers = self.ping_all(arbitrating.iter().map(|(n, _)| *n).collect());
+            let mut m = self.monitor.lock();
+            for ((node, epoch), answered) in arbitrating.into_iter().zip(answers) {
+                m.pinged_at(node, answered, sent);
+                if m.step(node) == Watch::Expel {
+                    expel.push((node, epoch));
                 }
+            }
+        }
+        for (node, epoch) in expel {
+            let silent = self.monitor.lock().silent_for(node).unwrap_or_default();
+            let times = self.times();
+            let reason = format!(
+                "no lease renewal for {:.1} s (failureDetectionTime {} s) and no answer \
+                 to pings for minMissedPingTimeout {} s",
+                silent.as_secs_f64(),
+                times.lease.as_secs(),
+                times.missed_ping.as_secs()
+            );
+            if let Err(e) = self.expel(node, epoch, reason) {
+                tracing::warn!("expelling {node} failed: {e}");
             }
         }
         // Nodes that rejoined (or were added) are watched again.

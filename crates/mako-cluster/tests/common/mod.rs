@@ -6,12 +6,62 @@
 use mako_cluster::{
     ClusterConfig, Command, DiskEntry, FsEntry, Member, NodeEntry, Quorum, QuorumOptions, Role,
 };
-use mako_rt::{InProcessTransport, NodeId, Registry};
+use mako_rt::{
+    CallOptions, InProcessTransport, NodeId, Priority, Registry, ServiceId, Transport,
+    TransportError,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Latencies the nodes' calls take (a network slower than the in-process one, which
+/// answers at once and never times out): each call waits its latency first, and a
+/// call whose deadline is shorter fails with `TransportError::Timeout` at its
+/// deadline, undelivered. Changed while the cluster runs.
+#[derive(Default)]
+pub struct Latency {
+    /// Every call (raft's messages, probes, forwards).
+    pub every: parking_lot::Mutex<Duration>,
+    /// On top, for calls on the bulk lane (forwarded changes and reads).
+    pub bulk: parking_lot::Mutex<Duration>,
+}
+
+/// The in-process transport behind [`Latency`].
+struct SlowTransport {
+    inner: InProcessTransport,
+    latency: Arc<Latency>,
+}
+
+impl Transport for SlowTransport {
+    fn local_node(&self) -> NodeId {
+        self.inner.local_node()
+    }
+
+    fn call(
+        &self,
+        to: NodeId,
+        service: ServiceId,
+        request: Vec<u8>,
+        options: CallOptions,
+    ) -> Result<Vec<u8>, TransportError> {
+        let mut wait = *self.latency.every.lock();
+        if matches!(options.priority, Priority::Bulk) {
+            wait += *self.latency.bulk.lock();
+        }
+        if wait > options.deadline {
+            std::thread::sleep(options.deadline);
+            return Err(TransportError::Timeout {
+                node: to,
+                service,
+                deadline: options.deadline,
+            });
+        }
+        std::thread::sleep(wait);
+        self.inner.call(to, service, request, options)
+    }
+}
 
 /// How long anything that should happen may take before the test fails (a bound, not
 /// a measurement: no test asserts on elapsed time).
@@ -83,6 +133,8 @@ pub struct Cluster {
     pub registry: Arc<Registry>,
     pub options: QuorumOptions,
     pub nodes: BTreeMap<u32, Quorum>,
+    /// Every node's calls take this long (none unless a test sets it).
+    pub latency: Arc<Latency>,
 }
 
 impl Cluster {
@@ -97,6 +149,7 @@ impl Cluster {
             registry: Registry::new(),
             options,
             nodes: BTreeMap::new(),
+            latency: Arc::default(),
         };
         for id in ids {
             cluster.start_node(*id);
@@ -110,7 +163,10 @@ impl Cluster {
 
     /// Starts (or restarts, on its existing store) node `id`.
     pub fn start_node(&mut self, id: u32) {
-        let transport = Arc::new(InProcessTransport::new(NodeId(id), self.registry.clone()));
+        let transport = Arc::new(SlowTransport {
+            inner: InProcessTransport::new(NodeId(id), self.registry.clone()),
+            latency: self.latency.clone(),
+        });
         let q = Quorum::start(
             NodeId(id),
             &self.data_dir(id),

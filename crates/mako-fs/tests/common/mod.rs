@@ -15,10 +15,22 @@ pub struct Nodes {
 impl Nodes {
     /// `n` nodes (a log each) on four 64 MiB disks, without background workers; each
     /// node's environment goes through `env` first (a test's transport wrapper).
+    #[allow(dead_code)] // not every test file uses it
     pub fn new(n: u32, env: impl Fn(NodeEnv) -> NodeEnv) -> Nodes {
+        Self::with_blocks(n, 64 << 10, env)
+    }
+
+    /// `new` with blocks of `block_bytes`.
+    #[allow(dead_code)] // not every test file uses it
+    pub fn with_blocks(n: u32, block_bytes: u32, env: impl Fn(NodeEnv) -> NodeEnv) -> Nodes {
         let disks = MemDisks::new(4, 64 << 20);
         disks.format(&MkfsParams {
             log_count: n,
+            block_bytes,
+            // The log holds at least 16 directory blocks.
+            log_bytes: (16 * block_bytes as u64).max(1 << 20),
+            // An indirect block is at least a subblock.
+            indirect_bytes: (block_bytes / 128).max(4096),
             ..small_params()
         });
         let cfg = FsConfig {
@@ -39,7 +51,12 @@ impl Nodes {
     /// Unmounts every node; the file system must then check clean.
     pub fn finish(self) {
         for m in self.nodes {
+            // As makod does (`MountedFs::write_back`): written back, then every token
+            // given up, so the nodes still mounted find a metanode that is gone no
+            // longer named (its service answers nothing once its core is dropped).
+            let core = m.core().clone();
             m.unmount().expect("unmount");
+            core.tokens.client().release_all().expect("release tokens");
         }
         let r = mako_fsck::check_offline(
             self.disks.as_dyn(),
