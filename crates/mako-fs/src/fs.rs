@@ -306,7 +306,9 @@ impl FileSystem {
     /// to this node, so both are granted without revoking anything; should one be
     /// taken back before the operation holds it, `need_new_inode` asks for it again.
     /// Only outside an operation (no lock, handle or hold open: docs/coherence.md R1);
-    /// nested in one, the operation's own restarts do it.
+    /// nested in one, the operation's own restarts do it. (Asking for both in one
+    /// manager request, `TokenClient::try_acquire_fresh`, made three-node simulation
+    /// seeds 187 and 226 fail: docs/performance.md; not used until that is understood.)
     fn acquire_new_inode_tokens(&self, ino: u64) -> FsResult<()> {
         if crate::op::in_operation(&self.core) {
             return Ok(());

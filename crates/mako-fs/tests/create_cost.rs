@@ -51,7 +51,15 @@ fn a_create_gets_its_new_inodes_tokens_without_restarting() {
         "{calls} token requests for {n} creates (about two each expected)"
     );
     for i in 0..n {
-        assert!(fs.lookup(dir, format!("f{i}").as_bytes()).is_ok());
+        let ino = fs.lookup(dir, format!("f{i}").as_bytes()).unwrap().ino;
+        let client = core.tokens.client();
+        for r in [core.tokens.inode(ino), core.tokens.data(ino)] {
+            assert_eq!(
+                client.held_mode(r, mako_token::ByteRange::WHOLE),
+                Some(mako_token::TokenMode::Xw),
+                "{r} of new file f{i}"
+            );
+        }
     }
     m.unmount().unwrap();
 }

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::TokenError;
 use crate::held_ranges::HeldRanges;
 use crate::manager::{
-    validate_range, validate_request, AcquireRequest, Condition, HeldToken, Holder,
+    validate_range, validate_request, AcquireRequest, Condition, Grant, HeldToken, Holder,
 };
 use crate::mode::{compatible, covers, TokenMode};
 use crate::protocol::{ClientReply, ClientRequest, ManagerReply, ManagerRequest};
@@ -422,6 +422,26 @@ impl Drop for Hold {
 }
 
 impl ClientInner {
+    /// A grant of `resource` from the manager goes into the cache (`st`, under its
+    /// shard's lock); `replace` drops the held modes it covers first.
+    fn record_grant(&self, resource: ResourceId, st: &mut ResState, g: &Grant, replace: bool) {
+        if replace {
+            st.held.remove(g.range);
+        }
+        st.held.grant(g.range, g.mode);
+        st.version = st.version.max(g.version);
+        st.granted_at = self.grant_clock.fetch_add(1, Ordering::SeqCst) + 1;
+        st.metanode = g.metanode;
+        // Not under a counted lock: a check of it is no preemption point of the
+        // simulation (it never waits: nothing else is held under it).
+        let mut crowds = self.crowds.lock();
+        if g.contenders > 0 {
+            crowds.insert(resource, g.contenders);
+        } else {
+            crowds.remove(&resource);
+        }
+    }
+
     fn shard(&self, resource: &ResourceId) -> &(CountedMutex<Shard>, Condvar) {
         let mut h = resource.id ^ ((resource.kind as u64) << 56) ^ u64::from(resource.fs);
         h = h.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -1079,6 +1099,91 @@ impl TokenClient {
         result
     }
 
+    /// Ask for tokens nobody else can hold yet in one manager request: each resource
+    /// of `wants` (in its mode, over its whole range) that this node neither holds nor
+    /// has an acquire or revoke of in progress is asked for, and granted if the manager
+    /// can grant it without revoking or queueing anyone (a try, like
+    /// `AcquireOptions::no_revoke`). Returns which were granted; the caller acquires the
+    /// others as usual (`acquire`), so a refusal or a failed call costs one more round
+    /// trip, never a wrong answer. Nothing is asked unless all of `wants` are routed to
+    /// one manager node. Made for the inode and data tokens of a number just reserved
+    /// for a new inode, which two acquires asked for one after the other. Never waits.
+    pub fn try_acquire_fresh(&self, wants: &[(ResourceId, TokenMode)]) -> Vec<bool> {
+        let inner = &self.inner;
+        let mut granted = vec![false; wants.len()];
+        debug_assert_eq!(
+            thread_holds(inner.id),
+            0,
+            "{}: acquire with holds open on this thread (rule R1)",
+            inner.node
+        );
+        {
+            let managers = inner.managers.read();
+            let Some((first, _)) = wants.first() else {
+                return granted;
+            };
+            let to = managers.manager_for(first);
+            if wants.iter().any(|(r, _)| managers.manager_for(r) != to) {
+                return granted;
+            }
+        }
+        // Each resource asked for is `busy` (revokes and other acquires of it wait)
+        // and `asking` (a rebuilding manager's report waits) until its answer is in
+        // the cache, as in `acquire_rounds`. Nothing waits here while any is busy.
+        let mut asked = Vec::new();
+        let mut requests = Vec::new();
+        for (i, &(resource, mode)) in wants.iter().enumerate() {
+            let req = AcquireRequest::new(
+                inner.node,
+                resource,
+                mode,
+                ByteRange::WHOLE,
+                ByteRange::WHOLE,
+            );
+            if validate_request(&req).is_err() {
+                continue;
+            }
+            let (lock, _) = inner.shard(&resource);
+            let mut shard = lock.lock();
+            let st = shard.res.entry(resource).or_default();
+            let fresh = st.held.is_empty()
+                && st.holds.is_empty()
+                && st.revoking.is_empty()
+                && st.downgrading.is_empty()
+                && !st.busy;
+            if !fresh {
+                continue;
+            }
+            st.busy = true;
+            st.asking = true;
+            asked.push(i);
+            requests.push(req);
+        }
+        let Some(&first) = asked.first() else {
+            return granted;
+        };
+        inner.manager_calls.fetch_add(1, Ordering::Relaxed);
+        let replies =
+            match inner.ask_manager(&wants[first].0, ManagerRequest::AcquireEach(requests)) {
+                Ok(ManagerReply::Each(replies)) if replies.len() == asked.len() => replies,
+                _ => Vec::new(),
+            };
+        for (k, &i) in asked.iter().enumerate() {
+            let resource = wants[i].0;
+            let (lock, cv) = inner.shard(&resource);
+            let mut shard = lock.lock();
+            let st = shard.res.entry(resource).or_default();
+            st.busy = false;
+            st.asking = false;
+            if let Some(ManagerReply::Granted(g)) = replies.get(k) {
+                inner.record_grant(resource, st, g, false);
+                granted[i] = true;
+            }
+            cv.notify_all();
+        }
+        granted
+    }
+
     /// The rounds of `acquire_full`: ask the manager; on a conflict revoke the holders
     /// and ask again; behind older requests wait for them to be served.
     fn acquire_rounds(
@@ -1164,22 +1269,7 @@ impl TokenClient {
             );
             let (copyset, wanted, effective_required, metanode) = match reply {
                 Ok(ManagerReply::Granted(g)) => {
-                    if replace {
-                        st.held.remove(g.range);
-                    }
-                    st.held.grant(g.range, g.mode);
-                    st.version = st.version.max(g.version);
-                    st.granted_at = inner.grant_clock.fetch_add(1, Ordering::SeqCst) + 1;
-                    st.metanode = g.metanode;
-                    // Not under a counted lock: a check of it is no preemption point
-                    // of the simulation (it never waits: nothing else is held under
-                    // it).
-                    let mut crowds = inner.crowds.lock();
-                    if g.contenders > 0 {
-                        crowds.insert(resource, g.contenders);
-                    } else {
-                        crowds.remove(&resource);
-                    }
+                    inner.record_grant(resource, st, &g, replace);
                     return Ok(());
                 }
                 // The manager answers for the request it considered (a conditional
@@ -1959,6 +2049,83 @@ mod tests {
                 .register(node, ServiceId::TokenClient, c.service());
             c
         }
+    }
+
+    /// A new inode's two tokens: one manager request grants both.
+    #[test]
+    fn fresh_tokens_come_in_one_manager_request() {
+        let c = Cluster::new();
+        let a = c.client(A, Arc::default());
+        let inode = ResourceId::new(1, ResourceKind::Inode, 7);
+        let data = ResourceId::new(1, ResourceKind::ByteRange, 7);
+        assert_eq!(
+            a.try_acquire_fresh(&[(inode, Xw), (data, Xw)]),
+            [true, true]
+        );
+        assert_eq!(a.stats().manager_calls, 1);
+        assert_eq!(c.manager.stats().acquires, 2);
+        for r in [inode, data] {
+            assert_eq!(a.held_mode(r, ByteRange::WHOLE), Some(Xw), "{r}");
+            assert!(a.try_hold(r, Xw, ByteRange::WHOLE).is_some(), "{r}");
+        }
+        // Held already: nothing is asked.
+        assert_eq!(
+            a.try_acquire_fresh(&[(inode, Xw), (data, Xw)]),
+            [false, false]
+        );
+        assert_eq!(a.stats().manager_calls, 1);
+    }
+
+    /// What another node holds is neither revoked nor granted over it: that token is
+    /// left for a normal acquire, which then still works (nothing was left busy).
+    #[test]
+    fn a_fresh_acquire_takes_nothing_from_another_node() {
+        let c = Cluster::new();
+        let cache_b = Arc::new(RecordingCache::default());
+        let a = c.client(A, Arc::default());
+        let b = c.client(B, cache_b.clone());
+        let inode = ResourceId::new(1, ResourceKind::Inode, 8);
+        let data = ResourceId::new(1, ResourceKind::ByteRange, 8);
+        b.acquire(data, Ro, ByteRange::WHOLE, ByteRange::WHOLE)
+            .expect("b reads");
+        assert_eq!(
+            a.try_acquire_fresh(&[(inode, Xw), (data, Xw)]),
+            [true, false]
+        );
+        assert_eq!(a.stats().manager_calls, 1);
+        assert!(cache_b.calls.lock().is_empty(), "no revoke");
+        assert_eq!(b.held_mode(data, ByteRange::WHOLE), Some(Ro));
+        assert_eq!(a.held_mode(data, ByteRange::WHOLE), None);
+        assert_eq!(a.held_mode(inode, ByteRange::WHOLE), Some(Xw));
+        a.acquire(data, Xw, ByteRange::WHOLE, ByteRange::WHOLE)
+            .expect("a normal acquire revokes b");
+        assert_eq!(cache_b.calls.lock().len(), 1);
+        assert_eq!(b.held_mode(data, ByteRange::WHOLE), None);
+    }
+
+    /// Resources of two manager nodes cannot go in one request: nothing is asked.
+    #[test]
+    fn a_fresh_acquire_across_manager_nodes_asks_nothing() {
+        let registry = Registry::new();
+        let managers = ManagerMap {
+            nodes: vec![NodeId(0), NodeId(3)],
+        };
+        let a = TokenClient::new(
+            A,
+            Arc::new(InProcessTransport::new(A, registry.clone())),
+            managers.clone(),
+            TokenClientLimits::default(),
+        );
+        let first = ResourceId::new(1, ResourceKind::Inode, 1);
+        let other = (2..1000)
+            .map(|i| ResourceId::new(1, ResourceKind::ByteRange, i))
+            .find(|r| managers.slot_for(r) != managers.slot_for(&first))
+            .expect("a resource of the other slot");
+        assert_eq!(
+            a.try_acquire_fresh(&[(first, Xw), (other, Xw)]),
+            [false, false]
+        );
+        assert_eq!(a.stats().manager_calls, 0);
     }
 
     #[test]

@@ -16,6 +16,11 @@ use std::sync::Arc;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum ManagerRequest {
     Acquire(AcquireRequest),
+    /// Several acquires in one message, each answered as `Acquire` would be, in
+    /// order (`ManagerReply::Each`). Sent only with requests that never queue
+    /// (`AcquireRequest::waiter` is `None`), for resources of one manager node
+    /// (`TokenClient::try_acquire_fresh`).
+    AcquireEach(Vec<AcquireRequest>),
     Relinquish {
         node: NodeId,
         resource: ResourceId,
@@ -79,6 +84,8 @@ pub enum ManagerReply {
     Stats(TokenStats),
     /// Conflicts come back as `TokenError::Conflict` with the copyset.
     Failed(TokenError),
+    /// The answers to `ManagerRequest::AcquireEach`, one per request, in order.
+    Each(Vec<ManagerReply>),
 }
 
 /// Requests to a node's token client.
@@ -136,6 +143,14 @@ impl ManagerService {
                 Ok(g) => ManagerReply::Granted(g),
                 Err(e) => ManagerReply::Failed(e),
             },
+            ManagerRequest::AcquireEach(reqs) => ManagerReply::Each(
+                reqs.into_iter()
+                    .map(|req| match m.acquire(req) {
+                        Ok(g) => ManagerReply::Granted(g),
+                        Err(e) => ManagerReply::Failed(e),
+                    })
+                    .collect(),
+            ),
             ManagerRequest::Relinquish {
                 node,
                 resource,
