@@ -474,6 +474,11 @@ pub struct Core {
     /// in the middle of an operation answers from what it read before its lease ran
     /// out (the checker's test: it must catch it).
     pub test_no_answer_fence: AtomicBool,
+    /// TEST ONLY: called in `metanode::settle` between its look at the handle and the
+    /// write lock under which it begins a shared writer's view, with no lock held (a
+    /// test serves a request there: `two_nodes.rs`,
+    /// `a_request_served_while_a_shared_view_begins`).
+    pub test_settle_gap: std::sync::OnceLock<AnswerHook>,
     /// The file system's panic on this node (`FsPanic`): set when a write of its
     /// recovery log (or of its metadata in place) fails.
     pub fs_panic: Arc<FsPanic>,
@@ -714,6 +719,7 @@ impl Core {
             mount_fence: std::sync::OnceLock::new(),
             answer_hook: std::sync::OnceLock::new(),
             test_no_answer_fence: AtomicBool::new(false),
+            test_settle_gap: std::sync::OnceLock::new(),
             fs_panic: Arc::new(FsPanic::default()),
             generation: AtomicU32::new(seed),
             node,

@@ -306,14 +306,23 @@ impl FileSystem {
     /// to this node, so both are granted without revoking anything; should one be
     /// taken back before the operation holds it, `need_new_inode` asks for it again.
     /// Only outside an operation (no lock, handle or hold open: docs/coherence.md R1);
-    /// nested in one, the operation's own restarts do it. (Asking for both in one
-    /// manager request, `TokenClient::try_acquire_fresh`, made three-node simulation
-    /// seeds 187 and 226 fail: docs/performance.md; not used until that is understood.)
+    /// nested in one, the operation's own restarts do it. Both are asked for in one
+    /// manager request when this node has neither (`TokenClient::try_acquire_fresh`);
+    /// whatever that did not get is acquired one by one below. (Its changed message
+    /// schedule made three-node seeds 184, 187 and 226 meet a metanode race, fixed in
+    /// `metanode::settle`: docs/performance.md.)
     fn acquire_new_inode_tokens(&self, ino: u64) -> FsResult<()> {
         if crate::op::in_operation(&self.core) {
             return Ok(());
         }
         let tokens = &self.core.tokens;
+        let client = tokens.client();
+        let (inode, data) = (tokens.inode(ino), tokens.data(ino));
+        if client.held_mode(inode, ByteRange::WHOLE).is_none()
+            && client.held_mode(data, ByteRange::WHOLE).is_none()
+        {
+            client.try_acquire_fresh(&[(inode, TokenMode::Xw), (data, TokenMode::Xw)]);
+        }
         if tokens.inode_mode(ino) != Some(TokenMode::Xw) {
             tokens.acquire(tokens.inode_missing(ino, Need::Exclusive))?;
         }

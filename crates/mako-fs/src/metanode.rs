@@ -480,7 +480,20 @@ pub fn settle(core: &Core, h: &InodeHandle) -> FsResult<()> {
         Some(TokenMode::Rw) if metanode || shared => Ok(()),
         Some(TokenMode::Ro) | None if !metanode && !shared => Ok(()),
         Some(TokenMode::Rw) => {
+            if let Some(hook) = core.test_settle_gap.get() {
+                hook();
+            }
             let mut st = h.state.write();
+            // Looked at again under the write lock: since the look above this node
+            // may have become the metanode (a request it served took over, `serve`;
+            // so does another operation's `locate`), or another operation may have
+            // begun the shared view. A shared view set over the metanode made it
+            // answer `GetBlocks` from that empty view, "needs the address of unit N
+            // from its metanode": other nodes' reads of the file failed with EIO
+            // until its token left (three-node seed 172).
+            if st.metanode || st.shared.is_some() {
+                return Ok(());
+            }
             let now = (st.inode.size, st.inode.mtime, st.inode.ctime);
             st.shared = Some(Box::new(Shared {
                 reported: Some(now),
@@ -500,15 +513,17 @@ pub fn prepare(core: &Core, h: &InodeHandle) -> FsResult<()> {
     let mode = core.tokens.inode_mode(h.ino);
     match mode {
         Some(TokenMode::Xw) => {
-            let st = h.state.write();
+            let mut st = h.state.write();
             if st.shared.is_some() {
                 // Everyone else gave up: the disk holds the merged inode, except what
                 // this node changed as a shared writer and had not reported yet (an
                 // upgrade from `rw` revokes only the others).
                 return take_over(core, h, st);
             }
-            drop(st);
-            h.state.write().metanode = true;
+            // Under the lock of the look at `shared`: a shared view begun between the
+            // two (the token weakened to `rw` meanwhile) would be left under a
+            // metanode (see `settle`).
+            st.metanode = true;
             Ok(())
         }
         Some(TokenMode::Rw) => {

@@ -143,6 +143,96 @@ fn two_writers_of_one_file_through_the_metanode() {
     c.finish();
 }
 
+/// The manager names the first node granted a file's inode in `rw` its metanode, and
+/// that node's next use of the inode (`metanode::settle`) begins a shared writer's
+/// view unless it is the metanode already. A request from another node served in
+/// between makes it take over as metanode (`metanode::serve`): the view begun after
+/// that, over the metanode, made it answer `GetBlocks` from the empty view ("needs the
+/// address of unit N from its metanode"): EIO for the other nodes' reads (three-node
+/// seed 172) and a write of its own that restarted until it gave up. The test serves
+/// the request at that point (`Core::test_settle_gap`) instead of waiting for a
+/// schedule that does.
+#[test]
+fn a_request_served_while_a_shared_view_begins() {
+    use mako_fs::metanode::{call_node, FsReply, FsRequest};
+    use std::sync::{Arc, Mutex};
+    let c = TwoNodes::new(2, |e| e);
+    let (a, b) = (c.fs(0), c.fs(1));
+    let bb = 64 * 1024u64;
+    let f = b.create(CTX, ROOT_INO, b"f", 0o644, 0, true).unwrap().ino;
+    let data = pattern(30, 3 * bb as usize);
+    b.write(f, 0, &data, false).unwrap();
+    // B gives its tokens up; A is granted the inode in `rw` as its first writer, so
+    // its metanode. (An operation asks for `xw` when nobody else holds or waits for
+    // the inode; in the simulation other nodes waited.)
+    b.fsync(f, false).unwrap();
+    c.nodes[1].core().tokens.client().release_all().unwrap();
+    let a_core = c.nodes[0].core();
+    a_core
+        .tokens
+        .client()
+        .acquire(
+            a_core.tokens.inode(f),
+            mako_token::TokenMode::Rw,
+            mako_token::ByteRange::WHOLE,
+            mako_token::ByteRange::WHOLE,
+        )
+        .unwrap();
+    assert_eq!(a_core.tokens.inode_mode(f), Some(mako_token::TokenMode::Rw));
+    assert!(a_core
+        .tokens
+        .client()
+        .named_metanode(a_core.tokens.inode(f)));
+    // A writes. Where its operation is about to begin a shared view (it holds `rw`
+    // and its handle does not know itself the metanode yet), B asks A for the file's
+    // attributes, as a shared writer's `stat` does: A takes over there.
+    let served = Arc::new(Mutex::new(None));
+    let b_core = Arc::downgrade(c.nodes[1].core());
+    let hook_served = served.clone();
+    let hook = move || {
+        let Some(b_core) = b_core.upgrade() else {
+            return;
+        };
+        let mut served = hook_served.lock().unwrap();
+        if served.is_none() {
+            let r = call_node(&b_core, mako_rt::NodeId(0), &FsRequest::GetAttr { ino: f });
+            *served = Some(format!("{:?}", r.map(|r| matches!(r, FsReply::Inode(_)))));
+        }
+    };
+    assert!(a_core.test_settle_gap.set(Arc::new(hook)).is_ok());
+    let patch = pattern(31, 1000);
+    a.write(f, bb + 10, &patch, false)
+        .expect("A writes as the file's metanode");
+    assert_eq!(
+        served.lock().unwrap().as_deref(),
+        Some("Ok(true)"),
+        "A answered B's request as the metanode while its write began a shared view"
+    );
+    // A, still the metanode, answers for the file's blocks from its inode.
+    let r = call_node(
+        c.nodes[1].core(),
+        mako_rt::NodeId(0),
+        &FsRequest::GetBlocks {
+            ino: f,
+            first: 0,
+            count: 3,
+        },
+    );
+    match r {
+        Ok(FsReply::Blocks { size, list }) => {
+            assert_eq!(size, 3 * bb);
+            assert_eq!(list.len(), 3);
+            assert!(list.iter().all(|&(_, da, _)| da != 0), "{list:?}");
+        }
+        other => panic!("A answers GetBlocks as the metanode: {other:?}"),
+    }
+    let mut want = data;
+    want[(bb + 10) as usize..(bb + 10) as usize + patch.len()].copy_from_slice(&patch);
+    assert_eq!(read_all(b, f), want);
+    assert_eq!(read_all(a, f), want);
+    c.finish();
+}
+
 /// Write `data` at 0 in calls of `chunk` bytes, as a program does: a short write (the
 /// space ran out within the call) is followed by one for the rest, so only an ENOSPC
 /// answered for a call's first block stops it. Err: bytes written, and the error.
