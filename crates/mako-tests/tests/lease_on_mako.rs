@@ -101,18 +101,7 @@ fn a_paused_node_is_expelled_cannot_write_and_rejoins() {
     });
 
     // Rejoin: node 1 restarted mounts at a new lease epoch.
-    let out = c
-        .mako(&["shutdown", "-N", "node1"])
-        .expect("mako shutdown -N node1");
-    assert!(out.success(), "mako shutdown -N node1: {out}");
-    let out = c
-        .mako(&["startup", "-N", "node1"])
-        .expect("mako startup -N node1");
-    assert!(
-        out.success(),
-        "mako startup -N node1: {out}\n{}",
-        c.logs_tail(30)
-    );
+    restart_node1(&c);
     wait_for(&c, "node1 active again", || {
         let show = c.node_show();
         let line = line_of(&show, "node1");
@@ -140,6 +129,22 @@ fn a_paused_node_is_expelled_cannot_write_and_rejoins() {
 /// The errors a fenced mount may give: EIO from the fenced disk, EROFS once the core
 /// turned the file system read-only, ESTALE for a handle of the old epoch, ENOTCONN
 /// for a connection torn down.
+/// `mako shutdown -N node1`, then `mako startup -N node1`: both must succeed.
+fn restart_node1(c: &NetCluster) {
+    let out = c
+        .mako(&["shutdown", "-N", "node1"])
+        .expect("mako shutdown -N node1");
+    assert!(out.success(), "mako shutdown -N node1: {out}");
+    let out = c
+        .mako(&["startup", "-N", "node1"])
+        .expect("mako startup -N node1");
+    assert!(
+        out.success(),
+        "mako startup -N node1: {out}\n{}",
+        c.logs_tail(30)
+    );
+}
+
 fn fenced_error(e: &std::io::Error) -> bool {
     matches!(
         e.raw_os_error(),
@@ -254,18 +259,7 @@ fn a_paused_client_holding_a_write_token_stalls_a_writer_until_its_recovery() {
     assert!(fenced_error(&e), "node 1's old mount after the rejoin: {e}");
     // Mounted again: a restart of its makod, as `mako fs unmount` of a fenced mount
     // cannot write back (docs/cluster.md, "Rejoin").
-    let out = c
-        .mako(&["shutdown", "-N", "node1"])
-        .expect("mako shutdown -N node1");
-    assert!(out.success(), "mako shutdown -N node1: {out}");
-    let out = c
-        .mako(&["startup", "-N", "node1"])
-        .expect("mako startup -N node1");
-    assert!(
-        out.success(),
-        "mako startup -N node1: {out}\n{}",
-        c.logs_tail(30)
-    );
+    restart_node1(&c);
     // Node 0's data is what remains, seen from both nodes; node 1 works again.
     assert!(
         std::fs::read(&f1).expect("node 1 reads the file after mounting again") == new,
