@@ -523,6 +523,18 @@ fn negative_attr() -> FileAttr {
 fn errno(e: &FsError) -> Errno {
     if e.is_serious() {
         tracing::error!("{e}");
+    } else if matches!(e, FsError::NoSpace(_)) {
+        // An admin seeing ENOSPC with space free needs the reason (which node's space,
+        // the log, a directory): logged at most once a second, so a full file system
+        // does not flood makod.log.
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static LAST: AtomicU64 = AtomicU64::new(u64::MAX);
+        let now = std::time::SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if LAST.swap(now, Ordering::Relaxed) != now {
+            tracing::warn!("ENOSPC returned to an application: {e}");
+        }
     }
     Errno::from_i32(e.errno())
 }

@@ -153,6 +153,13 @@ fn full_file_system_gives_enospc_and_recovers() {
         libc::ENOSPC,
         "a full file system must give ENOSPC, got {err}"
     );
+    // And makod says why (an admin seeing ENOSPC must find the reason in makod.log).
+    let log = std::fs::read_to_string(cluster.data_dir().join("makod.log")).unwrap_or_default();
+    assert!(
+        log.contains("ENOSPC returned to an application: "),
+        "makod.log does not say why a write got ENOSPC; last line: {}",
+        log.lines().last().unwrap_or("")
+    );
     let free_before_mib = (sv.f_bavail * sv.f_frsize) as usize / MIB;
     assert!(
         written / MIB <= free_before_mib + 1,
