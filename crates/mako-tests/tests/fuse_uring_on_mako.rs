@@ -19,7 +19,7 @@
 use std::sync::Mutex;
 
 use mako_tests::cluster::{require_fuse, ClusterOptions, TestCluster};
-use mako_tests::posix::run_posix_suite;
+use mako_tests::posix::assert_posix_suite_passes;
 
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 
@@ -111,23 +111,7 @@ fn posix_suite_passes_over_io_uring() {
         "makod should serve the mount over io_uring, logged: {line:?}\n{}",
         cluster.log_tail(20)
     );
-    let dir = cluster.mount().join("posix");
-    std::fs::create_dir(&dir).expect("mkdir posix");
-    let report = run_posix_suite(&dir, None);
-    println!("{report}");
-    let failures: Vec<String> = report.failures().map(|r| r.to_string()).collect();
-    assert!(
-        report.results.len() >= 60,
-        "expected the full check table, ran {}",
-        report.results.len()
-    );
-    assert!(
-        failures.is_empty(),
-        "POSIX checks failed over io_uring ({}):\n{}\n\nmakod.log tail:\n{}",
-        report.summary(),
-        failures.join("\n"),
-        cluster.log_tail(30)
-    );
+    assert_posix_suite_passes(cluster.mount(), "over io_uring", || cluster.log_tail(30));
     cluster.down().expect("mako down");
 }
 

@@ -79,23 +79,9 @@ fn posix_suite_and_fsx_on_a_node_without_disk_access() {
     );
 
     // (a) The POSIX suite on the diskless node.
-    let dir = c.mount(1).join("posix");
-    std::fs::create_dir(&dir).expect("mkdir posix on node 1");
-    let report = mako_tests::run_posix_suite(&dir, None);
-    println!("{report}");
-    let failures: Vec<String> = report.failures().map(|r| r.to_string()).collect();
-    assert!(
-        report.results.len() >= 60,
-        "ran {} checks",
-        report.results.len()
-    );
-    assert!(
-        failures.is_empty(),
-        "POSIX checks failed on the diskless node ({}):\n{}\n\n{}",
-        report.summary(),
-        failures.join("\n"),
+    mako_tests::posix::assert_posix_suite_passes(&c.mount(1), "on the diskless node", || {
         c.logs_tail(30)
-    );
+    });
 
     // (a) fsx on the diskless node.
     let ops: u64 = std::env::var("MAKO_NSD_FSX_OPS")

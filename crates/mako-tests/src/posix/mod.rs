@@ -317,6 +317,31 @@ pub fn run_posix_suite(dir: impl AsRef<Path>, filter: Option<&str>) -> Report {
     run_posix_suite_with(dir.as_ref(), filter, |_| {})
 }
 
+/// For the tests on a mount: creates `mount/posix`, runs the whole suite there, prints the
+/// report, and fails the test unless the full check table ran (60 checks or more) with no
+/// failure. `on` says where ("on Mako", "over io_uring") and `logs` what to show with a
+/// failure (the makod.log tails). Returns the report for further checks.
+pub fn assert_posix_suite_passes(mount: &Path, on: &str, logs: impl FnOnce() -> String) -> Report {
+    let dir = mount.join("posix");
+    std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+    let report = run_posix_suite(&dir, None);
+    println!("{report}");
+    let failures: Vec<String> = report.failures().map(|r| r.to_string()).collect();
+    assert!(
+        report.results.len() >= 60,
+        "expected the full check table, ran {}",
+        report.results.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "POSIX checks failed {on} ({}):\n{}\n\nmakod.log tail:\n{}",
+        report.summary(),
+        failures.join("\n"),
+        logs()
+    );
+    report
+}
+
 /// Like [`run_posix_suite`], calling `progress` after each check (the binary prints from it).
 pub fn run_posix_suite_with(
     dir: &Path,
